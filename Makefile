@@ -1,0 +1,62 @@
+# The two commands of the quick start are `make demo` and `make test`. Both build what a fresh
+# machine lacks: the venv (.venv), buf (.tools), and the dev control plane (~/.cache/).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BUF_VERSION := 1.75.0
+BUF := .tools/node_modules/.bin/buf
+
+.PHONY: venv tools proto proto-check lint typecheck buf-lint buf-breaking pytest test demo bench control-plane clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+$(BUF):
+	mkdir -p .tools
+	npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf@$(BUF_VERSION)
+
+tools: venv $(BUF)
+
+# Regenerate fleetupgrade/ (the Python stubs) from proto/.
+proto: venv
+	PYTHON=$(PY) scripts/gen-proto
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+typecheck: venv
+	$(VENV)/bin/mypy orchestrator plugins
+
+buf-lint: $(BUF)
+	$(BUF) lint
+
+# Compares proto/ with the previous commit's (FILE rules); skipped where there is no history.
+buf-breaking: $(BUF)
+	@if git rev-parse -q --verify HEAD~1 >/dev/null && git cat-file -e HEAD~1:buf.yaml 2>/dev/null; then \
+	  $(BUF) breaking --against '.git#ref=HEAD~1'; \
+	else echo "buf breaking: no previous commit with buf.yaml; skipped"; fi
+
+control-plane:
+	scripts/dev-control-plane up
+
+pytest: venv
+	$(PY) -m pytest
+
+test: tools lint typecheck buf-lint buf-breaking pytest
+
+demo: tools
+	scripts/demo
+
+bench: venv
+	$(PY) -m benchmarks.run_all
+
+clean:
+	-scripts/dev-control-plane down
+	rm -rf .dev
