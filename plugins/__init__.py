@@ -1,0 +1,1 @@
+"""Provider plugins of the fleet upgrade orchestrator, each a gRPC server, and their shared SDK."""
