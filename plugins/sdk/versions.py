@@ -1,0 +1,56 @@
+"""Kubernetes version strings ("1.29.4", "v1.29", "1.29.4-gke.100") parsed and ordered."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import NamedTuple
+
+__all__ = ["Version", "compare", "is_newer", "parse"]
+
+_PATTERN = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:[-+]([0-9A-Za-z.+-]+))?$")
+
+
+class Version(NamedTuple):
+    """A parsed version; tuples order by (major, minor, patch, suffix)."""
+
+    major: int
+    minor: int
+    patch: int
+    suffix: tuple[tuple[int, int | str], ...]
+
+    def __str__(self) -> str:
+        text = f"{self.major}.{self.minor}.{self.patch}"
+        if self.suffix:
+            text += "-" + ".".join(str(part) for _, part in self.suffix)
+        return text
+
+
+@lru_cache(maxsize=65536)
+def parse(text: str) -> Version:
+    """Parse a version; ValueError names the expected form.
+
+    A provider suffix ("-gke.100") orders after the bare version and numerically within
+    itself, so 1.29.4-gke.100 < 1.29.4-gke.1200 and 1.29.4 < 1.29.4-gke.100.
+    """
+    match = _PATTERN.match(text.strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a version; write it like 1.29.4 or 1.29.4-gke.100")
+    major, minor, patch, suffix = match.groups()
+    parts: list[tuple[int, int | str]] = []
+    for piece in re.split(r"[.+-]", suffix or ""):
+        if piece:
+            # (0, n) sorts numeric pieces before (1, text) pieces; both are comparable tuples.
+            parts.append((0, int(piece)) if piece.isdigit() else (1, piece))
+    return Version(int(major), int(minor), int(patch or 0), tuple(parts))
+
+
+def compare(a: str, b: str) -> int:
+    """-1, 0 or 1 as version a is older than, equal to or newer than b."""
+    va, vb = parse(a), parse(b)
+    return (va > vb) - (va < vb)
+
+
+def is_newer(a: str, b: str) -> bool:
+    """True when version a is strictly newer than b."""
+    return parse(a) > parse(b)
