@@ -1,0 +1,1 @@
+"""What every plugin shares: server bootstrap, client helper, errors and the conformance kit."""

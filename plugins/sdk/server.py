@@ -1,0 +1,281 @@
+"""Plugin server bootstrap: services, grpc.health.v1, reflection, TLS/mTLS, graceful shutdown."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import grpc
+import grpc_health.v1.health as std_health
+import grpc_health.v1.health_pb2 as std_health_pb2
+import grpc_health.v1.health_pb2_grpc as std_health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+
+from fleetupgrade.plugin.v1 import (
+    cluster_pb2,
+    cluster_pb2_grpc,
+    gate_pb2,
+    gate_pb2_grpc,
+    health_pb2,
+    health_pb2_grpc,
+    identity_pb2,
+    identity_pb2_grpc,
+)
+from plugins.sdk.interceptors import JsonFormatter, RpcInterceptor, rpc_metrics
+
+__all__ = [
+    "CLUSTER_SERVICE",
+    "GATE_SERVICE",
+    "HEALTH_SERVICE",
+    "IDENTITY_SERVICE",
+    "PluginServer",
+    "PluginServicers",
+    "ServerTLS",
+    "add_server_args",
+    "configure_logging",
+    "run_until_signal",
+    "serve",
+    "server_tls_from_args",
+    "start_metrics_server",
+]
+
+IDENTITY_SERVICE: str = identity_pb2.DESCRIPTOR.services_by_name["IdentityService"].full_name
+CLUSTER_SERVICE: str = cluster_pb2.DESCRIPTOR.services_by_name["ClusterService"].full_name
+HEALTH_SERVICE: str = health_pb2.DESCRIPTOR.services_by_name["HealthService"].full_name
+GATE_SERVICE: str = gate_pb2.DESCRIPTOR.services_by_name["GateService"].full_name
+
+_LOG = logging.getLogger("plugins.sdk.server")
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "[::]", "", "::"})
+
+
+@dataclass(frozen=True)
+class ServerTLS:
+    """Certificate files of a TLS server; client_ca_file set means mTLS (client certs required)."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        """Reads the files and builds the server credentials."""
+        key = _read_pem("--tls-key", self.key_file)
+        cert = _read_pem("--tls-cert", self.cert_file)
+        ca = _read_pem("--tls-client-ca", self.client_ca_file) if self.client_ca_file else None
+        return grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+        )
+
+
+@dataclass
+class PluginServicers:
+    """The services a plugin implements; None means the service is not offered."""
+
+    identity: identity_pb2_grpc.IdentityServiceServicer
+    cluster: cluster_pb2_grpc.ClusterServiceServicer | None = None
+    health: health_pb2_grpc.HealthServiceServicer | None = None
+    gate: gate_pb2_grpc.GateServiceServicer | None = None
+
+
+class PluginServer:
+    """A started plugin server: its bound port and address, stop and wait."""
+
+    def __init__(
+        self,
+        server: grpc.Server,
+        health_servicer: std_health.HealthServicer,
+        port: int,
+        address: str,
+    ) -> None:
+        self._server = server
+        self._health = health_servicer
+        self._stopped = threading.Event()
+        self.port = port
+        self.address = address
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Reports NOT_SERVING, lets in-flight RPCs finish for up to grace seconds, stops."""
+        self._health.enter_graceful_shutdown()
+        self._server.stop(grace).wait()
+        self._stopped.set()
+
+    def wait(self) -> None:
+        """Blocks until the server has stopped."""
+        self._server.wait_for_termination()
+
+    @property
+    def stopped(self) -> bool:
+        """True once stop() has completed."""
+        return self._stopped.is_set()
+
+
+def _read_pem(flag: str, path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{flag}: cannot read {path!r} ({exc.strerror}); pass a PEM file") from exc
+
+
+def _reachable_address(listen: str, port: int) -> str:
+    if listen.startswith("unix:"):
+        return listen
+    host = listen.rsplit(":", 1)[0]
+    if host in _WILDCARD_HOSTS:
+        host = "127.0.0.1"
+    return f"{host}:{port}"
+
+
+def serve(
+    address: str,
+    servicers: PluginServicers,
+    *,
+    tls: ServerTLS | None = None,
+    max_workers: int = 32,
+    plugin_name: str = "plugin",
+    registry: CollectorRegistry = REGISTRY,
+) -> PluginServer:
+    """Starts a plugin server on address (non-blocking) and returns it.
+
+    Registers the given services, grpc.health.v1 (SERVING for "" and each service), server
+    reflection, and the interceptor that maps PluginError to status codes, logs every RPC as
+    a JSON line and records fleet_plugin_rpc_total / fleet_plugin_rpc_duration_seconds in
+    registry (created once per registry, so serve() may run many times in one process).
+    """
+    interceptor = RpcInterceptor(plugin_name, rpc_metrics(registry))
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=plugin_name),
+        interceptors=[interceptor],
+        options=[("grpc.so_reuseport", 0)],
+    )
+    names = [IDENTITY_SERVICE]
+    identity_pb2_grpc.add_IdentityServiceServicer_to_server(servicers.identity, server)
+    if servicers.cluster is not None:
+        cluster_pb2_grpc.add_ClusterServiceServicer_to_server(servicers.cluster, server)
+        names.append(CLUSTER_SERVICE)
+    if servicers.health is not None:
+        health_pb2_grpc.add_HealthServiceServicer_to_server(servicers.health, server)
+        names.append(HEALTH_SERVICE)
+    if servicers.gate is not None:
+        gate_pb2_grpc.add_GateServiceServicer_to_server(servicers.gate, server)
+        names.append(GATE_SERVICE)
+
+    health_servicer = std_health.HealthServicer()
+    std_health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ["", *names]:
+        health_servicer.set(name, std_health_pb2.HealthCheckResponse.SERVING)
+    health_name = std_health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+    reflection.enable_server_reflection([*names, health_name, reflection.SERVICE_NAME], server)
+
+    try:
+        if tls is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, tls.credentials())
+    except RuntimeError as exc:
+        raise OSError(f"listen: cannot bind {address!r}; pick a free HOST:PORT") from exc
+    if port == 0 and not address.startswith("unix:"):
+        raise OSError(f"listen: cannot bind {address!r}; pick a free HOST:PORT")
+    server.start()
+    bound = _reachable_address(address, port)
+    _LOG.info(
+        "plugin server started",
+        extra={
+            "fields": {
+                "plugin": plugin_name,
+                "address": bound,
+                "tls": "mtls" if tls and tls.client_ca_file else ("tls" if tls else "none"),
+                "services": names,
+            }
+        },
+    )
+    return PluginServer(server, health_servicer, port, bound)
+
+
+def run_until_signal(server: PluginServer, grace: float = 10.0) -> None:
+    """Blocks until SIGTERM or SIGINT, then reports NOT_SERVING and stops within grace seconds.
+
+    Must run in the main thread (Python delivers signals there).
+    """
+    received = threading.Event()
+    signals = (signal.SIGTERM, signal.SIGINT)
+
+    def _on_signal(signum: int, _frame: FrameType | None) -> None:
+        received.set()
+
+    previous = {sig: signal.signal(sig, _on_signal) for sig in signals}
+    try:
+        while not received.wait(0.5):
+            if server.stopped:
+                return
+        _LOG.info("shutting down", extra={"fields": {"grace_seconds": grace}})
+        server.stop(grace)
+        _LOG.info("stopped")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    """Adds the flags every plugin shares: listen address, TLS files, metrics, debug."""
+    parser.add_argument(
+        "--listen",
+        default="127.0.0.1:50051",
+        metavar="HOST:PORT",
+        help="address to serve gRPC on (default %(default)s; port 0 picks a free port)",
+    )
+    parser.add_argument("--tls-cert", metavar="FILE", help="server certificate chain (PEM)")
+    parser.add_argument("--tls-key", metavar="FILE", help="server private key (PEM)")
+    parser.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="CA bundle (PEM) that client certificates must chain to; enables mTLS",
+    )
+    parser.add_argument(
+        "--metrics-addr",
+        default="",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics over HTTP here (default: off)",
+    )
+    parser.add_argument("--debug", action="store_true", help="log every RPC (DEBUG level)")
+
+
+def server_tls_from_args(args: argparse.Namespace) -> ServerTLS | None:
+    """Builds ServerTLS from the flags of add_server_args; None when TLS is not asked for."""
+    cert = getattr(args, "tls_cert", None)
+    key = getattr(args, "tls_key", None)
+    client_ca = getattr(args, "tls_client_ca", None)
+    if not cert and not key:
+        if client_ca:
+            raise ValueError("--tls-client-ca: needs --tls-cert and --tls-key as well")
+        return None
+    if not cert:
+        raise ValueError("--tls-cert: required with --tls-key; pass the server certificate")
+    if not key:
+        raise ValueError("--tls-key: required with --tls-cert; pass the server private key")
+    return ServerTLS(cert_file=cert, key_file=key, client_ca_file=client_ca or None)
+
+
+def configure_logging(debug: bool = False) -> None:
+    """Sends every log record to stderr as one JSON line; DEBUG also logs successful RPCs."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+
+
+def start_metrics_server(address: str, registry: CollectorRegistry = REGISTRY) -> None:
+    """Serves registry over HTTP at HOST:PORT (":PORT" means all interfaces)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--metrics-addr: {address!r} is not HOST:PORT; use e.g. ':9090'")
+    start_http_server(int(port), addr=host.strip("[]") or "0.0.0.0", registry=registry)
