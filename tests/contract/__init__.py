@@ -1,0 +1,1 @@
+"""Contract tests: the plugin SDK server, client and conformance kit over real gRPC."""
