@@ -1,0 +1,473 @@
+"""Caller side of the plugin contract: one long-lived channel with TLS, deadlines and retries."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import grpc
+
+from fleetupgrade.plugin.v1 import (
+    cluster_pb2,
+    cluster_pb2_grpc,
+    gate_pb2,
+    gate_pb2_grpc,
+    health_pb2,
+    health_pb2_grpc,
+    identity_pb2,
+    identity_pb2_grpc,
+)
+from plugins.sdk.interceptors import CALLER_METADATA_KEY, OPERATION_ID_METADATA_KEY
+
+__all__ = [
+    "DEFAULT_TIMEOUTS",
+    "MUTATING_RPCS",
+    "ClientTLS",
+    "GateWatch",
+    "OperationWatch",
+    "PluginCallError",
+    "PluginClient",
+    "is_retryable",
+]
+
+DEFAULT_TIMEOUTS: Mapping[str, float] = {
+    "GetPluginInfo": 5.0,
+    "GetPluginCapabilities": 5.0,
+    "Probe": 10.0,
+    "ListClusters": 30.0,
+    "GetCluster": 5.0,
+    "ServiceOut": 10.0,
+    "ServiceIn": 10.0,
+    "UpgradeControlPlane": 10.0,
+    "UpgradeNodePool": 10.0,
+    "GetOperation": 5.0,
+    "CheckWorkloads": 30.0,
+    "QueryMetric": 30.0,
+    "ListGates": 30.0,
+    "ResolveGate": 10.0,
+}
+"""Per-RPC deadlines in seconds, from the contract's comments (streams have none)."""
+
+MUTATING_RPCS = frozenset(
+    {"ServiceOut", "ServiceIn", "UpgradeControlPlane", "UpgradeNodePool", "ResolveGate"}
+)
+"""RPCs that change the provider; for them ABORTED means a conflict, not a transient race."""
+
+_RETRYABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+
+_SERVICES = (
+    "fleetupgrade.plugin.v1.IdentityService",
+    "fleetupgrade.plugin.v1.ClusterService",
+    "fleetupgrade.plugin.v1.HealthService",
+    "fleetupgrade.plugin.v1.GateService",
+)
+
+# Every RPC of the contract is safe to repeat (mutating ones by request_id), so each retries
+# on UNAVAILABLE; the deadline of the call covers all attempts.
+_SERVICE_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": name} for name in _SERVICES],
+                "retryPolicy": {
+                    "maxAttempts": 5,
+                    "initialBackoff": "0.1s",
+                    "maxBackoff": "2s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
+
+_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_MAX_PAGES = 1_000_000
+
+
+def is_retryable(rpc: str, code: grpc.StatusCode) -> bool:
+    """The contract's error table: may the caller repeat this RPC after this code?"""
+    if code in _RETRYABLE:
+        return True
+    return code is grpc.StatusCode.ABORTED and rpc not in MUTATING_RPCS
+
+
+class PluginCallError(Exception):
+    """A plugin RPC failed; code and retryable say what the caller does next."""
+
+    def __init__(
+        self,
+        rpc: str,
+        code: grpc.StatusCode,
+        message: str,
+        *,
+        plugin: str = "",
+        operation_id: str = "",
+    ) -> None:
+        self.rpc = rpc
+        self.code = code
+        self.message = message
+        self.plugin = plugin
+        self.operation_id = operation_id  # the in-flight operation of an ABORTED answer
+        self.retryable = is_retryable(rpc, code)
+        where = f"{plugin} {rpc}" if plugin else rpc
+        super().__init__(f"{where}: {code.name}: {message}")
+
+
+@dataclass(frozen=True)
+class ClientTLS:
+    """TLS towards a plugin: CA (None = system roots), client cert + key for mTLS."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    server_name: str | None = None
+    ca_pem: bytes | None = field(default=None, repr=False)
+    cert_pem: bytes | None = field(default=None, repr=False)
+    key_pem: bytes | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_pem(
+        cls,
+        ca: bytes | None,
+        cert: bytes | None,
+        key: bytes | None,
+        server_name: str | None = None,
+    ) -> ClientTLS:
+        """TLS from PEM bytes (e.g. read from a Kubernetes Secret), no files needed."""
+        return cls(server_name=server_name, ca_pem=ca, cert_pem=cert, key_pem=key)
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """Reads the files (or takes the PEM bytes) and builds the channel credentials."""
+        ca = self.ca_pem if self.ca_pem is not None else _read("ca_file", self.ca_file)
+        cert = self.cert_pem if self.cert_pem is not None else _read("cert_file", self.cert_file)
+        key = self.key_pem if self.key_pem is not None else _read("key_file", self.key_file)
+        if (cert is None) != (key is None):
+            missing = "key_file" if key is None else "cert_file"
+            raise ValueError(f"tls.{missing}: a client certificate needs both cert and key")
+        return grpc.ssl_channel_credentials(
+            root_certificates=ca, private_key=key, certificate_chain=cert
+        )
+
+
+def _read(name: str, path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"tls.{name}: cannot read {path!r} ({exc.strerror})") from exc
+
+
+def _metadata_value(metadata: Any, key: str) -> str:
+    for item in metadata or ():
+        k, v = item[0], item[1]
+        if k == key:
+            return v if isinstance(v, str) else bytes(v).decode("utf-8", "replace")
+    return ""
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class _Watch(Generic[R, T]):
+    """A server stream: iterate for items, cancel() to end it; errors are PluginCallError."""
+
+    def __init__(
+        self,
+        client: PluginClient,
+        rpc: str,
+        call: grpc.CallIterator[R],
+        unwrap: Callable[[R], T],
+    ) -> None:
+        self._client = client
+        self._rpc = rpc
+        self._call = call
+        self._unwrap = unwrap
+        self._cancelled = False
+        self._start = time.perf_counter()
+
+    def __iter__(self) -> Iterator[T]:
+        try:
+            for item in self._call:
+                yield self._unwrap(item)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            self._client._record(self._rpc, code, time.perf_counter() - self._start)
+            if code is grpc.StatusCode.CANCELLED and self._cancelled:
+                return
+            raise self._client._error(self._rpc, exc) from None
+        self._client._record(self._rpc, grpc.StatusCode.OK, time.perf_counter() - self._start)
+
+    def cancel(self) -> None:
+        """Ends the stream; an iteration in progress stops without an error."""
+        self._cancelled = True
+        self._call.cancel()  # type: ignore[no-untyped-call]
+
+    def __enter__(self) -> _Watch[R, T]:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.cancel()
+
+
+class OperationWatch(_Watch[cluster_pb2.WatchOperationsResponse, cluster_pb2.Operation]):
+    """The WatchOperations stream: yields each updated Operation."""
+
+
+class GateWatch(_Watch[gate_pb2.WatchGatesResponse, gate_pb2.WatchGatesResponse]):
+    """The WatchGates stream: yields each WatchGatesResponse (event type + gate)."""
+
+
+def _identity(item: T) -> T:
+    return item
+
+
+class PluginClient:
+    """One plugin endpoint over one long-lived channel; every method raises PluginCallError."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        tls: ClientTLS | None = None,
+        caller: str = "",
+        plugin_name: str = "",
+        timeouts: Mapping[str, float] | None = None,
+        on_call: Callable[[str, grpc.StatusCode, float], None] | None = None,
+    ) -> None:
+        unknown = sorted(set(timeouts or {}) - set(DEFAULT_TIMEOUTS))
+        if unknown:
+            raise ValueError(
+                f"timeouts: unknown RPC name(s) {', '.join(unknown)}; "
+                f"use one of {', '.join(sorted(DEFAULT_TIMEOUTS))}"
+            )
+        self.endpoint = endpoint
+        self.plugin_name = plugin_name
+        self.on_call = on_call
+        self._timeouts = {**DEFAULT_TIMEOUTS, **(timeouts or {})}
+        self._metadata: tuple[tuple[str, str], ...] = (
+            ((CALLER_METADATA_KEY, caller),) if caller else ()
+        )
+        options: list[tuple[str, Any]] = [
+            ("grpc.enable_retries", 1),
+            ("grpc.service_config", _SERVICE_CONFIG),
+            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+        ]
+        if tls is None:
+            self._channel = grpc.insecure_channel(endpoint, options=options)
+        else:
+            if tls.server_name:
+                options.append(("grpc.ssl_target_name_override", tls.server_name))
+            self._channel = grpc.secure_channel(endpoint, tls.credentials(), options=options)
+        self._identity = identity_pb2_grpc.IdentityServiceStub(self._channel)
+        self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthServiceStub(self._channel)
+        self._gate = gate_pb2_grpc.GateServiceStub(self._channel)
+        self._capabilities: frozenset[int] | None = None
+        self._lock = threading.Lock()
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _record(self, rpc: str, code: grpc.StatusCode, seconds: float) -> None:
+        if self.on_call is not None:
+            self.on_call(rpc, code, seconds)
+
+    def _error(self, rpc: str, exc: grpc.RpcError) -> PluginCallError:
+        code = exc.code()
+        trailing: Any = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else ()
+        return PluginCallError(
+            rpc,
+            code,
+            exc.details() or "",
+            plugin=self.plugin_name,
+            operation_id=_metadata_value(trailing, OPERATION_ID_METADATA_KEY),
+        )
+
+    def _unary(self, rpc: str, method: grpc.UnaryUnaryMultiCallable[Any, R], request: Any) -> R:
+        start = time.perf_counter()
+        try:
+            response = method(request, timeout=self._timeouts[rpc], metadata=self._metadata)
+        except grpc.RpcError as exc:
+            self._record(rpc, exc.code(), time.perf_counter() - start)
+            raise self._error(rpc, exc) from None
+        self._record(rpc, grpc.StatusCode.OK, time.perf_counter() - start)
+        return response
+
+    # -- IdentityService -----------------------------------------------------------------
+
+    def capabilities(self) -> frozenset[int]:
+        """The declared capabilities (PluginCapability values); asked once, then cached."""
+        with self._lock:
+            if self._capabilities is None:
+                response = self._unary(
+                    "GetPluginCapabilities",
+                    self._identity.GetPluginCapabilities,
+                    identity_pb2.GetPluginCapabilitiesRequest(),
+                )
+                self._capabilities = frozenset(response.capabilities)
+            return self._capabilities
+
+    def info(self) -> identity_pb2.GetPluginInfoResponse:
+        """The plugin's name, version and manifest."""
+        return self._unary(
+            "GetPluginInfo", self._identity.GetPluginInfo, identity_pb2.GetPluginInfoRequest()
+        )
+
+    def probe(self) -> identity_pb2.ProbeResponse:
+        """Whether the plugin can serve now."""
+        return self._unary("Probe", self._identity.Probe, identity_pb2.ProbeRequest())
+
+    # -- ClusterService ------------------------------------------------------------------
+
+    def list_page(
+        self,
+        page_size: int = 0,
+        page_token: str = "",
+        match_labels: Mapping[str, str] | None = None,
+    ) -> cluster_pb2.ListClustersResponse:
+        """One page of ListClusters, as the plugin answered it."""
+        request = cluster_pb2.ListClustersRequest(
+            page_size=page_size, page_token=page_token, match_labels=dict(match_labels or {})
+        )
+        return self._unary("ListClusters", self._cluster.ListClusters, request)
+
+    def list_clusters(
+        self, match_labels: Mapping[str, str] | None = None, page_size: int = 500
+    ) -> list[cluster_pb2.Cluster]:
+        """Every cluster matching match_labels, all pages followed."""
+        clusters: list[cluster_pb2.Cluster] = []
+        token = ""
+        seen_tokens: set[str] = set()
+        for _ in range(_MAX_PAGES):
+            page = self.list_page(page_size, token, match_labels)
+            clusters.extend(page.clusters)
+            token = page.next_page_token
+            if not token:
+                return clusters
+            if token in seen_tokens:
+                break
+            seen_tokens.add(token)
+        raise PluginCallError(
+            "ListClusters",
+            grpc.StatusCode.INTERNAL,
+            "the plugin repeated a next_page_token; its paging is broken",
+            plugin=self.plugin_name,
+        )
+
+    def get_cluster(self, cluster_id: str) -> cluster_pb2.Cluster:
+        """One cluster by id."""
+        request = cluster_pb2.GetClusterRequest(cluster_id=cluster_id)
+        return self._unary("GetCluster", self._cluster.GetCluster, request).cluster
+
+    def service_out(self, request_id: str, cluster_id: str) -> cluster_pb2.Operation:
+        """Starts (or finds, by request_id) taking the cluster out of service."""
+        request = cluster_pb2.ServiceOutRequest(request_id=request_id, cluster_id=cluster_id)
+        return self._unary("ServiceOut", self._cluster.ServiceOut, request).operation
+
+    def service_in(self, request_id: str, cluster_id: str) -> cluster_pb2.Operation:
+        """Starts (or finds, by request_id) putting the cluster back in service."""
+        request = cluster_pb2.ServiceInRequest(request_id=request_id, cluster_id=cluster_id)
+        return self._unary("ServiceIn", self._cluster.ServiceIn, request).operation
+
+    def upgrade_control_plane(
+        self, request_id: str, cluster_id: str, version: str
+    ) -> cluster_pb2.Operation:
+        """Starts (or finds, by request_id) the control-plane upgrade to version."""
+        request = cluster_pb2.UpgradeControlPlaneRequest(
+            request_id=request_id, cluster_id=cluster_id, version=version
+        )
+        return self._unary(
+            "UpgradeControlPlane", self._cluster.UpgradeControlPlane, request
+        ).operation
+
+    def upgrade_node_pool(
+        self, request_id: str, cluster_id: str, node_pool: str, version: str
+    ) -> cluster_pb2.Operation:
+        """Starts (or finds, by request_id) the upgrade of one node pool to version."""
+        request = cluster_pb2.UpgradeNodePoolRequest(
+            request_id=request_id, cluster_id=cluster_id, node_pool=node_pool, version=version
+        )
+        return self._unary("UpgradeNodePool", self._cluster.UpgradeNodePool, request).operation
+
+    def get_operation(self, operation_id: str) -> cluster_pb2.Operation:
+        """An operation's current state."""
+        request = cluster_pb2.GetOperationRequest(operation_id=operation_id)
+        return self._unary("GetOperation", self._cluster.GetOperation, request).operation
+
+    def watch_operations(
+        self, cluster_ids: Sequence[str] = (), include_in_flight: bool = True
+    ) -> OperationWatch:
+        """Streams operation updates (of cluster_ids, or all) until cancel()."""
+        request = cluster_pb2.WatchOperationsRequest(
+            cluster_ids=list(cluster_ids), include_in_flight=include_in_flight
+        )
+        call = self._cluster.WatchOperations(request, metadata=self._metadata)
+        return OperationWatch(self, "WatchOperations", call, _operation_of)
+
+    # -- HealthService -------------------------------------------------------------------
+
+    def check_workloads(
+        self, cluster_ids: Sequence[str], workloads: Sequence[health_pb2.Workload]
+    ) -> list[health_pb2.WorkloadResult]:
+        """One verdict per (cluster, workload), clusters in request order."""
+        request = health_pb2.CheckWorkloadsRequest(
+            cluster_ids=list(cluster_ids), workloads=list(workloads)
+        )
+        return list(self._unary("CheckWorkloads", self._health.CheckWorkloads, request).results)
+
+    def query_metric(
+        self, query: str, args: Mapping[str, str], cluster_id: str = ""
+    ) -> health_pb2.QueryMetricResponse:
+        """Runs a provider query with template args; has_data=False when nothing matched."""
+        request = health_pb2.QueryMetricRequest(query=query, args=dict(args), cluster_id=cluster_id)
+        return self._unary("QueryMetric", self._health.QueryMetric, request)
+
+    # -- GateService ---------------------------------------------------------------------
+
+    def list_gates(self) -> list[gate_pb2.Gate]:
+        """Every gate the plugin knows, pending first."""
+        response = self._unary("ListGates", self._gate.ListGates, gate_pb2.ListGatesRequest())
+        return list(response.gates)
+
+    def watch_gates(self) -> GateWatch:
+        """Streams gate changes (starting with every pending gate) until cancel()."""
+        call = self._gate.WatchGates(gate_pb2.WatchGatesRequest(), metadata=self._metadata)
+        return GateWatch(self, "WatchGates", call, _identity)
+
+    def resolve_gate(self, gate_id: str, decision: int, reason: str) -> gate_pb2.Gate:
+        """Approves or rejects a gate (GateDecision value) with a reason for people."""
+        request = gate_pb2.ResolveGateRequest(
+            gate_id=gate_id,
+            decision=decision,  # type: ignore[arg-type]
+            reason=reason,
+        )
+        return self._unary("ResolveGate", self._gate.ResolveGate, request).gate
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes the channel; streams in progress end with an error."""
+        self._channel.close()
+
+    def __enter__(self) -> PluginClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def _operation_of(response: cluster_pb2.WatchOperationsResponse) -> cluster_pb2.Operation:
+    return response.operation
