@@ -1,0 +1,1 @@
+"""Tests of the provider plugins, one package per plugin."""
