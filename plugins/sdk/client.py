@@ -27,12 +27,14 @@ from plugins.sdk.interceptors import CALLER_METADATA_KEY, OPERATION_ID_METADATA_
 __all__ = [
     "DEFAULT_TIMEOUTS",
     "MUTATING_RPCS",
+    "RPC_CAPABILITIES",
     "ClientTLS",
     "GateWatch",
     "OperationWatch",
     "PluginCallError",
     "PluginClient",
     "is_retryable",
+    "supports",
 ]
 
 DEFAULT_TIMEOUTS: Mapping[str, float] = {
@@ -52,6 +54,31 @@ DEFAULT_TIMEOUTS: Mapping[str, float] = {
     "ResolveGate": 10.0,
 }
 """Per-RPC deadlines in seconds, from the contract's comments (streams have none)."""
+
+_CAP = identity_pb2.PluginCapability
+_OPERATION_CAPS = frozenset(
+    {
+        _CAP.PLUGIN_CAPABILITY_CLUSTER_SERVICE,
+        _CAP.PLUGIN_CAPABILITY_UPGRADE_CONTROL_PLANE,
+        _CAP.PLUGIN_CAPABILITY_UPGRADE_NODE_POOL,
+    }
+)
+RPC_CAPABILITIES: Mapping[str, frozenset[int]] = {
+    "ListClusters": frozenset({_CAP.PLUGIN_CAPABILITY_CLUSTER_INVENTORY}),
+    "GetCluster": frozenset({_CAP.PLUGIN_CAPABILITY_CLUSTER_INVENTORY}),
+    "ServiceOut": frozenset({_CAP.PLUGIN_CAPABILITY_CLUSTER_SERVICE}),
+    "ServiceIn": frozenset({_CAP.PLUGIN_CAPABILITY_CLUSTER_SERVICE}),
+    "UpgradeControlPlane": frozenset({_CAP.PLUGIN_CAPABILITY_UPGRADE_CONTROL_PLANE}),
+    "UpgradeNodePool": frozenset({_CAP.PLUGIN_CAPABILITY_UPGRADE_NODE_POOL}),
+    "GetOperation": _OPERATION_CAPS,
+    "WatchOperations": _OPERATION_CAPS,
+    "CheckWorkloads": frozenset({_CAP.PLUGIN_CAPABILITY_CHECK_WORKLOADS}),
+    "QueryMetric": frozenset({_CAP.PLUGIN_CAPABILITY_QUERY_METRIC}),
+    "ListGates": frozenset({_CAP.PLUGIN_CAPABILITY_GATES}),
+    "WatchGates": frozenset({_CAP.PLUGIN_CAPABILITY_GATES}),
+    "ResolveGate": frozenset({_CAP.PLUGIN_CAPABILITY_GATES}),
+}
+"""For each RPC outside IdentityService: the capabilities of which any one enables it."""
 
 MUTATING_RPCS = frozenset(
     {"ServiceOut", "ServiceIn", "UpgradeControlPlane", "UpgradeNodePool", "ResolveGate"}
@@ -101,6 +128,12 @@ def is_retryable(rpc: str, code: grpc.StatusCode) -> bool:
     if code in _RETRYABLE:
         return True
     return code is grpc.StatusCode.ABORTED and rpc not in MUTATING_RPCS
+
+
+def supports(capabilities: frozenset[int], rpc: str) -> bool:
+    """Whether a plugin declaring capabilities serves rpc (IdentityService RPCs: always)."""
+    needed = RPC_CAPABILITIES.get(rpc)
+    return needed is None or not needed.isdisjoint(capabilities)
 
 
 class PluginCallError(Exception):
@@ -278,6 +311,11 @@ class PluginClient:
         self._gate = gate_pb2_grpc.GateServiceStub(self._channel)
         self._capabilities: frozenset[int] | None = None
         self._lock = threading.Lock()
+
+    @property
+    def channel(self) -> grpc.Channel:
+        """The client's channel, e.g. for grpc.health.v1 checks or raw stubs."""
+        return self._channel
 
     # -- plumbing ------------------------------------------------------------------------
 

@@ -1,0 +1,1 @@
+"""The conformance suite's test modules (run them with plugins.sdk.conformance.run_conformance)."""
