@@ -1,0 +1,1 @@
+"""The fleet upgrade orchestrator: ClusterVersion API, pure planner, reconciler and CLI."""

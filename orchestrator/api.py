@@ -1,0 +1,347 @@
+"""The ClusterVersion API: typed models of spec and status, the one source of the CRD schema."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "ANNOTATION_APPROVE_STAGES",
+    "ANNOTATION_RETRY_CLUSTERS",
+    "API_VERSION",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "VERSION",
+    "Approval",
+    "ClusterPhase",
+    "ClusterSpec",
+    "ClusterStatusEntry",
+    "ClusterVersionSpec",
+    "ClusterVersionStatus",
+    "Condition",
+    "LabelSelector",
+    "LabelSelectorRequirement",
+    "NodePoolTarget",
+    "OnFailure",
+    "OpsEndpoint",
+    "RolloutPhase",
+    "SecretKeyRef",
+    "Stage",
+    "StagePhase",
+    "StageStatus",
+    "Strategy",
+    "Summary",
+    "TLSConfig",
+    "parse_duration",
+    "parse_max_concurrency",
+]
+
+GROUP = "multicluster-ops.io"
+VERSION = "v1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ClusterVersion"
+PLURAL = "clusterversions"
+
+#: Comma-separated cluster ids whose Failed state the user clears: the next reconcile retries
+#: them with a new request id (attempt + 1). Inert for clusters that are not Failed.
+ANNOTATION_RETRY_CLUSTERS = f"{GROUP}/retry-clusters"
+#: Comma-separated stage names approved to start (for stages with approval: Manual).
+ANNOTATION_APPROVE_STAGES = f"{GROUP}/approve-stages"
+
+VERSION_PATTERN = r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([-+][0-9A-Za-z.+-]+)?$"
+ENDPOINT_PATTERN = (
+    r"^((\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?):[0-9]{1,5}|unix:.+)$"
+)
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse a Go-style duration such as "90s", "10m" or "1h30m"."""
+    if not re.fullmatch(DURATION_PATTERN, text):
+        raise ValueError(f"{text!r} is not a duration; write it like 30s, 10m or 1h30m")
+    seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
+    return timedelta(seconds=seconds)
+
+
+def parse_max_concurrency(value: int | str, total: int) -> int:
+    """Resolve a count or "N%" against total: percent rounds down, at least 1."""
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"{value} must be at least 1")
+        return value
+    match = re.fullmatch(r"([0-9]{1,3})%", value.strip())
+    if not match or not 1 <= int(match.group(1)) <= 100:
+        raise ValueError(f"{value!r} must be a count such as 3 or a percentage such as 25%")
+    return max(1, total * int(match.group(1)) // 100)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+    def dump(self) -> dict[str, Any]:
+        """The object as Kubernetes JSON (camelCase, unset optional fields left out)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+Version = Annotated[str, Field(pattern=VERSION_PATTERN, max_length=64)]
+Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)]
+IntOrPercent = Annotated[
+    int | str,
+    Field(description='A count (3) or a percentage of the stage\'s clusters ("25%").'),
+]
+
+
+class SecretKeyRef(_Model):
+    """A key of a Secret in the ClusterVersion's namespace."""
+
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field(min_length=1, max_length=253)
+
+
+class TLSConfig(_Model):
+    """TLS settings for the plugin endpoint; certificates come from Secrets, never from spec."""
+
+    ca_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="CA bundle that signed the plugin's certificate."
+    )
+    client_secret_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="A kubernetes.io/tls Secret (tls.crt, tls.key) presented for mTLS.",
+    )
+    server_name: str | None = Field(default=None, description="Override for the TLS server name.")
+
+
+class OpsEndpoint(_Model):
+    """Where the provider plugin listens (the original operator's opsEndpoint)."""
+
+    endpoint: str = Field(pattern=ENDPOINT_PATTERN, description="host:port or unix:/path.")
+    insecure: bool = Field(default=False, description="true: plaintext gRPC; false: TLS.")
+    tls: TLSConfig | None = None
+
+
+class NodePoolTarget(_Model):
+    """A node pool whose target version differs from the cluster's."""
+
+    name: str = Field(min_length=1, max_length=128)
+    version: Version
+
+
+class ClusterSpec(_Model):
+    """One cluster and the version it should run."""
+
+    id: str = Field(min_length=1, max_length=512, description="The plugin's cluster id.")
+    version: Version = Field(description="Target control-plane version.")
+    node_version: Version | None = Field(
+        default=None, description="Target for every node pool; defaults to version."
+    )
+    node_pools: list[NodePoolTarget] | None = Field(
+        default=None, description="Per-pool targets overriding nodeVersion."
+    )
+
+
+class LabelSelectorRequirement(_Model):
+    """A metav1.LabelSelectorRequirement."""
+
+    key: str = Field(min_length=1)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] | None = None
+
+
+class LabelSelector(_Model):
+    """A metav1.LabelSelector over the plugin inventory's labels."""
+
+    match_labels: dict[str, str] | None = None
+    match_expressions: list[LabelSelectorRequirement] | None = None
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        """True when labels satisfy every term (an empty selector matches everything)."""
+        for key, value in (self.match_labels or {}).items():
+            if labels.get(key) != value:
+                return False
+        for req in self.match_expressions or []:
+            present = req.key in labels
+            values = req.values or []
+            if req.operator == "In" and (not present or labels[req.key] not in values):
+                return False
+            if req.operator == "NotIn" and present and labels[req.key] in values:
+                return False
+            if req.operator == "Exists" and not present:
+                return False
+            if req.operator == "DoesNotExist" and present:
+                return False
+        return True
+
+
+class Approval(StrEnum):
+    """Whether a stage starts by itself or waits for a person."""
+
+    AUTOMATIC = "Automatic"
+    MANUAL = "Manual"
+
+
+class OnFailure(StrEnum):
+    """What a failed cluster does to the rollout."""
+
+    HALT = "Halt"
+    CONTINUE = "Continue"
+
+
+class Stage(_Model):
+    """A group of clusters upgraded together; stages run in order."""
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=63)
+    clusters: list[str] | None = Field(default=None, description="Cluster ids.")
+    selector: LabelSelector | None = Field(
+        default=None, description="Label selector over the plugin's inventory."
+    )
+    max_concurrency: IntOrPercent | None = None
+    soak_time: Duration | None = Field(
+        default=None, description="Wait after the stage completes before the next starts."
+    )
+    approval: Approval = Approval.AUTOMATIC
+
+
+class Strategy(_Model):
+    """How the rollout proceeds."""
+
+    stages: list[Stage] | None = None
+    max_concurrency: IntOrPercent | None = Field(
+        default=None, description="Clusters upgraded at once, capped by the availability budget."
+    )
+    paused: bool = Field(default=False, description="Start no new step while true.")
+    on_failure: OnFailure = OnFailure.HALT
+
+
+class ClusterVersionSpec(_Model):
+    """Desired versions for a fleet and how to get there."""
+
+    required_available_count: int = Field(
+        default=1, ge=1, description="Clusters available and in service never fall below this."
+    )
+    ops_endpoint: OpsEndpoint
+    version: Version | None = Field(
+        default=None, description="Target for clusters selected by stages but not listed."
+    )
+    clusters: list[ClusterSpec] | None = None
+    strategy: Strategy | None = None
+
+    @field_validator("clusters")
+    @classmethod
+    def _unique_ids(cls, value: list[ClusterSpec] | None) -> list[ClusterSpec] | None:
+        seen: set[str] = set()
+        for index, cluster in enumerate(value or []):
+            if cluster.id in seen:
+                raise ValueError(
+                    f"clusters[{index}].id: {cluster.id!r} is listed twice; list each cluster once"
+                )
+            seen.add(cluster.id)
+        return value
+
+
+class ClusterPhase(StrEnum):
+    """Where one cluster stands in the rollout."""
+
+    PENDING = "Pending"
+    SERVICING_OUT = "ServicingOut"
+    UPGRADING_CONTROL_PLANE = "UpgradingControlPlane"
+    UPGRADING_NODE_POOLS = "UpgradingNodePools"
+    VERIFYING = "Verifying"
+    SERVICING_IN = "ServicingIn"
+    UPGRADED = "Upgraded"
+    FAILED = "Failed"
+
+
+class StagePhase(StrEnum):
+    """Where one stage stands."""
+
+    PENDING = "Pending"
+    AWAITING_APPROVAL = "AwaitingApproval"
+    PROGRESSING = "Progressing"
+    SOAKING = "Soaking"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+
+
+class RolloutPhase(StrEnum):
+    """Where the whole rollout stands."""
+
+    PENDING = "Pending"
+    PROGRESSING = "Progressing"
+    PAUSED = "Paused"
+    HALTED = "Halted"
+    COMPLETED = "Completed"
+    #: Every stage is done but some clusters failed (onFailure: Continue).
+    FAILED = "Failed"
+    INVALID = "Invalid"
+
+
+class Condition(_Model):
+    """A metav1.Condition."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    observed_generation: int | None = None
+    last_transition_time: str
+
+
+class ClusterStatusEntry(_Model):
+    """Progress of one cluster that is not at rest (in flight, failed or waiting)."""
+
+    id: str
+    phase: ClusterPhase
+    stage: str | None = None
+    operation_id: str | None = None
+    request_id: str | None = None
+    step: str | None = Field(default=None, description="The step in flight, e.g. nodePool/pool-a.")
+    attempt: int = 0
+    message: str | None = None
+    last_transition_time: str | None = None
+
+
+class StageStatus(_Model):
+    """Summary of one stage."""
+
+    name: str
+    phase: StagePhase
+    total: int
+    upgraded: int
+    failed: int = 0
+    start_time: str | None = None
+    completion_time: str | None = None
+
+
+class Summary(_Model):
+    """Counts over the whole fleet of this ClusterVersion."""
+
+    total: int = 0
+    up_to_date: int = 0
+    in_flight: int = 0
+    failed: int = 0
+    available_in_service: int = 0
+    by_phase: dict[str, int] | None = None
+
+
+class ClusterVersionStatus(_Model):
+    """Observed state; small at any fleet size."""
+
+    observed_generation: int | None = None
+    phase: RolloutPhase | None = None
+    current_stage: str | None = None
+    summary: Summary | None = None
+    stages: list[StageStatus] | None = None
+    clusters: list[ClusterStatusEntry] | None = None
+    conditions: list[Condition] | None = None

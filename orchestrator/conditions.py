@@ -1,0 +1,48 @@
+"""metav1.Condition bookkeeping: lastTransitionTime moves only when a condition's status flips."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from orchestrator import api
+
+__all__ = ["format_time", "get_condition", "parse_time", "set_condition"]
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 in UTC with second precision, as metav1.Time serialises."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> datetime:
+    """Parse a metav1.Time string."""
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def get_condition(conditions: list[api.Condition] | None, ctype: str) -> api.Condition | None:
+    """The condition of a type, if present."""
+    return next((c for c in conditions or [] if c.type == ctype), None)
+
+
+def set_condition(
+    conditions: list[api.Condition],
+    ctype: str,
+    status: bool,
+    reason: str,
+    message: str,
+    generation: int,
+    now: datetime,
+) -> list[api.Condition]:
+    """Return conditions with ctype set (apimachinery SetStatusCondition semantics)."""
+    value = "True" if status else "False"
+    old = get_condition(conditions, ctype)
+    when = old.last_transition_time if old is not None and old.status == value else format_time(now)
+    new = api.Condition(
+        type=ctype,
+        status=value,
+        reason=reason,
+        message=message[:32768],
+        observed_generation=generation,
+        last_transition_time=when,
+    )
+    return [new if c.type == ctype else c for c in conditions] if old else [*conditions, new]

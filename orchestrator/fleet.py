@@ -1,0 +1,94 @@
+"""The fleet as the planner sees it: immutable observations of clusters and operations."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+__all__ = ["ClusterObs", "OpKind", "OpObs", "OpState", "PoolObs", "Snapshot", "apply_succeeded"]
+
+
+class OpKind(StrEnum):
+    """The four mutating steps of the plugin contract."""
+
+    SERVICE_OUT = "serviceOut"
+    SERVICE_IN = "serviceIn"
+    CONTROL_PLANE = "controlPlane"
+    NODE_POOL = "nodePool"
+
+
+class OpState(StrEnum):
+    """Operation states of the plugin contract."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def terminal(self) -> bool:
+        """True for Succeeded and Failed."""
+        return self in (OpState.SUCCEEDED, OpState.FAILED)
+
+
+@dataclass(frozen=True)
+class OpObs:
+    """One plugin operation as last seen."""
+
+    id: str
+    kind: OpKind
+    cluster_id: str
+    state: OpState
+    request_id: str = ""
+    node_pool: str = ""
+    target_version: str = ""
+    error_code: str = ""
+    error_message: str = ""
+
+
+@dataclass(frozen=True)
+class PoolObs:
+    """One node pool as last seen."""
+
+    name: str
+    version: str
+    ready: bool = True
+
+
+@dataclass(frozen=True)
+class ClusterObs:
+    """One cluster as last seen through ListClusters."""
+
+    id: str
+    control_plane_version: str
+    node_pools: tuple[PoolObs, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    available: bool = True
+    unavailable_reason: str = ""
+    in_service: bool = True
+    current_operation: OpObs | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the planner reads about the fleet at one moment."""
+
+    clusters: Mapping[str, ClusterObs]
+    #: Latest known state of operations, by operation id (from WatchOperations / GetOperation).
+    operations: Mapping[str, OpObs] = field(default_factory=dict)
+
+
+def apply_succeeded(cluster: ClusterObs, op: OpObs) -> ClusterObs:
+    """The cluster as it is once op has succeeded (the inventory may lag behind the op)."""
+    if op.kind is OpKind.SERVICE_OUT:
+        return replace(cluster, in_service=False)
+    if op.kind is OpKind.SERVICE_IN:
+        return replace(cluster, in_service=True)
+    if op.kind is OpKind.CONTROL_PLANE:
+        return replace(cluster, control_plane_version=op.target_version)
+    pools = tuple(
+        replace(p, version=op.target_version, ready=True) if p.name == op.node_pool else p
+        for p in cluster.node_pools
+    )
+    return replace(cluster, node_pools=pools)

@@ -1,0 +1,577 @@
+"""The pure planner: (spec, fleet snapshot, previous status, now) → actions and the next status."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from orchestrator import api
+from orchestrator.conditions import format_time, parse_time, set_condition
+from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, Snapshot, apply_succeeded
+from orchestrator.validate import Problem, Target, Targets, resolve_targets, validate_spec
+from plugins.sdk import versions
+
+__all__ = [
+    "ACTIVE_PHASES",
+    "Action",
+    "Event",
+    "Plan",
+    "PlanInput",
+    "Verdict",
+    "invalid",
+    "plan",
+    "request_id",
+]
+
+P = api.ClusterPhase
+#: Phases in which a cluster is held out of the availability count by this rollout.
+ACTIVE_PHASES = frozenset(
+    {
+        P.SERVICING_OUT,
+        P.UPGRADING_CONTROL_PLANE,
+        P.UPGRADING_NODE_POOLS,
+        P.VERIFYING,
+        P.SERVICING_IN,
+    }
+)
+_STEP_PHASE = {
+    OpKind.SERVICE_OUT: P.SERVICING_OUT,
+    OpKind.CONTROL_PLANE: P.UPGRADING_CONTROL_PLANE,
+    OpKind.NODE_POOL: P.UPGRADING_NODE_POOLS,
+    OpKind.SERVICE_IN: P.SERVICING_IN,
+}
+#: How often to look again at a cluster waiting to become available before service-in.
+VERIFY_POLL_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Action:
+    """One mutating plugin call to make."""
+
+    kind: OpKind
+    cluster_id: str
+    request_id: str
+    version: str = ""
+    node_pool: str = ""
+
+    @property
+    def step(self) -> str:
+        """The step name kept in status, e.g. "nodePool/pool-a"."""
+        return f"{self.kind.value}/{self.node_pool}" if self.node_pool else self.kind.value
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to record about one cluster's transition."""
+
+    cluster_id: str
+    reason: str
+    message: str
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The health gate's word on one cluster in Verifying."""
+
+    passed: bool
+    failed: bool = False
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    """Everything the planner reads."""
+
+    spec: api.ClusterVersionSpec
+    snapshot: Snapshot
+    now: datetime
+    uid: str = "cv"
+    generation: int = 1
+    status: api.ClusterVersionStatus | None = None
+    approved_stages: frozenset[str] = frozenset()
+    retry_clusters: frozenset[str] = frozenset()
+    #: When set, Verifying waits for a passing verdict per cluster (health gating).
+    verdicts: Mapping[str, Verdict] | None = None
+
+
+@dataclass
+class Plan:
+    """What to do now, and the status to write once it is done."""
+
+    actions: list[Action]
+    status: api.ClusterVersionStatus
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+    problems: list[Problem] = field(default_factory=list)
+
+
+def request_id(uid: str, cluster_id: str, step: str, target: str, attempt: int) -> str:
+    """The deterministic request id of one step: the same step is never started twice."""
+    return f"{uid}:{cluster_id}:{step}:{target}:{attempt}"
+
+
+def _needs_cp(obs: ClusterObs, target: Target) -> bool:
+    return versions.is_newer(target.version, obs.control_plane_version)
+
+
+def _pool_needing(obs: ClusterObs, target: Target) -> str | None:
+    for pool in obs.node_pools:
+        if versions.is_newer(target.pool_target(pool.name), pool.version):
+            return pool.name
+    return None
+
+
+def _needs_upgrade(obs: ClusterObs, target: Target) -> bool:
+    return _needs_cp(obs, target) or _pool_needing(obs, target) is not None
+
+
+def _find_op(entry: api.ClusterStatusEntry, obs: ClusterObs, snap: Snapshot) -> OpObs | None:
+    if entry.operation_id and entry.operation_id in snap.operations:
+        return snap.operations[entry.operation_id]
+    current = obs.current_operation
+    if current is not None and entry.request_id and current.request_id == entry.request_id:
+        return current
+    return None
+
+
+class _Planner:
+    def __init__(self, inp: PlanInput, targets: Targets) -> None:
+        self.inp = inp
+        self.targets = targets
+        self.now = format_time(inp.now)
+        self.strategy = inp.spec.strategy or api.Strategy()
+        self.actions: list[Action] = []
+        self.events: list[Event] = []
+        self.requeue: float | None = None
+        self.entries: dict[str, api.ClusterStatusEntry] = {}
+        self.effective: dict[str, ClusterObs] = dict(inp.snapshot.clusters)
+
+    def _wake(self, seconds: float) -> None:
+        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
+
+    def _set(self, entry: api.ClusterStatusEntry, **changes: object) -> api.ClusterStatusEntry:
+        phase = changes.get("phase", entry.phase)
+        if phase != entry.phase:
+            changes["last_transition_time"] = self.now
+            msg = changes.get("message") or f"{entry.phase.value} → {phase}"
+            self.events.append(Event(entry.id, str(phase), str(msg), phase == P.FAILED))
+        new = entry.model_copy(update=changes)
+        self.entries[entry.id] = new
+        return new
+
+    def _issue(self, entry: api.ClusterStatusEntry, action: Action) -> None:
+        self.actions.append(action)
+        self._set(
+            entry,
+            phase=_STEP_PHASE[action.kind],
+            step=action.step,
+            request_id=action.request_id,
+            operation_id=None,
+            message=None,
+        )
+
+    def _action(self, kind: OpKind, cid: str, attempt: int, pool: str = "") -> Action:
+        target = self.targets.by_cluster[cid]
+        version = target.pool_target(pool) if pool else target.version
+        step = f"{kind.value}/{pool}" if pool else kind.value
+        rid = request_id(self.inp.uid, cid, step, target.version if not pool else version, attempt)
+        op_version = version if kind in (OpKind.CONTROL_PLANE, OpKind.NODE_POOL) else ""
+        return Action(kind, cid, rid, op_version, pool)
+
+    def _action_for_step(self, entry: api.ClusterStatusEntry) -> Action:
+        step = entry.step or ""
+        kind_text, _, pool = step.partition("/")
+        return self._action(OpKind(kind_text), entry.id, entry.attempt, pool)
+
+    def advance(self, entry: api.ClusterStatusEntry, obs: ClusterObs) -> None:
+        """Pick the next step of a cluster that has no operation in flight."""
+        target = self.targets.by_cluster[entry.id]
+        if obs.in_service and _needs_upgrade(obs, target):
+            self._issue(entry, self._action(OpKind.SERVICE_OUT, entry.id, entry.attempt))
+        elif _needs_cp(obs, target):
+            self._issue(entry, self._action(OpKind.CONTROL_PLANE, entry.id, entry.attempt))
+        elif (pool := _pool_needing(obs, target)) is not None:
+            self._issue(entry, self._action(OpKind.NODE_POOL, entry.id, entry.attempt, pool))
+        elif not obs.in_service:
+            self.verify(entry, obs)
+        else:
+            self.entries.pop(entry.id, None)
+            self.events.append(Event(entry.id, P.UPGRADED.value, f"upgraded to {target.version}"))
+
+    def verify(self, entry: api.ClusterStatusEntry, obs: ClusterObs) -> None:
+        """Service the cluster in once it is available and its health gate passes."""
+        waiting = None
+        if not obs.available:
+            waiting = f"waiting for the cluster to become available: {obs.unavailable_reason}"
+        elif not all(p.ready for p in obs.node_pools):
+            waiting = "waiting for node pools to become ready"
+        elif self.inp.verdicts is not None:
+            verdict = self.inp.verdicts.get(entry.id)
+            if verdict is not None and verdict.failed:
+                self._set(entry, phase=P.FAILED, step="verify", message=verdict.message)
+                return
+            if verdict is None or not verdict.passed:
+                waiting = verdict.message if verdict else "waiting for health checks"
+        if waiting is not None:
+            self._set(
+                entry,
+                phase=P.VERIFYING,
+                step="verify",
+                operation_id=None,
+                request_id=None,
+                message=waiting.rstrip(": "),
+            )
+            self._wake(VERIFY_POLL_SECONDS)
+            return
+        self._issue(entry, self._action(OpKind.SERVICE_IN, entry.id, entry.attempt))
+
+    def follow(self, entry: api.ClusterStatusEntry) -> None:
+        """Carry one status entry forward from what its operation did."""
+        obs = self.inp.snapshot.clusters.get(entry.id)
+        if obs is None or entry.id not in self.targets.by_cluster:
+            reason = (
+                "is no longer in the plugin's inventory" if obs is None else "is no longer in spec"
+            )
+            self._set(entry, message=f"cluster {reason}; left as it is")
+            return
+        if entry.phase == P.FAILED:
+            if entry.id not in self.inp.retry_clusters:
+                self.entries[entry.id] = entry
+                return
+            entry = self._set(
+                entry,
+                phase=P.PENDING,
+                attempt=entry.attempt + 1,
+                message=f"retry requested (attempt {entry.attempt + 2})",
+                operation_id=None,
+                request_id=None,
+            )
+            if not obs.in_service:  # ours, out of service already: carry on at once
+                self.advance(entry, obs)
+                return
+        if entry.phase not in ACTIVE_PHASES:
+            self.entries[entry.id] = entry  # Pending: reconsidered with the stage's candidates
+            return
+        if entry.phase == P.VERIFYING:
+            self.advance(entry, obs)
+            return
+        op = _find_op(entry, obs, self.inp.snapshot)
+        if op is None:
+            # Issued, but the operation is unknown (the call failed or the write was lost):
+            # the same request id returns the same operation, so asking again is safe.
+            self.actions.append(self._action_for_step(entry))
+            self.entries[entry.id] = entry
+            return
+        if not op.state.terminal:
+            self.entries[entry.id] = entry.model_copy(update={"operation_id": op.id})
+            return
+        if op.state == OpState.FAILED:
+            self._set(
+                entry,
+                phase=P.FAILED,
+                operation_id=op.id,
+                message=f"{entry.step} failed: {op.error_code}: {op.error_message}",
+            )
+            return
+        obs = apply_succeeded(obs, op)
+        self.effective[entry.id] = obs
+        self.advance(entry.model_copy(update={"operation_id": None}), obs)
+
+
+def plan(inp: PlanInput) -> Plan:
+    """Decide the next actions and the status that describes them. Pure: no I/O."""
+    problems = validate_spec(inp.spec)
+    resolved = resolve_targets(inp.spec, inp.snapshot.clusters)
+    if isinstance(resolved, list):
+        problems += [p for p in resolved if p not in problems]
+    if problems or isinstance(resolved, list):
+        return invalid(inp.status, problems, inp.generation, inp.now)
+    planner = _Planner(inp, resolved)
+    previous = inp.status or api.ClusterVersionStatus()
+    for entry in previous.clusters or []:
+        planner.follow(entry)
+    return _start_and_summarise(planner, previous)
+
+
+def _start_and_summarise(pl: _Planner, previous: api.ClusterVersionStatus) -> Plan:
+    inp, targets, strategy = pl.inp, pl.targets, pl.strategy
+    on_failure = strategy.on_failure
+    failed = {cid for cid, e in pl.entries.items() if e.phase == P.FAILED}
+    halted = bool(failed) and on_failure == api.OnFailure.HALT
+    held = {cid for cid, e in pl.entries.items() if e.phase in ACTIVE_PHASES}
+    managed = targets.by_cluster
+    free = sum(
+        1
+        for cid in managed
+        if cid not in held and (o := pl.effective[cid]).available and o.in_service
+    )
+    budget = free - inp.spec.required_available_count
+    prev_stages = {s.name: s for s in previous.stages or []}
+    stage_status: list[api.StageStatus] = []
+    active: int | None = None
+    blocked_reason = ""
+    for s, members in enumerate(targets.stage_members):
+        name = targets.stage_names[s]
+        spec_stage = strategy.stages[s] if strategy.stages else None
+        done = sum(
+            1
+            for c in members
+            if c not in pl.entries and not _needs_upgrade(pl.effective[c], managed[c])
+        )
+        n_failed = sum(1 for c in members if c in failed)
+        complete = done + (n_failed if on_failure == api.OnFailure.CONTINUE else 0) == len(members)
+        prev = prev_stages.get(name)
+        start = prev.start_time if prev and prev.start_time else None
+        phase = api.StagePhase.PENDING
+        completion = None
+        if complete and active is None:
+            phase = api.StagePhase.COMPLETED
+            completion = prev.completion_time if prev and prev.completion_time else pl.now
+            soak = (
+                api.parse_duration(spec_stage.soak_time)
+                if spec_stage and spec_stage.soak_time
+                else None
+            )
+            if soak and s + 1 < len(targets.stage_members):
+                remaining = parse_time(completion) + soak - inp.now
+                if remaining > timedelta(0):
+                    phase = api.StagePhase.SOAKING
+                    active = -1  # later stages wait
+                    blocked_reason = (
+                        f"stage {name} soaking for {int(remaining.total_seconds())}s more"
+                    )
+                    pl._wake(remaining.total_seconds())
+        elif active is None:
+            active = s
+            if n_failed and on_failure == api.OnFailure.HALT:
+                phase = api.StagePhase.FAILED
+            elif (
+                spec_stage
+                and spec_stage.approval == api.Approval.MANUAL
+                and name not in inp.approved_stages
+                and not start
+            ):
+                phase = api.StagePhase.AWAITING_APPROVAL
+                blocked_reason = (
+                    f"stage {name} awaits approval: add it to the "
+                    f"{api.ANNOTATION_APPROVE_STAGES} annotation"
+                )
+            else:
+                phase = api.StagePhase.PROGRESSING
+        stage_status.append(
+            api.StageStatus(
+                name=name,
+                phase=phase,
+                total=len(members),
+                upgraded=done,
+                failed=n_failed,
+                start_time=start,
+                completion_time=completion,
+            )
+        )
+
+    current = targets.stage_names[active] if active is not None and active >= 0 else None
+    if (
+        active is not None
+        and active >= 0
+        and stage_status[active].phase == api.StagePhase.PROGRESSING
+    ):
+        stage_conc = strategy.stages[active].max_concurrency if strategy.stages else None
+        limit_spec = stage_conc if stage_conc is not None else strategy.max_concurrency
+        members = targets.stage_members[active]
+        limit = (
+            api.parse_max_concurrency(limit_spec, len(members))
+            if limit_spec is not None
+            else len(members)
+        )
+        in_flight = len(held)
+        started = False
+        candidates = []
+        for cid in members:
+            obs = pl.effective[cid]
+            entry = pl.entries.get(cid)
+            if entry is not None and entry.phase != P.PENDING:
+                continue
+            if not _needs_upgrade(obs, managed[cid]):
+                continue
+            if obs.current_operation is not None and not obs.current_operation.state.terminal:
+                pl.entries[cid] = _waiting(
+                    cid,
+                    active,
+                    targets,
+                    entry,
+                    pl.now,
+                    f"operation {obs.current_operation.id} from another caller "
+                    "is in flight; waiting for it to end",
+                )
+                continue
+            if not obs.in_service:
+                pl.entries[cid] = _waiting(
+                    cid,
+                    active,
+                    targets,
+                    entry,
+                    pl.now,
+                    "out of service outside this rollout; waiting for it to return to service",
+                )
+                continue
+            cost = 1 if obs.available else 0
+            candidates.append((cost, cid, entry))
+        candidates.sort(key=lambda c: (c[0], c[1]))
+        for cost, cid, entry in candidates:
+            if halted or strategy.paused or in_flight >= limit or (cost and budget < cost):
+                if not halted and not strategy.paused and in_flight == 0 and not blocked_reason:
+                    blocked_reason = (
+                        f"waiting: no availability budget ({free} available in service, "
+                        f"{inp.spec.required_available_count} required)"
+                    )
+                if entry is not None and entry.attempt == 0:
+                    del pl.entries[cid]  # waiting for its turn is the rest state: not listed
+                continue
+            budget -= cost
+            in_flight += 1
+            started = True
+            base = entry or api.ClusterStatusEntry(id=cid, phase=P.PENDING, stage=current)
+            pl.advance(base.model_copy(update={"stage": current}), pl.effective[cid])
+        if started and not stage_status[active].start_time:
+            stage_status[active] = stage_status[active].model_copy(update={"start_time": pl.now})
+
+    return _summarise(pl, stage_status, current, halted, blocked_reason, previous)
+
+
+def _waiting(
+    cid: str,
+    stage: int,
+    targets: Targets,
+    entry: api.ClusterStatusEntry | None,
+    now: str,
+    message: str,
+) -> api.ClusterStatusEntry:
+    base = entry or api.ClusterStatusEntry(id=cid, phase=P.PENDING, last_transition_time=now)
+    return base.model_copy(update={"stage": targets.stage_names[stage], "message": message})
+
+
+def _summarise(
+    pl: _Planner,
+    stages: list[api.StageStatus],
+    current: str | None,
+    halted: bool,
+    blocked_reason: str,
+    previous: api.ClusterVersionStatus,
+) -> Plan:
+    inp, managed = pl.inp, pl.targets.by_cluster
+    by_phase: Counter[str] = Counter()
+    for cid in managed:
+        entry = pl.entries.get(cid)
+        if entry is not None:
+            by_phase[entry.phase.value] += 1
+        elif _needs_upgrade(pl.effective[cid], managed[cid]):
+            by_phase[P.PENDING.value] += 1
+        else:
+            by_phase[P.UPGRADED.value] += 1
+    failed = by_phase.get(P.FAILED.value, 0)
+    in_flight = sum(by_phase.get(p.value, 0) for p in ACTIVE_PHASES)
+    avail = sum(
+        1 for cid in managed if pl.effective[cid].available and pl.effective[cid].in_service
+    )
+    summary = api.Summary(
+        total=len(managed),
+        up_to_date=by_phase.get(P.UPGRADED.value, 0),
+        in_flight=in_flight,
+        failed=failed,
+        available_in_service=avail,
+        by_phase=dict(sorted(by_phase.items())),
+    )
+    completed = summary.up_to_date == summary.total and not pl.entries
+    paused = (inp.spec.strategy or api.Strategy()).paused
+    if completed:
+        phase, reason, message = (
+            api.RolloutPhase.COMPLETED,
+            "Completed",
+            (f"all {summary.total} clusters run their target versions"),
+        )
+    elif failed and in_flight == 0 and all(s.phase == api.StagePhase.COMPLETED for s in stages):
+        phase, reason = api.RolloutPhase.FAILED, "ClusterFailed"
+        message = f"finished with {failed} failed cluster(s); retry them with the "
+        message += f"{api.ANNOTATION_RETRY_CLUSTERS} annotation"
+    elif halted:
+        first = sorted(c for c, e in pl.entries.items() if e.phase == P.FAILED)[0]
+        phase, reason = api.RolloutPhase.HALTED, "ClusterFailed"
+        message = f"halted: cluster {first} failed: {pl.entries[first].message}"
+    elif paused:
+        phase, reason, message = api.RolloutPhase.PAUSED, "Paused", "paused by spec.strategy.paused"
+    else:
+        phase, reason = api.RolloutPhase.PROGRESSING, "Progressing"
+        message = blocked_reason or (
+            f"{summary.up_to_date}/{summary.total} upgraded, {in_flight} in flight"
+            + (f", stage {current}" if current else "")
+        )
+    gen = inp.generation
+    conds = list(previous.conditions or [])
+    conds = set_condition(conds, "Ready", completed, reason, message, gen, inp.now)
+    conds = set_condition(
+        conds,
+        "Progressing",
+        phase == api.RolloutPhase.PROGRESSING or (paused and in_flight > 0),
+        reason,
+        message,
+        gen,
+        inp.now,
+    )
+    degraded_msg = f"{failed} cluster(s) failed" if failed else "no failures"
+    conds = set_condition(
+        conds,
+        "Degraded",
+        failed > 0,
+        "ClusterFailed" if failed else "AsExpected",
+        degraded_msg,
+        gen,
+        inp.now,
+    )
+    conds = set_condition(
+        conds,
+        "Paused",
+        paused,
+        "Paused" if paused else "NotPaused",
+        "spec.strategy.paused is " + str(paused).lower(),
+        gen,
+        inp.now,
+    )
+    status = api.ClusterVersionStatus(
+        observed_generation=gen,
+        phase=phase,
+        current_stage=current,
+        summary=summary,
+        stages=stages,
+        clusters=[pl.entries[c] for c in sorted(pl.entries)] or None,
+        conditions=conds,
+    )
+    return Plan(pl.actions, status, pl.events, pl.requeue)
+
+
+def invalid(
+    previous: api.ClusterVersionStatus | None,
+    problems: Sequence[Problem],
+    generation: int,
+    now: datetime,
+) -> Plan:
+    """The plan for a spec that is invalid: no action, Ready=False with reason InvalidSpec."""
+    previous = previous or api.ClusterVersionStatus()
+    text = "; ".join(str(p) for p in problems[:5])
+    if len(problems) > 5:
+        text += f"; and {len(problems) - 5} more"
+    conds = set_condition(
+        list(previous.conditions or []), "Ready", False, "InvalidSpec", text, generation, now
+    )
+    conds = set_condition(conds, "Progressing", False, "InvalidSpec", text, generation, now)
+    status = previous.model_copy(
+        update={
+            "phase": api.RolloutPhase.INVALID,
+            "conditions": conds,
+            "observed_generation": generation,
+        }
+    )
+    return Plan([], status, [], None, list(problems))

@@ -1,0 +1,246 @@
+"""Validation of a ClusterVersion: field-named parse errors, then checks against the fleet."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from orchestrator import api
+from orchestrator.fleet import ClusterObs
+from plugins.sdk import versions
+
+__all__ = ["Problem", "Targets", "parse_spec", "resolve_targets", "validate_spec"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a spec: the field path and what to do about it."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one cluster should end up."""
+
+    version: str
+    node_version: str
+    pools: Mapping[str, str]
+    stage: int
+
+    def pool_target(self, pool: str) -> str:
+        """The target version of a node pool."""
+        return self.pools.get(pool, self.node_version)
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The managed clusters, their targets and stage membership, resolved over an inventory."""
+
+    by_cluster: Mapping[str, Target]
+    stage_names: Sequence[str]
+    stage_members: Sequence[Sequence[str]]
+
+
+def _loc(loc: Sequence[int | str]) -> str:
+    out = "spec"
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def parse_spec(raw: Mapping[str, Any] | None) -> api.ClusterVersionSpec | list[Problem]:
+    """Parse a raw spec; on failure, one Problem per bad field with the fix."""
+    if raw is None:
+        return [Problem("spec", "is missing; set requiredAvailableCount, opsEndpoint and clusters")]
+    try:
+        return api.ClusterVersionSpec.model_validate(raw)
+    except ValidationError as err:
+        problems = []
+        for e in err.errors():
+            msg = e["msg"].removeprefix("Value error, ")
+            if e["type"] == "string_pattern_mismatch":
+                msg = f"{e['input']!r} does not match {e['ctx']['pattern']}"
+            if e["type"] == "extra_forbidden":
+                msg = "is not a known field; remove it or check its spelling"
+            problems.append(Problem(_loc(e["loc"]), msg))
+        return problems
+
+
+def validate_spec(spec: api.ClusterVersionSpec) -> list[Problem]:
+    """Checks that need no fleet inventory."""
+    problems: list[Problem] = []
+    for i, cluster in enumerate(spec.clusters or []):
+        problems += _version_problems(f"spec.clusters[{i}]", cluster)
+    strategy = spec.strategy or api.Strategy()
+    stages = strategy.stages or []
+    if not spec.clusters and not stages:
+        problems.append(
+            Problem("spec.clusters", "is empty; list clusters or select them in stages")
+        )
+    if stages and not spec.version and not spec.clusters:
+        problems.append(Problem("spec.version", "is required when stages select clusters by label"))
+    names: set[str] = set()
+    for i, stage in enumerate(stages):
+        where = f"spec.strategy.stages[{i}]"
+        if stage.name in names:
+            problems.append(Problem(f"{where}.name", f"{stage.name!r} is used twice"))
+        names.add(stage.name)
+        if stage.clusters is None and stage.selector is None:
+            problems.append(Problem(where, "selects nothing; set clusters or selector"))
+        problems += _concurrency_problems(f"{where}.maxConcurrency", stage.max_concurrency)
+        if stage.soak_time is not None:
+            try:
+                api.parse_duration(stage.soak_time)
+            except ValueError as err:
+                problems.append(Problem(f"{where}.soakTime", str(err)))
+    problems += _concurrency_problems("spec.strategy.maxConcurrency", strategy.max_concurrency)
+    listed = len(spec.clusters or [])
+    if listed and not stages and spec.required_available_count >= listed:
+        problems.append(_floor_problem(spec.required_available_count, listed))
+    return problems
+
+
+def _floor_problem(required: int, total: int) -> Problem:
+    return Problem(
+        "spec.requiredAvailableCount",
+        f"{required} leaves no cluster allowed out of service among {total}; "
+        f"set it to at most {total - 1}",
+    )
+
+
+def _concurrency_problems(field: str, value: int | str | None) -> list[Problem]:
+    if value is None:
+        return []
+    try:
+        api.parse_max_concurrency(value, 100)
+    except ValueError as err:
+        return [Problem(field, str(err))]
+    return []
+
+
+def _version_problems(where: str, cluster: api.ClusterSpec) -> list[Problem]:
+    problems = []
+    node = cluster.node_version or cluster.version
+    if versions.is_newer(node, cluster.version):
+        problems.append(
+            Problem(
+                f"{where}.nodeVersion",
+                f"{node} is newer than the control plane target "
+                f"{cluster.version}; node pools may not run ahead of the control plane",
+            )
+        )
+    for j, pool in enumerate(cluster.node_pools or []):
+        if versions.is_newer(pool.version, cluster.version):
+            problems.append(
+                Problem(
+                    f"{where}.nodePools[{j}].version",
+                    f"{pool.version} is newer than the control plane target {cluster.version}",
+                )
+            )
+    return problems
+
+
+def resolve_targets(
+    spec: api.ClusterVersionSpec, inventory: Mapping[str, ClusterObs]
+) -> Targets | list[Problem]:
+    """Decide which clusters are managed, their stage and target, or say what is wrong."""
+    problems: list[Problem] = []
+    listed = {c.id: (i, c) for i, c in enumerate(spec.clusters or [])}
+    for cid, (i, _) in listed.items():
+        if cid not in inventory:
+            problems.append(
+                Problem(
+                    f"spec.clusters[{i}].id",
+                    f"cluster {cid!r} is not in the "
+                    "plugin's inventory; check the id or the opsEndpoint",
+                )
+            )
+    stages = (spec.strategy.stages if spec.strategy else None) or []
+    names: list[str] = []
+    members: list[list[str]] = []
+    stage_of: dict[str, int] = {}
+    if not stages:
+        names, members = ["default"], [sorted(listed)]
+        stage_of = dict.fromkeys(listed, 0)
+    else:
+        sorted_ids = sorted(inventory)
+        for s, stage in enumerate(stages):
+            where = f"spec.strategy.stages[{s}]"
+            chosen: list[str] = []
+            for k, cid in enumerate(stage.clusters or []):
+                if cid not in inventory:
+                    problems.append(
+                        Problem(
+                            f"{where}.clusters[{k}]",
+                            f"cluster {cid!r} is not in the plugin's inventory; check the id",
+                        )
+                    )
+                chosen.append(cid)
+            if stage.selector is not None:
+                chosen += [
+                    c for c in sorted_ids if stage.selector.matches(dict(inventory[c].labels))
+                ]
+            for cid in dict.fromkeys(chosen):
+                if cid in stage_of and stage_of[cid] != s:
+                    problems.append(
+                        Problem(
+                            f"{where}",
+                            f"cluster {cid!r} is also in stage "
+                            f"{stages[stage_of[cid]].name!r}; stages must not overlap",
+                        )
+                    )
+                    continue
+                stage_of[cid] = s
+            names.append(stage.name)
+            members.append(sorted(c for c, st in stage_of.items() if st == s))
+        for cid, (i, _) in listed.items():
+            if cid not in stage_of:
+                problems.append(
+                    Problem(
+                        f"spec.clusters[{i}].id",
+                        f"cluster {cid!r} is in no stage; add it to a stage or remove it",
+                    )
+                )
+    targets: dict[str, Target] = {}
+    for cid, s in stage_of.items():
+        entry = listed.get(cid)
+        if entry is None:
+            if spec.version is None:
+                problems.append(
+                    Problem(
+                        "spec.version",
+                        f"is required: stage {names[s]!r} selects "
+                        f"cluster {cid!r} which spec.clusters does not list",
+                    )
+                )
+                continue
+            targets[cid] = Target(spec.version, spec.version, {}, s)
+        else:
+            c = entry[1]
+            pools = {p.name: p.version for p in c.node_pools or []}
+            targets[cid] = Target(c.version, c.node_version or c.version, pools, s)
+        obs = inventory.get(cid)
+        target = targets[cid]
+        if obs is not None and versions.is_newer(obs.control_plane_version, target.version):
+            field = f"spec.clusters[{entry[0]}].version" if entry else "spec.version"
+            problems.append(
+                Problem(
+                    field,
+                    f"{target.version} is older than cluster {cid!r}'s "
+                    f"control plane {obs.control_plane_version}; downgrades are "
+                    "not supported",
+                )
+            )
+    if targets and spec.required_available_count >= len(targets):
+        problems.append(_floor_problem(spec.required_available_count, len(targets)))
+    if problems:
+        return problems
+    return Targets(targets, names, members)
