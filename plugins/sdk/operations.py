@@ -121,13 +121,7 @@ class OperationStore:
                         f"on cluster {existing.cluster_id}); choose a new request_id per change",
                     )
                 return _copy(existing), False
-            busy = self._busy_locked(cluster_id)
-            if busy is not None:
-                raise Conflict(
-                    f"cluster {cluster_id} has operation {busy.id} ({kind_name(busy.kind)}) "
-                    "in flight; wait until it ends, then retry",
-                    busy.id,
-                )
+            self._raise_if_busy_locked(cluster_id)
             new_id = op_id or self._new_id(request_id)
             if new_id in self._ops:
                 raise InvalidArgument(
@@ -214,6 +208,14 @@ class OperationStore:
             op_id = self._by_request.get(request_id)
             return None if op_id is None else _copy(self._ops[op_id])
 
+    def ensure_free(self, cluster_id: str) -> None:
+        """Raises Conflict naming the cluster's PENDING or RUNNING operation, if it has one.
+
+        For plugins that must check before calling their provider; start() checks again.
+        """
+        with self._lock:
+            self._raise_if_busy_locked(cluster_id)
+
     def in_flight(self, cluster_id: str) -> cluster_pb2.Operation | None:
         """The cluster's PENDING or RUNNING operation, if any."""
         with self._lock:
@@ -273,6 +275,16 @@ class OperationStore:
             for watcher in self._watchers:
                 watcher.queue.put(None)
             self._watchers.clear()
+
+    def _raise_if_busy_locked(self, cluster_id: str) -> None:
+        op_id = self._in_flight.get(cluster_id)
+        if op_id is not None:
+            busy = self._ops[op_id]
+            raise Conflict(
+                f"cluster {cluster_id} has operation {busy.id} ({kind_name(busy.kind)}) "
+                "in flight; wait until it ends, then retry",
+                busy.id,
+            )
 
     def _busy_locked(self, cluster_id: str) -> cluster_pb2.Operation | None:
         op_id = self._in_flight.get(cluster_id)

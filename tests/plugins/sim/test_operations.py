@@ -196,3 +196,17 @@ def test_close_ends_watchers() -> None:
     thread.join(timeout=5)
     assert not thread.is_alive()
     assert list(store.watch([], include_in_flight=True, context=_ctx(_StreamContext()))) == []
+
+
+def test_ensure_free_raises_the_same_conflict_as_start() -> None:
+    store = OperationStore()
+    store.ensure_free("c1")
+    op, _ = store.start(request_id="r1", kind=OUT, cluster_id="c1")
+    with pytest.raises(Conflict) as err:
+        store.ensure_free("c1")
+    assert err.value.operation_id == op.id
+    assert err.value.message == (
+        f"cluster c1 has operation {op.id} (service-out) in flight; wait until it ends, then retry"
+    )
+    store.update(op.id, state=SUCCEEDED)
+    store.ensure_free("c1")

@@ -1,0 +1,337 @@
+"""The simulated fleet's YAML file: schema, validation with field paths, and generated fleets."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from plugins.sdk import versions
+
+__all__ = [
+    "STEP_KINDS",
+    "AvailabilityFlap",
+    "ClusterSpec",
+    "ConfigError",
+    "Defaults",
+    "FailStep",
+    "Faults",
+    "FleetConfig",
+    "GenerateSpec",
+    "HangRpc",
+    "NodePoolSpec",
+    "StepSeconds",
+    "UnhealthyAfterUpgrade",
+    "WorkloadSpec",
+    "generate_clusters",
+    "load_fleet_file",
+    "parse_fleet",
+]
+
+StepKind = Literal["serviceOut", "serviceIn", "controlPlane", "nodePool"]
+STEP_KINDS: tuple[StepKind, ...] = ("serviceOut", "serviceIn", "controlPlane", "nodePool")
+"""The step kinds of the fleet file, one per mutating RPC."""
+
+GENERATED_REGIONS = ("us-east1", "us-west1", "europe-west1", "asia-east1")
+GENERATED_NODE_POOLS = ("default-pool", "workers")
+
+
+class ConfigError(ValueError):
+    """The fleet file is unreadable or invalid; the message names the field and the fix."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class StepSeconds(_Model):
+    """Seconds each step kind takes (PENDING → terminal); unset kinds fall back."""
+
+    service_out: float | None = Field(default=None, ge=0)
+    service_in: float | None = Field(default=None, ge=0)
+    control_plane: float | None = Field(default=None, ge=0)
+    node_pool: float | None = Field(default=None, ge=0)
+
+    def get(self, kind: StepKind) -> float | None:
+        """The seconds set for a step kind, or None."""
+        value: float | None = getattr(self, _STEP_ATTR[kind])
+        return value
+
+
+_STEP_ATTR: dict[str, str] = {
+    "serviceOut": "service_out",
+    "serviceIn": "service_in",
+    "controlPlane": "control_plane",
+    "nodePool": "node_pool",
+}
+
+DEFAULT_STEP_SECONDS: dict[StepKind, float] = {
+    "serviceOut": 1.0,
+    "serviceIn": 1.0,
+    "controlPlane": 5.0,
+    "nodePool": 3.0,
+}
+
+
+class WorkloadSpec(_Model):
+    """One workload on a cluster and the health the simulated collector reports for it."""
+
+    namespace: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    kind: str = "Deployment"
+    healthy_replicas: int = Field(default=1, ge=0)
+    # workload_health as the KubeFleet collector reports it: >= 1.0 healthy; "unknown" = no data.
+    health: float | Literal["unknown"] = 1.0
+
+
+class NodePoolSpec(_Model):
+    """A node pool and its starting version."""
+
+    name: str = Field(min_length=1)
+    version: str
+
+
+class ClusterSpec(_Model):
+    """One cluster's starting state, step durations and health data."""
+
+    id: str = Field(min_length=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+    control_plane_version: str
+    node_pools: tuple[NodePoolSpec, ...] = ()
+    available: bool = True
+    in_service: bool = True
+    step_seconds: StepSeconds = StepSeconds()
+    workloads: tuple[WorkloadSpec, ...] | None = None  # None: defaults.workloads
+    metrics: dict[str, float] | None = None  # None: defaults.metrics
+
+    @model_validator(mode="after")
+    def _versions_consistent(self) -> ClusterSpec:
+        _check_version("controlPlaneVersion", self.control_plane_version)
+        seen: set[str] = set()
+        for index, pool in enumerate(self.node_pools):
+            _check_version(f"nodePools[{index}].version", pool.version)
+            if pool.name in seen:
+                raise ValueError(f"nodePools[{index}].name: {pool.name!r} appears twice")
+            seen.add(pool.name)
+            if versions.is_newer(pool.version, self.control_plane_version):
+                raise ValueError(
+                    f"nodePools[{index}].version: {pool.version} is newer than "
+                    f"controlPlaneVersion {self.control_plane_version}; a node pool cannot be "
+                    "newer than its control plane"
+                )
+        return self
+
+
+class Defaults(_Model):
+    """Fleet-wide defaults: step durations, jitter, and health data of every cluster."""
+
+    step_seconds: StepSeconds = StepSeconds()
+    jitter: float = Field(default=0.1, ge=0, lt=1)
+    workloads: tuple[WorkloadSpec, ...] = ()
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class GenerateSpec(_Model):
+    """Generated clusters "cluster-00001".. with region and stage labels."""
+
+    count: int = Field(ge=1, le=1_000_000)
+    control_plane_version: str = "1.28.5"
+    node_pool_version: str | None = None  # None: the control plane's version
+
+    @model_validator(mode="after")
+    def _versions_valid(self) -> GenerateSpec:
+        _check_version("controlPlaneVersion", self.control_plane_version)
+        if self.node_pool_version is not None:
+            _check_version("nodePoolVersion", self.node_pool_version)
+        return self
+
+
+class FailStep(_Model):
+    """Makes a step on the given clusters end FAILED (the first `times` attempts, or always)."""
+
+    step: StepKind
+    clusters: tuple[str, ...] = Field(min_length=1)
+    node_pool: str = ""  # nodePool steps only: just this pool ("" = any)
+    times: int | None = Field(default=None, ge=1)
+    error_code: str = ""  # default: UPGRADE_FAILED / SERVICE_OUT_FAILED / SERVICE_IN_FAILED
+    message: str = ""
+
+
+class UnhealthyAfterUpgrade(_Model):
+    """After a control-plane upgrade succeeds, workloads turn unhealthy and metrics change."""
+
+    clusters: tuple[str, ...] = Field(min_length=1)
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class AvailabilityFlap(_Model):
+    """The clusters alternate: available for `period` seconds, unavailable for `down`."""
+
+    clusters: tuple[str, ...] = Field(min_length=1)
+    period: float = Field(gt=0)
+    down: float | None = Field(default=None, gt=0)  # None: same as period
+
+
+class HangRpc(_Model):
+    """Calls of one RPC wait this many seconds (or until the caller gives up) first."""
+
+    method: str = Field(min_length=1)
+    seconds: float = Field(gt=0)
+    times: int | None = Field(default=None, ge=1)
+
+
+class Faults(_Model):
+    """Injected faults."""
+
+    fail_step: tuple[FailStep, ...] = ()
+    unhealthy_after_upgrade: tuple[UnhealthyAfterUpgrade, ...] = ()
+    availability_flaps: tuple[AvailabilityFlap, ...] = ()
+    unavailable_rate: float = Field(default=0.0, ge=0, le=1)
+    unavailable_methods: tuple[str, ...] = ()  # empty: every Cluster/Health RPC
+    hang_rpc: tuple[HangRpc, ...] = ()
+
+
+class FleetConfig(_Model):
+    """The whole fleet file."""
+
+    defaults: Defaults = Defaults()
+    generate: GenerateSpec | None = None
+    clusters: tuple[ClusterSpec, ...] = ()
+    metrics: dict[str, float] = Field(default_factory=dict)  # answered without a cluster
+    faults: Faults = Faults()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FleetConfig:
+        if self.generate is None and not self.clusters:
+            raise ValueError("clusters: list at least one cluster, or set generate.count")
+        ids: set[str] = set()
+        if self.generate is not None:
+            ids.update(_generated_id(i, self.generate.count) for i in range(self.generate.count))
+        for index, cluster in enumerate(self.clusters):
+            if cluster.id in ids:
+                raise ValueError(
+                    f"clusters[{index}].id: {cluster.id!r} is used twice; ids must be unique"
+                )
+            ids.add(cluster.id)
+        faults = self.faults
+        groups: list[tuple[str, tuple[Any, ...]]] = [
+            ("failStep", faults.fail_step),
+            ("unhealthyAfterUpgrade", faults.unhealthy_after_upgrade),
+            ("availabilityFlaps", faults.availability_flaps),
+        ]
+        for name, entries in groups:
+            for index, entry in enumerate(entries):
+                unknown = [c for c in entry.clusters if c not in ids]
+                if unknown:
+                    raise ValueError(
+                        f"faults.{name}[{index}].clusters: unknown cluster id(s) "
+                        f"{', '.join(unknown)}; use ids from clusters"
+                    )
+        return self
+
+    def all_clusters(self) -> list[ClusterSpec]:
+        """The generated clusters followed by the listed ones."""
+        generated = generate_clusters(self.generate) if self.generate is not None else []
+        return [*generated, *self.clusters]
+
+
+def _check_version(field: str, value: str) -> None:
+    try:
+        versions.parse(value)
+    except ValueError:
+        raise ValueError(
+            f"{field}: {value!r} is not a version; write it like 1.29.4 or 1.29.4-gke.100"
+        ) from None
+
+
+def _generated_id(index: int, count: int) -> str:
+    width = max(5, len(str(count)))
+    return f"cluster-{index + 1:0{width}d}"
+
+
+def _stage_of(index: int, count: int) -> str:
+    # About 2% canary, 18% early, the rest main; at least one cluster per stage when count >= 3.
+    canary = max(1, count * 2 // 100)
+    early = max(1, count * 18 // 100)
+    if index < canary:
+        return "canary"
+    if index < canary + early:
+        return "early"
+    return "main"
+
+
+def generate_clusters(spec: GenerateSpec) -> list[ClusterSpec]:
+    """spec.count clusters "cluster-00001".. labelled region (round robin) and stage.
+
+    Stages: the first ~2% canary, the next ~18% early, the rest main. Two node pools
+    (default-pool, workers) at nodePoolVersion (default: the control plane's version).
+    """
+    pool_version = spec.node_pool_version or spec.control_plane_version
+    pools = tuple(
+        NodePoolSpec.model_construct(name=name, version=pool_version)
+        for name in GENERATED_NODE_POOLS
+    )
+    count = spec.count
+    return [
+        ClusterSpec.model_construct(
+            id=_generated_id(i, count),
+            labels={
+                "region": GENERATED_REGIONS[i % len(GENERATED_REGIONS)],
+                "stage": _stage_of(i, count),
+            },
+            control_plane_version=spec.control_plane_version,
+            node_pools=pools,
+            available=True,
+            in_service=True,
+            step_seconds=StepSeconds(),
+            workloads=None,
+            metrics=None,
+        )
+        for i in range(count)
+    ]
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else part
+    return text or "(top level)"
+
+
+def parse_fleet(data: Mapping[str, Any] | None, source: str = "fleet file") -> FleetConfig:
+    """Validates parsed YAML; ConfigError lists each bad field as path: problem."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: expected a mapping with clusters/generate at the top")
+    try:
+        return FleetConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors(include_url=False):
+            message = str(error["msg"]).removeprefix("Value error, ")
+            loc = tuple(p for p in error["loc"] if p not in ("function-after",))
+            # Messages of the cross-field checks already start with their own field path.
+            where = _location(loc)
+            problems.append(f"{where}: {message}" if loc else message)
+        raise ConfigError(f"{source}: " + "; ".join(problems)) from None
+
+
+def load_fleet_file(path: str | Path) -> FleetConfig:
+    """Reads and validates a fleet file; ConfigError names the file and the bad fields."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--fleet: cannot read {str(path)!r} ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    return parse_fleet(data, str(path))

@@ -1,0 +1,755 @@
+"""The simulated fleet: cluster state, operations that advance on timers, faults, health data."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import random
+import re
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import grpc
+from google.protobuf import timestamp_pb2
+
+from fleetupgrade.plugin.v1 import cluster_pb2, health_pb2
+from plugins.sdk import versions
+from plugins.sdk.errors import FailedPrecondition, NotFound, Unavailable
+from plugins.sdk.operations import OperationStore, kind_name
+from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
+from plugins.sim.config import (
+    DEFAULT_STEP_SECONDS,
+    AvailabilityFlap,
+    ClusterSpec,
+    Defaults,
+    FleetConfig,
+    HangRpc,
+    StepKind,
+    WorkloadSpec,
+)
+from plugins.sim.monitor import ClusterView, InvariantMonitor, StepKey
+from plugins.sim.scheduler import Scheduler
+
+__all__ = ["Fleet", "RpcFaults", "render_query"]
+
+_LOG = logging.getLogger("plugins.sim.fleet")
+
+_OUT = cluster_pb2.OPERATION_KIND_SERVICE_OUT
+_IN = cluster_pb2.OPERATION_KIND_SERVICE_IN
+_CP = cluster_pb2.OPERATION_KIND_UPGRADE_CONTROL_PLANE
+_NP = cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL
+_PENDING = cluster_pb2.OPERATION_STATE_PENDING
+_RUNNING = cluster_pb2.OPERATION_STATE_RUNNING
+_SUCCEEDED = cluster_pb2.OPERATION_STATE_SUCCEEDED
+_FAILED = cluster_pb2.OPERATION_STATE_FAILED
+_READY = cluster_pb2.NODE_POOL_STATUS_READY
+_UPGRADING = cluster_pb2.NODE_POOL_STATUS_UPGRADING
+
+_STEP_OF_KIND: dict[int, StepKind] = {
+    _OUT: "serviceOut",
+    _IN: "serviceIn",
+    _CP: "controlPlane",
+    _NP: "nodePool",
+}
+_ERROR_CODES: dict[StepKind, str] = {
+    "serviceOut": "SERVICE_OUT_FAILED",
+    "serviceIn": "SERVICE_IN_FAILED",
+    "controlPlane": "UPGRADE_FAILED",
+    "nodePool": "UPGRADE_FAILED",
+}
+# Why a cluster is unavailable, by source; a cluster is available when it has no reason.
+_DOWN_UPGRADE = "upgrade"
+_DOWN_FLAP = "flap"
+_DOWN_ADMIN = "admin"
+_FLAP_REASON = "simulated availability flap (fault availabilityFlaps)"
+_LABEL_CACHE_MAX = 256
+_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*\}\}")
+
+
+def render_query(template: str, args: Mapping[str, str]) -> str:
+    """Replaces {{name}} placeholders with args[name]; unknown placeholders stay as written."""
+    return _PLACEHOLDER.sub(lambda m: args.get(m.group(1), m.group(0)), template)
+
+
+def _now() -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.GetCurrentTime()
+    return stamp
+
+
+@dataclass(slots=True)
+class _Pool:
+    version: str
+    status: int
+
+
+@dataclass(slots=True)
+class _Workload:
+    kind: str
+    healthy_replicas: int
+    health: float | None  # None: no fresh data
+
+
+class _Cluster:
+    """One cluster's mutable state and its cached GetClusterResponse (rebuilt after a change)."""
+
+    __slots__ = (
+        "cluster_id",
+        "cp_version",
+        "down",
+        "health_time",
+        "in_service",
+        "labels",
+        "metrics",
+        "op",
+        "pools",
+        "response",
+        "step_seconds",
+        "workloads",
+    )
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.cluster_id = spec.id
+        self.labels: dict[str, str] = dict(spec.labels)
+        self.cp_version = spec.control_plane_version
+        self.pools: dict[str, _Pool] = {p.name: _Pool(p.version, _READY) for p in spec.node_pools}
+        self.in_service = spec.in_service
+        self.down: dict[str, str] = {}
+        if not spec.available:
+            self.down[_DOWN_ADMIN] = "unavailable in the fleet file"
+        self.step_seconds = spec.step_seconds
+        self.workloads: dict[tuple[str, str], _Workload] = {}
+        self.metrics: dict[str, float] = {}
+        self.health_time = _now()
+        self.op: cluster_pb2.Operation | None = None
+        self.response: cluster_pb2.GetClusterResponse | None = None
+
+    def view(self) -> ClusterView:
+        return ClusterView(
+            available_in_service=self.in_service and not self.down,
+            control_plane_version=self.cp_version,
+            node_pool_versions=tuple(p.version for p in self.pools.values()),
+        )
+
+    def build_response(self) -> cluster_pb2.GetClusterResponse:
+        response = cluster_pb2.GetClusterResponse()
+        pb = response.cluster
+        pb.id = self.cluster_id
+        pb.labels.update(self.labels)
+        pb.control_plane_version = self.cp_version
+        for name, pool in self.pools.items():
+            pb.node_pools.add(name=name, version=pool.version, status=pool.status)
+        pb.available = not self.down
+        pb.unavailable_reason = "; ".join(self.down[k] for k in sorted(self.down))
+        pb.in_service = self.in_service
+        if self.op is not None:
+            pb.current_operation.CopyFrom(self.op)
+        return response
+
+
+@dataclass(slots=True)
+class _Run:
+    """An operation in flight: what it changes and how it ends."""
+
+    cluster_id: str
+    kind: int
+    node_pool: str
+    version: str
+    failure: tuple[str, str] | None  # (error_code, error_message) when it is to fail
+
+
+class RpcFaults:
+    """UNAVAILABLE at a rate and hanging RPCs, checked at the start of each sim RPC."""
+
+    def __init__(
+        self,
+        rate: float,
+        methods: Sequence[str],
+        hangs: Sequence[HangRpc],
+        seed: int | None,
+        closing: threading.Event,
+    ) -> None:
+        self._rate = rate
+        self._methods = frozenset(_short(m) for m in methods)
+        self._hangs = {_short(h.method): h for h in hangs}
+        self._hang_left: dict[str, int | None] = {_short(h.method): h.times for h in hangs}
+        self._rng = random.Random(seed)
+        self._closing = closing
+        self._lock = threading.Lock()
+        self.active = rate > 0 or bool(hangs)
+
+    def before(self, method: str, context: grpc.ServicerContext) -> None:
+        """Hangs and/or raises Unavailable as the faults say (method: e.g. "GetCluster")."""
+        hang = self._hangs.get(method)
+        if hang is not None and self._take_hang(method):
+            self._hang(hang.seconds, context)
+        if self._rate > 0 and (not self._methods or method in self._methods):
+            with self._lock:
+                roll = self._rng.random()
+            if roll < self._rate:
+                raise Unavailable("simulated unavailability (fault unavailableRate); retry")
+
+    def _take_hang(self, method: str) -> bool:
+        with self._lock:
+            left = self._hang_left[method]
+            if left is None:
+                return True
+            if left <= 0:
+                return False
+            self._hang_left[method] = left - 1
+            return True
+
+    def _hang(self, seconds: float, context: grpc.ServicerContext) -> None:
+        remaining = seconds
+        step = 0.05
+        while remaining > 0 and context.is_active() and not self._closing.is_set():
+            self._closing.wait(min(step, remaining))
+            remaining -= step
+
+
+def _short(method: str) -> str:
+    """ "/pkg.ClusterService/GetCluster", "ClusterService/GetCluster" -> "GetCluster"."""
+    return method.rstrip("/").rsplit("/", 1)[-1]
+
+
+class Fleet:
+    """The clusters, their operations and health, and the faults, behind one lock.
+
+    Operations go PENDING → RUNNING (at 10% of the step's duration) → SUCCEEDED/FAILED (at
+    100%), driven by one Scheduler thread. A control plane is unavailable while its upgrade
+    runs; a node pool is UPGRADING while its upgrade runs.
+    """
+
+    def __init__(
+        self,
+        config: FleetConfig,
+        *,
+        monitor: InvariantMonitor | None = None,
+        step_seconds: float | None = None,
+        seed: int | None = None,
+        op_prefix: str = "sim",
+    ) -> None:
+        self.monitor = monitor or InvariantMonitor()
+        self.operations = OperationStore(op_prefix)
+        self._lock = threading.RLock()
+        self._scheduler = Scheduler()
+        self._closing = threading.Event()
+        self._rng = random.Random(seed)
+        self._seed = seed
+        self._step_override = step_seconds
+        self._clusters: dict[str, _Cluster] = {}
+        self._ids: list[str] = []
+        self._label_cache: dict[frozenset[tuple[str, str]], list[str]] = {}
+        self._runs: dict[str, _Run] = {}
+        self._flap_generation = 0
+        self._defaults = Defaults()
+        self._fleet_metrics: dict[str, float] = {}
+        self._fail_left: dict[tuple[int, str], int] = {}
+        self._config = config
+        self.rpc_faults = RpcFaults(0.0, (), (), seed, self._closing)
+        self.apply_config(config)
+
+    # -- configuration ---------------------------------------------------------------------
+
+    def apply_config(self, config: FleetConfig) -> None:
+        """Loads a fleet file's content; on reload, existing clusters keep their simulated
+        versions, traffic state and operations, and take labels, step durations, health
+        data and faults from the file. New clusters are added; missing ones stay."""
+        specs = config.all_clusters()
+        added: list[ClusterView] = []
+        with self._lock:
+            self._config = config
+            self._defaults = config.defaults
+            self._fleet_metrics = dict(config.metrics)
+            for spec in specs:
+                cluster = self._clusters.get(spec.id)
+                if cluster is None:
+                    cluster = _Cluster(spec)
+                    self._clusters[spec.id] = cluster
+                    added.append(cluster.view())
+                else:
+                    cluster.labels = dict(spec.labels)
+                    cluster.step_seconds = spec.step_seconds
+                    cluster.response = None
+                self._load_health(cluster, spec)
+            if added:
+                self._ids = sorted(self._clusters)
+            self._label_cache.clear()
+            self._fail_left = {}
+            self._restart_flaps(config.faults.availability_flaps)
+            faults = config.faults
+            self.rpc_faults = RpcFaults(
+                faults.unavailable_rate,
+                faults.unavailable_methods,
+                faults.hang_rpc,
+                self._seed,
+                self._closing,
+            )
+        if added:
+            self.monitor.add_clusters(added)
+
+    def _load_health(self, cluster: _Cluster, spec: ClusterSpec) -> None:
+        workloads = spec.workloads if spec.workloads is not None else self._defaults.workloads
+        cluster.workloads = {(w.namespace, w.name): _workload(w) for w in workloads}
+        args = {"cluster": cluster.cluster_id, **cluster.labels}
+        metrics = {render_query(q, args): v for q, v in self._defaults.metrics.items()}
+        metrics.update(spec.metrics or {})
+        cluster.metrics = metrics
+        cluster.health_time = _now()
+
+    def _restart_flaps(self, flaps: Sequence[AvailabilityFlap]) -> None:
+        self._flap_generation += 1
+        generation = self._flap_generation
+        for cluster in self._clusters.values():
+            if _DOWN_FLAP in cluster.down:
+                self._change(cluster, lambda c: c.down.pop(_DOWN_FLAP, None))
+        for flap in flaps:
+            for cluster_id in flap.clusters:
+                first = self._rng.uniform(0, flap.period)
+                self._scheduler.call_later(
+                    first, partial(self._flap, cluster_id, flap, generation, True)
+                )
+
+    def _flap(
+        self, cluster_id: str, flap: AvailabilityFlap, generation: int, going_down: bool
+    ) -> None:
+        with self._lock:
+            if generation != self._flap_generation or self._closing.is_set():
+                return
+            cluster = self._clusters[cluster_id]
+            if going_down:
+                self._change(cluster, lambda c: c.down.__setitem__(_DOWN_FLAP, _FLAP_REASON))
+                delay = flap.down if flap.down is not None else flap.period
+            else:
+                self._change(cluster, lambda c: c.down.pop(_DOWN_FLAP, None))
+                delay = flap.period
+            self._scheduler.call_later(
+                delay, partial(self._flap, cluster_id, flap, generation, not going_down)
+            )
+
+    def close(self) -> None:
+        """Stops the timers and ends every watch stream."""
+        self._closing.set()
+        self._scheduler.stop()
+        self.operations.close()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def cluster_count(self) -> int:
+        """How many clusters the fleet has."""
+        return len(self._ids)
+
+    def _get(self, cluster_id: str) -> _Cluster:
+        cluster = self._clusters.get(cluster_id)
+        if cluster is None:
+            raise NotFound(f"cluster {cluster_id} not found")
+        return cluster
+
+    def _response(self, cluster: _Cluster) -> cluster_pb2.GetClusterResponse:
+        response = cluster.response
+        if response is None:
+            with self._lock:
+                response = cluster.response
+                if response is None:
+                    response = cluster.build_response()
+                    cluster.response = response
+        return response
+
+    def get_cluster(self, cluster_id: str) -> cluster_pb2.GetClusterResponse:
+        """The GetCluster answer (shared: callers must not change it); NotFound if unknown."""
+        return self._response(self._get(cluster_id))
+
+    def list_clusters(
+        self, page_size: int, page_token: str, match_labels: Mapping[str, str]
+    ) -> cluster_pb2.ListClustersResponse:
+        """One page of the clusters whose labels include match_labels, by id."""
+        size = check_page_size(page_size)
+        after = decode_page_token(page_token)
+        with self._lock:
+            ids = self._matching(match_labels)
+            start = bisect.bisect_right(ids, after) if after else 0
+            page_ids = ids[start : start + size]
+            clusters = [self._response(self._clusters[i]).cluster for i in page_ids]
+            more = start + size < len(ids)
+            total = len(ids)
+        return cluster_pb2.ListClustersResponse(
+            clusters=clusters,
+            next_page_token=encode_page_token(page_ids[-1]) if more and page_ids else "",
+            total_size=total,
+        )
+
+    def _matching(self, match_labels: Mapping[str, str]) -> list[str]:
+        if not match_labels:
+            return self._ids
+        key = frozenset(match_labels.items())
+        ids = self._label_cache.get(key)
+        if ids is None:
+            wanted = list(key)
+            ids = [
+                i for i in self._ids if all(self._clusters[i].labels.get(k) == v for k, v in wanted)
+            ]
+            if len(self._label_cache) >= _LABEL_CACHE_MAX:
+                self._label_cache.clear()
+            self._label_cache[key] = ids
+        return ids
+
+    def get_operation(self, operation_id: str) -> cluster_pb2.Operation:
+        """An operation by id; NotFound if unknown."""
+        return self.operations.get(operation_id)
+
+    def watch_operations(
+        self, cluster_ids: Sequence[str], include_in_flight: bool, context: grpc.ServicerContext
+    ) -> Iterator[cluster_pb2.Operation]:
+        """Operation updates until the caller cancels (see OperationStore.watch)."""
+        return self.operations.watch(cluster_ids, include_in_flight, context)
+
+    # -- mutating --------------------------------------------------------------------------
+
+    def service_out(self, request_id: str, cluster_id: str, caller: str) -> cluster_pb2.Operation:
+        """Starts (or repeats) taking a cluster out of service."""
+        return self._mutate(request_id, cluster_id, caller, _OUT, "", "")
+
+    def service_in(self, request_id: str, cluster_id: str, caller: str) -> cluster_pb2.Operation:
+        """Starts (or repeats) putting a cluster back in service."""
+        return self._mutate(request_id, cluster_id, caller, _IN, "", "")
+
+    def upgrade_control_plane(
+        self, request_id: str, cluster_id: str, version: str, caller: str
+    ) -> cluster_pb2.Operation:
+        """Starts (or repeats) a control-plane upgrade."""
+        return self._mutate(request_id, cluster_id, caller, _CP, "", version)
+
+    def upgrade_node_pool(
+        self, request_id: str, cluster_id: str, node_pool: str, version: str, caller: str
+    ) -> cluster_pb2.Operation:
+        """Starts (or repeats) a node-pool upgrade."""
+        return self._mutate(request_id, cluster_id, caller, _NP, node_pool, version)
+
+    def _mutate(
+        self, request_id: str, cluster_id: str, caller: str, kind: int, pool: str, version: str
+    ) -> cluster_pb2.Operation:
+        store = self.operations
+        with self._lock:
+            cluster = self._get(cluster_id)
+            self.monitor.mutating_call(caller)
+            start = partial(
+                store.start,
+                request_id=request_id,
+                kind=kind,
+                cluster_id=cluster_id,
+                node_pool=pool,
+                target_version=version,
+            )
+            if store.lookup(request_id) is not None:
+                # The same request again (or InvalidArgument if it differs): starts nothing.
+                return start()[0]
+            store.ensure_free(cluster_id)
+            nothing_to_do = self._check(cluster, kind, pool, version)
+            op, _ = start(initial_state=_SUCCEEDED if nothing_to_do else _PENDING)
+            step = StepKey(cluster_id, kind, pool, version)
+            self.monitor.operation_started(step, in_flight=not nothing_to_do)
+            if nothing_to_do:
+                return op
+            step_kind = _STEP_OF_KIND[kind]
+            run = _Run(
+                cluster_id, kind, pool, version, self._take_failure(cluster, step_kind, pool)
+            )
+            self._runs[op.id] = run
+            self._change(cluster, lambda c: setattr(c, "op", op))
+            duration = self._duration(cluster, step_kind)
+            self._scheduler.call_later(0.1 * duration, partial(self._advance, op.id, 10))
+            self._scheduler.call_later(0.55 * duration, partial(self._advance, op.id, 55))
+            self._scheduler.call_later(duration, partial(self._finish, op.id))
+            return op
+
+    def _check(self, cluster: _Cluster, kind: int, pool: str, version: str) -> bool:
+        """Raises what the provider would refuse; True when the request has nothing to do."""
+        cid = cluster.cluster_id
+        if kind == _OUT:
+            return not cluster.in_service
+        if kind == _IN:
+            return cluster.in_service
+        if kind == _CP:
+            current = cluster.cp_version
+            order = versions.compare(version, current)
+            if order == 0:
+                return True
+            if order < 0:
+                raise FailedPrecondition(
+                    f"cluster {cid}: control plane is at {current}; downgrading it to "
+                    f"{version} is not supported"
+                )
+            now, then = versions.parse(current), versions.parse(version)
+            if then.major != now.major or then.minor > now.minor + 1:
+                raise FailedPrecondition(
+                    f"cluster {cid}: control plane is at {current}; upgrade one minor version "
+                    f"at a time (next: {now.major}.{now.minor + 1})"
+                )
+            return False
+        entry = cluster.pools.get(pool)
+        if entry is None:
+            names = ", ".join(cluster.pools) or "none"
+            raise NotFound(f"cluster {cid} has no node pool {pool!r} (node pools: {names})")
+        if versions.is_newer(version, cluster.cp_version):
+            raise FailedPrecondition(
+                f"cluster {cid}: node pool {pool} cannot be newer than the control plane "
+                f"({cluster.cp_version}); upgrade the control plane to {version} first"
+            )
+        return versions.compare(version, entry.version) == 0
+
+    def _take_failure(self, cluster: _Cluster, step: StepKind, pool: str) -> tuple[str, str] | None:
+        for index, rule in enumerate(self._config.faults.fail_step):
+            if rule.step != step or cluster.cluster_id not in rule.clusters:
+                continue
+            if rule.node_pool and rule.node_pool != pool:
+                continue
+            if rule.times is not None:
+                key = (index, cluster.cluster_id)
+                left = self._fail_left.get(key, rule.times)
+                if left <= 0:
+                    continue
+                self._fail_left[key] = left - 1
+            what = kind_name(_KIND_OF_STEP[step]) + (f" of node pool {pool}" if pool else "")
+            message = rule.message or (
+                f"simulated failure: {what} on cluster {cluster.cluster_id} failed (fault failStep)"
+            )
+            return (rule.error_code or _ERROR_CODES[step], message)
+        return None
+
+    def _duration(self, cluster: _Cluster, step: StepKind) -> float:
+        seconds = cluster.step_seconds.get(step)
+        if seconds is None:
+            if self._step_override is not None:
+                seconds = self._step_override
+            else:
+                default = self._defaults.step_seconds.get(step)
+                seconds = DEFAULT_STEP_SECONDS[step] if default is None else default
+        jitter = self._defaults.jitter
+        if jitter:
+            seconds *= 1.0 + self._rng.uniform(-jitter, jitter)
+        return max(0.0, seconds)
+
+    def _change(self, cluster: _Cluster, mutate: Callable[[_Cluster], object]) -> None:
+        """Applies mutate(cluster) (under the lock), drops the cache, tells the monitor."""
+        before = cluster.view()
+        mutate(cluster)
+        cluster.response = None
+        self.monitor.cluster_changed(before, cluster.view())
+
+    def _advance(self, op_id: str, progress: int) -> None:
+        with self._lock:
+            run = self._runs.get(op_id)
+            if run is None:
+                return
+            op = self.operations.update(op_id, state=_RUNNING, progress=progress)
+            cluster = self._clusters[run.cluster_id]
+
+            def _running(c: _Cluster) -> None:
+                c.op = op
+                if run.kind == _CP:
+                    c.down[_DOWN_UPGRADE] = f"control plane upgrading to {run.version}"
+                elif run.kind == _NP:
+                    c.pools[run.node_pool].status = _UPGRADING
+
+            self._change(cluster, _running)
+
+    def _finish(self, op_id: str) -> None:
+        with self._lock:
+            run = self._runs.pop(op_id, None)
+            if run is None:
+                return
+            cluster = self._clusters[run.cluster_id]
+            succeeded = run.failure is None
+            if run.failure is None:
+                self.operations.update(op_id, state=_SUCCEEDED)
+            else:
+                code, message = run.failure
+                self.operations.update(op_id, state=_FAILED, error_code=code, error_message=message)
+
+            def _ended(c: _Cluster) -> None:
+                c.op = None
+                c.down.pop(_DOWN_UPGRADE, None)
+                if run.kind == _NP:
+                    c.pools[run.node_pool].status = _READY
+                if not succeeded:
+                    return
+                if run.kind == _OUT:
+                    c.in_service = False
+                elif run.kind == _IN:
+                    c.in_service = True
+                elif run.kind == _CP:
+                    c.cp_version = run.version
+                    self._after_upgrade(c)
+                elif run.kind == _NP:
+                    c.pools[run.node_pool].version = run.version
+
+            self._change(cluster, _ended)
+            step = StepKey(run.cluster_id, run.kind, run.node_pool, run.version)
+            self.monitor.operation_ended(step, succeeded)
+
+    def _after_upgrade(self, cluster: _Cluster) -> None:
+        for rule in self._config.faults.unhealthy_after_upgrade:
+            if cluster.cluster_id in rule.clusters:
+                for workload in cluster.workloads.values():
+                    workload.health = 0.0
+                    workload.healthy_replicas = 0
+                cluster.metrics.update(rule.metrics)
+                cluster.health_time = _now()
+
+    # -- health ----------------------------------------------------------------------------
+
+    def check_workloads(
+        self, cluster_ids: Sequence[str], workloads: Sequence[health_pb2.Workload]
+    ) -> list[health_pb2.WorkloadResult]:
+        """One verdict per (cluster, workload), clusters in request order."""
+        with self._lock:
+            clusters = [self._get(cid) for cid in cluster_ids]
+            results = []
+            for cluster in clusters:
+                for wanted in workloads:
+                    results.append(_verdict(cluster, wanted))
+            return results
+
+    def query_metric(
+        self, query: str, args: Mapping[str, str], cluster_id: str
+    ) -> health_pb2.QueryMetricResponse:
+        """The value the fleet file (or admin) set for the rendered query, or no data.
+
+        The cluster is cluster_id, else args["cluster"]; placeholders take args, then the
+        cluster's id and labels. Without a cluster the fleet-wide metrics answer.
+        """
+        with self._lock:
+            target = cluster_id or args.get("cluster", "")
+            if target:
+                cluster = self._get(target)
+                values = {"cluster": cluster.cluster_id, **cluster.labels, **args}
+                table = cluster.metrics
+                observed = cluster.health_time
+                where = f"cluster {cluster.cluster_id}"
+            else:
+                values = dict(args)
+                table = self._fleet_metrics
+                observed = _now()
+                where = "the fleet"
+            rendered = render_query(query, values)
+            value = table.get(rendered)
+            if value is None:
+                value = table.get(query)
+            if value is None:
+                return health_pb2.QueryMetricResponse(
+                    has_data=False, message=f"no data for query {rendered!r} on {where}"
+                )
+            return health_pb2.QueryMetricResponse(
+                has_data=True, value=value, observed_time=observed
+            )
+
+    def set_health(
+        self,
+        cluster_id: str,
+        *,
+        workloads: Sequence[WorkloadSpec] | None = None,
+        metrics: Mapping[str, float | None] | None = None,
+        available: bool | None = None,
+        unavailable_reason: str = "",
+    ) -> None:
+        """Admin change: replace the workloads, merge metrics (None deletes one), and mark
+        the cluster (un)available."""
+        with self._lock:
+            cluster = self._get(cluster_id)
+            if workloads is not None:
+                cluster.workloads = {(w.namespace, w.name): _workload(w) for w in workloads}
+            for query, value in (metrics or {}).items():
+                if value is None:
+                    cluster.metrics.pop(query, None)
+                else:
+                    cluster.metrics[query] = float(value)
+            if workloads is not None or metrics:
+                cluster.health_time = _now()
+            if available is not None:
+                reason = unavailable_reason or "marked unavailable through the admin endpoint"
+
+                def _availability(c: _Cluster) -> None:
+                    if available:
+                        c.down.pop(_DOWN_ADMIN, None)
+                    else:
+                        c.down[_DOWN_ADMIN] = reason
+
+                self._change(cluster, _availability)
+
+    def set_fleet_metrics(self, metrics: Mapping[str, float | None]) -> None:
+        """Admin change of the fleet-wide metrics (None deletes one)."""
+        with self._lock:
+            for query, value in metrics.items():
+                if value is None:
+                    self._fleet_metrics.pop(query, None)
+                else:
+                    self._fleet_metrics[query] = float(value)
+
+    def health_of(self, cluster_id: str) -> dict[str, object]:
+        """The cluster's state and health data as JSON-ready data (admin GET)."""
+        with self._lock:
+            cluster = self._get(cluster_id)
+            return {
+                "id": cluster.cluster_id,
+                "labels": dict(cluster.labels),
+                "controlPlaneVersion": cluster.cp_version,
+                "nodePools": [
+                    {"name": name, "version": pool.version} for name, pool in cluster.pools.items()
+                ],
+                "available": not cluster.down,
+                "unavailableReason": "; ".join(cluster.down[k] for k in sorted(cluster.down)),
+                "inService": cluster.in_service,
+                "workloads": [
+                    {
+                        "namespace": ns,
+                        "name": name,
+                        "kind": w.kind,
+                        "healthyReplicas": w.healthy_replicas,
+                        "health": "unknown" if w.health is None else w.health,
+                    }
+                    for (ns, name), w in cluster.workloads.items()
+                ],
+                "metrics": dict(cluster.metrics),
+                "currentOperation": cluster.op.id if cluster.op is not None else None,
+            }
+
+
+_KIND_OF_STEP: dict[StepKind, int] = {step: kind for kind, step in _STEP_OF_KIND.items()}
+
+
+def _workload(spec: WorkloadSpec) -> _Workload:
+    health = None if spec.health == "unknown" else float(spec.health)
+    return _Workload(spec.kind, spec.healthy_replicas, health)
+
+
+def _verdict(cluster: _Cluster, wanted: health_pb2.Workload) -> health_pb2.WorkloadResult:
+    result = health_pb2.WorkloadResult(cluster_id=cluster.cluster_id, workload=wanted)
+    result.observed_time.CopyFrom(cluster.health_time)
+    name = f"{wanted.namespace}/{wanted.name}"
+    entry = cluster.workloads.get((wanted.namespace, wanted.name))
+    if entry is None:
+        result.health = health_pb2.WORKLOAD_HEALTH_MISSING
+        result.message = f"workload {name} not found on cluster {cluster.cluster_id}"
+        return result
+    if wanted.kind and entry.kind.lower() != wanted.kind.lower():
+        result.health = health_pb2.WORKLOAD_HEALTH_MISSING
+        result.message = f"workload {name} is a {entry.kind}, not a {wanted.kind}"
+        return result
+    result.healthy_replicas = entry.healthy_replicas
+    if entry.health is None:
+        result.health = health_pb2.WORKLOAD_HEALTH_UNKNOWN
+        result.message = f"no fresh health data for workload {name}"
+        return result
+    result.observed_value = entry.health
+    need = wanted.min_healthy_replicas or 1
+    healthy = entry.health >= 1.0 and entry.healthy_replicas >= need
+    result.health = (
+        health_pb2.WORKLOAD_HEALTH_HEALTHY if healthy else (health_pb2.WORKLOAD_HEALTH_UNHEALTHY)
+    )
+    result.message = (
+        f"{entry.healthy_replicas} healthy replicas (need {need}), workload_health {entry.health:g}"
+    )
+    return result
