@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +67,8 @@ class ServerTLS:
 
     def credentials(self) -> grpc.ServerCredentials:
         """Reads the files and builds the server credentials."""
-        key = _read_pem("--tls-key", self.key_file)
         cert = _read_pem("--tls-cert", self.cert_file)
+        key = _read_pem("--tls-key", self.key_file)
         ca = _read_pem("--tls-client-ca", self.client_ca_file) if self.client_ca_file else None
         return grpc.ssl_server_credentials(
             [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
@@ -97,12 +98,26 @@ class PluginServer:
         self._server = server
         self._health = health_servicer
         self._stopped = threading.Event()
+        self._on_stop: list[Callable[[], None]] = []
         self.port = port
         self.address = address
 
+    def add_stop_callback(self, callback: Callable[[], None]) -> None:
+        """Runs callback when stop() begins, e.g. OperationStore.close to end watch streams."""
+        self._on_stop.append(callback)
+
     def stop(self, grace: float = 5.0) -> None:
-        """Reports NOT_SERVING, lets in-flight RPCs finish for up to grace seconds, stops."""
+        """Reports NOT_SERVING, lets in-flight RPCs finish for up to grace seconds, stops.
+
+        Streams still open when grace runs out are cancelled; stop callbacks run first so a
+        plugin can end its own streams cleanly.
+        """
         self._health.enter_graceful_shutdown()
+        for callback in self._on_stop:
+            try:
+                callback()
+            except Exception:
+                _LOG.exception("stop callback failed")
         self._server.stop(grace).wait()
         self._stopped.set()
 

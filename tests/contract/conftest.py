@@ -1,13 +1,44 @@
-"""Fixtures of the contract tests: a generated test PKI shared by the session."""
+"""Fixtures of the contract tests: a generated test PKI and in-process plugin servers."""
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Callable, Iterator
 
+import pytest
+from prometheus_client import CollectorRegistry
+
+from plugins.sdk.server import PluginServer, PluginServicers, ServerTLS, serve
 from tests.support.certs import TestPKI, generate_pki
+
+StartServer = Callable[..., PluginServer]
 
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPKI:
     """A CA, server cert (127.0.0.1, localhost), client cert and a stranger's client cert."""
     return generate_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    """A fresh prometheus registry, so metric values start at zero."""
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def start_server(registry: CollectorRegistry) -> Iterator[StartServer]:
+    """Starts plugin servers on 127.0.0.1:0; each is stopped when the test ends."""
+    servers: list[PluginServer] = []
+
+    def start(
+        servicers: PluginServicers, *, tls: ServerTLS | None = None, plugin_name: str = "test"
+    ) -> PluginServer:
+        server = serve(
+            "127.0.0.1:0", servicers, tls=tls, plugin_name=plugin_name, registry=registry
+        )
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop(grace=0.5)

@@ -429,12 +429,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--grace", type=float, default=5.0)
     args = parser.parse_args(argv)
     configure_logging(args.debug)
-    server = serve(
-        args.listen,
-        echo_servicers(args.clusters, op_seconds=args.op_seconds),
-        tls=server_tls_from_args(args),
-        plugin_name="echo",
-    )
+    servicers = echo_servicers(args.clusters, op_seconds=args.op_seconds)
+    server = serve(args.listen, servicers, tls=server_tls_from_args(args), plugin_name="echo")
+    if isinstance(servicers.cluster, EchoCluster):
+        server.add_stop_callback(servicers.cluster.store.close)
     print(server.address, flush=True)
     run_until_signal(server, grace=args.grace)
     return 0
