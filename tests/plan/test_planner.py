@@ -7,26 +7,27 @@ from collections import Counter
 from orchestrator import api
 from orchestrator.fleet import OpKind
 from orchestrator.plan import PlanInput, plan
-from tests.plan.model import T0, make_fleet, run, spec_for
+from orchestrator.simulate import T0, simulate
+from tests.plan.model import make_fleet, spec_for
 
 
 def test_rollout_converges_and_keeps_the_floor() -> None:
     fleet = make_fleet(20)
-    result, _ = run(fleet, spec_for(fleet, "1.29.1", required=15))
-    assert result.status.phase == api.RolloutPhase.COMPLETED
+    result = simulate(fleet, spec_for(fleet, "1.29.1", required=15))
+    assert result.last.status.phase == api.RolloutPhase.COMPLETED
     assert all(c.control_plane_version == "1.29.1" for c in fleet.clusters.values())
     assert all(p.version == "1.29.1" for c in fleet.clusters.values() for p in c.node_pools)
     assert all(c.in_service for c in fleet.clusters.values())
     assert fleet.min_available_in_service == 15
     steps = Counter(fleet.started_steps)
     assert max(steps.values()) == 1, "a step was started twice"
-    assert result.status.clusters is None
-    assert result.status.summary is not None and result.status.summary.up_to_date == 20
+    assert result.last.status.clusters is None
+    assert result.last.status.summary is not None and result.last.status.summary.up_to_date == 20
 
 
 def test_steps_run_in_order_per_cluster() -> None:
     fleet = make_fleet(4)
-    run(fleet, spec_for(fleet, "1.29.1", required=2))
+    simulate(fleet, spec_for(fleet, "1.29.1", required=2))
     for cid in fleet.clusters:
         kinds = [k for c, k, _, _ in fleet.started_steps if c == cid]
         assert kinds == [
@@ -41,14 +42,14 @@ def test_steps_run_in_order_per_cluster() -> None:
 def test_failure_halts_and_touches_no_further_cluster() -> None:
     fleet = make_fleet(10)
     fleet.fail.add(("c00000", OpKind.CONTROL_PLANE))
-    result, _ = run(fleet, spec_for(fleet, "1.29.1", required=9))
-    assert result.status.phase == api.RolloutPhase.HALTED
+    result = simulate(fleet, spec_for(fleet, "1.29.1", required=9))
+    assert result.last.status.phase == api.RolloutPhase.HALTED
     touched = {c for c, *_ in fleet.started_steps}
     assert touched == {"c00000"}
-    failed = [e for e in result.status.clusters or [] if e.phase == api.ClusterPhase.FAILED]
+    failed = [e for e in result.last.status.clusters or [] if e.phase == api.ClusterPhase.FAILED]
     assert [e.id for e in failed] == ["c00000"]
     assert "injected failure" in (failed[0].message or "")
-    ready = next(c for c in result.status.conditions or [] if c.type == "Ready")
+    ready = next(c for c in result.last.status.conditions or [] if c.type == "Ready")
     assert ready.status == "False" and ready.reason == "ClusterFailed"
 
 
@@ -56,9 +57,13 @@ def test_failed_cluster_is_not_reissued_until_retry_annotation() -> None:
     fleet = make_fleet(3)
     fleet.fail.add(("c00000", OpKind.CONTROL_PLANE))
     spec = spec_for(fleet, "1.29.1", required=2)
-    result, _ = run(fleet, spec)
+    result = simulate(fleet, spec)
     before = len(fleet.started_steps)
-    again = plan(PlanInput(spec=spec, snapshot=fleet.snapshot(), now=T0, status=result.status))
+    again = plan(
+        PlanInput(
+            spec=spec, snapshot=fleet.snapshot(), now=T0, status=result.last.status, uid="sim"
+        )
+    )
     assert again.actions == []
     fleet.fail.clear()
     retried = plan(
@@ -66,7 +71,7 @@ def test_failed_cluster_is_not_reissued_until_retry_annotation() -> None:
             spec=spec,
             snapshot=fleet.snapshot(),
             now=T0,
-            status=result.status,
+            status=result.last.status,
             retry_clusters=frozenset({"c00000"}),
         )
     )
@@ -76,7 +81,7 @@ def test_failed_cluster_is_not_reissued_until_retry_annotation() -> None:
 
 
 def test_stages_run_in_order() -> None:
-    fleet = make_fleet(9, labels_every=1)
+    fleet = make_fleet(9, staged=True)
     stages = [
         {"name": n, "selector": {"matchLabels": {"stage": n}}} for n in ("canary", "early", "main")
     ]
@@ -88,8 +93,8 @@ def test_stages_run_in_order() -> None:
             "strategy": {"stages": stages},
         }
     )
-    result, _ = run(fleet, spec)
-    assert result.status.phase == api.RolloutPhase.COMPLETED
+    result = simulate(fleet, spec)
+    assert result.last.status.phase == api.RolloutPhase.COMPLETED
     order = [
         fleet.clusters[c].labels["stage"]
         for c, k, *_ in fleet.started_steps
@@ -99,7 +104,7 @@ def test_stages_run_in_order() -> None:
 
 
 def test_manual_approval_blocks_the_stage() -> None:
-    fleet = make_fleet(6, labels_every=1)
+    fleet = make_fleet(6, staged=True)
     stages = [
         {"name": "canary", "selector": {"matchLabels": {"stage": "canary"}}},
         {
@@ -120,13 +125,13 @@ def test_manual_approval_blocks_the_stage() -> None:
             "strategy": {"stages": stages},
         }
     )
-    result, ticks = run(fleet, spec, max_ticks=60)
-    assert ticks == 60
-    assert result.status.current_stage == "rest"
-    stage = next(s for s in result.status.stages or [] if s.name == "rest")
+    result = simulate(fleet, spec)
+    assert not result.settled
+    assert result.last.status.current_stage == "rest"
+    stage = next(s for s in result.last.status.stages or [] if s.name == "rest")
     assert stage.phase == api.StagePhase.AWAITING_APPROVAL
-    result, _ = run(fleet, spec, approved=frozenset({"rest"}))
-    assert result.status.phase == api.RolloutPhase.COMPLETED
+    result = simulate(fleet, spec, approved=frozenset({"rest"}))
+    assert result.last.status.phase == api.RolloutPhase.COMPLETED
 
 
 def test_invalid_spec_issues_nothing() -> None:
@@ -142,13 +147,13 @@ def test_invalid_spec_issues_nothing() -> None:
             ],
         }
     )
-    result = plan(PlanInput(spec=spec, snapshot=fleet.snapshot(), now=T0))
-    assert result.actions == []
-    fields = {p.field for p in result.problems}
+    invalid = plan(PlanInput(spec=spec, snapshot=fleet.snapshot(), now=T0))
+    assert invalid.actions == []
+    fields = {p.field for p in invalid.problems}
     assert fields == {
         "spec.clusters[1].id",
         "spec.clusters[2].version",
         "spec.requiredAvailableCount",
     }
-    ready = next(c for c in result.status.conditions or [] if c.type == "Ready")
+    ready = next(c for c in invalid.status.conditions or [] if c.type == "Ready")
     assert ready.reason == "InvalidSpec" and "spec.clusters[1].id" in ready.message

@@ -1,0 +1,230 @@
+"""The fleet-orchestrator command: run the controller, print a what-if plan, print the CRD."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import yaml
+
+from orchestrator import api
+from orchestrator.crd import crd_yaml
+from orchestrator.fleet import OpKind
+from orchestrator.metrics import Metrics
+from orchestrator.reconcile import cluster_from_pb
+from orchestrator.simulate import ModelFleet, simulate
+from orchestrator.validate import parse_spec, validate_spec
+
+__all__ = ["main"]
+
+log = logging.getLogger("fleet-orchestrator")
+
+
+def _addr(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not port.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not HOST:PORT (e.g. :8080 or 127.0.0.1:9090)"
+        )
+    return host or "0.0.0.0", int(port)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleet-orchestrator", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the controller")
+    run.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig file (default: in-cluster config, then ~/.kube/config)",
+    )
+    run.add_argument("--namespace", default=None, help="watch one namespace (default: all)")
+    run.add_argument(
+        "--sync-period-seconds",
+        type=float,
+        default=30.0,
+        help="re-reconcile every ClusterVersion this often (default 30)",
+    )
+    run.add_argument(
+        "--metrics-addr",
+        type=_addr,
+        default=("0.0.0.0", 8080),
+        help="serve Prometheus metrics here (default :8080)",
+    )
+    run.add_argument(
+        "--enable-leader-election",
+        action="store_true",
+        help="hold a coordination.k8s.io Lease; exit when it is lost",
+    )
+    run.add_argument(
+        "--leader-election-namespace", default=os.environ.get("POD_NAMESPACE", "default")
+    )
+    run.add_argument("--leader-election-id", default="fleet-orchestrator")
+    run.add_argument("--identity", default=None, help="this replica's name (default: host-uuid)")
+    run.add_argument("--debug", action="store_true", help="debug logging")
+
+    p = sub.add_parser("plan", help="print the rollout plan of a ClusterVersion; changes nothing")
+    p.add_argument("-f", "--file", required=True, help="the ClusterVersion YAML")
+    p.add_argument("--endpoint", default=None, help="plugin HOST:PORT (default: spec.opsEndpoint)")
+    p.add_argument("--tls-ca", default=None, help="CA file for a TLS endpoint")
+    p.add_argument("--tls-cert", default=None)
+    p.add_argument("--tls-key", default=None)
+    p.add_argument(
+        "--step-seconds",
+        type=float,
+        default=300.0,
+        help="assumed duration of an upgrade step (default 300)",
+    )
+    p.add_argument(
+        "--traffic-seconds",
+        type=float,
+        default=30.0,
+        help="assumed duration of service-out / service-in (default 30)",
+    )
+    p.add_argument("--approve-all", action="store_true", help="assume manual stages get approved")
+
+    sub.add_parser("crd", help="print the ClusterVersion CRD YAML")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of fleet-orchestrator."""
+    args = _parser().parse_args(argv)
+    if args.command == "crd":
+        sys.stdout.write(crd_yaml())
+        return 0
+    if args.command == "plan":
+        return _plan(args)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from prometheus_client import start_http_server  # noqa: PLC0415
+
+    from orchestrator.controller import Controller  # noqa: PLC0415
+    from orchestrator.kube import KubeClient  # noqa: PLC0415
+    from orchestrator.leader import LeaderElector  # noqa: PLC0415
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO,
+        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
+    )
+    identity = args.identity or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    metrics = Metrics()
+    host, port = args.metrics_addr
+    start_http_server(port, addr=host, registry=metrics.registry)
+    log.info("metrics on %s:%d", host, port)
+    kube = KubeClient(args.kubeconfig)
+    stop = threading.Event()
+    lost = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if args.enable_leader_election:
+        elector = LeaderElector(
+            kube, args.leader_election_namespace, args.leader_election_id, identity
+        )
+        if not elector.acquire(stop):
+            return 0
+
+        def on_lost() -> None:
+            lost.set()
+            stop.set()
+
+        elector.keep(stop, on_lost)
+    controller = Controller(
+        kube, metrics, args.namespace, args.sync_period_seconds, identity, stop=stop
+    )
+    controller.run()
+    kube.close()
+    if lost.is_set():
+        log.error("leadership lost: exiting so a new leader takes over")
+        return 1
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from plugins.sdk.client import ClientTLS, PluginCallError, PluginClient  # noqa: PLC0415
+
+    with open(args.file, encoding="utf-8") as handle:
+        doc = yaml.safe_load(handle) or {}
+    parsed = parse_spec(doc.get("spec"))
+    problems = parsed if isinstance(parsed, list) else validate_spec(parsed)
+    if isinstance(parsed, list) or problems:
+        for problem in problems:
+            print(f"invalid: {problem}", file=sys.stderr)
+        return 2
+    spec = parsed
+    endpoint = args.endpoint or spec.ops_endpoint.endpoint
+    tls = None
+    if args.tls_ca or args.tls_cert or not (args.endpoint or spec.ops_endpoint.insecure):
+        tls = ClientTLS(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key)
+    client = PluginClient(endpoint, tls=tls, caller="fleet-orchestrator-plan")
+    try:
+        clusters = {c.id: cluster_from_pb(c) for c in client.list_clusters()}
+    except PluginCallError as err:
+        print(f"error: cannot list clusters from {endpoint}: {err}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    durations = {k: args.step_seconds for k in OpKind}
+    durations[OpKind.SERVICE_OUT] = durations[OpKind.SERVICE_IN] = args.traffic_seconds
+    fleet = ModelFleet(clusters, durations=durations)
+    approved = (
+        frozenset(s.name for s in (spec.strategy.stages or []))
+        if (args.approve_all and spec.strategy)
+        else frozenset()
+    )
+    outcome = simulate(fleet, spec, approved=approved)
+    print(_render(spec, fleet, outcome.last.status, outcome.seconds, outcome.settled))
+    return 0 if not outcome.last.problems else 2
+
+
+def _render(
+    spec: api.ClusterVersionSpec,
+    fleet: ModelFleet,
+    status: api.ClusterVersionStatus,
+    seconds: float,
+    settled: bool,
+) -> str:
+    if status.phase == api.RolloutPhase.INVALID:
+        problem = next(c for c in status.conditions or [] if c.type == "Ready")
+        return f"invalid: {problem.message}"
+    waves: dict[float, list[str]] = defaultdict(list)
+    for (cid, kind, _, _), at in zip(fleet.started_steps, fleet.started_at, strict=True):
+        if kind is OpKind.SERVICE_OUT:
+            waves[at].append(cid)
+    lines = [f"requiredAvailableCount: {spec.required_available_count}"]
+    for stage in status.stages or []:
+        lines.append(f"stage {stage.name}: {stage.total} cluster(s)")
+    for n, (at, ids) in enumerate(sorted(waves.items()), start=1):
+        shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
+        lines.append(f"  wave {n} at +{_hms(at)}: {len(ids)} cluster(s): {shown}")
+    lines.append(f"lowest available in service: {fleet.min_available_in_service}")
+    if settled:
+        lines.append(f"estimated time: {_hms(seconds)} ({status.phase})")
+    else:
+        ready = next((c for c in status.conditions or [] if c.type == "Ready"), None)
+        lines.append(f"stops after {_hms(seconds)}: {ready.message if ready else status.phase}")
+    return "\n".join(lines)
+
+
+def _hms(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

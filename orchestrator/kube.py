@@ -1,0 +1,286 @@
+"""The Kubernetes adapter: the one module that imports the kubernetes client."""
+# mypy: disable-error-code="no-untyped-call,no-any-return"
+# (the kubernetes client is untyped; this adapter is the one place that touches it)
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+
+from orchestrator import api
+
+__all__ = ["Conflict", "Gone", "KubeClient", "KubeError", "LeaseRecord", "NotFound", "WatchEvent"]
+
+log = logging.getLogger(__name__)
+
+
+class KubeError(Exception):
+    """An API server error, with its HTTP status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class NotFound(KubeError):
+    """404."""
+
+
+class Conflict(KubeError):
+    """409: stale resourceVersion or already exists."""
+
+
+class Gone(KubeError):
+    """410: the watch's resourceVersion expired; list again."""
+
+
+def _wrap(exc: ApiException) -> KubeError:
+    status = int(exc.status or 0)
+    try:
+        message = json.loads(exc.body or "{}").get("message", exc.reason)
+    except (ValueError, AttributeError):
+        message = str(exc.reason)
+    cls = {404: NotFound, 409: Conflict, 410: Gone}.get(status, KubeError)
+    return cls(status, str(message))
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One watch event on ClusterVersions."""
+
+    type: str
+    obj: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """The fields of a coordination.k8s.io/v1 Lease that leader election uses."""
+
+    holder: str | None
+    renew_time: datetime | None
+    duration_seconds: int
+    transitions: int
+    resource_version: str | None
+
+
+class KubeClient:
+    """Typed access to the few API calls the orchestrator makes."""
+
+    def __init__(self, kubeconfig: str | None = None) -> None:
+        if kubeconfig:
+            cfg = client.Configuration()
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        else:
+            try:
+                cfg = client.Configuration()
+                config.load_incluster_config(client_configuration=cfg)
+            except config.ConfigException:
+                cfg = client.Configuration()
+                config.load_kube_config(client_configuration=cfg)
+        cfg.connection_pool_maxsize = 8
+        self._api = client.ApiClient(cfg)
+        self._custom = client.CustomObjectsApi(self._api)
+        self._core = client.CoreV1Api(self._api)
+        self._coord = client.CoordinationV1Api(self._api)
+        self._ext = client.ApiextensionsV1Api(self._api)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Release connections."""
+        self._api.close()
+
+    # ClusterVersions
+
+    def get_cluster_version(self, namespace: str, name: str) -> dict[str, Any]:
+        """GET one ClusterVersion as plain JSON."""
+        return self._call(
+            self._custom.get_namespaced_custom_object,
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            api.PLURAL,
+            name,
+        )
+
+    def list_cluster_versions(self, namespace: str | None) -> tuple[list[dict[str, Any]], str]:
+        """LIST ClusterVersions (one namespace or all); returns items and the resourceVersion."""
+        if namespace:
+            result = self._call(
+                self._custom.list_namespaced_custom_object,
+                api.GROUP,
+                api.VERSION,
+                namespace,
+                api.PLURAL,
+            )
+        else:
+            result = self._call(
+                self._custom.list_cluster_custom_object, api.GROUP, api.VERSION, api.PLURAL
+            )
+        return list(result.get("items", [])), str(result["metadata"].get("resourceVersion", ""))
+
+    def watch_cluster_versions(
+        self, namespace: str | None, resource_version: str, timeout_seconds: int = 300
+    ) -> Iterator[WatchEvent]:
+        """Watch ClusterVersions from a resourceVersion; raises Gone when it expired."""
+        w = watch.Watch()
+        kwargs: dict[str, Any] = {
+            "resource_version": resource_version,
+            "timeout_seconds": timeout_seconds,
+            "allow_watch_bookmarks": True,
+        }
+        if namespace:
+            fn: Callable[..., Any] = self._custom.list_namespaced_custom_object
+            args: tuple[Any, ...] = (api.GROUP, api.VERSION, namespace, api.PLURAL)
+        else:
+            fn = self._custom.list_cluster_custom_object
+            args = (api.GROUP, api.VERSION, api.PLURAL)
+        try:
+            for event in w.stream(fn, *args, **kwargs):
+                obj = event["object"]
+                if event["type"] == "ERROR":
+                    code = int(obj.get("code", 500)) if isinstance(obj, dict) else 500
+                    raise (Gone if code == 410 else KubeError)(code, str(obj))
+                yield WatchEvent(event["type"], obj)
+        except ApiException as exc:
+            raise _wrap(exc) from exc
+        finally:
+            w.stop()
+
+    def replace_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """Set .status whole (JSON patch add), leaving spec and metadata alone."""
+        body = [{"op": "add", "path": "/status", "value": status}]
+        return self._call(
+            self._custom.patch_namespaced_custom_object_status,
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            api.PLURAL,
+            name,
+            body,
+        )
+
+    def remove_annotation(self, namespace: str, name: str, key: str) -> None:
+        """Delete one annotation (merge patch with null)."""
+        body = {"metadata": {"annotations": {key: None}}}
+        self._call(
+            self._custom.patch_namespaced_custom_object,
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            api.PLURAL,
+            name,
+            body,
+        )
+
+    # Secrets, events
+
+    def read_secret(self, namespace: str, name: str) -> dict[str, bytes]:
+        """The decoded data of a Secret."""
+        import base64  # noqa: PLC0415  (only this method needs it)
+
+        secret = self._call(self._core.read_namespaced_secret, name, namespace)
+        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+
+    def create_event(
+        self, obj: dict[str, Any], reason: str, message: str, warning: bool, component: str
+    ) -> None:
+        """Record a core/v1 Event about a ClusterVersion."""
+        meta = obj["metadata"]
+        now = datetime.now(UTC)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(
+                generate_name=f"{meta['name']}.", namespace=meta["namespace"]
+            ),
+            involved_object=client.V1ObjectReference(
+                api_version=api.API_VERSION,
+                kind=api.KIND,
+                name=meta["name"],
+                namespace=meta["namespace"],
+                uid=meta.get("uid"),
+                resource_version=meta.get("resourceVersion"),
+            ),
+            reason=reason[:128],
+            message=message[:1024],
+            type="Warning" if warning else "Normal",
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            source=client.V1EventSource(component=component),
+        )
+        self._call(self._core.create_namespaced_event, meta["namespace"], body)
+
+    # Leases
+
+    def get_lease(self, namespace: str, name: str) -> LeaseRecord | None:
+        """Read a Lease, or None when absent."""
+        try:
+            lease = self._call(self._coord.read_namespaced_lease, name, namespace)
+        except NotFound:
+            return None
+        spec = lease.spec
+        return LeaseRecord(
+            holder=spec.holder_identity,
+            renew_time=spec.renew_time,
+            duration_seconds=int(spec.lease_duration_seconds or 15),
+            transitions=int(spec.lease_transitions or 0),
+            resource_version=lease.metadata.resource_version,
+        )
+
+    def write_lease(
+        self,
+        namespace: str,
+        name: str,
+        holder: str,
+        duration: int,
+        transitions: int,
+        acquire_time: datetime,
+        renew_time: datetime,
+        resource_version: str | None,
+    ) -> None:
+        """Create the Lease (resource_version None) or replace it; Conflict when stale."""
+        body = client.V1Lease(
+            metadata=client.V1ObjectMeta(
+                name=name, namespace=namespace, resource_version=resource_version
+            ),
+            spec=client.V1LeaseSpec(
+                holder_identity=holder,
+                lease_duration_seconds=duration,
+                lease_transitions=transitions,
+                acquire_time=acquire_time,
+                renew_time=renew_time,
+            ),
+        )
+        if resource_version is None:
+            self._call(self._coord.create_namespaced_lease, namespace, body)
+        else:
+            self._call(self._coord.replace_namespaced_lease, name, namespace, body)
+
+    # CRDs (used by the demo and tests to install ours)
+
+    def apply_crd(self, crd: dict[str, Any]) -> None:
+        """Create or replace a CustomResourceDefinition."""
+        name = crd["metadata"]["name"]
+        try:
+            current = self._call(self._ext.read_custom_resource_definition, name)
+        except NotFound:
+            self._call(self._ext.create_custom_resource_definition, crd)
+            return
+        body = {
+            **crd,
+            "metadata": {**crd["metadata"], "resourceVersion": current.metadata.resource_version},
+        }
+        self._call(self._ext.replace_custom_resource_definition, name, body)
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as exc:
+            raise _wrap(exc) from exc

@@ -1,0 +1,78 @@
+"""Prometheus metrics of the orchestrator: the original operator's four counters and more."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["Metrics"]
+
+
+class Metrics:
+    """Every metric the orchestrator exports, on one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.success_operation = Counter(
+            "multicluster_controller_success_operation",
+            "Plugin operations that succeeded, by operation kind.",
+            ["operation", "plugin"],
+            registry=r,
+        )
+        self.failed_operation = Counter(
+            "multicluster_controller_failed_operation",
+            "Plugin operations that failed, by operation kind.",
+            ["operation", "plugin"],
+            registry=r,
+        )
+        self.success_plugin_call = Counter(
+            "multicluster_controller_success_plugin_call",
+            "Plugin RPCs answered OK.",
+            ["rpc", "plugin"],
+            registry=r,
+        )
+        self.failed_plugin_call = Counter(
+            "multicluster_controller_failed_plugin_call",
+            "Plugin RPCs answered with an error.",
+            ["rpc", "plugin", "code"],
+            registry=r,
+        )
+        self.plugin_call_seconds = Histogram(
+            "multicluster_controller_plugin_call_duration_seconds",
+            "Plugin RPC latency.",
+            ["rpc", "plugin"],
+            registry=r,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+        )
+        self.reconcile_total = Counter(
+            "multicluster_controller_reconcile",
+            "Reconciles by result (success, error, invalid).",
+            ["result"],
+            registry=r,
+        )
+        self.reconcile_seconds = Histogram(
+            "multicluster_controller_reconcile_duration_seconds",
+            "Reconcile latency.",
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.clusters = Gauge(
+            "multicluster_controller_clusters",
+            "Clusters per phase, by ClusterVersion.",
+            ["namespace", "name", "phase"],
+            registry=r,
+        )
+        self.operation_reaction_seconds = Histogram(
+            "multicluster_controller_operation_reaction_seconds",
+            "From an operation's completion being seen to the next reconcile's end.",
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+        )
+
+    def on_plugin_call(self, plugin: str, rpc: str, code_name: str, seconds: float) -> None:
+        """Count one plugin RPC."""
+        self.plugin_call_seconds.labels(rpc, plugin).observe(seconds)
+        if code_name == "OK":
+            self.success_plugin_call.labels(rpc, plugin).inc()
+        else:
+            self.failed_plugin_call.labels(rpc, plugin, code_name).inc()
