@@ -1,0 +1,1 @@
+"""Developer tooling shared by scripts/ and tests/ (the local control plane); not shipped."""

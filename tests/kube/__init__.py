@@ -1,0 +1,1 @@
+"""Acceptance tests of the local control plane against the real kube-apiserver and etcd."""
