@@ -1,4 +1,4 @@
-"""Server interceptor that maps PluginError to gRPC status, logs each RPC and records metrics."""
+"""Server interceptor: PluginError to gRPC status, capability refusals, RPC logs and metrics."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import grpc
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
-from plugins.sdk.errors import PluginError
+from plugins.sdk.errors import PluginError, Unimplemented
 
 __all__ = [
     "CALLER_METADATA_KEY",
@@ -177,12 +177,34 @@ class _Call:
         context.abort(grpc.StatusCode.INTERNAL, _INTERNAL_MESSAGE)
 
 
+def _refuse_unary(message: str) -> Callable[[Any, grpc.ServicerContext], Any]:
+    def refuse(request: Any, context: grpc.ServicerContext) -> Any:
+        raise Unimplemented(message)
+
+    return refuse
+
+
+def _refuse_stream(message: str) -> Callable[[Any, grpc.ServicerContext], Iterator[Any]]:
+    def refuse(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        raise Unimplemented(message)
+        yield  # a generator, like the handler it replaces
+
+    return refuse
+
+
 class RpcInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
     """Wraps unary and server-streaming handlers: error mapping, structured log, metrics."""
 
-    def __init__(self, plugin_name: str, metrics: RpcMetrics) -> None:
+    def __init__(
+        self,
+        plugin_name: str,
+        metrics: RpcMetrics,
+        refused: Mapping[str, str] | None = None,
+    ) -> None:
         self._plugin = plugin_name
         self._metrics = metrics
+        # Full method name -> UNIMPLEMENTED message, for RPCs outside the capabilities.
+        self._refused = dict(refused or {})
         self._children: dict[tuple[str, grpc.StatusCode], tuple[Any, Any]] = {}
 
     def record(
@@ -244,15 +266,18 @@ class RpcInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
             return handler
         method = _short_method(handler_call_details.method)
         caller = _caller(handler_call_details)
+        refusal = self._refused.get(handler_call_details.method)
         if handler.response_streaming and handler.unary_stream is not None:
+            stream = handler.unary_stream if refusal is None else _refuse_stream(refusal)
             return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(handler.unary_stream, method, caller),
+                self._wrap_stream(stream, method, caller),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_unary is not None:
+            unary = handler.unary_unary if refusal is None else _refuse_unary(refusal)
             return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(handler.unary_unary, method, caller),
+                self._wrap_unary(unary, method, caller),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )

@@ -12,6 +12,7 @@ from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import grpc
 import grpc_health.v1.health as std_health
@@ -30,6 +31,7 @@ from fleetupgrade.plugin.v1 import (
     identity_pb2,
     identity_pb2_grpc,
 )
+from plugins.sdk.client import RPC_CAPABILITIES, supports
 from plugins.sdk.interceptors import JsonFormatter, RpcInterceptor, rpc_metrics
 
 __all__ = [
@@ -155,6 +157,7 @@ def serve(
     max_workers: int = 32,
     plugin_name: str = "plugin",
     registry: CollectorRegistry = REGISTRY,
+    enforce_capabilities: bool = True,
 ) -> PluginServer:
     """Starts a plugin server on address (non-blocking) and returns it.
 
@@ -162,8 +165,13 @@ def serve(
     reflection, and the interceptor that maps PluginError to status codes, logs every RPC as
     a JSON line and records fleet_plugin_rpc_total / fleet_plugin_rpc_duration_seconds in
     registry (created once per registry, so serve() may run many times in one process).
+
+    With enforce_capabilities (the default) the identity servicer is asked for its
+    capabilities once, and every RPC outside them answers UNIMPLEMENTED before reaching a
+    servicer, as the contract requires; servicers need not check capabilities themselves.
     """
-    interceptor = RpcInterceptor(plugin_name, rpc_metrics(registry))
+    refused = _refusals(servicers.identity) if enforce_capabilities else {}
+    interceptor = RpcInterceptor(plugin_name, rpc_metrics(registry), refused)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=plugin_name),
         interceptors=[interceptor],
@@ -211,6 +219,62 @@ def serve(
         },
     )
     return PluginServer(server, health_servicer, port, bound)
+
+
+class _StartupContext:
+    """Stands in for a ServicerContext when serve() asks the identity servicer at start."""
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+    def is_active(self) -> bool:
+        return True
+
+    def time_remaining(self) -> None:
+        return None
+
+    def add_callback(self, _callback: Callable[[], None]) -> bool:
+        return False
+
+    def peer(self) -> str:
+        return "local:startup"
+
+    def set_code(self, _code: grpc.StatusCode) -> None:
+        return None
+
+    def set_details(self, _details: str) -> None:
+        return None
+
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise RuntimeError(f"{code.name}: {details}")
+
+
+def _refusals(identity: identity_pb2_grpc.IdentityServiceServicer) -> dict[str, str]:
+    """Full method name -> UNIMPLEMENTED message for every RPC outside the capabilities."""
+    context: Any = _StartupContext()
+    try:
+        response = identity.GetPluginCapabilities(
+            identity_pb2.GetPluginCapabilitiesRequest(), context
+        )
+        if not isinstance(response, identity_pb2.GetPluginCapabilitiesResponse):
+            raise TypeError("GetPluginCapabilities must answer synchronously")
+        declared = frozenset(response.capabilities)
+    except Exception:
+        _LOG.exception("cannot read the capabilities at start; servicers must refuse RPCs")
+        return {}
+    refused: dict[str, str] = {}
+    for module, name in (
+        (cluster_pb2, "ClusterService"),
+        (health_pb2, "HealthService"),
+        (gate_pb2, "GateService"),
+    ):
+        service = module.DESCRIPTOR.services_by_name[name]
+        for method in service.methods:
+            if method.name in RPC_CAPABILITIES and not supports(declared, method.name):
+                refused[f"/{service.full_name}/{method.name}"] = (
+                    f"{method.name} is outside this plugin's declared capabilities"
+                )
+    return refused
 
 
 def run_until_signal(server: PluginServer, grace: float = 10.0) -> None:

@@ -31,10 +31,19 @@ def start_server(registry: CollectorRegistry) -> Iterator[StartServer]:
     servers: list[PluginServer] = []
 
     def start(
-        servicers: PluginServicers, *, tls: ServerTLS | None = None, plugin_name: str = "test"
+        servicers: PluginServicers,
+        *,
+        tls: ServerTLS | None = None,
+        plugin_name: str = "test",
+        enforce_capabilities: bool = True,
     ) -> PluginServer:
         server = serve(
-            "127.0.0.1:0", servicers, tls=tls, plugin_name=plugin_name, registry=registry
+            "127.0.0.1:0",
+            servicers,
+            tls=tls,
+            plugin_name=plugin_name,
+            registry=registry,
+            enforce_capabilities=enforce_capabilities,
         )
         servers.append(server)
         return server

@@ -340,3 +340,37 @@ def test_a_taken_port_is_refused(start_server: StartServer) -> None:
     first = start_server(echo_servicers())
     with pytest.raises(OSError, match="listen"):
         serve(first.address, echo_servicers(), registry=CollectorRegistry())
+
+
+def test_rpcs_outside_the_declared_capabilities_are_refused_by_the_server(
+    start_server: StartServer,
+) -> None:
+    inventory_only = frozenset({identity_pb2.PLUGIN_CAPABILITY_CLUSTER_INVENTORY})
+    server = start_server(echo_servicers(capabilities=inventory_only))
+    with grpc.insecure_channel(server.address) as channel:
+        stub = cluster_pb2_grpc.ClusterServiceStub(channel)
+        listed = stub.ListClusters(cluster_pb2.ListClustersRequest(), timeout=5)
+        assert len(listed.clusters) == 3
+        request = cluster_pb2.ServiceOutRequest(request_id="r-1", cluster_id="echo-000")
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ServiceOut(request, timeout=5)
+        assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED
+        assert info.value.details() == "ServiceOut is outside this plugin's declared capabilities"
+        with pytest.raises(grpc.RpcError) as stream_info:
+            list(stub.WatchOperations(cluster_pb2.WatchOperationsRequest(), timeout=5))
+        assert stream_info.value.code() is grpc.StatusCode.UNIMPLEMENTED
+        # Nothing was changed behind the refusal.
+        cluster = stub.GetCluster(cluster_pb2.GetClusterRequest(cluster_id="echo-000"), timeout=5)
+        assert cluster.cluster.in_service
+
+
+def test_capability_enforcement_can_be_turned_off(start_server: StartServer) -> None:
+    inventory_only = frozenset({identity_pb2.PLUGIN_CAPABILITY_CLUSTER_INVENTORY})
+    server = start_server(
+        echo_servicers(capabilities=inventory_only, op_seconds=0), enforce_capabilities=False
+    )
+    with grpc.insecure_channel(server.address) as channel:
+        stub = cluster_pb2_grpc.ClusterServiceStub(channel)
+        request = cluster_pb2.ServiceOutRequest(request_id="r-1", cluster_id="echo-000")
+        operation = stub.ServiceOut(request, timeout=5).operation
+    assert operation.state == cluster_pb2.OPERATION_STATE_SUCCEEDED

@@ -1,4 +1,7 @@
-"""A tiny, contract-following plugin for tests of the SDK server, client and conformance kit."""
+"""A tiny, contract-following plugin for tests of the SDK server, client and conformance kit.
+
+It leaves capability checks to the SDK server (serve() refuses RPCs outside them).
+"""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from fleetupgrade.plugin.v1 import (
     identity_pb2_grpc,
 )
 from plugins.sdk import validate, versions
-from plugins.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Unimplemented
+from plugins.sdk.errors import FailedPrecondition, InvalidArgument, NotFound
 from plugins.sdk.operations import OperationStore
 from plugins.sdk.server import (
     PluginServicers,
@@ -47,12 +50,6 @@ Cap = identity_pb2.PluginCapability
 ALL_CAPABILITIES: frozenset[int] = frozenset(
     v for v in identity_pb2.PluginCapability.values() if v != Cap.PLUGIN_CAPABILITY_UNSPECIFIED
 )
-_MUTATION_CAPS = {
-    "ServiceOut": Cap.PLUGIN_CAPABILITY_CLUSTER_SERVICE,
-    "ServiceIn": Cap.PLUGIN_CAPABILITY_CLUSTER_SERVICE,
-    "UpgradeControlPlane": Cap.PLUGIN_CAPABILITY_UPGRADE_CONTROL_PLANE,
-    "UpgradeNodePool": Cap.PLUGIN_CAPABILITY_UPGRADE_NODE_POOL,
-}
 SUCCEEDED = cluster_pb2.OPERATION_STATE_SUCCEEDED
 RUNNING = cluster_pb2.OPERATION_STATE_RUNNING
 
@@ -123,27 +120,14 @@ class EchoIdentity(identity_pb2_grpc.IdentityServiceServicer):
 class EchoCluster(cluster_pb2_grpc.ClusterServiceServicer):
     """Inventory and operations; each change takes op_seconds (0: every change is immediate)."""
 
-    def __init__(
-        self,
-        fleet: EchoFleet,
-        store: OperationStore,
-        capabilities: frozenset[int] = ALL_CAPABILITIES,
-        op_seconds: float = 0.3,
-    ) -> None:
+    def __init__(self, fleet: EchoFleet, store: OperationStore, op_seconds: float = 0.3) -> None:
         self.fleet = fleet
         self.store = store
-        self.capabilities = capabilities
         self.op_seconds = op_seconds
-
-    def _allow(self, rpc: str) -> None:
-        if _MUTATION_CAPS[rpc] not in self.capabilities:
-            raise Unimplemented(f"{rpc} is outside this plugin's capabilities")
 
     def ListClusters(
         self, request: cluster_pb2.ListClustersRequest, context: grpc.ServicerContext
     ) -> cluster_pb2.ListClustersResponse:
-        if Cap.PLUGIN_CAPABILITY_CLUSTER_INVENTORY not in self.capabilities:
-            raise Unimplemented("ListClusters is outside this plugin's capabilities")
         size = validate.check_page_size(request.page_size)
         after = validate.decode_page_token(request.page_token)
         wanted = dict(request.match_labels)
@@ -163,8 +147,6 @@ class EchoCluster(cluster_pb2_grpc.ClusterServiceServicer):
     def GetCluster(
         self, request: cluster_pb2.GetClusterRequest, context: grpc.ServicerContext
     ) -> cluster_pb2.GetClusterResponse:
-        if Cap.PLUGIN_CAPABILITY_CLUSTER_INVENTORY not in self.capabilities:
-            raise Unimplemented("GetCluster is outside this plugin's capabilities")
         return cluster_pb2.GetClusterResponse(cluster=self.fleet.get(request.cluster_id))
 
     def _mutate(
@@ -233,7 +215,6 @@ class EchoCluster(cluster_pb2_grpc.ClusterServiceServicer):
     def ServiceOut(
         self, request: cluster_pb2.ServiceOutRequest, context: grpc.ServicerContext
     ) -> cluster_pb2.ServiceOutResponse:
-        self._allow("ServiceOut")
         validate.require_request_id(request)
         op = self._mutate(
             request_id=request.request_id,
@@ -245,7 +226,6 @@ class EchoCluster(cluster_pb2_grpc.ClusterServiceServicer):
     def ServiceIn(
         self, request: cluster_pb2.ServiceInRequest, context: grpc.ServicerContext
     ) -> cluster_pb2.ServiceInResponse:
-        self._allow("ServiceIn")
         validate.require_request_id(request)
         op = self._mutate(
             request_id=request.request_id,
@@ -257,7 +237,6 @@ class EchoCluster(cluster_pb2_grpc.ClusterServiceServicer):
     def UpgradeControlPlane(
         self, request: cluster_pb2.UpgradeControlPlaneRequest, context: grpc.ServicerContext
     ) -> cluster_pb2.UpgradeControlPlaneResponse:
-        self._allow("UpgradeControlPlane")
         validate.require_request_id(request)
         validate.require("cluster_id", request.cluster_id)
         validate.check_version("version", request.version)
@@ -272,7 +251,6 @@ class EchoCluster(cluster_pb2_grpc.ClusterServiceServicer):
     def UpgradeNodePool(
         self, request: cluster_pb2.UpgradeNodePoolRequest, context: grpc.ServicerContext
     ) -> cluster_pb2.UpgradeNodePoolResponse:
-        self._allow("UpgradeNodePool")
         validate.require_request_id(request)
         validate.require("cluster_id", request.cluster_id)
         validate.require("node_pool", request.node_pool)
@@ -286,21 +264,15 @@ class EchoCluster(cluster_pb2_grpc.ClusterServiceServicer):
         )
         return cluster_pb2.UpgradeNodePoolResponse(operation=op)
 
-    def _allow_operations(self, rpc: str) -> None:
-        if not self.capabilities & set(_MUTATION_CAPS.values()):
-            raise Unimplemented(f"{rpc} is outside this plugin's capabilities")
-
     def GetOperation(
         self, request: cluster_pb2.GetOperationRequest, context: grpc.ServicerContext
     ) -> cluster_pb2.GetOperationResponse:
-        self._allow_operations("GetOperation")
         validate.require("operation_id", request.operation_id)
         return cluster_pb2.GetOperationResponse(operation=self.store.get(request.operation_id))
 
     def WatchOperations(
         self, request: cluster_pb2.WatchOperationsRequest, context: grpc.ServicerContext
     ) -> Iterator[cluster_pb2.WatchOperationsResponse]:
-        self._allow_operations("WatchOperations")
         for op in self.store.watch(request.cluster_ids, request.include_in_flight, context):
             yield cluster_pb2.WatchOperationsResponse(operation=op)
 
@@ -308,19 +280,12 @@ class EchoCluster(cluster_pb2_grpc.ClusterServiceServicer):
 class EchoHealth(health_pb2_grpc.HealthServiceServicer):
     """Workload verdicts from a fixed table; every metric query has no data."""
 
-    def __init__(
-        self,
-        healthy: Mapping[tuple[str, str, str], int] | None = None,
-        capabilities: frozenset[int] = ALL_CAPABILITIES,
-    ) -> None:
+    def __init__(self, healthy: Mapping[tuple[str, str, str], int] | None = None) -> None:
         self.healthy = dict(healthy or {})  # (cluster, namespace, name) -> healthy replicas
-        self.capabilities = capabilities
 
     def CheckWorkloads(
         self, request: health_pb2.CheckWorkloadsRequest, context: grpc.ServicerContext
     ) -> health_pb2.CheckWorkloadsResponse:
-        if Cap.PLUGIN_CAPABILITY_CHECK_WORKLOADS not in self.capabilities:
-            raise Unimplemented("CheckWorkloads is outside this plugin's capabilities")
         validate.require_all("cluster_ids", list(request.cluster_ids))
         validate.require_all("workloads", [w.name for w in request.workloads])
         results = []
@@ -346,8 +311,6 @@ class EchoHealth(health_pb2_grpc.HealthServiceServicer):
     def QueryMetric(
         self, request: health_pb2.QueryMetricRequest, context: grpc.ServicerContext
     ) -> health_pb2.QueryMetricResponse:
-        if Cap.PLUGIN_CAPABILITY_QUERY_METRIC not in self.capabilities:
-            raise Unimplemented("QueryMetric is outside this plugin's capabilities")
         validate.require("query", request.query)
         return health_pb2.QueryMetricResponse(has_data=False, message="echo has no metrics")
 
@@ -414,8 +377,8 @@ def echo_servicers(
     fleet = EchoFleet.generate(clusters)
     return PluginServicers(
         identity=EchoIdentity(capabilities),
-        cluster=EchoCluster(fleet, OperationStore("echo"), capabilities, op_seconds),
-        health=EchoHealth(capabilities=capabilities),
+        cluster=EchoCluster(fleet, OperationStore("echo"), op_seconds),
+        health=EchoHealth(),
         gate=EchoGate(),
     )
 
