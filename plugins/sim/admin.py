@@ -72,7 +72,10 @@ class AdminServer:
         self.port: int = self._httpd.server_address[1]
         self.address = f"{host or '127.0.0.1'}:{self.port}"
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="sim-admin", daemon=True
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="sim-admin",
+            daemon=True,
         )
         self._thread.start()
 

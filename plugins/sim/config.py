@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -297,6 +298,9 @@ def generate_clusters(spec: GenerateSpec) -> list[ClusterSpec]:
     ]
 
 
+_FIELD_PREFIX = re.compile(r"^[A-Za-z][\w.\[\]]*: ")
+
+
 def _location(loc: tuple[int | str, ...]) -> str:
     text = ""
     for part in loc:
@@ -317,10 +321,15 @@ def parse_fleet(data: Mapping[str, Any] | None, source: str = "fleet file") -> F
         problems = []
         for error in exc.errors(include_url=False):
             message = str(error["msg"]).removeprefix("Value error, ")
-            loc = tuple(p for p in error["loc"] if p not in ("function-after",))
-            # Messages of the cross-field checks already start with their own field path.
-            where = _location(loc)
-            problems.append(f"{where}: {message}" if loc else message)
+            if error["type"] == "extra_forbidden":
+                message = "unknown field; remove it or check its spelling"
+            where = _location(tuple(error["loc"]))
+            if not error["loc"]:
+                problems.append(message)  # cross-field checks name their own field
+            elif _FIELD_PREFIX.match(message):
+                problems.append(f"{where}.{message}")
+            else:
+                problems.append(f"{where}: {message}")
         raise ConfigError(f"{source}: " + "; ".join(problems)) from None
 
 

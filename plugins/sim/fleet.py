@@ -293,10 +293,11 @@ class Fleet:
     def _load_health(self, cluster: _Cluster, spec: ClusterSpec) -> None:
         workloads = spec.workloads if spec.workloads is not None else self._defaults.workloads
         cluster.workloads = {(w.namespace, w.name): _workload(w) for w in workloads}
-        args = {"cluster": cluster.cluster_id, **cluster.labels}
-        metrics = {render_query(q, args): v for q, v in self._defaults.metrics.items()}
-        metrics.update(spec.metrics or {})
-        cluster.metrics = metrics
+        if spec.metrics is not None:
+            cluster.metrics = dict(spec.metrics)
+        else:
+            args = {"cluster": cluster.cluster_id, **cluster.labels}
+            cluster.metrics = {render_query(q, args): v for q, v in self._defaults.metrics.items()}
         cluster.health_time = _now()
 
     def _restart_flaps(self, flaps: Sequence[AvailabilityFlap]) -> None:

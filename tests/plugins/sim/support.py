@@ -1,0 +1,107 @@
+"""Helpers of the sim tests: small fleet files, a running sim with its client, polling waits."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry
+
+from fleetupgrade.plugin.v1 import cluster_pb2
+from plugins.sdk.client import PluginClient
+from plugins.sim import Simulator
+
+T = TypeVar("T")
+
+TERMINAL = (cluster_pb2.OPERATION_STATE_SUCCEEDED, cluster_pb2.OPERATION_STATE_FAILED)
+
+
+def small_fleet(count: int = 3, step: float = 0.05, **extra: Any) -> dict[str, Any]:
+    """A fleet file as data: c1..cN at 1.28.5 with pools p1 and p2, stage a/b alternating."""
+    clusters = [
+        {
+            "id": f"c{i}",
+            "labels": {"stage": "a" if i % 2 else "b", "n": str(i)},
+            "controlPlaneVersion": "1.28.5",
+            "nodePools": [
+                {"name": "p1", "version": "1.28.5"},
+                {"name": "p2", "version": "1.28.5"},
+            ],
+        }
+        for i in range(1, count + 1)
+    ]
+    data: dict[str, Any] = {
+        "defaults": {
+            "stepSeconds": {
+                "serviceOut": step,
+                "serviceIn": step,
+                "controlPlane": step,
+                "nodePool": step,
+            },
+            "jitter": 0,
+        },
+        "clusters": clusters,
+    }
+    data.update(extra)
+    return data
+
+
+def wait_until(predicate: Callable[[], T | None], timeout: float = 10.0, what: str = "") -> T:
+    """Polls predicate until it returns a truthy value; fails after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
+        time.sleep(0.01)
+
+
+@dataclass
+class RunningSim:
+    """A Simulator started in this process, a client of it, and where its outputs go."""
+
+    sim: Simulator
+    client: PluginClient
+    registry: CollectorRegistry
+    monitor_file: Path
+
+    def monitor(self) -> dict[str, Any]:
+        """The monitor file's content, once it has caught up with every change made so far."""
+        sequence = self.sim.monitor.snapshot()["sequence"]
+
+        def _current() -> dict[str, Any] | None:
+            data: dict[str, Any] = json.loads(self.monitor_file.read_text())
+            return data if data["sequence"] >= sequence else None
+
+        return wait_until(_current, what=f"the monitor file at sequence {sequence}")
+
+    def wait_monitor(
+        self, predicate: Callable[[dict[str, Any]], bool], what: str
+    ) -> dict[str, Any]:
+        """Polls the monitor file until predicate holds for its content."""
+
+        def _check() -> dict[str, Any] | None:
+            data = self.monitor()
+            return data if predicate(data) else None
+
+        return wait_until(_check, what=what)
+
+    def finish(self, op: cluster_pb2.Operation, timeout: float = 10.0) -> cluster_pb2.Operation:
+        """Polls GetOperation until op is SUCCEEDED or FAILED."""
+
+        def _done() -> cluster_pb2.Operation | None:
+            current = self.client.get_operation(op.id)
+            return current if current.state in TERMINAL else None
+
+        return wait_until(_done, timeout, f"operation {op.id} to end")
+
+    @property
+    def admin_url(self) -> str:
+        assert self.sim.admin is not None
+        return f"http://{self.sim.admin.address}"
