@@ -48,6 +48,7 @@ class _Raising(cluster_pb2_grpc.ClusterServiceServicer):
     """Raises whatever exception the request's cluster_id names."""
 
     def __init__(self) -> None:
+        self.entered = threading.Event()
         self.release = threading.Event()
 
     def GetCluster(
@@ -55,6 +56,7 @@ class _Raising(cluster_pb2_grpc.ClusterServiceServicer):
     ) -> cluster_pb2.GetClusterResponse:
         kind = request.cluster_id
         if kind == "slow":
+            self.entered.set()
             self.release.wait(10)
             return cluster_pb2.GetClusterResponse(cluster=cluster_pb2.Cluster(id="slow"))
         if kind == "boom":
@@ -223,6 +225,7 @@ def test_stop_reports_not_serving_and_lets_in_flight_calls_finish(
     slow = cluster_pb2_grpc.ClusterServiceStub(channel).GetCluster.future(
         cluster_pb2.GetClusterRequest(cluster_id="slow"), timeout=10
     )
+    assert servicer.entered.wait(5), "the slow call did not reach the servicer"
     stopper = threading.Thread(target=server.stop, kwargs={"grace": 10.0})
     stopper.start()
     assert next(statuses).status == hc_pb2.HealthCheckResponse.NOT_SERVING
