@@ -66,6 +66,16 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _without_defaults(node: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in node.items() if k != "default"}
+    if "properties" in out:
+        out["properties"] = {k: _without_defaults(v) for k, v in out["properties"].items()}
+    for key in ("items", "additionalProperties"):
+        if isinstance(out.get(key), dict):
+            out[key] = _without_defaults(out[key])
+    return out
+
+
 def _list_map(schema: dict[str, Any], path: list[str], key: str) -> None:
     node = schema
     for part in path:
@@ -77,7 +87,7 @@ def _list_map(schema: dict[str, Any], path: list[str], key: str) -> None:
 def cluster_version_crd() -> dict[str, Any]:
     """The ClusterVersion CRD (apiextensions.k8s.io/v1) as a dict."""
     spec = structural_schema(api.ClusterVersionSpec)
-    status = structural_schema(api.ClusterVersionStatus)
+    status = _without_defaults(structural_schema(api.ClusterVersionStatus))  # we write it whole
     _list_map(spec, ["clusters"], "id")
     _list_map(status, ["clusters"], "id")
     _list_map(status, ["stages"], "name")

@@ -49,7 +49,8 @@ def _wrap(exc: ApiException) -> KubeError:
     except (ValueError, AttributeError):
         message = str(exc.reason)
     cls = {404: NotFound, 409: Conflict, 410: Gone}.get(status, KubeError)
-    return cls(status, str(message))
+    text = str(message)
+    return cls(status, text if len(text) <= 400 else text[:400] + "…")
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ class KubeClient:
             api.PLURAL,
             name,
             body,
+            _content_type="application/json-patch+json",
         )
 
     def remove_annotation(self, namespace: str, name: str, key: str) -> None:

@@ -1,0 +1,215 @@
+"""End to end on a real kube-apiserver and the simulated fleet plugin: rollouts converge safely."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from orchestrator import api
+from tests.support.kube import KubeCluster, wait_for
+from tests.support.orchestrator import OrchestratorProcess, monitor, simulated_fleet
+
+OLD, NEW = "1.28.5", "1.29.1"
+
+
+def fleet(n: int, step: float = 0.15, **faults: Any) -> dict[str, Any]:
+    return {
+        "defaults": {
+            "stepSeconds": {
+                "serviceOut": step,
+                "serviceIn": step,
+                "controlPlane": step,
+                "nodePool": step,
+            },
+            "jitter": 0.2,
+        },
+        "clusters": [
+            {
+                "id": f"cluster-{i:02d}",
+                "labels": {"stage": "canary" if i < 2 else "main"},
+                "controlPlaneVersion": OLD,
+                "nodePools": [
+                    {"name": "default-pool", "version": OLD},
+                    {"name": "workers", "version": OLD},
+                ],
+            }
+            for i in range(n)
+        ],
+        "faults": faults,
+    }
+
+
+def cluster_version(
+    name: str, endpoint: str, ids: list[str], required: int, **spec: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "requiredAvailableCount": required,
+            "opsEndpoint": {"endpoint": endpoint, "insecure": True},
+            "clusters": [{"id": c, "version": NEW} for c in ids],
+            **spec,
+        },
+    }
+
+
+class CV:
+    """Create and read one ClusterVersion."""
+
+    def __init__(self, cluster: KubeCluster, namespace: str) -> None:
+        self.api = k8s.CustomObjectsApi(cluster.api_client())
+        self.ns = namespace
+
+    def create(self, body: dict[str, Any]) -> None:
+        self.api.create_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, body)
+
+    def get(self, name: str) -> dict[str, Any]:
+        return dict(
+            self.api.get_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, name)
+        )
+
+    def status(self, name: str) -> dict[str, Any]:
+        return dict(self.get(name).get("status") or {})
+
+    def phase_is(self, name: str, *phases: str) -> dict[str, Any] | None:
+        status = self.status(name)
+        return status if status.get("phase") in phases else None
+
+
+@pytest.fixture
+def orchestrator(
+    control_plane: KubeCluster, namespace: str, tmp_path: Path
+) -> Iterator[OrchestratorProcess]:
+    proc = OrchestratorProcess(control_plane.kubeconfig, namespace, tmp_path / "orchestrator.log")
+    yield proc.start()
+    proc.stop()
+
+
+def test_twenty_cluster_rollout_keeps_the_floor(
+    control_plane: KubeCluster, namespace: str, tmp_path: Path, orchestrator: OrchestratorProcess
+) -> None:
+    with simulated_fleet(tmp_path, fleet(20), NEW) as sim:
+        ids = [f"cluster-{i:02d}" for i in range(20)]
+        cvs = CV(control_plane, namespace)
+        cvs.create(cluster_version("fleet", sim.address, ids, 15))
+        status = wait_for(
+            "rollout completes",
+            lambda: cvs.phase_is("fleet", "Completed"),
+            timeout=120,
+            interval=0.2,
+        )
+        m = monitor(sim)
+        assert m["clusters_at_target"] == 20
+        assert m["min_available_in_service"] == 15
+        assert m["duplicate_mutations"] == 0
+        assert m["concurrent_mutators"] == 0
+        assert m["mutations_total"] == 20 * 5
+        assert status["summary"]["upToDate"] == 20
+        assert "clusters" not in status  # at rest: no per-cluster entries
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        assert ready["status"] == "True"
+        text = orchestrator.metrics()
+        assert 'multicluster_controller_success_operation_total{operation="controlPlane"' in text
+        assert "multicluster_controller_success_plugin_call_total" in text
+
+
+def test_sigkill_mid_rollout_resumes_without_duplicates(
+    control_plane: KubeCluster, namespace: str, tmp_path: Path
+) -> None:
+    with simulated_fleet(tmp_path, fleet(12, step=0.3), NEW) as sim:
+        ids = [f"cluster-{i:02d}" for i in range(12)]
+        cvs = CV(control_plane, namespace)
+        first = OrchestratorProcess(control_plane.kubeconfig, namespace, tmp_path / "o1.log")
+        first.start()
+        try:
+            cvs.create(cluster_version("fleet", sim.address, ids, 9))
+            wait_for(
+                "a few clusters upgraded",
+                lambda: (cvs.status("fleet").get("summary") or {}).get("upToDate", 0) >= 3,
+                timeout=60,
+                interval=0.05,
+            )
+        finally:
+            first.kill()
+        in_flight = monitor(sim)["mutations_total"]
+        assert 0 < in_flight < 12 * 5
+        second = OrchestratorProcess(control_plane.kubeconfig, namespace, tmp_path / "o2.log")
+        second.start()
+        try:
+            wait_for(
+                "rollout completes",
+                lambda: cvs.phase_is("fleet", "Completed"),
+                timeout=120,
+                interval=0.2,
+            )
+        finally:
+            second.stop()
+        m = monitor(sim)
+        assert m["clusters_at_target"] == 12
+        assert m["duplicate_mutations"] == 0
+        assert m["min_available_in_service"] >= 9
+        assert m["mutations_total"] == 12 * 5
+
+
+def test_failed_upgrade_halts_and_touches_nothing_else(
+    control_plane: KubeCluster, namespace: str, tmp_path: Path, orchestrator: OrchestratorProcess
+) -> None:
+    faults = {
+        "failStep": [
+            {
+                "step": "controlPlane",
+                "clusters": ["cluster-00"],
+                "message": "etcd quorum lost during upgrade",
+            }
+        ]
+    }
+    with simulated_fleet(tmp_path, fleet(4, **faults), NEW) as sim:
+        ids = [f"cluster-{i:02d}" for i in range(4)]
+        cvs = CV(control_plane, namespace)
+        cvs.create(cluster_version("fleet", sim.address, ids, 3))
+        status = wait_for("rollout halts", lambda: cvs.phase_is("fleet", "Halted"), timeout=60)
+        failed = [c for c in status["clusters"] if c["phase"] == "Failed"]
+        assert [c["id"] for c in failed] == ["cluster-00"]
+        assert "etcd quorum lost during upgrade" in failed[0]["message"]
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        assert ready["reason"] == "ClusterFailed" and "cluster-00" in ready["message"]
+        time.sleep(1.5)  # give a misbehaving controller the chance to touch another cluster
+        m = monitor(sim)
+        assert m["mutations_total"] == 2  # serviceOut + the failed controlPlane of cluster-00
+        assert m["clusters_by_version"] == {OLD: 4}
+
+
+def test_invalid_spec_is_marked_and_nothing_is_mutated(
+    control_plane: KubeCluster, namespace: str, tmp_path: Path, orchestrator: OrchestratorProcess
+) -> None:
+    with simulated_fleet(tmp_path, fleet(3), NEW) as sim:
+        cvs = CV(control_plane, namespace)
+        body = cluster_version("fleet", sim.address, ["cluster-00", "cluster-01", "nope"], 2)
+        body["spec"]["clusters"][1]["version"] = "1.27.0"
+        cvs.create(body)
+        status = wait_for("marked invalid", lambda: cvs.phase_is("fleet", "Invalid"), timeout=30)
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        assert ready["reason"] == "InvalidSpec"
+        assert "spec.clusters[2].id" in ready["message"]
+        assert "spec.clusters[1].version" in ready["message"] and "downgrade" in ready["message"]
+        assert monitor(sim)["mutations_total"] == 0
+
+
+def test_schema_rejects_bad_endpoint_and_version(
+    control_plane: KubeCluster, namespace: str
+) -> None:
+    cvs = CV(control_plane, namespace)
+    body = cluster_version("bad", "not an endpoint", ["a", "b"], 1)
+    body["spec"]["clusters"][0]["version"] = "latest"
+    with pytest.raises(k8s.ApiException) as err:
+        cvs.create(body)
+    assert err.value.status == 422
+    assert "spec.opsEndpoint.endpoint" in str(err.value.body)
+    assert "spec.clusters.version" in str(err.value.body)  # 1.20 omits the list index

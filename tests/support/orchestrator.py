@@ -1,0 +1,124 @@
+"""Start the real fleet-orchestrator as a subprocess, and a simulated fleet in-process, for tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from plugins.sim.server import SimOptions, Simulator
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class OrchestratorProcess:
+    """fleet-orchestrator run, as a child process with its log in a file."""
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        log: Path,
+        *extra: str,
+        identity: str = "orchestrator-test",
+    ) -> None:
+        self.metrics_port = free_port()
+        self.log = log
+        self.args = [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "run",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--namespace",
+            namespace,
+            "--sync-period-seconds",
+            "5",
+            "--metrics-addr",
+            f"127.0.0.1:{self.metrics_port}",
+            "--identity",
+            identity,
+            *extra,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OrchestratorProcess:
+        handle = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            self.args,
+            cwd=ROOT,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        handle.close()
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return int(self.proc.returncode)
+
+    def metrics(self) -> str:
+        import urllib.request  # noqa: PLC0415
+
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+        ) as r:
+            return str(r.read().decode())
+
+
+@contextmanager
+def simulated_fleet(tmp: Path, fleet: dict[str, Any], target: str) -> Iterator[Simulator]:
+    """A sim plugin serving the fleet (the fleet-file dict) on loopback, monitor file in tmp."""
+    path = tmp / "fleet.yaml"
+    path.write_text(yaml.safe_dump(fleet))
+    sim = Simulator(
+        SimOptions(
+            fleet_file=str(path),
+            monitor_file=str(tmp / "monitor.json"),
+            target_version=target,
+            seed=7,
+            reload_interval=0,
+        )
+    )
+    try:
+        yield sim
+    finally:
+        sim.stop()
+
+
+def monitor(sim: Simulator) -> dict[str, Any]:
+    """The sim's invariant monitor now."""
+    return dict(sim.monitor.snapshot())
+
+
+def read_monitor_file(tmp: Path) -> dict[str, Any]:
+    return dict(json.loads((tmp / "monitor.json").read_text()))
