@@ -67,7 +67,13 @@ class AdminServer:
         if not sep or not port.isdigit():
             raise ValueError(f"--admin-addr: {address!r} is not HOST:PORT; use e.g. 127.0.0.1:8081")
         handler = _handler_class(fleet, monitor, reload)
-        self._httpd = ThreadingHTTPServer((host.strip("[]") or "127.0.0.1", int(port)), handler)
+        try:
+            self._httpd = ThreadingHTTPServer((host.strip("[]") or "127.0.0.1", int(port)), handler)
+        except OSError as exc:
+            raise ValueError(
+                f"--admin-addr: cannot listen on {address!r} ({exc.strerror}); pick a free "
+                "HOST:PORT"
+            ) from None
         self._httpd.daemon_threads = True
         self.port: int = self._httpd.server_address[1]
         self.address = f"{host or '127.0.0.1'}:{self.port}"

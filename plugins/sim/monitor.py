@@ -272,7 +272,13 @@ class MonitorFileWriter:
         self._interval = interval
         self._dirty = threading.Event()
         self._stop = threading.Event()
-        self._write()
+        try:
+            self._write()
+        except OSError as exc:
+            raise ValueError(
+                f"--monitor-file: cannot write {str(path)!r} ({exc.strerror}); "
+                "pass a path in an existing, writable directory"
+            ) from None
         monitor.add_listener(self._dirty.set)
         self._thread = threading.Thread(target=self._run, name="sim-monitor-file", daemon=True)
         self._thread.start()

@@ -63,7 +63,7 @@ class SimOptions:
     target_version: str | None = None
     admin_addr: str | None = None
     mutator_window_seconds: float = 5.0
-    reload_interval: float = 1.0  # seconds between mtime checks of fleet_file; 0: never
+    reload_interval: float = 1.0  # seconds between mtime checks of fleet_file; 0: on request only
     registry: CollectorRegistry | None = None  # where to export fleet_sim_* gauges
     max_workers: int = 32
 
@@ -119,7 +119,7 @@ class Simulator:
         except BaseException:
             self._close_parts()
             raise
-        if options.fleet_file and options.reload_interval > 0:
+        if options.fleet_file:
             self._watcher = threading.Thread(
                 target=self._watch_file, name="sim-fleet-file", daemon=True
             )
@@ -174,8 +174,9 @@ class Simulator:
 
     def _watch_file(self) -> None:
         last = self._stamp()
+        interval = self.options.reload_interval if self.options.reload_interval > 0 else None
         while not self._stop.is_set():
-            forced = self._reload_now.wait(self.options.reload_interval)
+            forced = self._reload_now.wait(interval)
             if self._stop.is_set():
                 return
             self._reload_now.clear()

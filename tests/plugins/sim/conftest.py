@@ -49,7 +49,7 @@ def start_sim(tmp_path: Path) -> Iterator[StartSim]:
         registry = CollectorRegistry()
         sim = Simulator(SimOptions(registry=registry, **options))
         client = PluginClient(sim.address, caller=caller, tls=client_tls, plugin_name="sim")
-        handle = RunningSim(sim, client, registry, Path(options["monitor_file"]))
+        handle = RunningSim(sim, client, registry, Path(options["monitor_file"] or monitor_file))
         running.append(handle)
         return handle
 

@@ -1,0 +1,96 @@
+"""The conformance kit passes against a live simulated fleet, over plaintext, TLS and mTLS."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from plugins.sdk.client import ClientTLS, PluginClient
+from plugins.sdk.conformance import run_conformance
+from plugins.sdk.server import ServerTLS
+from plugins.sim import SimOptions, Simulator
+from tests.support.certs import TestPKI
+
+
+@pytest.fixture
+def sims() -> Iterator[list[Simulator]]:
+    started: list[Simulator] = []
+    yield started
+    for sim in started:
+        sim.stop(grace=0)
+
+
+def _start(sims: list[Simulator], tmp_path: Path, tls: ServerTLS | None = None) -> Simulator:
+    sim = Simulator(
+        SimOptions(
+            generate=6,
+            step_seconds=0.2,
+            seed=1,
+            tls=tls,
+            monitor_file=str(tmp_path / "monitor.json"),
+            registry=CollectorRegistry(),
+        )
+    )
+    sims.append(sim)
+    return sim
+
+
+def _kit(sim: Simulator, tmp_path: Path, tls: ClientTLS | None = None) -> dict[str, list[str]]:
+    report = tmp_path / "kit.xml"
+    code = run_conformance(
+        sim.address, tls, timeout=30.0, pytest_args=["-q", f"--junitxml={report}"]
+    )
+    outcome: dict[str, list[str]] = {"passed": [], "failed": [], "skipped": []}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        name = case.get("name", "")
+        if case.find("failure") is not None or case.find("error") is not None:
+            outcome["failed"].append(name)
+        elif case.find("skipped") is not None:
+            outcome["skipped"].append(name)
+        else:
+            outcome["passed"].append(name)
+    assert code == 0, outcome["failed"]
+    return outcome
+
+
+def test_the_sim_passes_the_conformance_kit_and_is_left_as_found(
+    sims: list[Simulator], tmp_path: Path
+) -> None:
+    sim = _start(sims, tmp_path)
+    outcome = _kit(sim, tmp_path)
+    assert outcome["failed"] == []
+    assert len(outcome["passed"]) >= 50
+    # Only the gate checks are skipped: the sim does not declare PLUGIN_CAPABILITY_GATES.
+    assert outcome["skipped"] and all("gate" in name for name in outcome["skipped"])
+    with PluginClient(sim.address) as client:
+        clusters = client.list_clusters()
+    assert len(clusters) == 6
+    assert all(c.in_service and c.available for c in clusters)
+    assert {c.control_plane_version for c in clusters} == {"1.28.5"}
+    snapshot = sim.monitor.snapshot()
+    assert snapshot["duplicate_mutations"] == 0
+    assert snapshot["operations_in_flight"] == 0
+
+
+def test_the_sim_passes_the_conformance_kit_over_tls(
+    sims: list[Simulator], tmp_path: Path, pki: TestPKI
+) -> None:
+    sim = _start(sims, tmp_path, ServerTLS(pki.server.cert_file, pki.server.key_file))
+    outcome = _kit(sim, tmp_path, ClientTLS(ca_file=pki.ca_file))
+    assert outcome["failed"] == [] and len(outcome["passed"]) >= 50
+
+
+def test_the_sim_passes_the_conformance_kit_over_mtls(
+    sims: list[Simulator], tmp_path: Path, pki: TestPKI
+) -> None:
+    server_tls = ServerTLS(pki.server.cert_file, pki.server.key_file, client_ca_file=pki.ca_file)
+    sim = _start(sims, tmp_path, server_tls)
+    client_tls = ClientTLS(
+        ca_file=pki.ca_file, cert_file=pki.client.cert_file, key_file=pki.client.key_file
+    )
+    outcome = _kit(sim, tmp_path, client_tls)
+    assert outcome["failed"] == [] and len(outcome["passed"]) >= 50
