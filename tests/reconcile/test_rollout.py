@@ -12,7 +12,7 @@ from kubernetes import client as k8s
 
 from orchestrator import api
 from tests.support.kube import KubeCluster, wait_for
-from tests.support.orchestrator import OrchestratorProcess, monitor, simulated_fleet
+from tests.support.orchestrator import CV, OrchestratorProcess, monitor, simulated_fleet
 
 OLD, NEW = "1.28.5", "1.29.1"
 
@@ -58,29 +58,6 @@ def cluster_version(
             **spec,
         },
     }
-
-
-class CV:
-    """Create and read one ClusterVersion."""
-
-    def __init__(self, cluster: KubeCluster, namespace: str) -> None:
-        self.api = k8s.CustomObjectsApi(cluster.api_client())
-        self.ns = namespace
-
-    def create(self, body: dict[str, Any]) -> None:
-        self.api.create_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, body)
-
-    def get(self, name: str) -> dict[str, Any]:
-        return dict(
-            self.api.get_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, name)
-        )
-
-    def status(self, name: str) -> dict[str, Any]:
-        return dict(self.get(name).get("status") or {})
-
-    def phase_is(self, name: str, *phases: str) -> dict[str, Any] | None:
-        status = self.status(name)
-        return status if status.get("phase") in phases else None
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Start the real fleet-orchestrator as a subprocess, and a simulated fleet in-process, for tests."""
+"""Run the real fleet-orchestrator as a subprocess and a simulated fleet in-process, for tests."""
 
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client as k8s
 
+from orchestrator import api
 from plugins.sim.server import SimOptions, Simulator
+from tests.support.kube import KubeCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,7 +90,7 @@ class OrchestratorProcess:
         return int(self.proc.returncode)
 
     def metrics(self) -> str:
-        import urllib.request  # noqa: PLC0415
+        import urllib.request
 
         with urllib.request.urlopen(
             f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
@@ -122,3 +125,26 @@ def monitor(sim: Simulator) -> dict[str, Any]:
 
 def read_monitor_file(tmp: Path) -> dict[str, Any]:
     return dict(json.loads((tmp / "monitor.json").read_text()))
+
+
+class CV:
+    """Create and read one ClusterVersion."""
+
+    def __init__(self, cluster: KubeCluster, namespace: str) -> None:
+        self.api = k8s.CustomObjectsApi(cluster.api_client())
+        self.ns = namespace
+
+    def create(self, body: dict[str, Any]) -> None:
+        self.api.create_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, body)
+
+    def get(self, name: str) -> dict[str, Any]:
+        return dict(
+            self.api.get_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, name)
+        )
+
+    def status(self, name: str) -> dict[str, Any]:
+        return dict(self.get(name).get("status") or {})
+
+    def phase_is(self, name: str, *phases: str) -> dict[str, Any] | None:
+        status = self.status(name)
+        return status if status.get("phase") in phases else None
