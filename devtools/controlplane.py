@@ -34,6 +34,7 @@ from pathlib import Path
 __all__ = [
     "DEFAULT_DEV_DIR",
     "MAIN",
+    "REPO_ROOT",
     "ApiServer",
     "ControlPlane",
     "ControlPlaneError",
