@@ -11,9 +11,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from fleetupgrade.plugin.v1 import cluster_pb2, health_pb2
 from plugins.sdk import versions
 
 __all__ = [
+    "FAULTABLE_METHODS",
     "STEP_KINDS",
     "AvailabilityFlap",
     "ClusterSpec",
@@ -187,6 +189,26 @@ class HangRpc(_Model):
     times: int | None = Field(default=None, ge=1)
 
 
+# The RPCs faults may name: every ClusterService and HealthService method.
+FAULTABLE_METHODS: frozenset[str] = frozenset(
+    method.name
+    for proto, service in (
+        (cluster_pb2, "ClusterService"),
+        (health_pb2, "HealthService"),
+    )
+    for method in proto.DESCRIPTOR.services_by_name[service].methods
+)
+
+
+def _check_method(field: str, name: str) -> None:
+    short = name.rstrip("/").rsplit("/", 1)[-1]
+    if short not in FAULTABLE_METHODS:
+        raise ValueError(
+            f"{field}: {name!r} is not a ClusterService or HealthService RPC; use one of "
+            f"{', '.join(sorted(FAULTABLE_METHODS))}"
+        )
+
+
 class Faults(_Model):
     """Injected faults."""
 
@@ -196,6 +218,14 @@ class Faults(_Model):
     unavailable_rate: float = Field(default=0.0, ge=0, le=1)
     unavailable_methods: tuple[str, ...] = ()  # empty: every Cluster/Health RPC
     hang_rpc: tuple[HangRpc, ...] = ()
+
+    @model_validator(mode="after")
+    def _methods_exist(self) -> Faults:
+        for index, name in enumerate(self.unavailable_methods):
+            _check_method(f"unavailableMethods[{index}]", name)
+        for index, hang in enumerate(self.hang_rpc):
+            _check_method(f"hangRpc[{index}].method", hang.method)
+        return self
 
 
 class FleetConfig(_Model):

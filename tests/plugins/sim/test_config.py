@@ -124,6 +124,14 @@ def _one(**fields: Any) -> dict[str, Any]:
             "clusters[0].workloads[0].health",
         ),
         ({"generate": {"count": 0}}, "generate.count: Input should be greater than or equal to 1"),
+        (
+            {"clusters": [_one()], "faults": {"hangRpc": [{"method": "GetClustr", "seconds": 1}]}},
+            "faults.hangRpc[0].method: 'GetClustr' is not a ClusterService or HealthService RPC",
+        ),
+        (
+            {"clusters": [_one()], "faults": {"unavailableMethods": ["ListGates"]}},
+            "faults.unavailableMethods[0]: 'ListGates' is not a ClusterService or HealthService",
+        ),
     ],
 )
 def test_invalid_fleet_files_name_the_field(data: dict[str, Any], message: str) -> None:
