@@ -343,5 +343,23 @@ class ClusterVersionStatus(_Model):
     current_stage: str | None = None
     summary: Summary | None = None
     stages: list[StageStatus] | None = None
-    clusters: list[ClusterStatusEntry] | None = None
+    clusters: list[ClusterStatusEntry] | None = Field(
+        default=None,
+        description="Clusters needing attention (failed, waiting, retried) and a sample of "
+        "those in flight, with their operation and message.",
+    )
+    in_flight: dict[str, list[str]] | None = Field(
+        default=None,
+        description="Every other cluster in flight, by phase (ids only, to stay small).",
+    )
     conditions: list[Condition] | None = None
+
+    def entries(self) -> dict[str, ClusterStatusEntry]:
+        """Every cluster not at rest: the detailed entries plus the compact in-flight ids."""
+        out = {
+            cid: ClusterStatusEntry(id=cid, phase=ClusterPhase(phase))
+            for phase, ids in (self.in_flight or {}).items()
+            for cid in ids
+        }
+        out.update((e.id, e) for e in self.clusters or [])
+        return out

@@ -128,7 +128,8 @@ class Controller:
         if requeue is not None:
             self.queue.add(key, requeue)
 
-    def _on_operation_done(self, endpoint: str, _op: OpObs) -> None:
+    def _on_operation_done(self, endpoint: str, op: OpObs) -> None:
+        self.reconciler.count_operation(endpoint, op)
         for key, used in list(self.reconciler.endpoints.items()):
             if used == endpoint:
                 self.queue.add(key)

@@ -75,7 +75,7 @@ class Snapshot:
     """Everything the planner reads about the fleet at one moment."""
 
     clusters: Mapping[str, ClusterObs]
-    #: Latest known state of operations, by operation id (from WatchOperations / GetOperation).
+    #: Latest known state of operations, by request id (from WatchOperations / GetOperation).
     operations: Mapping[str, OpObs] = field(default_factory=dict)
 
 

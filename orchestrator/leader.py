@@ -45,6 +45,8 @@ class LeaderElector:
     def try_acquire_or_renew(self) -> bool:
         """One attempt: True when we hold the lease afterwards."""
         now = self.clock()
+        if now.microsecond == 0:  # the client would drop the fraction; MicroTime requires it
+            now = now.replace(microsecond=1)
         try:
             record = self.kube.get_lease(self.namespace, self.name)
             if record is None:

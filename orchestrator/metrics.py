@@ -62,12 +62,6 @@ class Metrics:
             ["namespace", "name", "phase"],
             registry=r,
         )
-        self.operation_reaction_seconds = Histogram(
-            "multicluster_controller_operation_reaction_seconds",
-            "From an operation's completion being seen to the next reconcile's end.",
-            registry=r,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
-        )
 
     def on_plugin_call(self, plugin: str, rpc: str, code_name: str, seconds: float) -> None:
         """Count one plugin RPC."""

@@ -128,13 +128,24 @@ def _needs_upgrade(obs: ClusterObs, target: Target) -> bool:
     return _needs_cp(obs, target) or _pool_needing(obs, target) is not None
 
 
-def _find_op(entry: api.ClusterStatusEntry, obs: ClusterObs, snap: Snapshot) -> OpObs | None:
-    if entry.operation_id and entry.operation_id in snap.operations:
-        return snap.operations[entry.operation_id]
+def _find_op(rid: str, obs: ClusterObs, snap: Snapshot) -> OpObs | None:
+    op = snap.operations.get(rid)
+    if op is not None:
+        return op
     current = obs.current_operation
-    if current is not None and entry.request_id and current.request_id == entry.request_id:
-        return current
-    return None
+    return current if current is not None and current.request_id == rid else None
+
+
+def _achieved(action: Action, obs: ClusterObs) -> bool:
+    """True when the observed cluster already shows the step's effect."""
+    if action.kind is OpKind.SERVICE_OUT:
+        return not obs.in_service
+    if action.kind is OpKind.SERVICE_IN:
+        return obs.in_service
+    if action.kind is OpKind.CONTROL_PLANE:
+        return not versions.is_newer(action.version, obs.control_plane_version)
+    pool = next((p for p in obs.node_pools if p.name == action.node_pool), None)
+    return pool is None or not versions.is_newer(action.version, pool.version)
 
 
 class _Planner:
@@ -181,10 +192,18 @@ class _Planner:
         op_version = version if kind in (OpKind.CONTROL_PLANE, OpKind.NODE_POOL) else ""
         return Action(kind, cid, rid, op_version, pool)
 
-    def _action_for_step(self, entry: api.ClusterStatusEntry) -> Action:
-        step = entry.step or ""
-        kind_text, _, pool = step.partition("/")
-        return self._action(OpKind(kind_text), entry.id, entry.attempt, pool)
+    def _current_action(self, entry: api.ClusterStatusEntry, obs: ClusterObs) -> Action | None:
+        """The step an in-flight entry is at, from its status or derived from its phase."""
+        if entry.step and entry.step != "verify":
+            kind_text, _, pool = entry.step.partition("/")
+            return self._action(OpKind(kind_text), entry.id, entry.attempt, pool)
+        kind = {v: k for k, v in _STEP_PHASE.items()}.get(entry.phase)
+        if kind is None:
+            return None
+        if kind is OpKind.NODE_POOL:
+            needing = _pool_needing(obs, self.targets.by_cluster[entry.id])
+            return None if needing is None else self._action(kind, entry.id, entry.attempt, needing)
+        return self._action(kind, entry.id, entry.attempt)
 
     def advance(self, entry: api.ClusterStatusEntry, obs: ClusterObs) -> None:
         """Pick the next step of a cluster that has no operation in flight."""
@@ -258,22 +277,31 @@ class _Planner:
         if entry.phase == P.VERIFYING:
             self.advance(entry, obs)
             return
-        op = _find_op(entry, obs, self.inp.snapshot)
+        action = self._current_action(entry, obs)
+        op = None if action is None else _find_op(action.request_id, obs, self.inp.snapshot)
+        if action is None or (op is None and _achieved(action, obs)):
+            self.advance(entry.model_copy(update={"operation_id": None}), obs)
+            return
         if op is None:
-            # Issued, but the operation is unknown (the call failed or the write was lost):
-            # the same request id returns the same operation, so asking again is safe.
-            self.actions.append(self._action_for_step(entry))
-            self.entries[entry.id] = entry
+            # Issued, but the operation is unknown (the call failed, the write was lost, or the
+            # controller restarted): the same request id returns the same operation.
+            self.actions.append(action)
+            self.entries[entry.id] = entry.model_copy(
+                update={"step": action.step, "request_id": action.request_id}
+            )
             return
         if not op.state.terminal:
-            self.entries[entry.id] = entry.model_copy(update={"operation_id": op.id})
+            self.entries[entry.id] = entry.model_copy(
+                update={"operation_id": op.id, "step": action.step, "request_id": action.request_id}
+            )
             return
         if op.state == OpState.FAILED:
             self._set(
                 entry,
                 phase=P.FAILED,
                 operation_id=op.id,
-                message=f"{entry.step} failed: {op.error_code}: {op.error_message}",
+                step=action.step,
+                message=f"{action.step} failed: {op.error_code}: {op.error_message}",
             )
             return
         obs = apply_succeeded(obs, op)
@@ -291,7 +319,7 @@ def plan(inp: PlanInput) -> Plan:
         return invalid(inp.status, problems, inp.generation, inp.now)
     planner = _Planner(inp, resolved)
     previous = inp.status or api.ClusterVersionStatus()
-    for entry in previous.clusters or []:
+    for entry in previous.entries().values():
         planner.follow(entry)
     return _start_and_summarise(planner, previous)
 
@@ -442,6 +470,34 @@ def _start_and_summarise(pl: _Planner, previous: api.ClusterVersionStatus) -> Pl
     return _summarise(pl, stage_status, current, halted, blocked_reason, previous)
 
 
+#: In-flight clusters shown in full in status; the rest are listed by id under inFlight.
+DETAIL_LIMIT = 20
+
+
+def compact_entries(entries: Mapping[str, api.ClusterStatusEntry]) -> dict[str, object]:
+    """Split entries into detailed ones and compact in-flight id lists (status stays small).
+
+    Failed, waiting (with a message) and retried clusters are always detailed; of the plain
+    in-flight ones, the DETAIL_LIMIT most recently changed are detailed too.
+    """
+    detailed: list[api.ClusterStatusEntry] = []
+    plain: list[api.ClusterStatusEntry] = []
+    for entry in entries.values():
+        if entry.phase in ACTIVE_PHASES and not entry.message and not entry.attempt:
+            plain.append(entry)
+        else:
+            detailed.append(entry)
+    plain.sort(key=lambda e: (e.last_transition_time or "", e.id), reverse=True)
+    detailed += plain[:DETAIL_LIMIT]
+    compact: dict[str, list[str]] = {}
+    for entry in plain[DETAIL_LIMIT:]:
+        compact.setdefault(entry.phase.value, []).append(entry.id)
+    return {
+        "clusters": sorted(detailed, key=lambda e: e.id) or None,
+        "in_flight": {k: sorted(v) for k, v in sorted(compact.items())} or None,
+    }
+
+
 def _waiting(
     cid: str,
     stage: int,
@@ -546,7 +602,7 @@ def _summarise(
         current_stage=current,
         summary=summary,
         stages=stages,
-        clusters=[pl.entries[c] for c in sorted(pl.entries)] or None,
+        **compact_entries(pl.entries),
         conditions=conds,
     )
     return Plan(pl.actions, status, pl.events, pl.requeue)

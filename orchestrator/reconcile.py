@@ -20,7 +20,7 @@ from orchestrator.conditions import set_condition
 from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, PoolObs, Snapshot
 from orchestrator.kube import KubeClient, NotFound
 from orchestrator.metrics import Metrics
-from orchestrator.plan import Action, Event, Plan, PlanInput, invalid, plan
+from orchestrator.plan import Action, Event, Plan, PlanInput, compact_entries, invalid, plan
 from orchestrator.validate import Problem, parse_spec, validate_spec
 from plugins.sdk.client import ClientTLS, PluginCallError, PluginClient
 
@@ -145,22 +145,25 @@ class _Stream:
 class OperationTracker:
     """Follows every operation of each plugin through WatchOperations (no polling)."""
 
+    #: Terminal operations kept for lookups; the oldest half is dropped past this many.
+    MAX_OPERATIONS = 200_000
+
     def __init__(self, on_terminal: Callable[[str, OpObs], None]) -> None:
         self._ops: dict[str, OpObs] = {}
-        self._terminal_seen_at: dict[str, float] = {}
+        self._by_request: dict[str, OpObs] = {}
         self._streams: dict[int, _Stream] = {}
         self._on_terminal = on_terminal
         self._lock = threading.Lock()
 
     def get(self, op_id: str) -> OpObs | None:
-        """The latest state seen of an operation."""
+        """The latest state seen of an operation, by operation id."""
         with self._lock:
             return self._ops.get(op_id)
 
-    def seen_terminal_at(self, op_id: str) -> float | None:
-        """time.monotonic() when the operation's terminal state arrived, if it did."""
+    def by_request(self) -> dict[str, OpObs]:
+        """A copy of the latest operation states, keyed by request id."""
         with self._lock:
-            return self._terminal_seen_at.get(op_id)
+            return dict(self._by_request)
 
     def put(self, op: OpObs) -> bool:
         """Record a state; True when it is the first terminal state seen for the op."""
@@ -169,14 +172,13 @@ class OperationTracker:
             if old is not None and old.state.terminal:
                 return False
             self._ops[op.id] = op
-            if op.state.terminal:
-                self._terminal_seen_at[op.id] = time.monotonic()
-                if len(self._terminal_seen_at) > 100_000:
-                    for key in list(self._terminal_seen_at)[:50_000]:
-                        self._terminal_seen_at.pop(key, None)
-                        self._ops.pop(key, None)
-                return True
-            return False
+            if op.request_id:
+                self._by_request[op.request_id] = op
+            if len(self._ops) > self.MAX_OPERATIONS:
+                for key in list(self._ops)[: self.MAX_OPERATIONS // 2]:
+                    dropped = self._ops.pop(key)
+                    self._by_request.pop(dropped.request_id, None)
+            return op.state.terminal
 
     def follow(self, client: PluginClient) -> None:
         """Start the watch stream of a client, once."""
@@ -237,7 +239,7 @@ class Reconciler:
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     emit_event: Callable[[dict[str, Any], Event], None] | None = None
     endpoints: dict[tuple[str, str], str] = field(default_factory=dict)
-    _counted: set[str] = field(default_factory=set)
+    uids: set[str] = field(default_factory=set)
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """Bring one ClusterVersion a step closer to its spec; returns seconds to requeue after."""
@@ -270,6 +272,7 @@ class Reconciler:
             return None
         spec = parsed
         self.endpoints[(ns, name)] = spec.ops_endpoint.endpoint
+        self.uids.add(meta["uid"])
         try:
             client = self.pool.get(spec.ops_endpoint.endpoint, self._tls(ns, spec.ops_endpoint))
         except _TLSError as err:
@@ -279,23 +282,19 @@ class Reconciler:
             clusters = {c.id: cluster_from_pb(c) for c in _READ_RETRY.copy()(client.list_clusters)}
         except PluginCallError as err:
             return self._degraded(obj, previous, "PluginUnavailable", str(err), gen, now, 5.0)
-        ops: dict[str, OpObs] = {}
-        for entry in previous.clusters or []:
-            if entry.operation_id:
-                op = self.tracker.get(entry.operation_id)
-                if op is None or not op.state.terminal:
-                    try:
-                        op = op_from_pb(client.get_operation(entry.operation_id))
-                        self.tracker.put(op)
-                    except PluginCallError as err:
-                        if err.code != grpc.StatusCode.NOT_FOUND:
-                            return self._degraded(
-                                obj, previous, "PluginUnavailable", str(err), gen, now, 5.0
-                            )
-                        op = None
-                if op is not None:
-                    ops[op.id] = op
-                    self._count(op, spec.ops_endpoint.endpoint)
+        for entry in previous.entries().values():
+            if entry.operation_id and self.tracker.get(entry.operation_id) is None:
+                try:  # e.g. after a restart: learn the operation's state once
+                    op = op_from_pb(client.get_operation(entry.operation_id))
+                except PluginCallError as err:
+                    if err.code != grpc.StatusCode.NOT_FOUND:
+                        return self._degraded(
+                            obj, previous, "PluginUnavailable", str(err), gen, now, 5.0
+                        )
+                    continue
+                if self.tracker.put(op):
+                    self.count_operation(spec.ops_endpoint.endpoint, op)
+        ops = self.tracker.by_request()
         annotations = meta.get("annotations") or {}
         result = plan(
             PlanInput(
@@ -319,14 +318,14 @@ class Reconciler:
                 self.emit_event(obj, event)
         self._gauges(ns, name, result.status)
         if annotations.get(api.ANNOTATION_RETRY_CLUSTERS) and not any(
-            e.phase == api.ClusterPhase.FAILED for e in result.status.clusters or []
+            e.phase == api.ClusterPhase.FAILED for e in result.status.entries().values()
         ):
             self.kube.remove_annotation(ns, name, api.ANNOTATION_RETRY_CLUSTERS)
         return requeue
 
     def _execute(self, client: PluginClient, result: Plan) -> float | None:
         """Make the plan's calls; record operation ids (or why not) in the plan's status."""
-        entries = {e.id: e for e in result.status.clusters or []}
+        entries = result.status.entries()
         requeue: float | None = None
         for action in result.actions:
             entry = entries[action.cluster_id]
@@ -351,28 +350,24 @@ class Reconciler:
                 )
                 requeue = _min(requeue, wait)
                 continue
-            self.tracker.put(op)
+            if self.tracker.put(op):
+                self.count_operation(client.endpoint, op)
             entries[action.cluster_id] = entry.model_copy(update={"operation_id": op.id})
             if op.state.terminal:
                 requeue = 0.0
-        result.status = result.status.model_copy(
-            update={"clusters": [entries[k] for k in sorted(entries)] or None}
-        )
+        result.status = result.status.model_copy(update=compact_entries(entries))
         return requeue
 
-    def _count(self, op: OpObs, plugin: str) -> None:
-        if not op.state.terminal or op.id in self._counted:
+    def count_operation(self, plugin: str, op: OpObs) -> None:
+        """Count a terminal operation of ours once (request ids start with a ClusterVersion uid)."""
+        if op.request_id.split(":", 1)[0] not in self.uids:
             return
-        self._counted.add(op.id)
         counter = (
             self.metrics.success_operation
             if op.state == OpState.SUCCEEDED
             else self.metrics.failed_operation
         )
         counter.labels(op.kind.value, plugin).inc()
-        seen = self.tracker.seen_terminal_at(op.id)
-        if seen is not None:
-            self.metrics.operation_reaction_seconds.observe(time.monotonic() - seen)
 
     def _tls(self, namespace: str, endpoint: api.OpsEndpoint) -> ClientTLS | None:
         if endpoint.insecure:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from orchestrator import api
 from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, Snapshot
-from orchestrator.plan import Action, Plan, PlanInput, plan
+from orchestrator.plan import Action, Plan, PlanInput, compact_entries, plan
 
 __all__ = ["T0", "ModelFleet", "Rollout", "simulate"]
 
@@ -42,7 +42,7 @@ class ModelFleet:
 
     def snapshot(self) -> Snapshot:
         """What ListClusters and the operation watch would show now."""
-        return Snapshot(dict(self.clusters), dict(self.ops))
+        return Snapshot(dict(self.clusters), {op.request_id: op for op in self.ops.values()})
 
     def execute(self, action: Action, now: float) -> OpObs:
         """Start (or, for a known request id, return) the operation of an action."""
@@ -149,15 +149,13 @@ def simulate(
                 uid=uid,
             )
         )
-        entries = {e.id: e for e in last.status.clusters or []}
+        entries = last.status.entries()
         for action in last.actions:
             op = fleet.execute(action, now)
             entries[action.cluster_id] = entries[action.cluster_id].model_copy(
                 update={"operation_id": op.id}
             )
-        status = last.status.model_copy(
-            update={"clusters": [entries[k] for k in sorted(entries)] or None}
-        )
+        status = last.status.model_copy(update=compact_entries(entries))
         if last.actions:
             continue  # plan again at the same instant, as the reconciler does
         upcoming = [t for t in (fleet.next_completion(), _wake(now, last)) if t is not None]
