@@ -45,7 +45,7 @@ def test_control_plane_then_node_pool_upgrade_moves_the_versions(start_sim: Star
 def test_watch_sees_pending_running_succeeded_and_the_cluster_shows_the_operation(
     start_sim: StartSim,
 ) -> None:
-    run = start_sim(small_fleet(step=0.6))
+    run = start_sim(small_fleet(step=1.0))
     client = run.client
     with client.watch_operations(["c1"], include_in_flight=True) as watch:
         op = client.upgrade_control_plane("cp-1", "c1", "1.29.4")
@@ -68,7 +68,7 @@ def test_watch_sees_pending_running_succeeded_and_the_cluster_shows_the_operatio
 
 
 def test_node_pool_shows_upgrading_while_it_runs(start_sim: StartSim) -> None:
-    run = start_sim(small_fleet(step=0.6))
+    run = start_sim(small_fleet(step=1.0))
     client = run.client
     run.finish(client.upgrade_control_plane("cp", "c1", "1.29.4"))
     op = client.upgrade_node_pool("np", "c1", "p1", "1.29.4")
