@@ -19,14 +19,20 @@ __all__ = [
     "PLURAL",
     "VERSION",
     "Approval",
+    "CheckResult",
     "ClusterPhase",
     "ClusterSpec",
     "ClusterStatusEntry",
     "ClusterVersionSpec",
     "ClusterVersionStatus",
     "Condition",
+    "HealthCheck",
+    "HealthChecks",
+    "HealthState",
     "LabelSelector",
     "LabelSelectorRequirement",
+    "MetricCheck",
+    "MetricProvider",
     "NodePoolTarget",
     "OnFailure",
     "OpsEndpoint",
@@ -38,6 +44,9 @@ __all__ = [
     "Strategy",
     "Summary",
     "TLSConfig",
+    "ThresholdRange",
+    "WorkloadRef",
+    "WorkloadsCheck",
     "parse_duration",
     "parse_max_concurrency",
 ]
@@ -198,6 +207,94 @@ class OnFailure(StrEnum):
     CONTINUE = "Continue"
 
 
+class ThresholdRange(_Model):
+    """Bounds a metric value must stay within (inclusive); at least one is required."""
+
+    min: float | None = None
+    max: float | None = None
+
+
+class MetricProvider(_Model):
+    """Where a metric query runs."""
+
+    type: str = Field(
+        description="prometheus (HTTP query API) or plugin (HealthService.QueryMetric)."
+    )
+    address: str | None = Field(
+        default=None, description="prometheus: base URL, e.g. http://prometheus.monitoring:9090."
+    )
+    bearer_token_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="prometheus: a Secret key holding a bearer token."
+    )
+    ca_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="prometheus: CA bundle for an https address."
+    )
+    insecure_skip_verify: bool = Field(default=False, description="prometheus: skip TLS checks.")
+    endpoint: str | None = Field(
+        default=None, description="plugin: host:port (defaults to spec.opsEndpoint.endpoint)."
+    )
+    insecure: bool | None = Field(default=None, description="plugin: plaintext gRPC.")
+    tls: TLSConfig | None = Field(default=None, description="plugin: TLS as in opsEndpoint.")
+
+
+class MetricCheck(_Model):
+    """A query whose single value must fall within thresholdRange."""
+
+    provider: MetricProvider
+    query: str = Field(
+        min_length=1,
+        description="Query text; {{ cluster }}, {{ stage }} and {{ labels.KEY }} are replaced.",
+    )
+    threshold_range: ThresholdRange
+    no_data_policy: Literal["Fail", "Pass"] = Field(
+        default="Fail", description="What a query with no data counts as."
+    )
+
+
+class WorkloadRef(_Model):
+    """A workload on each member cluster."""
+
+    namespace: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    kind: str | None = None
+    min_healthy_replicas: int | None = Field(default=None, ge=1)
+
+
+class WorkloadsCheck(_Model):
+    """Workloads that must be healthy, as a plugin's CheckWorkloads sees them."""
+
+    endpoint: str | None = Field(
+        default=None, description="Plugin host:port (defaults to spec.opsEndpoint.endpoint)."
+    )
+    insecure: bool | None = None
+    tls: TLSConfig | None = None
+    items: list[WorkloadRef] = Field(min_length=1)
+
+
+class HealthCheck(_Model):
+    """One check: a metric or a set of workloads."""
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=63)
+    metric: MetricCheck | None = None
+    workloads: WorkloadsCheck | None = None
+
+
+class HealthChecks(_Model):
+    """Analysis run before each service-in and at each stage boundary; every check must pass."""
+
+    interval: Duration = Field(default="30s", description="Time between evaluations.")
+    success_threshold: int = Field(
+        default=3, ge=1, description="Consecutive passing evaluations needed (the soak)."
+    )
+    failure_threshold: int = Field(
+        default=3, ge=1, description="Failed evaluations after which the rollout halts."
+    )
+    timeout: Duration = Field(
+        default="15m", description="Longest time to wait for successThreshold passes."
+    )
+    checks: list[HealthCheck] = Field(min_length=1)
+
+
 class Stage(_Model):
     """A group of clusters upgraded together; stages run in order."""
 
@@ -211,6 +308,9 @@ class Stage(_Model):
         default=None, description="Wait after the stage completes before the next starts."
     )
     approval: Approval = Approval.AUTOMATIC
+    health_checks: HealthChecks | None = Field(
+        default=None, description="Overrides spec.healthChecks for this stage."
+    )
 
 
 class Strategy(_Model):
@@ -236,6 +336,7 @@ class ClusterVersionSpec(_Model):
     )
     clusters: list[ClusterSpec] | None = None
     strategy: Strategy | None = None
+    health_checks: HealthChecks | None = None
 
     @field_validator("clusters")
     @classmethod
@@ -269,6 +370,7 @@ class StagePhase(StrEnum):
     PENDING = "Pending"
     AWAITING_APPROVAL = "AwaitingApproval"
     PROGRESSING = "Progressing"
+    VERIFYING = "Verifying"
     SOAKING = "Soaking"
     COMPLETED = "Completed"
     FAILED = "Failed"
@@ -298,6 +400,25 @@ class Condition(_Model):
     last_transition_time: str
 
 
+class CheckResult(_Model):
+    """The last evaluation of one check."""
+
+    name: str
+    passed: bool
+    value: float | None = None
+    message: str | None = None
+
+
+class HealthState(_Model):
+    """Progress of the health analysis of a cluster (before service-in) or a stage."""
+
+    passes: int = 0
+    failures: int = 0
+    since: str
+    last_check_time: str | None = None
+    results: list[CheckResult] | None = None
+
+
 class ClusterStatusEntry(_Model):
     """Progress of one cluster that is not at rest (in flight, failed or waiting)."""
 
@@ -310,6 +431,7 @@ class ClusterStatusEntry(_Model):
     attempt: int = 0
     message: str | None = None
     last_transition_time: str | None = None
+    health: HealthState | None = None
 
 
 class StageStatus(_Model):
@@ -322,6 +444,7 @@ class StageStatus(_Model):
     failed: int = 0
     start_time: str | None = None
     completion_time: str | None = None
+    health: HealthState | None = None
 
 
 class Summary(_Model):

@@ -63,6 +63,19 @@ class Metrics:
             registry=r,
         )
 
+        self.health_checks = Counter(
+            "multicluster_controller_health_check",
+            "Health check evaluations by check and result.",
+            ["namespace", "name", "check", "result"],
+            registry=r,
+        )
+        self.health_value = Gauge(
+            "multicluster_controller_health_check_value",
+            "The last value a metric health check saw.",
+            ["namespace", "name", "check"],
+            registry=r,
+        )
+
     def on_plugin_call(self, plugin: str, rpc: str, code_name: str, seconds: float) -> None:
         """Count one plugin RPC."""
         self.plugin_call_seconds.labels(rpc, plugin).observe(seconds)

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from orchestrator import api
 from orchestrator.conditions import format_time, parse_time, set_condition
 from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, Snapshot, apply_succeeded
+from orchestrator.health import judge
 from orchestrator.validate import Problem, Target, Targets, resolve_targets, validate_spec
 from plugins.sdk import versions
 
@@ -19,7 +20,6 @@ __all__ = [
     "Event",
     "Plan",
     "PlanInput",
-    "Verdict",
     "invalid",
     "plan",
     "request_id",
@@ -73,15 +73,6 @@ class Event:
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """The health gate's word on one cluster in Verifying."""
-
-    passed: bool
-    failed: bool = False
-    message: str = ""
-
-
-@dataclass(frozen=True)
 class PlanInput:
     """Everything the planner reads."""
 
@@ -93,8 +84,6 @@ class PlanInput:
     status: api.ClusterVersionStatus | None = None
     approved_stages: frozenset[str] = frozenset()
     retry_clusters: frozenset[str] = frozenset()
-    #: When set, Verifying waits for a passing verdict per cluster (health gating).
-    verdicts: Mapping[str, Verdict] | None = None
 
 
 @dataclass
@@ -182,6 +171,7 @@ class _Planner:
             request_id=action.request_id,
             operation_id=None,
             message=None,
+            health=None,
         )
 
     def _action(self, kind: OpKind, cid: str, attempt: int, pool: str = "") -> Action:
@@ -223,17 +213,31 @@ class _Planner:
     def verify(self, entry: api.ClusterStatusEntry, obs: ClusterObs) -> None:
         """Service the cluster in once it is available and its health gate passes."""
         waiting = None
+        checks = self.health_checks(entry.stage)
+        health = entry.health
         if not obs.available:
             waiting = f"waiting for the cluster to become available: {obs.unavailable_reason}"
         elif not all(p.ready for p in obs.node_pools):
             waiting = "waiting for node pools to become ready"
-        elif self.inp.verdicts is not None:
-            verdict = self.inp.verdicts.get(entry.id)
-            if verdict is not None and verdict.failed:
+        elif checks is not None:
+            verdict = judge(health, checks, self.inp.now)
+            if verdict.failed:
                 self._set(entry, phase=P.FAILED, step="verify", message=verdict.message)
                 return
-            if verdict is None or not verdict.passed:
-                waiting = verdict.message if verdict else "waiting for health checks"
+            if health is None:
+                health = api.HealthState(since=self.now)
+            if not verdict.passed:
+                self._set(
+                    entry,
+                    phase=P.VERIFYING,
+                    step="verify",
+                    operation_id=None,
+                    request_id=None,
+                    message=verdict.message,
+                    health=health,
+                )
+                self._wake(verdict.wait_seconds)
+                return
         if waiting is not None:
             self._set(
                 entry,
@@ -246,6 +250,13 @@ class _Planner:
             self._wake(VERIFY_POLL_SECONDS)
             return
         self._issue(entry, self._action(OpKind.SERVICE_IN, entry.id, entry.attempt))
+
+    def health_checks(self, stage: str | None) -> api.HealthChecks | None:
+        """The health checks that apply to a stage (its own, else the spec's)."""
+        for spec_stage in self.strategy.stages or []:
+            if spec_stage.name == stage and spec_stage.health_checks is not None:
+                return spec_stage.health_checks
+        return self.inp.spec.health_checks
 
     def follow(self, entry: api.ClusterStatusEntry) -> None:
         """Carry one status entry forward from what its operation did."""
@@ -341,6 +352,7 @@ def _start_and_summarise(pl: _Planner, previous: api.ClusterVersionStatus) -> Pl
     stage_status: list[api.StageStatus] = []
     active: int | None = None
     blocked_reason = ""
+    stage_failure = ""
     for s, members in enumerate(targets.stage_members):
         name = targets.stage_names[s]
         spec_stage = strategy.stages[s] if strategy.stages else None
@@ -355,7 +367,26 @@ def _start_and_summarise(pl: _Planner, previous: api.ClusterVersionStatus) -> Pl
         start = prev.start_time if prev and prev.start_time else None
         phase = api.StagePhase.PENDING
         completion = None
-        if complete and active is None:
+        health = None
+        checks = pl.health_checks(name)
+        if (
+            complete
+            and active is None
+            and checks is not None
+            and not (prev and prev.health and judge(prev.health, checks, inp.now).passed)
+        ):
+            health = prev.health if prev and prev.health else api.HealthState(since=pl.now)
+            verdict = judge(prev.health if prev else None, checks, inp.now)
+            active = -1  # later stages wait for this stage's analysis
+            if verdict.failed:
+                phase = api.StagePhase.FAILED
+                stage_failure = f"stage {name}: {verdict.message}"
+            else:
+                phase = api.StagePhase.VERIFYING
+                blocked_reason = f"stage {name}: {verdict.message}"
+                pl._wake(verdict.wait_seconds)
+        elif complete and active is None:
+            health = prev.health if prev else None
             phase = api.StagePhase.COMPLETED
             completion = prev.completion_time if prev and prev.completion_time else pl.now
             soak = (
@@ -398,6 +429,7 @@ def _start_and_summarise(pl: _Planner, previous: api.ClusterVersionStatus) -> Pl
                 failed=n_failed,
                 start_time=start,
                 completion_time=completion,
+                health=health,
             )
         )
 
@@ -467,6 +499,9 @@ def _start_and_summarise(pl: _Planner, previous: api.ClusterVersionStatus) -> Pl
         if started and not stage_status[active].start_time:
             stage_status[active] = stage_status[active].model_copy(update={"start_time": pl.now})
 
+    if stage_failure:
+        halted = True
+        blocked_reason = stage_failure
     return _summarise(pl, stage_status, current, halted, blocked_reason, previous)
 
 
@@ -483,7 +518,7 @@ def compact_entries(entries: Mapping[str, api.ClusterStatusEntry]) -> dict[str, 
     detailed: list[api.ClusterStatusEntry] = []
     plain: list[api.ClusterStatusEntry] = []
     for entry in entries.values():
-        if entry.phase in ACTIVE_PHASES and not entry.message and not entry.attempt:
+        if entry.phase in ACTIVE_PHASES and not (entry.message or entry.attempt or entry.health):
             plain.append(entry)
         else:
             detailed.append(entry)
@@ -553,6 +588,8 @@ def _summarise(
         phase, reason = api.RolloutPhase.FAILED, "ClusterFailed"
         message = f"finished with {failed} failed cluster(s); retry them with the "
         message += f"{api.ANNOTATION_RETRY_CLUSTERS} annotation"
+    elif halted and not failed:
+        phase, reason, message = api.RolloutPhase.HALTED, "StageFailed", f"halted: {blocked_reason}"
     elif halted:
         first = sorted(c for c, e in pl.entries.items() if e.phase == P.FAILED)[0]
         phase, reason = api.RolloutPhase.HALTED, "ClusterFailed"

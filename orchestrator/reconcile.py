@@ -16,12 +16,14 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 
 from fleetupgrade.plugin.v1 import cluster_pb2
 from orchestrator import api
+from orchestrator.analysis import Analyzer
 from orchestrator.conditions import set_condition
 from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, PoolObs, Snapshot
+from orchestrator.health import due_in, record
 from orchestrator.kube import KubeClient, NotFound
 from orchestrator.metrics import Metrics
 from orchestrator.plan import Action, Event, Plan, PlanInput, compact_entries, invalid, plan
-from orchestrator.validate import Problem, parse_spec, validate_spec
+from orchestrator.validate import Problem, parse_spec, resolve_targets, validate_spec
 from plugins.sdk.client import ClientTLS, PluginCallError, PluginClient
 
 __all__ = [
@@ -274,7 +276,8 @@ class Reconciler:
         self.endpoints[(ns, name)] = spec.ops_endpoint.endpoint
         self.uids.add(meta["uid"])
         try:
-            client = self.pool.get(spec.ops_endpoint.endpoint, self._tls(ns, spec.ops_endpoint))
+            ep = spec.ops_endpoint
+            client = self.pool.get(ep.endpoint, self._tls(ns, ep.insecure, ep.tls))
         except _TLSError as err:
             return self._degraded(obj, previous, "TLSConfigError", str(err), gen, now, 30.0)
         self.tracker.follow(client)
@@ -295,6 +298,10 @@ class Reconciler:
                 if self.tracker.put(op):
                     self.count_operation(spec.ops_endpoint.endpoint, op)
         ops = self.tracker.by_request()
+        try:
+            previous = self._analyse(obj, spec, previous, clusters, now)
+        except _TLSError as err:
+            return self._degraded(obj, previous, "TLSConfigError", str(err), gen, now, 30.0)
         annotations = meta.get("annotations") or {}
         result = plan(
             PlanInput(
@@ -322,6 +329,94 @@ class Reconciler:
         ):
             self.kube.remove_annotation(ns, name, api.ANNOTATION_RETRY_CLUSTERS)
         return requeue
+
+    def _analyse(
+        self,
+        obj: dict[str, Any],
+        spec: api.ClusterVersionSpec,
+        status: api.ClusterVersionStatus,
+        clusters: dict[str, ClusterObs],
+        now: datetime,
+    ) -> api.ClusterVersionStatus:
+        """Run the health checks that are due (clusters and stages in Verifying)."""
+        if spec.health_checks is None and not any(
+            st.health_checks for st in (spec.strategy.stages if spec.strategy else None) or []
+        ):
+            return status
+        ns = obj["metadata"]["namespace"]
+
+        def client_for(
+            endpoint: str | None, insecure: bool | None, tls: api.TLSConfig | None
+        ) -> PluginClient:
+            ops = spec.ops_endpoint
+            plaintext = ops.insecure if insecure is None else insecure
+            return self.pool.get(
+                endpoint or ops.endpoint,
+                self._tls(
+                    ns, plaintext, tls if endpoint else (tls or ops.tls), "spec.healthChecks"
+                ),
+            )
+
+        def read(ref: api.SecretKeyRef) -> bytes:
+            return self._secret_key(ns, ref, "spec.healthChecks")
+
+        analyzer = Analyzer(client_for, read)
+        stage_checks = {
+            st.name: st.health_checks
+            for st in (spec.strategy.stages if spec.strategy else None) or []
+        }
+
+        def checks_of(stage: str | None) -> api.HealthChecks | None:
+            own = stage_checks.get(stage or "")
+            return own if own is not None else spec.health_checks
+
+        entries = status.entries()
+        for cid, entry in entries.items():
+            checks = checks_of(entry.stage)
+            if (
+                entry.phase != api.ClusterPhase.VERIFYING
+                or entry.health is None
+                or checks is None
+                or cid not in clusters
+                or due_in(entry.health, checks, now)
+            ):
+                continue
+            results = analyzer.evaluate(checks, [clusters[cid]], entry.stage or "")
+            entries[cid] = entry.model_copy(update={"health": record(entry.health, results, now)})
+            self._report(obj, cid, results)
+        stages = list(status.stages or [])
+        targets = resolve_targets(spec, clusters)
+        for i, st in enumerate(stages):
+            checks = checks_of(st.name)
+            if (
+                st.phase != api.StagePhase.VERIFYING
+                or st.health is None
+                or checks is None
+                or isinstance(targets, list)
+                or due_in(st.health, checks, now)
+            ):
+                continue
+            index = list(targets.stage_names).index(st.name)
+            members = [clusters[c] for c in targets.stage_members[index] if c in clusters]
+            results = analyzer.evaluate(checks, members, st.name)
+            stages[i] = st.model_copy(update={"health": record(st.health, results, now)})
+            self._report(obj, f"stage {st.name}", results)
+        return status.model_copy(update={**compact_entries(entries), "stages": stages or None})
+
+    def _report(self, obj: dict[str, Any], subject: str, results: list[api.CheckResult]) -> None:
+        meta = obj["metadata"]
+        for r in results:
+            verdict = "passed" if r.passed else "failed"
+            self.metrics.health_checks.labels(
+                meta["namespace"], meta["name"], r.name, verdict
+            ).inc()
+            if r.value is not None:
+                self.metrics.health_value.labels(meta["namespace"], meta["name"], r.name).set(
+                    r.value
+                )
+            if self.emit_event is not None:
+                reason = "HealthCheckPassed" if r.passed else "HealthCheckFailed"
+                self.emit_event(obj, Event(subject, reason, f"{r.name}: {r.message}", not r.passed))
 
     def _execute(self, client: PluginClient, result: Plan) -> float | None:
         """Make the plan's calls; record operation ids (or why not) in the plan's status."""
@@ -369,33 +464,38 @@ class Reconciler:
         )
         counter.labels(op.kind.value, plugin).inc()
 
-    def _tls(self, namespace: str, endpoint: api.OpsEndpoint) -> ClientTLS | None:
-        if endpoint.insecure:
+    def _tls(
+        self,
+        namespace: str,
+        insecure: bool,
+        tls: api.TLSConfig | None,
+        field: str = "spec.opsEndpoint",
+    ) -> ClientTLS | None:
+        """TLS material for a plugin endpoint, read from the referenced Secrets."""
+        if insecure:
             return None
-        tls = endpoint.tls or api.TLSConfig()
+        tls = tls or api.TLSConfig()
         ca = cert = key = None
         try:
             if tls.ca_secret_ref is not None:
-                data = self.kube.read_secret(namespace, tls.ca_secret_ref.name)
-                if tls.ca_secret_ref.key not in data:
-                    raise _TLSError(
-                        f"spec.opsEndpoint.tls.caSecretRef: Secret "
-                        f"{tls.ca_secret_ref.name} has no key {tls.ca_secret_ref.key}"
-                    )
-                ca = data[tls.ca_secret_ref.key]
+                ca = self._secret_key(namespace, tls.ca_secret_ref, f"{field}.tls.caSecretRef")
             if tls.client_secret_name:
                 data = self.kube.read_secret(namespace, tls.client_secret_name)
                 if "tls.crt" not in data or "tls.key" not in data:
                     raise _TLSError(
-                        f"spec.opsEndpoint.tls.clientSecretName: Secret "
-                        f"{tls.client_secret_name} needs keys tls.crt and tls.key"
+                        f"{field}.tls.clientSecretName: Secret {tls.client_secret_name} "
+                        "needs keys tls.crt and tls.key"
                     )
                 cert, key = data["tls.crt"], data["tls.key"]
         except NotFound as err:
-            raise _TLSError(
-                f"spec.opsEndpoint.tls: a referenced Secret is missing ({err})"
-            ) from err
+            raise _TLSError(f"{field}.tls: a referenced Secret is missing ({err})") from err
         return ClientTLS.from_pem(ca, cert, key, server_name=tls.server_name)
+
+    def _secret_key(self, namespace: str, ref: api.SecretKeyRef, field: str) -> bytes:
+        data = self.kube.read_secret(namespace, ref.name)
+        if ref.key not in data:
+            raise _TLSError(f"{field}: Secret {ref.name} has no key {ref.key}")
+        return data[ref.key]
 
     def _degraded(
         self,

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from orchestrator import api
 from orchestrator.fleet import ClusterObs
+from orchestrator.health import check_problems
 from plugins.sdk import versions
 
 __all__ = ["Problem", "Targets", "parse_spec", "resolve_targets", "validate_spec"]
@@ -102,6 +103,12 @@ def validate_spec(spec: api.ClusterVersionSpec) -> list[Problem]:
             except ValueError as err:
                 problems.append(Problem(f"{where}.soakTime", str(err)))
     problems += _concurrency_problems("spec.strategy.maxConcurrency", strategy.max_concurrency)
+    blocks = [("spec.healthChecks", spec.health_checks)] + [
+        (f"spec.strategy.stages[{i}].healthChecks", st.health_checks) for i, st in enumerate(stages)
+    ]
+    for where, checks in blocks:
+        if checks is not None:
+            problems += [Problem(f, m) for f, m in check_problems(where, checks)]
     listed = len(spec.clusters or [])
     if listed and not stages and spec.required_available_count >= listed:
         problems.append(_floor_problem(spec.required_available_count, listed))

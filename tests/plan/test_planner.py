@@ -157,3 +157,133 @@ def test_invalid_spec_issues_nothing() -> None:
     }
     ready = next(c for c in invalid.status.conditions or [] if c.type == "Ready")
     assert ready.reason == "InvalidSpec" and "spec.clusters[1].id" in ready.message
+
+
+def _verifying_plan(health: api.HealthState | None, now_offset: int = 0) -> tuple[object, object]:
+    from datetime import timedelta
+
+    from orchestrator.fleet import ClusterObs
+
+    fleet = make_fleet(3, version="1.29.1")
+    cid = "c00000"
+    fleet.clusters[cid] = ClusterObs(
+        id=cid,
+        control_plane_version="1.29.1",
+        in_service=False,
+        node_pools=fleet.clusters[cid].node_pools,
+    )
+    spec = spec_for(fleet, "1.29.1", required=1).model_copy(
+        update={
+            "health_checks": api.HealthChecks.model_validate(
+                {
+                    "interval": "10s",
+                    "successThreshold": 2,
+                    "failureThreshold": 2,
+                    "timeout": "5m",
+                    "checks": [
+                        {
+                            "name": "ok",
+                            "metric": {
+                                "provider": {"type": "prometheus", "address": "http://p:9090"},
+                                "query": "up",
+                                "thresholdRange": {"min": 1},
+                            },
+                        }
+                    ],
+                }
+            )
+        }
+    )
+    entry = api.ClusterStatusEntry(
+        id=cid, phase=api.ClusterPhase.VERIFYING, stage="default", health=health
+    )
+    status = api.ClusterVersionStatus(clusters=[entry])
+    result = plan(
+        PlanInput(
+            spec=spec,
+            snapshot=fleet.snapshot(),
+            status=status,
+            now=T0 + timedelta(seconds=now_offset),
+        )
+    )
+    return result, next(iter(result.status.entries().values()), None)
+
+
+def test_health_gate_waits_for_success_threshold() -> None:
+    started = api.HealthState(
+        since="2026-01-01T00:00:00Z", passes=1, last_check_time="2026-01-01T00:00:00Z"
+    )
+    result, entry = _verifying_plan(started, now_offset=3)
+    assert result.actions == []  # type: ignore[attr-defined]
+    assert entry.phase == api.ClusterPhase.VERIFYING  # type: ignore[attr-defined]
+    assert "1/2 passes" in entry.message  # type: ignore[attr-defined]
+    assert result.requeue_after == 7  # type: ignore[attr-defined]
+    passed = started.model_copy(update={"passes": 2})
+    result, _ = _verifying_plan(passed, now_offset=10)
+    assert [a.kind for a in result.actions] == [OpKind.SERVICE_IN]  # type: ignore[attr-defined]
+
+
+def test_health_gate_fails_at_failure_threshold_and_on_timeout() -> None:
+    bad = api.HealthState(
+        since="2026-01-01T00:00:00Z",
+        failures=2,
+        last_check_time="2026-01-01T00:00:00Z",
+        results=[
+            api.CheckResult(name="ok", passed=False, value=0.0, message="value 0 outside [1, ∞]")
+        ],
+    )
+    result, entry = _verifying_plan(bad, now_offset=1)
+    assert result.actions == []  # type: ignore[attr-defined]
+    assert entry.phase == api.ClusterPhase.FAILED  # type: ignore[attr-defined]
+    assert "value 0 outside [1, ∞]" in entry.message  # type: ignore[attr-defined]
+    assert result.status.phase == api.RolloutPhase.HALTED  # type: ignore[attr-defined]
+    slow = api.HealthState(
+        since="2026-01-01T00:00:00Z", passes=1, last_check_time="2026-01-01T00:04:59Z"
+    )
+    _, entry = _verifying_plan(slow, now_offset=301)
+    assert entry.phase == api.ClusterPhase.FAILED  # type: ignore[attr-defined]
+    assert "within 5m" in entry.message  # type: ignore[attr-defined]
+
+
+def test_bad_health_checks_are_invalid_spec() -> None:
+    from orchestrator.validate import validate_spec
+
+    fleet = make_fleet(3)
+    base = spec_for(fleet, "1.29.1", required=1)
+    raw = base.dump()
+    raw["healthChecks"] = {
+        "checks": [
+            {
+                "name": "a",
+                "metric": {
+                    "provider": {"type": "prometheus", "address": "http://p:9090"},
+                    "query": 'sum(rate(x{cluster="{{ cluster }}"[5m]))',
+                    "thresholdRange": {"min": 1},
+                },
+            },
+            {
+                "name": "b",
+                "metric": {
+                    "provider": {"type": "prometheus", "address": "http://p:9090"},
+                    "query": "up",
+                    "thresholdRange": {},
+                },
+            },
+            {
+                "name": "c",
+                "metric": {
+                    "provider": {"type": "datadog"},
+                    "query": "up",
+                    "thresholdRange": {"max": 1},
+                },
+            },
+        ]
+    }
+    problems = validate_spec(api.ClusterVersionSpec.model_validate(raw))
+    fields = {p.field for p in problems}
+    assert fields == {
+        "spec.healthChecks.checks[0].metric.query",
+        "spec.healthChecks.checks[1].metric.thresholdRange",
+        "spec.healthChecks.checks[2].metric.provider.type",
+    }
+    assert any("not valid PromQL" in p.message for p in problems)

@@ -1,0 +1,222 @@
+"""Health checks evaluated for real: Prometheus queries, plugin QueryMetric and CheckWorkloads."""
+
+from __future__ import annotations
+
+import json
+import math
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from fleetupgrade.plugin.v1 import health_pb2
+from orchestrator import api
+from orchestrator.fleet import ClusterObs
+from orchestrator.health import args as template_args
+from orchestrator.health import render
+from plugins.sdk.client import PluginCallError, PluginClient
+
+__all__ = ["Analyzer", "MetricValue", "PrometheusError"]
+
+#: Resolves a plugin client: (endpoint or None for opsEndpoint, insecure, tls) → client.
+ClientFor = Callable[[str | None, bool | None, api.TLSConfig | None], PluginClient]
+#: Reads a Secret key of the ClusterVersion's namespace.
+SecretReader = Callable[[api.SecretKeyRef], bytes]
+_HEALTH = {
+    health_pb2.WORKLOAD_HEALTH_HEALTHY: "HEALTHY",
+    health_pb2.WORKLOAD_HEALTH_UNHEALTHY: "UNHEALTHY",
+    health_pb2.WORKLOAD_HEALTH_MISSING: "MISSING",
+    health_pb2.WORKLOAD_HEALTH_UNKNOWN: "UNKNOWN",
+}
+
+
+class PrometheusError(Exception):
+    """The query could not be answered (unreachable, bad response, several series)."""
+
+
+@dataclass(frozen=True)
+class MetricValue:
+    """One number, or no data."""
+
+    value: float | None
+    message: str = ""
+
+
+def query_prometheus(
+    address: str,
+    query: str,
+    token: bytes | None = None,
+    ca: bytes | None = None,
+    insecure_skip_verify: bool = False,
+    timeout: float = 10.0,
+) -> MetricValue:
+    """Run an instant query; exactly one series (or a scalar) is one value, none is no data."""
+    url = address.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    if token:
+        request.add_header("Authorization", "Bearer " + token.decode().strip())
+    context = None
+    if url.startswith("https://"):
+        context = ssl.create_default_context(cadata=ca.decode() if ca else None)
+        if insecure_skip_verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+            body = json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        try:
+            detail = json.loads(err.read()).get("error", err.reason)
+        except ValueError:
+            detail = err.reason
+        raise PrometheusError(f"prometheus answered {err.code}: {detail}") from err
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        raise PrometheusError(f"prometheus unreachable at {address}: {reason}") from err
+    data = body.get("data") or {}
+    kind, result = data.get("resultType"), data.get("result") or []
+    if kind == "scalar":
+        number = float(result[1])
+    elif kind == "vector":
+        if not result:
+            return MetricValue(None, "query returned no data")
+        if len(result) > 1:
+            raise PrometheusError(f"query returned {len(result)} series; aggregate it to one")
+        number = float(result[0]["value"][1])
+    else:
+        raise PrometheusError(f"query returned a {kind}; write an instant query with one value")
+    if math.isnan(number):
+        return MetricValue(None, "query returned NaN")
+    return MetricValue(number)
+
+
+class Analyzer:
+    """Evaluates a healthChecks block on one cluster or on every cluster of a stage."""
+
+    def __init__(self, client_for: ClientFor, read_secret: SecretReader) -> None:
+        self.client_for = client_for
+        self.read_secret = read_secret
+
+    def evaluate(
+        self, checks: api.HealthChecks, clusters: Sequence[ClusterObs], stage: str
+    ) -> list[api.CheckResult]:
+        """One result per check; a check passes only where it passes on every cluster."""
+        results = []
+        for check in checks.checks:
+            if check.metric is not None:
+                results.append(self._metric(check.name, check.metric, clusters, stage))
+            elif check.workloads is not None:
+                results.append(self._workloads(check.name, check.workloads, clusters))
+        return results
+
+    def _metric(
+        self, name: str, metric: api.MetricCheck, clusters: Sequence[ClusterObs], stage: str
+    ) -> api.CheckResult:
+        per_cluster = "cluster" in metric.query or "labels." in metric.query
+        targets = clusters if per_cluster else clusters[:1]
+        worst: api.CheckResult | None = None
+        for cluster in targets:
+            try:
+                value = self._query(metric, cluster, stage)
+            except (PrometheusError, PluginCallError) as err:
+                return api.CheckResult(
+                    name=name, passed=False, message=_where(cluster, per_cluster, str(err))
+                )
+            result = _verdict(name, metric, value)
+            if not result.passed:
+                return result.model_copy(
+                    update={"message": _where(cluster, per_cluster, result.message or "")}
+                )
+            worst = worst or result
+        return worst or api.CheckResult(name=name, passed=False, message="no cluster to query")
+
+    def _query(self, metric: api.MetricCheck, cluster: ClusterObs, stage: str) -> MetricValue:
+        provider = metric.provider
+        labels = dict(cluster.labels)
+        if provider.type == "prometheus":
+            assert provider.address is not None  # validated
+            token = (
+                self.read_secret(provider.bearer_token_secret_ref)
+                if (provider.bearer_token_secret_ref)
+                else None
+            )
+            ca = self.read_secret(provider.ca_secret_ref) if provider.ca_secret_ref else None
+            return query_prometheus(
+                provider.address,
+                render(metric.query, cluster.id, stage, labels),
+                token,
+                ca,
+                provider.insecure_skip_verify,
+            )
+        client = self.client_for(provider.endpoint, provider.insecure, provider.tls)
+        answer = client.query_metric(
+            metric.query, template_args(cluster.id, stage, labels), cluster.id
+        )
+        if not answer.has_data:
+            return MetricValue(None, answer.message or "query returned no data")
+        return MetricValue(answer.value)
+
+    def _workloads(
+        self, name: str, check: api.WorkloadsCheck, clusters: Sequence[ClusterObs]
+    ) -> api.CheckResult:
+        workloads = [
+            health_pb2.Workload(
+                namespace=w.namespace,
+                name=w.name,
+                kind=w.kind or "",
+                min_healthy_replicas=w.min_healthy_replicas or 0,
+            )
+            for w in check.items
+        ]
+        try:
+            client = self.client_for(check.endpoint, check.insecure, check.tls)
+            answers = client.check_workloads([c.id for c in clusters], workloads)
+        except PluginCallError as err:
+            return api.CheckResult(name=name, passed=False, message=str(err))
+        bad = [a for a in answers if a.health != health_pb2.WORKLOAD_HEALTH_HEALTHY]
+        if bad or not answers:
+            shown = (
+                ", ".join(
+                    f"{a.cluster_id} {a.workload.namespace}/{a.workload.name}: "
+                    f"{_HEALTH.get(a.health, 'UNKNOWN')}" + (f" ({a.message})" if a.message else "")
+                    for a in bad[:5]
+                )
+                or "no result"
+            )
+            more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+            return api.CheckResult(
+                name=name, passed=False, value=float(len(answers) - len(bad)), message=shown + more
+            )
+        return api.CheckResult(
+            name=name,
+            passed=True,
+            value=float(len(answers)),
+            message=f"{len(answers)} workload(s) healthy",
+        )
+
+
+def _verdict(name: str, metric: api.MetricCheck, value: MetricValue) -> api.CheckResult:
+    if value.value is None:
+        passed = metric.no_data_policy == "Pass"
+        return api.CheckResult(
+            name=name,
+            passed=passed,
+            message=value.message
+            + (" (noDataPolicy: Pass)" if passed else " (noDataPolicy: Fail)"),
+        )
+    low, high = metric.threshold_range.min, metric.threshold_range.max
+    inside = (low is None or value.value >= low) and (high is None or value.value <= high)
+    bounds = f"[{'-∞' if low is None else f'{low:g}'}, {'∞' if high is None else f'{high:g}'}]"
+    verb = "within" if inside else "outside"
+    return api.CheckResult(
+        name=name,
+        passed=inside,
+        value=value.value,
+        message=f"value {value.value:g} {verb} {bounds}",
+    )
+
+
+def _where(cluster: ClusterObs, per_cluster: bool, message: str) -> str:
+    return f"{cluster.id}: {message}" if per_cluster else message
