@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from orchestrator import api
 
-__all__ = ["format_time", "get_condition", "parse_time", "set_condition"]
+__all__ = ["format_micro_time", "format_time", "get_condition", "parse_time", "set_condition"]
 
 
 def format_time(moment: datetime) -> str:
@@ -14,9 +14,15 @@ def format_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def format_micro_time(moment: datetime) -> str:
+    """RFC 3339 in UTC with microseconds, as metav1.MicroTime serialises."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def parse_time(text: str) -> datetime:
-    """Parse a metav1.Time string."""
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    """Parse a metav1.Time or metav1.MicroTime string."""
+    layout = "%Y-%m-%dT%H:%M:%S.%fZ" if "." in text else "%Y-%m-%dT%H:%M:%SZ"
+    return datetime.strptime(text, layout).replace(tzinfo=UTC)
 
 
 def get_condition(conditions: list[api.Condition] | None, ctype: str) -> api.Condition | None:

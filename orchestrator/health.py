@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from orchestrator import api
-from orchestrator.conditions import format_time, parse_time
+from orchestrator.conditions import format_micro_time, parse_time
 
 __all__ = [
     "PROVIDERS",
@@ -178,7 +178,7 @@ def record(
     state: api.HealthState | None, results: Sequence[api.CheckResult], now: datetime
 ) -> api.HealthState:
     """The state after one evaluation: all passed → passes + 1, else passes reset, failures + 1."""
-    stamp = format_time(now)
+    stamp = format_micro_time(now)  # sub-second, so short intervals are kept exactly
     base = state or api.HealthState(since=stamp)
     ok = all(r.passed for r in results)
     return base.model_copy(

@@ -368,7 +368,8 @@ def _start_and_summarise(pl: _Planner, previous: api.ClusterVersionStatus) -> Pl
         phase = api.StagePhase.PENDING
         completion = None
         health = None
-        checks = pl.health_checks(name)
+        last_stage = s + 1 == len(targets.stage_members)
+        checks = None if last_stage else pl.health_checks(name)  # gates the next stage
         if (
             complete
             and active is None

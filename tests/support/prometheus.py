@@ -1,0 +1,104 @@
+"""A real Prometheus (Debian's package) scraping a real sample app, both on loopback, for tests."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from tests.support.kube import wait_for
+from tests.support.orchestrator import free_port
+
+
+class SampleApp:
+    """Exposes workload_health and request_success_ratio per cluster; tests set the values."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.health = Gauge(
+            "workload_health",
+            "1 when the workload is healthy",
+            ["cluster", "app", "namespace", "pod", "workload_kind"],
+            registry=self.registry,
+        )
+        self.success = Gauge(
+            "request_success_ratio",
+            "share of requests that succeed",
+            ["cluster"],
+            registry=self.registry,
+        )
+        self.port = free_port()
+        self._server: Any = None
+
+    def set(self, cluster: str, success: float, health: float = 1.0) -> None:
+        self.success.labels(cluster).set(success)
+        self.health.labels(cluster, "web", "default", f"web-{cluster}", "Deployment").set(health)
+
+    def start(self) -> None:
+        self._server, _ = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def prometheus_binary() -> str | None:
+    return shutil.which("prometheus")
+
+
+@contextmanager
+def running_prometheus(tmp: Path, targets: list[str], interval: str = "1s") -> Iterator[str]:
+    """Start Prometheus scraping targets; yield its base URL once it answers queries."""
+    binary = prometheus_binary()
+    assert binary, "prometheus is not installed (apt-get install prometheus)"
+    port = free_port()
+    config = tmp / "prometheus.yml"
+    config.write_text(
+        f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
+        "scrape_configs:\n  - job_name: sample\n    static_configs:\n"
+        f"      - targets: {json.dumps(targets)}\n"
+    )
+    log = (tmp / "prometheus.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(
+            "prometheus scrapes the sample app", lambda: _has_data(url), timeout=60, interval=0.25
+        )
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _has_data(url: str) -> bool:
+    query = urllib.parse.urlencode({"query": "up == 1"})
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=2) as r:
+            return bool(json.loads(r.read())["data"]["result"])
+    except OSError:
+        return False
