@@ -1,0 +1,19 @@
+"""Open Cluster Management plugin: ManagedCluster inventory, taint service-out, curated upgrades."""
+
+from plugins.ocm.config import ConfigError, OcmConfig, load_config, parse_config
+from plugins.ocm.fleet import OcmFleet
+from plugins.ocm.server import OcmOptions, OcmPlugin, main
+from plugins.ocm.servicers import CAPABILITIES, PLUGIN_NAME
+
+__all__ = [
+    "CAPABILITIES",
+    "PLUGIN_NAME",
+    "ConfigError",
+    "OcmConfig",
+    "OcmFleet",
+    "OcmOptions",
+    "OcmPlugin",
+    "load_config",
+    "main",
+    "parse_config",
+]

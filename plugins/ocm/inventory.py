@@ -1,0 +1,137 @@
+"""ManagedCluster → contract Cluster, and the taint arithmetic of service-out (pure functions)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from fleetupgrade.plugin.v1 import cluster_pb2
+from plugins.ocm.config import OcmConfig, TaintConfig
+from plugins.ocm.objects import condition, format_time
+
+__all__ = [
+    "AVAILABLE",
+    "HUB_TAINTS",
+    "TAINT_UNAVAILABLE",
+    "TAINT_UNREACHABLE",
+    "availability",
+    "cluster_version",
+    "has_our_taint",
+    "is_our_taint",
+    "labels_of",
+    "to_cluster",
+    "with_our_taint",
+    "without_our_taint",
+]
+
+AVAILABLE = "ManagedClusterConditionAvailable"
+"""The ManagedCluster condition that says the cluster's agent and apiserver are healthy."""
+
+TAINT_UNAVAILABLE = "cluster.open-cluster-management.io/unavailable"
+"""Added by the hub when ManagedClusterConditionAvailable is False."""
+
+TAINT_UNREACHABLE = "cluster.open-cluster-management.io/unreachable"
+"""Added by the hub when ManagedClusterConditionAvailable is Unknown or missing."""
+
+HUB_TAINTS = (TAINT_UNAVAILABLE, TAINT_UNREACHABLE)
+
+
+def _taints(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    taints = (obj.get("spec") or {}).get("taints") or []
+    return [t for t in taints if isinstance(t, dict)]
+
+
+def is_our_taint(taint: Mapping[str, Any], cfg: TaintConfig) -> bool:
+    """True for the taint this plugin adds: our key with our value (the ownership mark)."""
+    return taint.get("key") == cfg.key and taint.get("value", "") == cfg.value
+
+
+def has_our_taint(obj: Mapping[str, Any], cfg: TaintConfig) -> bool:
+    """True when the ManagedCluster carries our service-out taint."""
+    return any(is_our_taint(t, cfg) for t in _taints(obj))
+
+
+def with_our_taint(
+    taints: list[dict[str, Any]], cfg: TaintConfig, now: datetime
+) -> list[dict[str, Any]] | None:
+    """The taint list with ours appended; None when ours is there already.
+
+    Every other taint is kept exactly as it is, in its place.
+    """
+    if any(is_our_taint(t, cfg) for t in taints):
+        return None
+    ours = {"key": cfg.key, "value": cfg.value, "effect": "NoSelect", "timeAdded": format_time(now)}
+    return [*taints, ours]
+
+
+def without_our_taint(
+    taints: list[dict[str, Any]], cfg: TaintConfig
+) -> list[dict[str, Any]] | None:
+    """The taint list without ours; None when ours is not there.
+
+    Taints with our key but another value were added by someone else: they stay.
+    """
+    kept = [t for t in taints if not is_our_taint(t, cfg)]
+    return None if len(kept) == len(taints) else kept
+
+
+def cluster_version(obj: Mapping[str, Any], source: str) -> str:
+    """The control plane version per the configured source, without a leading "v"."""
+    status = obj.get("status") or {}
+    kind, _, name = source.partition(":")
+    raw: Any = ""
+    if kind == "kubernetes":
+        raw = (status.get("version") or {}).get("kubernetes", "")
+    elif kind == "clusterClaim":
+        for claim in status.get("clusterClaims") or []:
+            if isinstance(claim, Mapping) and claim.get("name") == name:
+                raw = claim.get("value", "")
+                break
+    elif kind == "label":
+        raw = ((obj.get("metadata") or {}).get("labels") or {}).get(name, "")
+    text = str(raw or "").strip()
+    return text[1:] if text[:1] in ("v", "V") and text[1:2].isdigit() else text
+
+
+def availability(obj: Mapping[str, Any]) -> tuple[bool, str]:
+    """(available, why not): ManagedClusterConditionAvailable True and no hub taint set."""
+    cond = condition((obj.get("status") or {}).get("conditions"), AVAILABLE)
+    if cond is None:
+        return False, f"{AVAILABLE} not reported yet"
+    if cond.get("status") != "True":
+        reason = cond.get("reason") or "no reason"
+        message = cond.get("message") or ""
+        text = f"{AVAILABLE} is {cond.get('status')} ({reason})"
+        return False, f"{text}: {message}" if message else text
+    for taint in _taints(obj):
+        if taint.get("key") in HUB_TAINTS:
+            return False, f"the hub set taint {taint.get('key')}"
+    return True, ""
+
+
+def labels_of(obj: Mapping[str, Any], claim_prefix: str) -> dict[str, str]:
+    """The ManagedCluster's labels plus its ClusterClaims as labels named prefix + claim."""
+    labels = {str(k): str(v) for k, v in ((obj.get("metadata") or {}).get("labels") or {}).items()}
+    for claim in (obj.get("status") or {}).get("clusterClaims") or []:
+        if isinstance(claim, Mapping) and claim.get("name"):
+            labels[f"{claim_prefix}{claim['name']}"] = str(claim.get("value", ""))
+    return labels
+
+
+def to_cluster(
+    obj: Mapping[str, Any], cfg: OcmConfig, current: cluster_pb2.Operation | None
+) -> cluster_pb2.Cluster:
+    """The contract's view of one ManagedCluster (no node pools: OCM does not report them)."""
+    available, reason = availability(obj)
+    cluster = cluster_pb2.Cluster(
+        id=str((obj.get("metadata") or {}).get("name", "")),
+        labels=labels_of(obj, cfg.cluster_claim_label_prefix),
+        control_plane_version=cluster_version(obj, cfg.version_source),
+        available=available,
+        unavailable_reason=reason,
+        in_service=not has_our_taint(obj, cfg.taint),
+    )
+    if current is not None:
+        cluster.current_operation.CopyFrom(current)
+    return cluster

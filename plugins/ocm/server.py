@@ -1,0 +1,155 @@
+"""The fleet-plugin-ocm command: an Open Cluster Management hub served over the plugin contract."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from plugins.ocm.config import ConfigError, OcmConfig, load_config
+from plugins.ocm.fleet import OcmFleet
+from plugins.ocm.hub import Hub
+from plugins.ocm.servicers import OcmClusterServicer, OcmHealthServicer, OcmIdentityServicer
+from plugins.sdk.server import (
+    PluginServer,
+    PluginServicers,
+    ServerTLS,
+    add_server_args,
+    configure_logging,
+    run_until_signal,
+    serve,
+    server_tls_from_args,
+    start_metrics_server,
+)
+
+__all__ = ["OcmOptions", "OcmPlugin", "build_parser", "main"]
+
+_LOG = logging.getLogger("plugins.ocm.server")
+_DIST = "fleet-upgrade-orchestrator"
+_SHUTDOWN_GRACE = 2.0
+_SYNC_WAIT = 10.0  # seconds to wait for the first hub list before serving (Probe says why)
+
+
+def _version() -> str:
+    try:
+        return metadata.version(_DIST)
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+@dataclass
+class OcmOptions:
+    """What an OcmPlugin runs: the hub kubeconfig, the configuration and the server settings."""
+
+    config: OcmConfig
+    kubeconfig: str | None = None
+    listen: str = "127.0.0.1:0"
+    tls: ServerTLS | None = None
+    registry: CollectorRegistry | None = None
+    sync_wait: float = _SYNC_WAIT
+
+
+class OcmPlugin:
+    """A running plugin: the hub caches, the operation follower and the gRPC server."""
+
+    def __init__(self, options: OcmOptions) -> None:
+        self.options = options
+        hub = Hub(options.kubeconfig)
+        self.fleet = OcmFleet(options.config, hub)
+        self.fleet.start()
+        try:
+            if not self.fleet.wait_synced(options.sync_wait):
+                _, why = self.fleet.readiness()
+                _LOG.warning("serving before the hub is listed", extra={"fields": {"why": why}})
+            identity = OcmIdentityServicer(
+                self.fleet,
+                _version(),
+                {"hub": hub.server, "upgradeMethod": options.config.upgrade_method},
+            )
+            self.server: PluginServer = serve(
+                options.listen,
+                PluginServicers(
+                    identity=identity,
+                    cluster=OcmClusterServicer(self.fleet),
+                    health=OcmHealthServicer(self.fleet),
+                ),
+                tls=options.tls,
+                plugin_name="ocm",
+                registry=options.registry if options.registry is not None else REGISTRY,
+            )
+        except BaseException:
+            self.fleet.close()
+            raise
+        self.server.add_stop_callback(self.fleet.close_streams)
+
+    @property
+    def address(self) -> str:
+        """HOST:PORT the gRPC server listens on."""
+        return self.server.address
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Stops the server (in-flight RPCs get grace seconds), then the caches and threads."""
+        self.fleet.close_streams()
+        if not self.server.stopped:
+            self.server.stop(grace)
+        self.fleet.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of fleet-plugin-ocm."""
+    parser = argparse.ArgumentParser(
+        prog="fleet-plugin-ocm",
+        description="Serve an Open Cluster Management hub over the fleetupgrade plugin contract.",
+    )
+    add_server_args(parser)
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig of the OCM hub (default: in-cluster config, then ~/.kube/config)",
+    )
+    parser.add_argument(
+        "--config", required=True, metavar="FILE", help="plugin configuration (YAML)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the plugin until SIGTERM/SIGINT."""
+    args = build_parser().parse_args(argv)
+    configure_logging(args.debug)
+    try:
+        config = load_config(args.config)
+        options = OcmOptions(
+            config=config,
+            kubeconfig=args.kubeconfig,
+            listen=args.listen,
+            tls=server_tls_from_args(args),
+            registry=REGISTRY,
+        )
+        if args.metrics_addr:
+            start_metrics_server(args.metrics_addr)
+        plugin = OcmPlugin(options)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"fleet-plugin-ocm: {exc}", file=sys.stderr)
+        return 2
+    _LOG.info(
+        "OCM plugin ready",
+        extra={
+            "fields": {
+                "address": plugin.address,
+                "upgradeMethod": config.upgrade_method,
+                "hub": plugin.fleet.readiness()[1] or "listed",
+            }
+        },
+    )
+    run_until_signal(plugin.server, grace=_SHUTDOWN_GRACE)
+    plugin.stop(grace=0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
