@@ -1,4 +1,4 @@
-"""Health gating end to end: real Prometheus scraping a real app, the sim plugin, the orchestrator."""
+"""Health gating end to end: real Prometheus scraping a real app, the sim plugin, the controller."""
 
 from __future__ import annotations
 
@@ -71,8 +71,8 @@ def prom_check(url: str, name: str = "success-ratio") -> dict[str, Any]:
 
 def counter(text: str, check: str, result: str) -> float:
     pattern = (
-        r'multicluster_controller_health_check_total\{check="%s",name="fleet",'
-        r'namespace="[^"]+",result="%s"\} ([0-9.e+]+)' % (re.escape(check), result)
+        rf'multicluster_controller_health_check_total\{{check="{re.escape(check)}",name="fleet",'
+        rf'namespace="[^"]+",result="{result}"\}} ([0-9.e+]+)'
     )
     found = re.search(pattern, text)
     return float(found.group(1)) if found else 0.0
