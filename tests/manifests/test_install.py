@@ -1,0 +1,207 @@
+"""The install manifests: they build, the apiserver accepts them, RBAC is least privilege."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devtools.controlplane import REPO_ROOT
+from tests.support.kube import KubeCluster
+from tests.support.kubectl import kubectl, kustomize, yaml_docs
+
+MANIFESTS = REPO_ROOT / "manifests"
+INSTALL = MANIFESTS / "install"
+IMAGE = "ghcr.io/fleet-upgrade/orchestrator:0.1.0"
+SA = ("fleet-upgrade-system", "fleet-orchestrator")
+CRD_NAME = "clusterversions.multicluster-ops.io"
+
+#: Everything the orchestrator's ServiceAccount may do, and nothing more:
+#: (namespace or "*" for cluster-wide, API group, resource, verb).
+EXPECTED_GRANTS = {
+    *(
+        ("*", "multicluster-ops.io", "clusterversions", v)
+        for v in ("get", "list", "watch", "patch")
+    ),
+    *(
+        ("*", "multicluster-ops.io", "clusterversions/status", v)
+        for v in ("get", "patch", "update")
+    ),
+    ("*", "", "events", "create"),
+    ("*", "", "events", "patch"),
+    ("*", "", "secrets", "get"),
+    *(
+        ("fleet-upgrade-system", "coordination.k8s.io", "leases", v)
+        for v in ("get", "create", "update")
+    ),
+}
+
+
+def _by_kind(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for doc in docs:
+        out[doc["kind"]].append(doc)
+    return out
+
+
+def _dry_run(cluster: KubeCluster, yaml_text: str, *args: str) -> list[str]:
+    out = kubectl(cluster, "apply", "--dry-run=server", *args, "-f", "-", stdin=yaml_text)
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def test_everything_builds_and_the_apiserver_accepts_it(
+    control_plane: KubeCluster, install_namespace: str
+) -> None:
+    rendered = kustomize(MANIFESTS)
+    docs = yaml_docs(rendered)
+    kinds = _by_kind(docs)
+    assert set(kinds) == {
+        "Namespace",
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "Service",
+    }
+    assert [c["metadata"]["name"] for c in kinds["CustomResourceDefinition"]] == [CRD_NAME]
+    crd_file = yaml_docs([MANIFESTS / "crds" / f"{CRD_NAME}.yaml"])[0]
+    assert kinds["CustomResourceDefinition"][0] == crd_file  # the CRD as generated, unchanged
+    lines = _dry_run(control_plane, rendered)
+    assert len(lines) == len(docs), lines
+    assert all(line.endswith("(server dry run)") for line in lines), lines
+
+
+def test_the_controller_install_alone_and_each_file_are_accepted(
+    control_plane: KubeCluster, install_namespace: str
+) -> None:
+    rendered = kustomize(INSTALL)
+    assert "CustomResourceDefinition" not in _by_kind(yaml_docs(rendered))
+    assert len(_dry_run(control_plane, rendered)) == len(yaml_docs(rendered))
+    files = sorted(p for p in INSTALL.glob("*.yaml") if p.name != "kustomization.yaml")
+    listed = yaml_docs([INSTALL / "kustomization.yaml"])[0]["resources"]
+    assert sorted(listed) == [p.name for p in files], "a file under install/ is not in the build"
+    for path in files:
+        lines = _dry_run(control_plane, path.read_text())
+        assert len(lines) == len(yaml_docs([path])), (path, lines)
+
+
+def _rules_of(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (d["kind"] + "/" + d["metadata"]["name"], rule)
+        for d in docs
+        if d["kind"] in ("Role", "ClusterRole")
+        for rule in d.get("rules") or []
+    ]
+
+
+def test_rbac_has_no_wildcards() -> None:
+    docs = yaml_docs(kustomize(INSTALL))
+    rules = _rules_of(docs)
+    assert rules
+    for where, rule in rules:
+        for key in ("verbs", "resources", "apiGroups", "resourceNames"):
+            assert "*" not in (rule.get(key) or []), f"{where}: '*' in {key}"
+        assert not rule.get("nonResourceURLs"), f"{where}: nonResourceURLs"
+        assert rule.get("verbs") and rule.get("resources"), f"{where}: empty rule"
+    for doc in docs:
+        if doc["kind"] == "ClusterRole":
+            assert "aggregationRule" not in doc, doc["metadata"]["name"]
+
+
+def _grants(docs: list[dict[str, Any]], subject: tuple[str, str]) -> set[tuple[str, ...]]:
+    """What the bindings in docs give a ServiceAccount, as (namespace|*, group, resource, verb)."""
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in docs}
+    grants: set[tuple[str, ...]] = set()
+    for binding in docs:
+        if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if not any(
+            s["kind"] == "ServiceAccount" and (s.get("namespace"), s["name"]) == subject
+            for s in binding["subjects"]
+        ):
+            continue
+        scope = binding["metadata"].get("namespace") or "*"
+        ref = binding["roleRef"]
+        role_ns = None if ref["kind"] == "ClusterRole" else binding["metadata"]["namespace"]
+        role = roles[(ref["kind"], role_ns, ref["name"])]
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        grants.add((scope, group, resource, verb))
+    return grants
+
+
+def test_the_service_account_gets_exactly_what_the_orchestrator_uses() -> None:
+    docs = yaml_docs(kustomize(INSTALL))
+    assert _grants(docs, SA) == EXPECTED_GRANTS
+    deployment = _by_kind(docs)["Deployment"][0]
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == SA[1]
+    (account,) = _by_kind(docs)["ServiceAccount"]
+    assert (account["metadata"]["namespace"], account["metadata"]["name"]) == SA
+
+
+def _container(deployment: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == name
+    )
+
+
+def test_deployment_runs_the_orchestrator_with_the_sim_sidecar() -> None:
+    kinds = _by_kind(yaml_docs(kustomize(INSTALL)))
+    (deployment,) = kinds["Deployment"]
+    spec = deployment["spec"]
+    pod = spec["template"]["spec"]
+    assert spec["replicas"] == 1
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    main = _container(deployment, "orchestrator")
+    assert main["image"] == IMAGE
+    assert main["command"] == ["fleet-orchestrator"]
+    assert main["args"] == [
+        "run",
+        "--enable-leader-election",
+        "--metrics-addr",
+        ":8080",
+        "--sync-period-seconds",
+        "30",
+    ]
+    env = {e["name"]: e for e in main["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert {p["name"]: p["containerPort"] for p in main["ports"]} == {"metrics": 8080}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert main[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    sidecar = _container(deployment, "plugin-sim")
+    assert sidecar["image"] == IMAGE and sidecar["command"] == ["fleet-plugin-sim"]
+    listen = sidecar["args"][sidecar["args"].index("--listen") + 1]
+    assert listen == "127.0.0.1:9090"  # loopback only: reachable from this pod alone
+    for container in (main, sidecar):
+        ctx = container["securityContext"]
+        assert ctx["readOnlyRootFilesystem"] is True, container["name"]
+        assert ctx["allowPrivilegeEscalation"] is False, container["name"]
+        assert ctx["capabilities"]["drop"] == ["ALL"], container["name"]
+        assert {"cpu", "memory"} <= set(container["resources"]["requests"]), container["name"]
+        assert "memory" in container["resources"]["limits"], container["name"]
+        assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp"}
+    (service,) = kinds["Service"]
+    assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}["metrics"] == "metrics"
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(p for p in INSTALL.glob("*.yaml") if p.name != "kustomization.yaml"),
+    ids=lambda p: p.name,
+)
+def test_install_objects_live_in_the_install_namespace(path: Path) -> None:
+    for doc in yaml_docs([path]):
+        if doc["kind"] == "Namespace" or doc["kind"].startswith("Cluster"):
+            assert "namespace" not in doc["metadata"], path.name
+        else:
+            assert doc["metadata"].get("namespace") == "fleet-upgrade-system", path.name
