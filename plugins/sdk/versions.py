@@ -12,11 +12,12 @@ _PATTERN = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:[-+]([0-9A-Za-z.+-]+))?$")
 
 
 class Version(NamedTuple):
-    """A parsed version; tuples order by (major, minor, patch, suffix)."""
+    """A parsed version; tuples order by (major, minor, patch, release, suffix)."""
 
     major: int
     minor: int
     patch: int
+    release: int  # 0 for a pre-release (alpha, beta, rc), 1 otherwise
     suffix: tuple[tuple[int, int | str], ...]
 
     def __str__(self) -> str:
@@ -31,7 +32,8 @@ def parse(text: str) -> Version:
     """Parse a version; ValueError names the expected form.
 
     A provider suffix ("-gke.100") orders after the bare version and numerically within
-    itself, so 1.29.4-gke.100 < 1.29.4-gke.1200 and 1.29.4 < 1.29.4-gke.100.
+    itself, so 1.29.4-gke.100 < 1.29.4-gke.1200 and 1.29.4 < 1.29.4-gke.100. A pre-release
+    suffix (alpha, beta, rc) orders before the release: 1.30.0-rc.1 < 1.30.0.
     """
     match = _PATTERN.match(text.strip())
     if not match:
@@ -42,7 +44,8 @@ def parse(text: str) -> Version:
         if piece:
             # (0, n) sorts numeric pieces before (1, text) pieces; both are comparable tuples.
             parts.append((0, int(piece)) if piece.isdigit() else (1, piece))
-    return Version(int(major), int(minor), int(patch or 0), tuple(parts))
+    pre = bool(suffix) and re.match(r"(alpha|beta|rc)", suffix) is not None
+    return Version(int(major), int(minor), int(patch or 0), 0 if pre else 1, tuple(parts))
 
 
 def compare(a: str, b: str) -> int:

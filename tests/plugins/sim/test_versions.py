@@ -19,6 +19,9 @@ from plugins.sdk.versions import compare, is_newer, parse
         ("1.29.4-gke.100", "1.29.4-gke.1200"),
         ("1.29.4-gke.1200", "1.29.5"),
         ("1.29", "1.29.1"),
+        ("1.30.0-rc.1", "1.30.0"),  # a pre-release orders before its release
+        ("1.30.0-alpha.2", "1.30.0-beta.0"),
+        ("1.29.9", "1.30.0-alpha.0"),
     ],
 )
 def test_order(older: str, newer: str) -> None:
