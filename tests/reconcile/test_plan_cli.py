@@ -1,0 +1,65 @@
+"""`fleet-orchestrator plan`: prints stages, waves and an estimate; changes nothing."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.reconcile.test_rollout import NEW, cluster_version, fleet
+from tests.support.orchestrator import ROOT, monitor, simulated_fleet
+
+
+def run_plan(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "plan", "-f", str(path), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_plan_prints_waves_under_the_budget_and_mutates_nothing(tmp_path: Path) -> None:
+    with simulated_fleet(tmp_path, fleet(10), NEW) as sim:
+        body = cluster_version(
+            "fleet",
+            sim.address,
+            [f"cluster-{i:02d}" for i in range(10)],
+            7,
+            strategy={
+                "stages": [
+                    {"name": "canary", "selector": {"matchLabels": {"stage": "canary"}}},
+                    {
+                        "name": "main",
+                        "selector": {"matchLabels": {"stage": "main"}},
+                        "soakTime": "10m",
+                    },
+                ]
+            },
+        )
+        path = tmp_path / "cv.yaml"
+        path.write_text(yaml.safe_dump(body))
+        out = run_plan(path, "--step-seconds", "60", "--traffic-seconds", "10")
+        assert out.returncode == 0, out.stderr
+        text = out.stdout
+        assert "stage canary: 2 cluster(s)" in text and "stage main: 8 cluster(s)" in text
+        waves = re.findall(r"wave \d+ at \+\S+: (\d+) cluster", text)
+        # canary: 2 at once (budget 3); main: 8 clusters in waves of at most 3
+        assert [int(w) for w in waves] == [2, 3, 3, 2]
+        assert "lowest available in service: 7" in text
+        # per cluster 10 + 60 + 60 + 60 + 10 = 200 s; 4 waves = 800 s (no soak after the last stage)
+        assert "estimated time: 0h13m20s" in text
+        assert monitor(sim)["mutations_total"] == 0
+
+
+def test_plan_rejects_an_invalid_file_naming_the_field(tmp_path: Path) -> None:
+    body = cluster_version("fleet", "127.0.0.1:1", ["a", "a"], 1)
+    path = tmp_path / "cv.yaml"
+    path.write_text(yaml.safe_dump(body))
+    out = run_plan(path)
+    assert out.returncode == 2
+    assert "spec.clusters" in out.stderr and "listed twice" in out.stderr
