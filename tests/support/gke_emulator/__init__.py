@@ -172,7 +172,9 @@ class GkeEmulator:
                 ComputeFault(f"projects/{project}/global/backendServices/{name}", message)
             )
 
-    def fail_http(self, method: str, code: int, message: str, status: str = "", times: int = 1) -> None:
+    def fail_http(
+        self, method: str, code: int, message: str, status: str = "", times: int = 1
+    ) -> None:
         """The next calls of method (e.g. "ListClusters", "UpdateMaster") answer an HTTP error."""
         self.state.fail_http(method, ApiError(code, message, status), times)
 

@@ -67,9 +67,7 @@ class ApiError(Exception):
         503: "UNAVAILABLE",
     }
 
-    def __init__(
-        self, http_code: int, message: str, status: str = "", *, reason: str = ""
-    ) -> None:
+    def __init__(self, http_code: int, message: str, status: str = "", *, reason: str = "") -> None:
         super().__init__(message)
         self.http_code = http_code
         self.message = message
@@ -150,7 +148,10 @@ class EmulatorState:
     """Everything the emulator serves, guarded by one lock; times come from `clock`."""
 
     op_timing: dict[int, OpTiming] = field(
-        default_factory=lambda: {OpType.UPGRADE_MASTER: OpTiming(), OpType.UPGRADE_NODES: OpTiming()}
+        default_factory=lambda: {
+            OpType.UPGRADE_MASTER: OpTiming(),
+            OpType.UPGRADE_NODES: OpTiming(),
+        }
     )
     compute_op_seconds: float = 0.2
     abort_seconds: float = 0.1
@@ -185,7 +186,9 @@ class EmulatorState:
                 raise ValueError(f"cluster {key} exists already")
             cluster.location = location
             cluster.zone = location
-            cluster.self_link = f"{CONTAINER_BASE}/{_link_path(project, location)}/clusters/{cluster.name}"
+            cluster.self_link = (
+                f"{CONTAINER_BASE}/{_link_path(project, location)}/clusters/{cluster.name}"
+            )
             for pool in cluster.node_pools:
                 pool.self_link = f"{cluster.self_link}/nodePools/{pool.name}"
             _refresh_node_version(cluster)
@@ -199,7 +202,9 @@ class EmulatorState:
         with self.lock:
             service.kind = "compute#backendService"
             service.id = next(self._serial) + 4000000000000000000
-            service.self_link = f"{COMPUTE_BASE}/projects/{project}/global/backendServices/{service.name}"
+            service.self_link = (
+                f"{COMPUTE_BASE}/projects/{project}/global/backendServices/{service.name}"
+            )
             service.fingerprint = _fingerprint()
             self.backend_services[(project, service.name)] = service
 
@@ -225,7 +230,9 @@ class EmulatorState:
             self.advance()
             found = self.clusters.get((project, location, name))
             if found is None:
-                raise ApiError(404, f"Not found: projects/{project}/locations/{location}/clusters/{name}.")
+                raise ApiError(
+                    404, f"Not found: projects/{project}/locations/{location}/clusters/{name}."
+                )
             return found
 
     def list_clusters(self, project: str, location: str) -> list[Any]:
@@ -285,7 +292,8 @@ class EmulatorState:
             if found is None:
                 raise ApiError(
                     404,
-                    f"The resource 'projects/{project}/global/backendServices/{name}' was not found",
+                    f"The resource 'projects/{project}/global/backendServices/{name}' "
+                    "was not found",
                     reason="notFound",
                 )
             return found
@@ -387,9 +395,7 @@ class EmulatorState:
             self._refuse_if_busy(project, location, name)
             return self._start(op_type, project, location, cluster, pool, target)
 
-    def patch_backend_service(
-        self, project: str, name: str, patch: Any, request_id: str
-    ) -> Any:
+    def patch_backend_service(self, project: str, name: str, patch: Any, request_id: str) -> Any:
         with self.lock:
             service = self.backend_service(project, name)
             if request_id:
@@ -404,8 +410,7 @@ class EmulatorState:
             if busy:
                 raise ApiError(
                     400,
-                    f"The resource 'projects/{project}/global/backendServices/{name}' is not "
-                    "ready",
+                    f"The resource 'projects/{project}/global/backendServices/{name}' is not ready",
                     reason="resourceNotReady",
                 )
             if not patch.fingerprint or patch.fingerprint != service.fingerprint:
@@ -520,7 +525,9 @@ class EmulatorState:
             found = next(p for p in cluster.node_pools if p.name == pool)
             nodes = max(1, found.initial_node_count) * max(1, len(found.locations) or 1)
         timing = self.op_timing.get(op_type, OpTiming())
-        op = _Op(pb, project, location, cluster.name, pool, target, self.clock(), timing, fault, nodes)
+        op = _Op(
+            pb, project, location, cluster.name, pool, target, self.clock(), timing, fault, nodes
+        )
         self.operations[(project, location, name)] = op
         self._advance_op(op, op.created)
         return pb
@@ -564,9 +571,7 @@ class EmulatorState:
             progress.metrics.add(name="progress", double_value=round(min(fraction, 1.0), 3))
             progress.metrics.add(name="progress scale", double_value=1.0)
 
-    def _finish(
-        self, op: _Op, cluster: Any, pool: Any, error: tuple[int, str] | None
-    ) -> None:
+    def _finish(self, op: _Op, cluster: Any, pool: Any, error: tuple[int, str] | None) -> None:
         op.pb.status = OpStatus.DONE
         op.pb.end_time = _rfc3339()
         if error is None:

@@ -1,0 +1,631 @@
+"""The GKE fleet behind the contract: inventory from GKE, upgrades as GKE operations (found
+again after a restart, never started twice), refusals before calling, traffic drain."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+
+import grpc
+from google.cloud import container_v1
+
+from fleetupgrade.plugin.v1 import cluster_pb2
+from plugins.gke.api import GkeApi
+from plugins.gke.config import GkeConfig
+from plugins.gke.ids import ClusterRef, parse_cluster_id, parse_operation_id
+from plugins.gke.operations import (
+    GkeOperationStore,
+    Mirrored,
+    contract_state,
+    describe,
+    progress_percent,
+    timestamp,
+)
+from plugins.gke.policy import check_control_plane, check_node_pool
+from plugins.gke.state import Binding, PluginState
+from plugins.gke.traffic import Traffic, build_traffic
+from plugins.sdk.errors import Conflict, InvalidArgument, NotFound, PluginError
+from plugins.sdk.operations import TERMINAL_STATES, kind_name
+from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
+
+__all__ = ["GkeFleet"]
+
+_LOG = logging.getLogger("plugins.gke.fleet")
+_ClusterStatus = container_v1.Cluster.Status
+_PoolStatus = container_v1.NodePool.Status
+_OpStatus = container_v1.Operation.Status
+
+_POOL_STATUS: dict[int, int] = {
+    _PoolStatus.RUNNING: cluster_pb2.NODE_POOL_STATUS_READY,
+    _PoolStatus.PROVISIONING: cluster_pb2.NODE_POOL_STATUS_UPGRADING,
+    _PoolStatus.RECONCILING: cluster_pb2.NODE_POOL_STATUS_UPGRADING,
+    _PoolStatus.STOPPING: cluster_pb2.NODE_POOL_STATUS_UPGRADING,
+    _PoolStatus.RUNNING_WITH_ERROR: cluster_pb2.NODE_POOL_STATUS_ERROR,
+    _PoolStatus.ERROR: cluster_pb2.NODE_POOL_STATUS_ERROR,
+}
+_CP = cluster_pb2.OPERATION_KIND_UPGRADE_CONTROL_PLANE
+_NP = cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL
+_OUT = cluster_pb2.OPERATION_KIND_SERVICE_OUT
+_IN = cluster_pb2.OPERATION_KIND_SERVICE_IN
+_FULL_LISTING_EVERY = 12  # poll ticks between re-listings of the clusters
+
+
+def _status_name(value: int) -> str:
+    try:
+        return str(_ClusterStatus(value).name)
+    except ValueError:
+        return str(value)
+
+
+def _type_name(info: Mirrored) -> str:
+    return info.type_name or "operation"
+
+
+class GkeFleet:
+    """Everything the ClusterService servicer needs, over the GKE and compute APIs."""
+
+    def __init__(self, config: GkeConfig, api: GkeApi, state: PluginState | None = None) -> None:
+        self.config = config
+        self.api = api
+        self.state = state if state is not None else PluginState(config.operations.state_file)
+        self.store = GkeOperationStore(id_prefix="gke-op")
+        self.traffic: Traffic = build_traffic(config.traffic, api, self.state)
+        self._explicit = {
+            ref.id: ref for ref in (parse_cluster_id(i) for i in config.clusters.ids) if ref
+        }
+        self._known: dict[str, ClusterRef] = dict(self._explicit)
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gke-traffic")
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+        self._restore_local_operations()
+
+    # --------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Reads GKE once (operations in flight become visible at once), then polls."""
+        try:
+            self._listing()
+            self._refresh_operations(self._parents())
+        except PluginError as exc:
+            _LOG.warning("first read of GKE failed; the poller retries: %s", exc.message)
+        self._poller = threading.Thread(target=self._poll, name="gke-operations", daemon=True)
+        self._poller.start()
+
+    def close(self) -> None:
+        """Stops polling and running work, ends watch streams, closes the API sessions."""
+        self._stop.set()
+        self.store.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._poller is not None:
+            self._poller.join(timeout=5)
+        self.api.close()
+
+    def _poll(self) -> None:
+        tick = 0
+        while not self._stop.wait(self.config.operations.poll_seconds):
+            tick += 1
+            try:
+                if tick % _FULL_LISTING_EVERY == 0:
+                    self._listing()
+                self._refresh_operations(self._parents())
+            except PluginError as exc:
+                _LOG.warning("polling GKE operations failed; retrying: %s", exc.message)
+            except Exception:
+                _LOG.exception("polling GKE operations failed; retrying")
+
+    def _restore_local_operations(self) -> None:
+        for op in self.state.operations():
+            stored = self.store.record(op)
+            if stored.state not in TERMINAL_STATES and stored.kind in (_OUT, _IN):
+                _LOG.info(
+                    "resuming a service change after restart",
+                    extra={"fields": {"operation": op.id, "cluster": op.cluster_id}},
+                )
+                self._executor.submit(self._run_service, stored.id, stored.kind, stored.cluster_id)
+
+    def _lock(self, cluster_id: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(cluster_id, threading.Lock())
+
+    # ------------------------------------------------------------------- selection
+
+    def _parents(self) -> list[str]:
+        parents = {ref.parent for ref in self._explicit.values()}
+        parents.update(
+            f"projects/{d.project}/locations/{d.location}" for d in self.config.clusters.discover
+        )
+        return sorted(parents)
+
+    def _may_select(self, ref: ClusterRef) -> bool:
+        if ref.id in self._explicit:
+            return True
+        return any(
+            d.project == ref.project and d.location in ("-", ref.location)
+            for d in self.config.clusters.discover
+        )
+
+    def _selected(self, ref: ClusterRef, cluster: container_v1.Cluster) -> bool:
+        if ref.id in self._explicit:
+            return True
+        labels = dict(cluster.resource_labels)
+        return any(
+            d.project == ref.project
+            and d.location in ("-", ref.location)
+            and all(labels.get(k) == v for k, v in d.match_labels.items())
+            for d in self.config.clusters.discover
+        )
+
+    def _ref(self, cluster_id: str) -> ClusterRef:
+        ref = parse_cluster_id(cluster_id)
+        if ref is None or not self._may_select(ref):
+            raise NotFound(f"cluster {cluster_id} is not in the plugin's inventory")
+        return ref
+
+    def _listing(self) -> dict[str, tuple[ClusterRef, container_v1.Cluster]]:
+        found: dict[str, tuple[ClusterRef, container_v1.Cluster]] = {}
+        for parent in self._parents():
+            project = parent.split("/")[1]
+            for cluster in self.api.list_clusters(parent):
+                ref = ClusterRef(project, cluster.location, cluster.name)
+                if self._selected(ref, cluster):
+                    found[ref.id] = (ref, cluster)
+        self._known = {cid: ref for cid, (ref, _) in found.items()}
+        return found
+
+    def _selected_cluster(self, ref: ClusterRef) -> container_v1.Cluster:
+        try:
+            cluster = self.api.get_cluster(ref)
+        except NotFound:
+            raise NotFound(f"cluster {ref.id} is not in the plugin's inventory") from None
+        if not self._selected(ref, cluster):
+            raise NotFound(f"cluster {ref.id} is not in the plugin's inventory")
+        self._known[ref.id] = ref
+        return cluster
+
+    # ------------------------------------------------------------------- inventory
+
+    def _contract_cluster(
+        self, ref: ClusterRef, cluster: container_v1.Cluster, in_service: bool
+    ) -> cluster_pb2.Cluster:
+        status = int(cluster.status)
+        available = status == _ClusterStatus.RUNNING
+        reason = ""
+        if not available:
+            reason = f"GKE status {_status_name(status)}"
+            if cluster.status_message:
+                reason += f": {cluster.status_message}"
+        result = cluster_pb2.Cluster(
+            id=ref.id,
+            labels=dict(cluster.resource_labels),
+            control_plane_version=cluster.current_master_version,
+            node_pools=[
+                cluster_pb2.NodePool(
+                    name=pool.name,
+                    version=pool.version,
+                    status=_POOL_STATUS.get(  # type: ignore[arg-type]
+                        int(pool.status), cluster_pb2.NODE_POOL_STATUS_UNSPECIFIED
+                    ),
+                )
+                for pool in cluster.node_pools
+            ],
+            available=available,
+            unavailable_reason=reason,
+            in_service=in_service,
+        )
+        current = self.store.in_flight(ref.id)
+        if current is not None:
+            result.current_operation.CopyFrom(current)
+        return result
+
+    def list_clusters(
+        self, page_size: int, page_token: str, match_labels: Mapping[str, str]
+    ) -> cluster_pb2.ListClustersResponse:
+        """One page of the selected clusters whose labels include match_labels, by id."""
+        size = check_page_size(page_size)
+        after = decode_page_token(page_token)
+        listing = self._listing()
+        self._refresh_operations(self._parents())
+        ids = sorted(
+            cid
+            for cid, (_, cluster) in listing.items()
+            if all(cluster.resource_labels.get(k) == v for k, v in match_labels.items())
+        )
+        start = next((i for i, cid in enumerate(ids) if cid > after), len(ids)) if after else 0
+        page = ids[start : start + size]
+        service = self.traffic.in_service(page) if page else {}
+        clusters = [self._contract_cluster(*listing[cid], service[cid]) for cid in page]
+        more = start + size < len(ids)
+        return cluster_pb2.ListClustersResponse(
+            clusters=clusters,
+            next_page_token=encode_page_token(page[-1]) if more and page else "",
+            total_size=len(ids),
+        )
+
+    def get_cluster(self, cluster_id: str) -> cluster_pb2.Cluster:
+        """One selected cluster; NotFound for anything else."""
+        ref = self._ref(cluster_id)
+        cluster = self._selected_cluster(ref)
+        self._refresh_operations([ref.parent])
+        return self._contract_cluster(ref, cluster, self.traffic.in_service([ref.id])[ref.id])
+
+    # ----------------------------------------------------------- operations of GKE
+
+    def _refresh_operations(self, parents: Iterable[str]) -> None:
+        for parent in parents:
+            project = parent.split("/")[1]
+            for gke_op in self.api.list_operations(parent):
+                self._mirror(gke_op, project)
+
+    def _mirror(
+        self, gke_op: container_v1.Operation, project: str, *, force: bool = False
+    ) -> cluster_pb2.Operation | None:
+        """Records a GKE operation the plugin follows (its own, a bound one, or one in flight
+        on a selected cluster; any with force) and returns its contract form."""
+        info = describe(gke_op, project)
+        if info is None or not info.kind:
+            return None
+        cluster_id = ClusterRef(project, info.location, info.cluster).id
+        stored = self.store.known(info.op_id)
+        bound = self.state.request_of(info.op_id)
+        followed = force or stored is not None or bound is not None
+        if not followed and (not info.in_flight or cluster_id not in self._known):
+            return None
+        if stored is not None and stored.state in TERMINAL_STATES:
+            return stored
+        state, code, message = contract_state(gke_op)
+        op = cluster_pb2.Operation(
+            id=info.op_id,
+            kind=info.kind,  # type: ignore[arg-type]
+            cluster_id=cluster_id,
+            node_pool=info.node_pool,
+            state=state,  # type: ignore[arg-type]
+            progress_percent=progress_percent(gke_op),
+            error_code=code,
+            error_message=message,
+        )
+        if bound is not None:
+            op.request_id, binding = bound
+            op.target_version = binding.version
+            if binding.adopted and state == cluster_pb2.OPERATION_STATE_SUCCEEDED:
+                self._check_adopted_target(op, binding)
+        op.start_time.CopyFrom(timestamp(gke_op.start_time))
+        if op.state in TERMINAL_STATES:
+            op.end_time.CopyFrom(timestamp(gke_op.end_time))
+        return self.store.record(op)
+
+    def _check_adopted_target(self, op: cluster_pb2.Operation, binding: Binding) -> None:
+        """An adopted operation was not started for the request: succeed only if it reached
+        the requested version."""
+        ref = parse_cluster_id(binding.cluster_id)
+        if ref is None:
+            return
+        cluster = self.api.get_cluster(ref)
+        reached = cluster.current_master_version
+        if binding.node_pool:
+            pool = next((p for p in cluster.node_pools if p.name == binding.node_pool), None)
+            reached = pool.version if pool is not None else ""
+        if reached != binding.version:
+            op.state = cluster_pb2.OPERATION_STATE_FAILED
+            op.error_code = "TARGET_NOT_REACHED"
+            op.error_message = (
+                f"GKE operation {op.id} ended with {binding.node_pool or 'the control plane'} "
+                f"at {reached}, not {binding.version}; it was already running when the request "
+                "came, so ask again"
+            )
+
+    def get_operation(self, op_id: str) -> cluster_pb2.Operation:
+        """The operation's current state: GKE's for GKE operations, the plugin's own else."""
+        ref = parse_operation_id(op_id)
+        stored = self.store.known(op_id)
+        if ref is None or (stored is not None and stored.state in TERMINAL_STATES):
+            if stored is None:
+                raise NotFound(f"operation {op_id} not found")
+            return stored
+        try:
+            gke_op = self.api.get_operation(op_id)
+        except NotFound:
+            raise NotFound(f"operation {op_id} not found") from None
+        mirrored = self._mirror(gke_op, ref.project, force=True)
+        if mirrored is None:
+            raise NotFound(
+                f"operation {op_id} is a GKE operation of a kind this plugin does not report"
+            )
+        return mirrored
+
+    def watch_operations(
+        self, cluster_ids: Sequence[str], include_in_flight: bool, context: grpc.ServicerContext
+    ) -> Iterator[cluster_pb2.Operation]:
+        """Updates of operations (GKE's arrive at each poll) until the caller cancels."""
+        return self.store.watch(cluster_ids, include_in_flight, context)
+
+    # -------------------------------------------------------------------- requests
+
+    def _existing(
+        self, request_id: str, kind: int, cluster_id: str, node_pool: str, version: str
+    ) -> cluster_pb2.Operation | None:
+        op = self.store.lookup(request_id)
+        if op is None:
+            binding = self.state.binding(request_id)
+            if binding is None:
+                return None
+            if parse_operation_id(binding.op_id) is None:
+                return None  # a local operation the store does not know: forgotten
+            try:
+                op = self.get_operation(binding.op_id)
+            except NotFound:
+                return None
+            op = self.store.bind(request_id, op.id, binding.version)
+        same = (
+            op.kind == kind
+            and op.cluster_id == cluster_id
+            and op.node_pool == node_pool
+            and (not version or op.target_version == version)
+        )
+        if not same:
+            raise InvalidArgument(
+                "request_id",
+                f"reused for a different request (it started operation {op.id} on cluster "
+                f"{op.cluster_id}); choose a new request_id per change",
+            )
+        if op.state not in TERMINAL_STATES and parse_operation_id(op.id) is not None:
+            return self.get_operation(op.id)
+        return op
+
+    def _gke_in_flight(
+        self, ref: ClusterRef
+    ) -> tuple[list[tuple[container_v1.Operation, Mirrored]], list[container_v1.Operation]]:
+        """(in flight, done) GKE operations on the cluster, oldest first."""
+        running: list[tuple[container_v1.Operation, Mirrored]] = []
+        done: list[container_v1.Operation] = []
+        for gke_op in self.api.list_operations(ref.parent):
+            info = describe(gke_op, ref.project)
+            if info is None or info.cluster != ref.name or info.location != ref.location:
+                continue
+            if info.in_flight:
+                running.append((gke_op, info))
+            else:
+                done.append(gke_op)
+        return running, done
+
+    def _busy(self, cluster_id: str, info: Mirrored) -> Conflict:
+        return Conflict(
+            f"cluster {cluster_id} has GKE operation {info.op_id} ({_type_name(info)}) in "
+            "flight; wait until it ends, then retry",
+            info.op_id,
+        )
+
+    def _bound_elsewhere(self, op_id: str, request_id: str) -> bool:
+        stored = self.store.known(op_id)
+        if stored is not None and stored.request_id and stored.request_id != request_id:
+            return True
+        bound = self.state.request_of(op_id)
+        return bound is not None and bound[0] != request_id
+
+    def _adopt(
+        self,
+        request_id: str,
+        gke_op: container_v1.Operation,
+        info: Mirrored,
+        cluster_id: str,
+        version: str,
+    ) -> cluster_pb2.Operation:
+        binding = Binding(info.op_id, info.kind, cluster_id, info.node_pool, version, True)
+        self.state.bind(request_id, binding)
+        project = cluster_id.split("/")[1]
+        op = self._mirror(gke_op, project, force=True)
+        assert op is not None
+        _LOG.info(
+            "request bound to a GKE operation found in flight",
+            extra={"fields": {"request_id": request_id, "operation": info.op_id}},
+        )
+        return self.store.bind(request_id, op.id, version)
+
+    def _nothing_to_do(
+        self,
+        request_id: str,
+        kind: int,
+        cluster_id: str,
+        node_pool: str = "",
+        version: str = "",
+    ) -> cluster_pb2.Operation:
+        op, _ = self.store.start(
+            request_id=request_id,
+            kind=kind,
+            cluster_id=cluster_id,
+            node_pool=node_pool,
+            target_version=version,
+            initial_state=cluster_pb2.OPERATION_STATE_SUCCEEDED,
+        )
+        self.state.save_operation(op)
+        return op
+
+    def upgrade(
+        self, kind: int, request_id: str, cluster_id: str, node_pool: str, version: str
+    ) -> cluster_pb2.Operation:
+        """UpgradeControlPlane (kind CP) or UpgradeNodePool (kind NP) by the contract's rules."""
+        ref = self._ref(cluster_id)
+        with self._lock(cluster_id):
+            existing = self._existing(request_id, kind, cluster_id, node_pool, version)
+            if existing is not None:
+                return existing
+            cluster = self._selected_cluster(ref)
+            pool = None
+            if kind == _NP:
+                pool = next((p for p in cluster.node_pools if p.name == node_pool), None)
+                if pool is None:
+                    raise NotFound(f"node pool {node_pool} not found in cluster {cluster_id}")
+            running, done = self._gke_in_flight(ref)
+            for gke_op, info in running:
+                same = info.kind == kind and (kind == _CP or info.node_pool == node_pool)
+                if same and not self._bound_elsewhere(info.op_id, request_id):
+                    return self._adopt(request_id, gke_op, info, cluster_id, version)
+                if info.kind:
+                    self._mirror(gke_op, ref.project, force=True)
+                raise self._busy(cluster_id, info)
+            self.store.ensure_free(cluster_id)
+            current = pool.version if pool is not None else cluster.current_master_version
+            if version == current:
+                recent = self._recent_done(ref, done, kind, node_pool, request_id)
+                if recent is not None:
+                    return self._adopt(request_id, *recent, cluster_id, version)
+                return self._nothing_to_do(request_id, kind, cluster_id, node_pool, version)
+            config = self.api.server_config(ref.parent)
+            respect = self.config.upgrades.respect_maintenance_exclusions
+            if pool is None:
+                check_control_plane(
+                    cluster_id, cluster, version, config, ref.location, respect_exclusions=respect
+                )
+                gke_op = self.api.update_master(ref, version)
+            else:
+                check_node_pool(
+                    cluster_id,
+                    cluster,
+                    pool,
+                    version,
+                    config,
+                    ref.location,
+                    respect_exclusions=respect,
+                )
+                image_type = pool.config.image_type or config.default_image_type
+                gke_op = self.api.update_node_pool(ref, pool.name, version, image_type)
+            started = describe(gke_op, ref.project)
+            if started is None:
+                raise PluginError(f"GKE answered an operation without a target for {cluster_id}")
+            self.state.bind(
+                request_id, Binding(started.op_id, kind, cluster_id, node_pool, version)
+            )
+            _LOG.info(
+                "GKE upgrade started",
+                extra={
+                    "fields": {
+                        "request_id": request_id,
+                        "operation": started.op_id,
+                        "cluster": cluster_id,
+                        "node_pool": node_pool,
+                        "version": version,
+                    }
+                },
+            )
+            op = self._mirror(gke_op, ref.project, force=True)
+            assert op is not None
+            return op
+
+    def _recent_done(
+        self,
+        ref: ClusterRef,
+        done: list[container_v1.Operation],
+        kind: int,
+        node_pool: str,
+        request_id: str,
+    ) -> tuple[container_v1.Operation, Mirrored] | None:
+        """The newest successful GKE operation of this kind and target that ended within the
+        adoption window and serves no other request."""
+        window = self.config.operations.adopt_done_within_seconds
+        if window <= 0:
+            return None
+        now = datetime.now(UTC).timestamp()
+        for gke_op in reversed(done):
+            info = describe(gke_op, ref.project)
+            if info is None or info.kind != kind or (kind == _NP and info.node_pool != node_pool):
+                continue
+            state, _, _ = contract_state(gke_op)
+            if state != cluster_pb2.OPERATION_STATE_SUCCEEDED:
+                continue
+            ended = timestamp(gke_op.end_time).ToDatetime(tzinfo=UTC).timestamp()
+            if now - ended > window:
+                continue
+            if self._bound_elsewhere(info.op_id, request_id):
+                continue
+            return gke_op, info
+        return None
+
+    # ---------------------------------------------------------------------- traffic
+
+    def service(self, kind: int, request_id: str, cluster_id: str) -> cluster_pb2.Operation:
+        """ServiceOut (kind OUT) or ServiceIn (kind IN) by the contract's rules."""
+        ref = self._ref(cluster_id)
+        with self._lock(cluster_id):
+            existing = self.store.lookup(request_id)
+            if existing is not None:
+                if existing.kind != kind or existing.cluster_id != cluster_id:
+                    raise InvalidArgument(
+                        "request_id",
+                        f"reused for a different request (it started operation {existing.id} "
+                        f"on cluster {existing.cluster_id}); choose a new request_id per change",
+                    )
+                return existing
+            self._selected_cluster(ref)
+            self._refresh_operations([ref.parent])
+            self.store.ensure_free(cluster_id)
+            needed = (
+                self.traffic.needs_out(cluster_id)
+                if kind == _OUT
+                else self.traffic.needs_in(cluster_id)
+            )
+            if not needed:
+                return self._nothing_to_do(request_id, kind, cluster_id)
+            if self.traffic.immediate:
+                self._change_traffic(kind, cluster_id, request_id)
+                return self._nothing_to_do(request_id, kind, cluster_id)
+            op, _ = self.store.start(request_id=request_id, kind=kind, cluster_id=cluster_id)
+            self.state.save_operation(op)
+            self._executor.submit(self._run_service, op.id, kind, cluster_id)
+            return op
+
+    def _change_traffic(self, kind: int, cluster_id: str, request_id: str, op_id: str = "") -> None:
+        def progress(percent: int) -> None:
+            if op_id:
+                self.store.update(op_id, progress=percent)
+
+        if kind == _OUT:
+            self.traffic.service_out(cluster_id, request_id, progress)
+        else:
+            self.traffic.service_in(cluster_id, request_id, progress)
+
+    def _run_service(self, op_id: str, kind: int, cluster_id: str) -> None:
+        op = self.store.get(op_id)
+        code = "SERVICE_OUT_FAILED" if kind == _OUT else "SERVICE_IN_FAILED"
+        try:
+            running = self.store.update(op_id, state=cluster_pb2.OPERATION_STATE_RUNNING)
+            self.state.save_operation(running)
+            self._change_traffic(kind, cluster_id, op.request_id, op_id)
+        except PluginError as exc:
+            final = self.store.update(
+                op_id,
+                state=cluster_pb2.OPERATION_STATE_FAILED,
+                error_code=code,
+                error_message=f"{kind_name(kind)} of {cluster_id} failed: {exc.message}",
+            )
+        except Exception:
+            _LOG.exception("service change failed", extra={"fields": {"operation": op_id}})
+            final = self.store.update(
+                op_id,
+                state=cluster_pb2.OPERATION_STATE_FAILED,
+                error_code=code,
+                error_message=f"{kind_name(kind)} of {cluster_id} failed: internal error "
+                "(see the plugin's log)",
+            )
+        else:
+            final = self.store.update(op_id, state=cluster_pb2.OPERATION_STATE_SUCCEEDED)
+        self.state.save_operation(final)
+
+    # ------------------------------------------------------------------------ probe
+
+    def probe(self) -> tuple[bool, str]:
+        """(ready, why not): GKE answers a cluster listing of the first configured location."""
+        parents = self._parents()
+        if not parents:
+            return False, "no clusters configured"
+        started = time.monotonic()
+        try:
+            self.api.list_clusters(parents[0])
+        except PluginError as exc:
+            return False, f"GKE is not reachable: {exc.message}"
+        _LOG.debug("probe ok", extra={"fields": {"seconds": round(time.monotonic() - started, 3)}})
+        return True, ""

@@ -1,0 +1,142 @@
+"""The fleet-plugin-gke command: GKE clusters served over the plugin contract."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from google.auth.credentials import Credentials
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from plugins.gke.api import GkeApi
+from plugins.gke.config import ConfigError, GkeConfig, load_config
+from plugins.gke.fleet import GkeFleet
+from plugins.gke.servicers import GkeClusterServicer, GkeIdentityServicer
+from plugins.sdk.server import (
+    PluginServer,
+    PluginServicers,
+    ServerTLS,
+    add_server_args,
+    configure_logging,
+    run_until_signal,
+    serve,
+    server_tls_from_args,
+    start_metrics_server,
+)
+
+__all__ = ["GkePlugin", "GkePluginOptions", "build_parser", "main"]
+
+_LOG = logging.getLogger("plugins.gke.server")
+_DIST = "fleet-upgrade-orchestrator"
+_SHUTDOWN_GRACE = 2.0
+
+
+def _version() -> str:
+    try:
+        return metadata.version(_DIST)
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+@dataclass
+class GkePluginOptions:
+    """What a GkePlugin runs: its configuration, address, TLS and metrics registry."""
+
+    config: GkeConfig
+    listen: str = "127.0.0.1:0"
+    tls: ServerTLS | None = None
+    registry: CollectorRegistry | None = None
+    credentials: Credentials | None = None  # None: from config.api (ADC or anonymous)
+    max_workers: int = 32
+
+
+class GkePlugin:
+    """A running GKE plugin: the fleet (GKE + compute clients, poller) and its gRPC server."""
+
+    def __init__(self, options: GkePluginOptions) -> None:
+        self.options = options
+        config = options.config
+        api = GkeApi(config.api, options.credentials)
+        self.fleet = GkeFleet(config, api)
+        try:
+            self.fleet.start()
+            manifest = {
+                "clusters": str(len(config.clusters.ids)),
+                "discovery": str(len(config.clusters.discover)),
+                "traffic": config.traffic.mode,
+                "endpoint": config.api.container_endpoint or "container.googleapis.com",
+            }
+            servicers = PluginServicers(
+                identity=GkeIdentityServicer(self.fleet, _version(), manifest),
+                cluster=GkeClusterServicer(self.fleet),
+            )
+            self.server: PluginServer = serve(
+                options.listen,
+                servicers,
+                tls=options.tls,
+                max_workers=options.max_workers,
+                plugin_name="gke",
+                registry=options.registry if options.registry is not None else REGISTRY,
+            )
+        except BaseException:
+            self.fleet.close()
+            raise
+        self.server.add_stop_callback(self.fleet.store.close)
+
+    @property
+    def address(self) -> str:
+        """HOST:PORT the gRPC server listens on."""
+        return self.server.address
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Stops the server (in-flight RPCs get grace seconds), the poller and the clients."""
+        self.fleet.store.close()
+        if not self.server.stopped:
+            self.server.stop(grace)
+        self.fleet.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of fleet-plugin-gke."""
+    parser = argparse.ArgumentParser(
+        prog="fleet-plugin-gke",
+        description="Serve GKE clusters over the fleetupgrade plugin contract.",
+    )
+    add_server_args(parser)
+    parser.add_argument(
+        "--config", required=True, metavar="FILE", help="plugin configuration (YAML)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the plugin until SIGTERM/SIGINT."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.debug)
+    try:
+        config = load_config(args.config)
+        options = GkePluginOptions(
+            config=config, listen=args.listen, tls=server_tls_from_args(args), registry=REGISTRY
+        )
+        if args.metrics_addr:
+            start_metrics_server(args.metrics_addr)
+        plugin = GkePlugin(options)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"fleet-plugin-gke: {exc}", file=sys.stderr)
+        return 2
+    _LOG.info(
+        "GKE plugin ready",
+        extra={"fields": {"address": plugin.address, "config": str(Path(args.config))}},
+    )
+    run_until_signal(plugin.server, grace=_SHUTDOWN_GRACE)
+    plugin.stop(grace=0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
