@@ -147,17 +147,19 @@ def curator_verdict(
         and c.get("status") == "True"
     ]
     if failures:
-        # The job's own summary names the curation; a step's message names the cause.
+        # A step's message names the cause; the job's summary names the curation.
         step = next((c for c in failures if c.get("type") != CONDITION_CURATOR_JOB), None)
         job = next((c for c in failures if c.get("type") == CONDITION_CURATOR_JOB), None)
-        chosen = step or job
-        assert chosen is not None
-        text = str(chosen.get("message") or "curation failed")
-        if step is not None and job is not None and str(job.get("message")) not in text:
-            text = f"{text} ({job.get('message')})"
-        return Verdict(
-            _FAILED, 0, "CURATION_FAILED", f"ClusterCurator {_step_name(chosen)}: {text}"
-        )
+        summary = str(job.get("message") or "") if job is not None else ""
+        if step is not None:
+            cause = str(step.get("message") or "failed")
+            text = f"curation step {step.get('type')} failed: {cause}"
+            if summary and cause not in summary:
+                text += f" ({summary})"
+        else:
+            text = f"curation failed: {summary or 'no message'}"
+        name = (curator.get("metadata") or {}).get("name", "")
+        return Verdict(_FAILED, 0, "CURATION_FAILED", f"ClusterCurator {name}: {text}")
     job = condition(conditions, CONDITION_CURATOR_JOB)
     finished = (
         job is not None
@@ -180,8 +182,3 @@ def curator_verdict(
     return timed_out(started, now, cfg.monitor_timeout, message) or Verdict(
         _RUNNING, _progress(conditions), "", message
     )
-
-
-def _step_name(cond: Mapping[str, Any]) -> str:
-    """How a failed condition is named in messages: its type (the curation step)."""
-    return str(cond.get("type") or "condition")
