@@ -77,10 +77,7 @@ def populate(
     emulator.add_backend_service(
         PROJECT,
         "web",
-        [
-            {"group": NEG.format(name), "capacityScaler": scalers.get(name, 1.0)}
-            for name in names
-        ],
+        [{"group": NEG.format(name), "capacityScaler": scalers.get(name, 1.0)} for name in names],
     )
     return ids
 
@@ -136,9 +133,7 @@ class RunningPlugin:
 @contextmanager
 def running_plugin(config: dict[str, Any]) -> Iterator[RunningPlugin]:
     """A started plugin with the configuration data; stopped on exit."""
-    plugin = GkePlugin(
-        GkePluginOptions(config=parse_config(config), registry=CollectorRegistry())
-    )
+    plugin = GkePlugin(GkePluginOptions(config=parse_config(config), registry=CollectorRegistry()))
     running = RunningPlugin(plugin, PluginClient(plugin.address, caller="gke-tests"))
     try:
         yield running
@@ -158,12 +153,10 @@ def wait_until(predicate: Callable[[], T | None], timeout: float = 15.0, what: s
         time.sleep(0.05)
 
 
-def wait_terminal(
-    client: PluginClient, op_id: str, timeout: float = 15.0
-) -> cluster_pb2.Operation:
+def wait_terminal(client: PluginClient, op_id: str, timeout: float = 15.0) -> cluster_pb2.Operation:
     """Polls GetOperation until the operation is SUCCEEDED or FAILED."""
     return wait_until(
-        lambda: (op if (op := client.get_operation(op_id)).state in TERMINAL else None),
+        lambda: op if (op := client.get_operation(op_id)).state in TERMINAL else None,
         timeout,
         f"operation {op_id} terminal",
     )

@@ -35,9 +35,9 @@ def test_the_gke_plugin_passes_the_conformance_kit_and_is_left_as_found(
 ) -> None:
     running = start_plugin(mode=mode)
     outcome = _kit(running.address, tmp_path)
-    assert "test_operation_is_idempotent_reaches_a_terminal_state_and_is_watched" in outcome[
-        "passed"
-    ]
+    assert (
+        "test_operation_is_idempotent_reaches_a_terminal_state_and_is_watched" in outcome["passed"]
+    )
     if mode == "backendServices":
         # Service-out ran as a real compute operation, so the conflict check was exercised.
         assert "test_conflicting_request_is_aborted_naming_the_operation" in outcome["passed"]

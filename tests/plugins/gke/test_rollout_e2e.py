@@ -1,0 +1,126 @@
+"""End to end: the orchestrator on the local control plane rolls a ClusterVersion over four
+emulated GKE clusters through the GKE plugin, keeping requiredAvailableCount."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import api
+from tests.plugins.gke.support import (
+    FAST,
+    NEG,
+    NEW,
+    PROJECT,
+    cluster_id,
+    plugin_config,
+    populate,
+    running_plugin,
+)
+from tests.support.gke_emulator import GkeEmulator
+from tests.support.kube import KubeCluster, wait_for
+from tests.support.orchestrator import CV, OrchestratorProcess
+
+NAMES = ["c1", "c2", "c3", "c4"]
+REQUIRED = 3
+
+
+class FloorSampler:
+    """Samples the emulated fleet every few milliseconds: clusters available (GKE status
+    RUNNING) and in service (backend capacity above 0)."""
+
+    def __init__(self, emulator: GkeEmulator) -> None:
+        self._emulator = emulator
+        self._stop = threading.Event()
+        self.samples: list[int] = []
+        self.most_out = 0
+        self._thread = threading.Thread(target=self._run, name="floor-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            serving, out = 0, 0
+            for name in NAMES:
+                capacity = self._emulator.capacity(PROJECT, "web", NEG.format(name)) or 0.0
+                status = self._emulator.cluster(cluster_id(name))["status"]
+                if capacity > 0 and status == "RUNNING":
+                    serving += 1
+                if capacity == 0:
+                    out += 1
+            self.samples.append(serving)
+            self.most_out = max(self.most_out, out)
+
+    def __enter__(self) -> FloorSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+@pytest.fixture
+def orchestrator(
+    control_plane: KubeCluster, namespace: str, tmp_path: Path
+) -> Iterator[OrchestratorProcess]:
+    proc = OrchestratorProcess(control_plane.kubeconfig, namespace, tmp_path / "orchestrator.log")
+    yield proc.start()
+    proc.stop()
+
+
+def _cluster_version(endpoint: str) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": "gke-fleet"},
+        "spec": {
+            "requiredAvailableCount": REQUIRED,
+            "opsEndpoint": {"endpoint": endpoint, "insecure": True},
+            "clusters": [{"id": cluster_id(n), "version": NEW} for n in NAMES],
+        },
+    }
+
+
+def test_rollout_over_four_gke_clusters_converges_and_keeps_the_floor(
+    control_plane: KubeCluster,
+    namespace: str,
+    tmp_path: Path,
+    orchestrator: OrchestratorProcess,
+) -> None:
+    with GkeEmulator(master_seconds=FAST, nodes_seconds=FAST, compute_op_seconds=0.2) as emu:
+        populate(emu, NAMES)
+        config = plugin_config(emu, NAMES, state_file=tmp_path / "gke-state.json")
+        with running_plugin(config) as plugin, FloorSampler(emu) as floor:
+            cvs = CV(control_plane, namespace)
+            cvs.create(_cluster_version(plugin.address))
+            status = wait_for(
+                "the GKE rollout completes",
+                lambda: cvs.phase_is("gke-fleet", "Completed"),
+                timeout=180,
+                interval=0.2,
+            )
+        for name in NAMES:
+            cluster = emu.cluster(cluster_id(name))
+            assert cluster["currentMasterVersion"] == NEW
+            assert {p["name"]: p["version"] for p in cluster["nodePools"]} == {
+                "default-pool": NEW,
+                "workers": NEW,
+            }
+            assert cluster["status"] == "RUNNING"
+            assert emu.capacity(PROJECT, "web", NEG.format(name)) == 1.0
+        # One control-plane upgrade per cluster and one per pool: nothing started twice.
+        assert emu.calls("UpdateMaster") == 4
+        assert emu.calls("UpdateNodePool") == 8
+        bodies = emu.requests("UpdateNodePool")
+        assert {b["imageType"] for b in bodies} == {"COS_CONTAINERD", "UBUNTU_CONTAINERD"}
+        assert all("upgradeSettings" not in b for b in bodies)
+        # The floor: never fewer than REQUIRED clusters available and in service.
+        assert floor.samples and min(floor.samples) >= REQUIRED
+        assert floor.most_out == 1
+        assert status["summary"]["upToDate"] == 4
+        assert "clusters" not in status
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        assert ready["status"] == "True"
