@@ -334,7 +334,10 @@ def parse_config(data: Mapping[str, Any] | None, source: str = "config") -> OcmC
             if error["type"] == "extra_forbidden":
                 message = "unknown field; remove it or check its spelling"
             elif error["type"] == "literal_error":
-                message = f"{error.get('input')!r} is not allowed; {message.lower()}"
+                expected = (error.get("ctx") or {}).get("expected", "")
+                message = f"{error.get('input')!r} is not allowed; use {expected}"
+            elif error["type"] == "missing":
+                message = "missing; this field is required"
             where = _location(tuple(error["loc"]))
             if not where:
                 problems.append(message)
