@@ -12,7 +12,7 @@ from kubernetes import client as k8s
 
 from orchestrator import api
 from tests.support.kube import KubeCluster, wait_for
-from tests.support.orchestrator import CV, OrchestratorProcess, monitor, simulated_fleet
+from tests.support.orchestrator import CV, OrchestratorProcess, free_port, monitor, simulated_fleet
 
 OLD, NEW = "1.28.5", "1.29.1"
 
@@ -190,3 +190,77 @@ def test_schema_rejects_bad_endpoint_and_version(
     assert err.value.status == 422
     assert "spec.opsEndpoint.endpoint" in str(err.value.body)
     assert "spec.clusters.version" in str(err.value.body)  # 1.20 omits the list index
+
+
+def test_unreachable_plugin_marks_degraded_then_recovers(
+    control_plane: KubeCluster,
+    namespace: str,
+    tmp_path: Path,
+    orchestrator: OrchestratorProcess,
+) -> None:
+    port = free_port()
+    cvs = CV(control_plane, namespace)
+    ids = ["cluster-00", "cluster-01", "cluster-02"]
+    cvs.create(cluster_version("fleet", f"127.0.0.1:{port}", ids, 2))
+
+    def degraded() -> dict[str, Any] | None:
+        conds = cvs.status("fleet").get("conditions") or []
+        found = next((c for c in conds if c["type"] == "Degraded"), None)
+        return found if found and found["status"] == "True" else None
+
+    cond = wait_for("marked Degraded", degraded, timeout=60, interval=0.2)
+    assert cond["reason"] == "PluginUnavailable"
+    assert f"127.0.0.1:{port}" in cond["message"] and "UNAVAILABLE" in cond["message"]
+    with simulated_fleet(tmp_path, fleet(3), NEW, listen=f"127.0.0.1:{port}") as sim:
+        status = wait_for(
+            "rollout completes once the plugin is up",
+            lambda: cvs.phase_is("fleet", "Completed"),
+            timeout=120,
+            interval=0.2,
+        )
+        assert monitor(sim)["clusters_at_target"] == 3
+        degraded_now = next(c for c in status["conditions"] if c["type"] == "Degraded")
+        assert degraded_now["status"] == "False"
+
+
+def test_events_record_each_cluster_transition(
+    control_plane: KubeCluster,
+    namespace: str,
+    tmp_path: Path,
+    orchestrator: OrchestratorProcess,
+) -> None:
+    core = k8s.CoreV1Api(control_plane.api_client())
+    with simulated_fleet(tmp_path, fleet(3), NEW) as sim:
+        cvs = CV(control_plane, namespace)
+        cvs.create(cluster_version("fleet", sim.address, [f"cluster-{i:02d}" for i in range(3)], 2))
+        wait_for(
+            "rollout completes",
+            lambda: cvs.phase_is("fleet", "Completed"),
+            timeout=60,
+            interval=0.2,
+        )
+
+        def upgraded_events() -> list[Any]:
+            items = core.list_namespaced_event(namespace).items
+            return [
+                e for e in items if e.reason == "Upgraded" and e.involved_object.name == "fleet"
+            ]
+
+        events = wait_for(
+            "an Upgraded event per cluster",
+            lambda: len(upgraded_events()) >= 3 and upgraded_events(),
+            timeout=30,
+        )
+        assert sorted(e.message.split(":")[0] for e in events) == [
+            "cluster-00",
+            "cluster-01",
+            "cluster-02",
+        ]
+        reasons = {e.reason for e in core.list_namespaced_event(namespace).items}
+        assert {
+            "ServicingOut",
+            "UpgradingControlPlane",
+            "UpgradingNodePools",
+            "ServicingIn",
+            "Upgraded",
+        } <= reasons

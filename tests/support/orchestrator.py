@@ -99,12 +99,15 @@ class OrchestratorProcess:
 
 
 @contextmanager
-def simulated_fleet(tmp: Path, fleet: dict[str, Any], target: str) -> Iterator[Simulator]:
+def simulated_fleet(
+    tmp: Path, fleet: dict[str, Any], target: str, listen: str = "127.0.0.1:0"
+) -> Iterator[Simulator]:
     """A sim plugin serving the fleet (the fleet-file dict) on loopback, monitor file in tmp."""
     path = tmp / "fleet.yaml"
     path.write_text(yaml.safe_dump(fleet))
     sim = Simulator(
         SimOptions(
+            listen=listen,
             fleet_file=str(path),
             monitor_file=str(tmp / "monitor.json"),
             target_version=target,
