@@ -264,3 +264,46 @@ def test_events_record_each_cluster_transition(
             "ServicingIn",
             "Upgraded",
         } <= reasons
+
+
+def test_retry_annotation_resumes_a_halted_rollout(
+    control_plane: KubeCluster,
+    namespace: str,
+    tmp_path: Path,
+    orchestrator: OrchestratorProcess,
+) -> None:
+    faults = {
+        "failStep": [
+            {
+                "step": "controlPlane",
+                "clusters": ["cluster-00"],
+                "times": 1,
+                "message": "transient quota error",
+            }
+        ]
+    }
+    with simulated_fleet(tmp_path, fleet(3, **faults), NEW) as sim:
+        cvs = CV(control_plane, namespace)
+        cvs.create(
+            cluster_version("fleet", sim.address, ["cluster-00", "cluster-01", "cluster-02"], 2)
+        )
+        wait_for("rollout halts", lambda: cvs.phase_is("fleet", "Halted"), timeout=60)
+        cvs.api.patch_namespaced_custom_object(
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            api.PLURAL,
+            "fleet",
+            {"metadata": {"annotations": {api.ANNOTATION_RETRY_CLUSTERS: "cluster-00"}}},
+        )
+        wait_for(
+            "rollout completes",
+            lambda: cvs.phase_is("fleet", "Completed"),
+            timeout=90,
+            interval=0.2,
+        )
+        annotations = cvs.get("fleet")["metadata"].get("annotations") or {}
+        assert api.ANNOTATION_RETRY_CLUSTERS not in annotations  # consumed
+        m = monitor(sim)
+        assert m["clusters_at_target"] == 3 and m["duplicate_mutations"] == 0
+        assert m["operations_failed"] == 1
