@@ -287,3 +287,24 @@ def test_bad_health_checks_are_invalid_spec() -> None:
         "spec.healthChecks.checks[2].metric.provider.type",
     }
     assert any("not valid PromQL" in p.message for p in problems)
+
+
+def test_status_stays_small_at_ten_thousand_clusters() -> None:
+    import json
+
+    from orchestrator.fleet import Snapshot
+
+    fleet = make_fleet(10_000, staged=True)
+    spec = api.ClusterVersionSpec.model_validate(
+        {
+            "requiredAvailableCount": 8_000,
+            "version": "1.29.1",
+            "opsEndpoint": {"endpoint": "plugin:9000"},
+            "strategy": {"stages": [{"name": "all", "selector": {}}]},
+        }
+    )
+    first = plan(PlanInput(spec=spec, snapshot=Snapshot(fleet.clusters), now=T0))
+    assert len(first.actions) == 2_000  # the whole budget in flight
+    size = len(json.dumps(first.status.dump()))
+    assert size <= 64 * 1024, size
+    assert len(first.status.entries()) == 2_000  # nothing lost by the compact form
