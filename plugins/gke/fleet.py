@@ -278,7 +278,7 @@ class GkeFleet:
             return None
         if stored is not None and stored.state in TERMINAL_STATES:
             return stored
-        state, code, message = contract_state(gke_op)
+        state, code, message = contract_state(gke_op, info.op_id)
         op = cluster_pb2.Operation(
             id=info.op_id,
             kind=info.kind,  # type: ignore[arg-type]

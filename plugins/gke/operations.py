@@ -89,9 +89,9 @@ def _bounded(value: float) -> int:
     return max(0, min(100, int(value)))
 
 
-def contract_state(op: container_v1.Operation) -> tuple[int, str, str]:
+def contract_state(op: container_v1.Operation, op_id: str = "") -> tuple[int, str, str]:
     """(state, error_code, error_message): PENDING → PENDING; RUNNING and ABORTING → RUNNING;
-    DONE → SUCCEEDED, or FAILED when GKE reports an error."""
+    DONE → SUCCEEDED, or FAILED when GKE reports an error (the message names op_id)."""
     status = op.status
     if status in (_Status.PENDING, _Status.STATUS_UNSPECIFIED):
         return cluster_pb2.OPERATION_STATE_PENDING, "", ""
@@ -102,7 +102,7 @@ def contract_state(op: container_v1.Operation) -> tuple[int, str, str]:
         return cluster_pb2.OPERATION_STATE_SUCCEEDED, "", ""
     code = "CANCELLED" if op.error.code == _CODE_CANCELLED else "UPGRADE_FAILED"
     text = message or f"error code {op.error.code}"
-    return cluster_pb2.OPERATION_STATE_FAILED, code, f"GKE operation {op.name} failed: {text}"
+    return cluster_pb2.OPERATION_STATE_FAILED, code, f"GKE operation {op_id or op.name} failed: {text}"
 
 
 def _copy(op: cluster_pb2.Operation) -> cluster_pb2.Operation:
