@@ -101,8 +101,8 @@ def contract_state(op: container_v1.Operation, op_id: str = "") -> tuple[int, st
     if op.error.code == 0 and not message:
         return cluster_pb2.OPERATION_STATE_SUCCEEDED, "", ""
     code = "CANCELLED" if op.error.code == _CODE_CANCELLED else "UPGRADE_FAILED"
-    text = message or f"error code {op.error.code}"
-    return cluster_pb2.OPERATION_STATE_FAILED, code, f"GKE operation {op_id or op.name} failed: {text}"
+    text = f"GKE operation {op_id or op.name} failed: {message or f'error code {op.error.code}'}"
+    return cluster_pb2.OPERATION_STATE_FAILED, code, text
 
 
 def _copy(op: cluster_pb2.Operation) -> cluster_pb2.Operation:

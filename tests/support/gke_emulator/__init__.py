@@ -178,6 +178,11 @@ class GkeEmulator:
         """The next calls of method (e.g. "ListClusters", "UpdateMaster") answer an HTTP error."""
         self.state.fail_http(method, ApiError(code, message, status), times)
 
+    def clear_http_faults(self) -> None:
+        """Forgets every pending fail_http."""
+        with self.state.lock:
+            self.state.http_faults.clear()
+
     def start_foreign_operation(
         self, cluster_id: str, op_type: str, target: str, node_pool: str = ""
     ) -> str:
@@ -204,6 +209,11 @@ class GkeEmulator:
         """The JSON bodies of the requests of a method, oldest first."""
         with self.state.lock:
             return [body for name, _, body in self.state.requests if name == method]
+
+    def authorizations(self) -> list[str]:
+        """The Authorization header of every request ("" when none was sent)."""
+        with self.state.lock:
+            return list(self.state.authorizations)
 
     def cluster(self, cluster_id: str) -> dict[str, Any]:
         """The cluster as GetCluster answers it (JSON, enums by name)."""

@@ -178,7 +178,12 @@ class EmulatorServer:
                 continue
             try:
                 fault = self.state.take_http_fault(name)
-                self.state.record(name, parts.path, json.loads(body) if body else {})
+                self.state.record(
+                    name,
+                    parts.path,
+                    json.loads(body) if body else {},
+                    http.headers.get("Authorization", ""),
+                )
                 if fault is not None:
                     raise fault
                 with self.state.lock:  # serialize while no operation can change the message

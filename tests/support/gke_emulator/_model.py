@@ -159,6 +159,7 @@ class EmulatorState:
     lock: threading.RLock = field(default_factory=threading.RLock)
     calls: Counter[str] = field(default_factory=Counter)
     requests: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    authorizations: list[str] = field(default_factory=list)  # Authorization headers seen
     clusters: dict[tuple[str, str, str], Any] = field(default_factory=dict)
     server_configs: dict[tuple[str, str], Any] = field(default_factory=dict)
     project_numbers: dict[str, str] = field(default_factory=dict)
@@ -218,10 +219,13 @@ class EmulatorState:
             queue = self.http_faults.get(method)
             return queue.pop(0) if queue else None
 
-    def record(self, method: str, path: str, body: Mapping[str, Any]) -> None:
+    def record(
+        self, method: str, path: str, body: Mapping[str, Any], authorization: str = ""
+    ) -> None:
         with self.lock:
             self.calls[method] += 1
             self.requests.append((method, path, dict(body)))
+            self.authorizations.append(authorization)
 
     # ------------------------------------------------------------------------- reads
 

@@ -1,0 +1,106 @@
+"""GKE's operation and link formats mapped onto the contract (pure functions)."""
+
+from __future__ import annotations
+
+import pytest
+from google.cloud import container_v1
+
+from fleetupgrade.plugin.v1 import cluster_pb2
+from plugins.gke.ids import group_key, parse_cluster_id, parse_operation_id, parse_target_link
+from plugins.gke.operations import contract_state, describe, progress_percent
+
+_Status = container_v1.Operation.Status
+_S = cluster_pb2
+
+
+def _op(**fields: object) -> container_v1.Operation:
+    return container_v1.Operation(**fields)
+
+
+@pytest.mark.parametrize(
+    ("status", "state"),
+    [
+        (_Status.PENDING, _S.OPERATION_STATE_PENDING),
+        (_Status.RUNNING, _S.OPERATION_STATE_RUNNING),
+        (_Status.ABORTING, _S.OPERATION_STATE_RUNNING),
+        (_Status.DONE, _S.OPERATION_STATE_SUCCEEDED),
+    ],
+)
+def test_statuses_map_onto_contract_states(status: int, state: int) -> None:
+    assert contract_state(_op(name="operation-1", status=status)) == (state, "", "")
+
+
+def test_done_with_an_error_fails_with_the_message_and_code() -> None:
+    failed = _op(name="operation-1", status=_Status.DONE, error={"code": 13, "message": "boom"})
+    assert contract_state(failed, "projects/p/locations/l/operations/operation-1") == (
+        _S.OPERATION_STATE_FAILED,
+        "UPGRADE_FAILED",
+        "GKE operation projects/p/locations/l/operations/operation-1 failed: boom",
+    )
+    cancelled = _op(name="op", status=_Status.DONE, error={"code": 1, "message": "cancelled"})
+    assert contract_state(cancelled)[1] == "CANCELLED"
+    legacy = _op(name="op", status=_Status.DONE, status_message="nodes failed to register")
+    assert contract_state(legacy)[0] == _S.OPERATION_STATE_FAILED
+
+
+def test_progress_comes_from_either_documented_metric_bundle() -> None:
+    nodes = _op(
+        progress={
+            "metrics": [
+                {"name": "nodes done", "int_value": 3},
+                {"name": "nodes total", "int_value": 12},
+            ]
+        }
+    )
+    assert progress_percent(nodes) == 25
+    ratio = _op(
+        progress={
+            "metrics": [
+                {"name": "progress", "double_value": 0.56},
+                {"name": "progress scale", "double_value": 1.0},
+            ]
+        }
+    )
+    assert progress_percent(ratio) == 56
+    assert progress_percent(_op()) == 0
+
+
+def test_target_links_with_numbers_zones_and_node_pools() -> None:
+    base = "https://container.googleapis.com/v1/projects/123456789012"
+    assert parse_target_link(f"{base}/zones/us-central1-a/clusters/c1") == (
+        "us-central1-a",
+        "c1",
+        "",
+    )
+    assert parse_target_link(f"{base}/locations/us-central1/clusters/c1/nodePools/np") == (
+        "us-central1",
+        "c1",
+        "np",
+    )
+    assert parse_target_link(f"{base}/locations/us-central1") is None
+    op = _op(
+        name="operation-9",
+        location="us-central1",
+        operation_type=container_v1.Operation.Type.UPGRADE_NODES,
+        status=_Status.RUNNING,
+        target_link=f"{base}/locations/us-central1/clusters/c1/nodePools/np",
+    )
+    info = describe(op, "my-project")
+    assert info is not None
+    assert info.op_id == "projects/my-project/locations/us-central1/operations/operation-9"
+    assert (info.kind, info.node_pool, info.in_flight) == (
+        _S.OPERATION_KIND_UPGRADE_NODE_POOL,
+        "np",
+        True,
+    )
+
+
+def test_ids_and_group_urls() -> None:
+    assert parse_cluster_id("projects/p/locations/l/clusters/c").name == "c"
+    assert parse_cluster_id("cluster-1") is None
+    assert parse_operation_id("projects/p/locations/l/operations/op").name == "op"
+    assert parse_operation_id("gke-op-123") is None
+    short = "projects/p/zones/z/networkEndpointGroups/neg"
+    assert group_key(f"https://www.googleapis.com/compute/v1/{short}") == short
+    assert group_key(f"https://compute.googleapis.com/compute/v1/{short}/") == short
+    assert group_key(short) == short

@@ -1,0 +1,153 @@
+"""Service-out / service-in: capacityScaler 0 in the configured backend services, the old value
+restored (also after a plugin restart); mode none records the state only."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+
+from fleetupgrade.plugin.v1 import cluster_pb2
+from plugins.gke.traffic import DRAIN_MARKER
+from plugins.sdk.client import PluginCallError
+from tests.plugins.gke.conftest import NAMES, StartPlugin
+from tests.plugins.gke.support import (
+    NEG,
+    PROJECT,
+    cluster_id,
+    plugin_config,
+    running_plugin,
+    wait_terminal,
+)
+from tests.support.gke_emulator import GkeEmulator
+
+C1, C2 = cluster_id("c1"), cluster_id("c2")
+_S = cluster_pb2
+
+
+def _backend(emulator: GkeEmulator, service: str, name: str) -> dict[str, object]:
+    return next(
+        b
+        for b in emulator.backend_service(PROJECT, service)["backends"]
+        if str(b["group"]).endswith(f"neg-{name}")
+    )
+
+
+def _two_services(emulator: GkeEmulator) -> dict[str, object]:
+    emulator.add_backend_service(
+        PROJECT,
+        "api",
+        [
+            {"group": NEG.format(n), "capacityScaler": 0.8, "description": f"api backend {n}"}
+            for n in NAMES
+        ],
+    )
+    config = plugin_config(emulator, NAMES)
+    config["traffic"]["backendServices"].append({"project": PROJECT, "name": "api"})
+    return config
+
+
+def test_service_out_sets_capacity_zero_and_service_in_restores_the_old_value(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    client = start_plugin(_two_services(emulator)).client
+    out = client.service_out("out-1", C1)
+    assert out.kind == _S.OPERATION_KIND_SERVICE_OUT
+    assert out.state in (_S.OPERATION_STATE_PENDING, _S.OPERATION_STATE_RUNNING)
+    assert wait_terminal(client, out.id).state == _S.OPERATION_STATE_SUCCEEDED
+    assert emulator.capacity(PROJECT, "web", "neg-c1") == 0.0
+    assert emulator.capacity(PROJECT, "api", "neg-c1") == 0.0
+    assert f"[{DRAIN_MARKER}=0.8]" in str(_backend(emulator, "api", "c1")["description"])
+    assert emulator.capacity(PROJECT, "api", "neg-c2") == 0.8  # others untouched
+    assert not client.get_cluster(C1).in_service and client.get_cluster(C2).in_service
+    again = client.service_out("out-2", C1)  # nothing left to do
+    assert again.state == _S.OPERATION_STATE_SUCCEEDED and again.id != out.id
+    back = wait_terminal(client, client.service_in("in-1", C1).id)
+    assert back.state == _S.OPERATION_STATE_SUCCEEDED
+    assert emulator.capacity(PROJECT, "web", "neg-c1") == 1.0
+    assert emulator.capacity(PROJECT, "api", "neg-c1") == 0.8
+    assert _backend(emulator, "api", "c1")["description"] == "api backend c1"
+    assert client.get_cluster(C1).in_service
+    assert emulator.calls("compute.backendServices.patch") == 4
+
+
+def test_the_old_capacity_survives_a_plugin_restart(emulator: GkeEmulator) -> None:
+    config = _two_services(emulator)
+    with running_plugin(config) as first:
+        op = first.client.service_out("out", C1)
+        assert wait_terminal(first.client, op.id).state == _S.OPERATION_STATE_SUCCEEDED
+    with running_plugin(config) as second:
+        assert not second.client.get_cluster(C1).in_service
+        op = second.client.service_in("in", C1)
+        assert wait_terminal(second.client, op.id).state == _S.OPERATION_STATE_SUCCEEDED
+    assert emulator.capacity(PROJECT, "api", "neg-c1") == 0.8
+    assert emulator.capacity(PROJECT, "web", "neg-c1") == 1.0
+
+
+def test_a_partly_drained_cluster_counts_as_out_and_service_in_restores_it(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    config = _two_services(emulator)
+    emulator.fail_next_patch(PROJECT, "api", "backend service update failed: quota exceeded")
+    client = start_plugin(config).client
+    failed = wait_terminal(client, client.service_out("out", C1).id)
+    assert (failed.state, failed.error_code) == (_S.OPERATION_STATE_FAILED, "SERVICE_OUT_FAILED")
+    assert "quota exceeded" in failed.error_message
+    assert emulator.capacity(PROJECT, "web", "neg-c1") == 0.0
+    assert emulator.capacity(PROJECT, "api", "neg-c1") == 0.8
+    assert not client.get_cluster(C1).in_service  # the floor must not count it
+    back = wait_terminal(client, client.service_in("in", C1).id)
+    assert back.state == _S.OPERATION_STATE_SUCCEEDED
+    assert emulator.capacity(PROJECT, "web", "neg-c1") == 1.0
+    assert client.get_cluster(C1).in_service
+
+
+def test_concurrent_drains_of_one_backend_service_lose_no_update(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    client = start_plugin().client
+    ops: dict[str, str] = {}
+
+    def drain(name: str) -> None:
+        ops[name] = client.service_out(f"out-{name}", cluster_id(name)).id
+
+    threads = [threading.Thread(target=drain, args=(n,)) for n in ("c1", "c2", "c3")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for name, op_id in ops.items():
+        assert wait_terminal(client, op_id).state == _S.OPERATION_STATE_SUCCEEDED, name
+    assert [emulator.capacity(PROJECT, "web", f"neg-{n}") for n in NAMES] == [0, 0, 0, 1.0]
+
+
+def test_a_cluster_without_configured_backends_cannot_be_drained(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    config = plugin_config(emulator, NAMES)
+    del config["traffic"]["backends"][C2]
+    client = start_plugin(config).client
+    with pytest.raises(PluginCallError) as err:
+        client.service_out("out", C2)
+    assert err.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert "traffic.backends" in err.value.message and C2 in err.value.message
+
+
+def test_mode_none_succeeds_at_once_and_keeps_the_state_across_restarts(
+    emulator: GkeEmulator, tmp_path: Path
+) -> None:
+    config = plugin_config(emulator, NAMES, mode="none", state_file=tmp_path / "state.json")
+    with running_plugin(config) as first:
+        op = first.client.service_out("out", C1)
+        assert op.state == _S.OPERATION_STATE_SUCCEEDED
+        assert not first.client.get_cluster(C1).in_service
+    with running_plugin(config) as second:
+        assert not second.client.get_cluster(C1).in_service
+        assert second.client.get_operation(op.id).state == _S.OPERATION_STATE_SUCCEEDED
+        assert second.client.service_out("out", C1).id == op.id
+        assert second.client.service_in("in", C1).state == _S.OPERATION_STATE_SUCCEEDED
+        assert second.client.get_cluster(C1).in_service
+    assert emulator.calls("compute.backendServices.patch") == 0
+    assert emulator.calls("compute.backendServices.get") == 0
