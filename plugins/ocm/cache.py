@@ -69,7 +69,7 @@ class Informer:
         """Starts the list-and-watch thread."""
         self._thread.start()
 
-    def stop(self, timeout: float = 2.0) -> None:
+    def stop(self, timeout: float = 1.0) -> None:
         """Asks the thread to end and waits up to timeout seconds (it is a daemon thread)."""
         self._stop.set()
         self._thread.join(timeout)

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import urllib3
-from kubernetes import client, config, watch
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 __all__ = [
     "CLUSTER_CURATORS",
@@ -73,15 +74,18 @@ class HubGone(HubError):
     """410: a watch's resourceVersion expired; list again."""
 
 
-def _wrap(exc: ApiException) -> HubError:
-    status = int(exc.status or 0)
+def _error(status: int, body: str | bytes | None, reason: str) -> HubError:
     try:
-        message = json.loads(exc.body or "{}").get("message", exc.reason)
+        message = json.loads(body or "{}").get("message", reason)
     except (ValueError, AttributeError):
-        message = str(exc.reason)
+        message = reason
     cls = {404: HubNotFound, 409: HubConflict, 410: HubGone}.get(status, HubError)
     text = str(message)
     return cls(status, text if len(text) <= 400 else text[:400] + "…")
+
+
+def _wrap(exc: ApiException) -> HubError:
+    return _error(int(exc.status or 0), exc.body, str(exc.reason))
 
 
 def _unreachable(exc: Exception) -> HubError:
@@ -112,10 +116,19 @@ class Hub:
         self._api = client.ApiClient(cfg)
         self._custom = client.CustomObjectsApi(self._api)
         self._closed = threading.Event()
+        self._streams: set[Any] = set()
+        self._streams_lock = threading.Lock()
 
     def close(self) -> None:
-        """Releases connections; open watches end with an error their loop ignores."""
-        self._closed.set()
+        """Releases connections; open watch streams are shut down (their readers return)."""
+        with self._streams_lock:
+            self._closed.set()
+            streams = list(self._streams)
+        for resp in streams:
+            try:
+                resp.shutdown()
+            except (OSError, AttributeError):
+                resp.close()
         self._api.close()
 
     @property
@@ -156,11 +169,12 @@ class Hub:
         label_selector: str = "",
         timeout_seconds: int = 30,
     ) -> Iterator[tuple[str, dict[str, Any]]]:
-        """(event type, object) from resource_version on; HubGone when it expired."""
-        stream = watch.Watch()
+        """(event type, object) from resource_version on; HubGone when it expired.
+
+        The stream's connection is tracked, so close() interrupts a blocked read at once.
+        """
         try:
-            for event in stream.stream(
-                self._custom.list_cluster_custom_object,
+            resp: Any = self._custom.list_cluster_custom_object(
                 res.group,
                 res.version,
                 res.plural,
@@ -168,19 +182,37 @@ class Hub:
                 resource_version=resource_version,
                 timeout_seconds=timeout_seconds,
                 allow_watch_bookmarks=True,
+                watch=True,
+                _preload_content=False,
                 _request_timeout=timeout_seconds + 10,
-            ):
-                obj = event["object"]
-                if event["type"] == "ERROR":
-                    code = int(obj.get("code", 500)) if isinstance(obj, dict) else 500
-                    raise (HubGone if code == 410 else HubError)(code, str(obj.get("message")))
-                yield str(event["type"]), obj
+            )
         except ApiException as exc:
             raise _wrap(exc) from exc
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             raise _unreachable(exc) from exc
+        with self._streams_lock:
+            if self.closed:
+                resp.release_conn()
+                return
+            self._streams.add(resp)
+        try:
+            if not 200 <= int(resp.status) <= 299:
+                raise _error(int(resp.status), resp.read(), str(resp.reason))
+            for line in iter_resp_lines(resp):
+                if not line:
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    code = int(obj.get("code", 500)) if isinstance(obj, dict) else 500
+                    raise (HubGone if code == 410 else HubError)(code, str(obj.get("message")))
+                yield str(event.get("type")), obj
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            raise _unreachable(exc) from exc
         finally:
-            stream.stop()
+            with self._streams_lock:
+                self._streams.discard(resp)
+            resp.release_conn()
 
     def create(self, res: Resource, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST a new object; HubConflict when it exists already."""

@@ -386,6 +386,12 @@ class OcmEmulator:
             self._members.pop(name, None)
         with contextlib.suppress(ApiException):
             self._custom.delete_cluster_custom_object(*MC, name)
+        # KubeCluster.delete_namespace covers each group's preferred version only, and
+        # ClusterCurator is v1beta1 in a group whose preferred version is v1: delete them here.
+        with contextlib.suppress(ApiException):
+            self._custom.delete_collection_namespaced_custom_object(
+                CURATOR[0], CURATOR[1], name, CURATOR[2]
+            )
         self.hub.delete_namespace(name)
 
     def set_available(self, name: str, status: str, reason: str = "", message: str = "") -> None:

@@ -56,6 +56,9 @@ def placements(hub: KubeCluster) -> Iterator[Callable[..., str]]:
         return namespace
 
     yield create
+    custom.delete_collection_namespaced_custom_object(
+        PLACEMENT[0], PLACEMENT[1], namespace, PLACEMENT[2]
+    )
     hub.delete_namespace(namespace)
     api.close()
 
