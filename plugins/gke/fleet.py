@@ -27,7 +27,7 @@ from plugins.gke.operations import (
 )
 from plugins.gke.policy import check_control_plane, check_node_pool
 from plugins.gke.state import Binding, PluginState
-from plugins.gke.traffic import Traffic, build_traffic
+from plugins.gke.traffic import Stopping, Traffic, build_traffic
 from plugins.sdk.errors import Conflict, InvalidArgument, NotFound, PluginError
 from plugins.sdk.operations import TERMINAL_STATES, kind_name
 from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
@@ -73,7 +73,8 @@ class GkeFleet:
         self.api = api
         self.state = state if state is not None else PluginState(config.operations.state_file)
         self.store = GkeOperationStore(id_prefix="gke-op")
-        self.traffic: Traffic = build_traffic(config.traffic, api, self.state)
+        self._stop = threading.Event()
+        self.traffic: Traffic = build_traffic(config.traffic, api, self.state, self._stop)
         self._explicit = {
             ref.id: ref for ref in (parse_cluster_id(i) for i in config.clusters.ids) if ref
         }
@@ -81,7 +82,6 @@ class GkeFleet:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gke-traffic")
-        self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         self._restore_local_operations()
 
@@ -101,7 +101,7 @@ class GkeFleet:
         """Stops polling and running work, ends watch streams, closes the API sessions."""
         self._stop.set()
         self.store.close()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor.shutdown(wait=True, cancel_futures=True)
         if self._poller is not None:
             self._poller.join(timeout=5)
         self.api.close()
@@ -595,6 +595,12 @@ class GkeFleet:
             running = self.store.update(op_id, state=cluster_pb2.OPERATION_STATE_RUNNING)
             self.state.save_operation(running)
             self._change_traffic(kind, cluster_id, op.request_id, op_id)
+        except Stopping:
+            _LOG.info(
+                "service change interrupted by shutdown; it resumes after a restart",
+                extra={"fields": {"operation": op_id}},
+            )
+            return
         except PluginError as exc:
             final = self.store.update(
                 op_id,

@@ -24,6 +24,7 @@ __all__ = [
     "DRAIN_MARKER",
     "BackendServiceTraffic",
     "NoTraffic",
+    "Stopping",
     "Traffic",
     "TrafficError",
     "build_traffic",
@@ -43,6 +44,10 @@ Progress = Callable[[int], None]
 
 class TrafficError(PluginError):
     """Draining or restoring failed in compute (the operation fails with this message)."""
+
+
+class Stopping(Exception):
+    """The plugin is stopping: the work is left in flight, to resume after a restart."""
 
 
 class Traffic(Protocol):
@@ -131,8 +136,10 @@ class BackendServiceTraffic:
         services: list[BackendServiceRef],
         backends: Mapping[str, list[str]],
         poll_seconds: float = 0.5,
+        stop: threading.Event | None = None,
     ) -> None:
         self._api = api
+        self._stop = stop if stop is not None else threading.Event()
         self._services = services
         self._groups = {cid: {group_key(g) for g in groups} for cid, groups in backends.items()}
         self._poll = poll_seconds
@@ -194,10 +201,16 @@ class BackendServiceTraffic:
                 self._patch_one(cluster_id, request_id, direction, ref)
             progress(int(100 * (index + 1) / total))
 
+    def _pause(self, seconds: float) -> None:
+        if self._stop.wait(seconds):
+            raise Stopping
+
     def _patch_one(
         self, cluster_id: str, request_id: str, direction: str, ref: BackendServiceRef
     ) -> None:
         for attempt in range(_PATCH_ATTEMPTS):
+            if self._stop.is_set():
+                raise Stopping
             service = self._api.get_backend_service(ref.project, ref.name)
             groups = self._groups.get(cluster_id, set())
             changed = False
@@ -221,7 +234,7 @@ class BackendServiceTraffic:
                     ref.project, ref.name, backends, service.fingerprint, compute_request
                 )
             except ComputeBusy:
-                time.sleep(min(0.2 * 2**attempt, 3.0))
+                self._pause(min(0.2 * 2**attempt, 3.0))
                 continue
             self._wait(ref, op)
             return
@@ -239,7 +252,7 @@ class BackendServiceTraffic:
                     f"compute operation {op.name} on backend service {ref.name} did not finish "
                     f"within {_COMPUTE_OP_TIMEOUT:g} s"
                 )
-            time.sleep(self._poll)
+            self._pause(self._poll)
             try:
                 current = self._api.get_global_operation(ref.project, op.name)
             except Unavailable as exc:
@@ -270,8 +283,10 @@ def _restore(backend: compute_v1.Backend) -> bool:
     return True
 
 
-def build_traffic(config: TrafficConfig, api: GkeApi, state: PluginState) -> Traffic:
-    """The Traffic of the configured mode."""
+def build_traffic(
+    config: TrafficConfig, api: GkeApi, state: PluginState, stop: threading.Event
+) -> Traffic:
+    """The Traffic of the configured mode; stop set makes running work end with Stopping."""
     if config.mode == "backendServices":
-        return BackendServiceTraffic(api, list(config.backend_services), config.backends)
+        return BackendServiceTraffic(api, list(config.backend_services), config.backends, stop=stop)
     return NoTraffic(state)

@@ -18,8 +18,10 @@ from tests.plugins.gke.support import (
     PROJECT,
     cluster_id,
     plugin_config,
+    populate,
     running_plugin,
     wait_terminal,
+    wait_until,
 )
 from tests.support.gke_emulator import GkeEmulator
 
@@ -151,3 +153,21 @@ def test_mode_none_succeeds_at_once_and_keeps_the_state_across_restarts(
         assert second.client.get_cluster(C1).in_service
     assert emulator.calls("compute.backendServices.patch") == 0
     assert emulator.calls("compute.backendServices.get") == 0
+
+
+def test_a_restart_mid_drain_resumes_the_same_compute_operation(tmp_path: Path) -> None:
+    with GkeEmulator(compute_op_seconds=2.0) as emu:
+        populate(emu, NAMES)
+        config = plugin_config(emu, NAMES, state_file=tmp_path / "state.json")
+        with running_plugin(config) as first:
+            op = first.client.service_out("out", C1)
+            wait_until(lambda: emu.calls("compute.backendServices.patch") == 1, what="patch sent")
+        with running_plugin(config) as second:
+            resumed = second.client.get_operation(op.id)
+            assert resumed.state == _S.OPERATION_STATE_RUNNING
+            final = wait_terminal(second.client, op.id)
+            assert final.state == _S.OPERATION_STATE_SUCCEEDED
+            assert not second.client.get_cluster(C1).in_service
+        # The repeat carried the same compute requestId: one compute operation, not two.
+        assert len(emu.state.compute_ops) == 1
+        assert emu.capacity(PROJECT, "web", "neg-c1") == 0.0
