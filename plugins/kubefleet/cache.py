@@ -1,0 +1,200 @@
+"""Watch caches: list once, then watch from the list's resourceVersion; re-list on 410 or error."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from plugins.kubefleet.kube import Kube, KubeError, KubeGone, Resource
+
+__all__ = ["CachedObject", "Informer"]
+
+_LOG = logging.getLogger("plugins.kubefleet.cache")
+_BACKOFF_MIN = 0.2
+_BACKOFF_MAX = 10.0
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class CachedObject:
+    """An object as last seen, and when the watch delivered it."""
+
+    obj: dict[str, Any]
+    received: datetime
+
+
+def key_of(obj: dict[str, Any]) -> Key:
+    """(namespace, name) of an object ("" namespace for cluster-scoped ones)."""
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+class Informer:
+    """Keeps every object of one resource (optionally label-selected) current in memory.
+
+    A daemon thread lists, then watches; events update the store, a 410 (expired
+    resourceVersion) re-lists, any other error backs off and re-lists. on_change runs after
+    every change from the informer's thread (keep it short: set an event).
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        resource: Resource,
+        *,
+        label_selector: str = "",
+        on_change: Callable[[], None] | None = None,
+        watch_seconds: int = 300,
+    ) -> None:
+        self._kube = kube
+        self.resource = resource
+        self._selector = label_selector
+        self._on_change = on_change
+        self._watch_seconds = watch_seconds
+        self._lock = threading.Lock()
+        self._store: dict[Key, CachedObject] = {}
+        self._by_namespace: dict[str, dict[str, CachedObject]] = {}
+        self._synced = threading.Event()
+        self._stop = threading.Event()
+        self._healthy = False
+        self._last_error = ""
+        self._thread = threading.Thread(
+            target=self._run, name=f"kubefleet-informer-{resource.plural}", daemon=True
+        )
+
+    def start(self) -> None:
+        """Starts the list-and-watch thread."""
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Asks the thread to end and waits up to timeout seconds (it is a daemon thread)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def wait_synced(self, timeout: float) -> bool:
+        """True once the first list has been stored."""
+        return self._synced.wait(timeout)
+
+    @property
+    def synced(self) -> bool:
+        """True once the first list has been stored."""
+        return self._synced.is_set()
+
+    @property
+    def healthy(self) -> bool:
+        """True while the last list or watch call succeeded."""
+        return self._healthy
+
+    @property
+    def last_error(self) -> str:
+        """The last list/watch error ("" when none)."""
+        return self._last_error
+
+    def get(self, namespace: str, name: str) -> CachedObject | None:
+        """The cached object, or None."""
+        with self._lock:
+            return self._store.get((namespace, name))
+
+    def items(self) -> list[CachedObject]:
+        """Every cached object, ordered by (namespace, name)."""
+        with self._lock:
+            return [self._store[k] for k in sorted(self._store)]
+
+    def in_namespace(self, namespace: str) -> list[CachedObject]:
+        """The cached objects of one namespace, ordered by name (an index: no scan)."""
+        with self._lock:
+            found = self._by_namespace.get(namespace) or {}
+            return [found[name] for name in sorted(found)]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._store)
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            try:
+                self._on_change()
+            except Exception:
+                _LOG.exception("informer change callback failed")
+
+    def _run(self) -> None:
+        backoff = _BACKOFF_MIN
+        while not self._stop.is_set() and not self._kube.closed:
+            try:
+                version = self._relist()
+                backoff = _BACKOFF_MIN
+                while not self._stop.is_set():
+                    version = self._watch_once(version)
+            except KubeGone:
+                continue
+            except KubeError as exc:
+                if self._stop.is_set() or self._kube.closed:
+                    return
+                self._fail(f"{self.resource}: {exc.message}")
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+            except Exception:  # never let the thread die: the cache would silently go stale
+                if self._stop.is_set() or self._kube.closed:
+                    return
+                _LOG.exception("informer failed; listing again")
+                self._fail(f"{self.resource}: unexpected error")
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+
+    def _fail(self, message: str) -> None:
+        if self._healthy or message != self._last_error:
+            _LOG.warning("watch failed; listing again", extra={"fields": {"error": message}})
+        self._healthy = False
+        self._last_error = message
+        self._changed()
+
+    def _relist(self) -> str:
+        items, version = self._kube.list(self.resource, self._selector)
+        now = datetime.now(UTC)
+        fresh = {key_of(obj): CachedObject(obj, now) for obj in items}
+        with self._lock:
+            for key, cached in fresh.items():  # keep the receipt time of unchanged objects
+                old = self._store.get(key)
+                if old is not None and _rv(old.obj) == _rv(cached.obj):
+                    fresh[key] = old
+            self._store = fresh
+            self._by_namespace = {}
+            for (namespace, name), cached in fresh.items():
+                self._by_namespace.setdefault(namespace, {})[name] = cached
+        self._healthy = True
+        self._last_error = ""
+        self._synced.set()
+        self._changed()
+        return version
+
+    def _watch_once(self, version: str) -> str:
+        for kind, obj in self._kube.watch(
+            self.resource, version, self._selector, self._watch_seconds
+        ):
+            if self._stop.is_set():
+                return version
+            version = _rv(obj) or version
+            if kind == "BOOKMARK":
+                continue
+            key = key_of(obj)
+            with self._lock:
+                if kind == "DELETED":
+                    self._store.pop(key, None)
+                    self._by_namespace.get(key[0], {}).pop(key[1], None)
+                else:
+                    cached = CachedObject(obj, datetime.now(UTC))
+                    self._store[key] = cached
+                    self._by_namespace.setdefault(key[0], {})[key[1]] = cached
+            self._healthy = True
+            self._changed()
+        return version
+
+
+def _rv(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")

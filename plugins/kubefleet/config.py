@@ -1,0 +1,72 @@
+"""Settings of the KubeFleet plugin (from its command line), checked with clear errors."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from plugins.kubefleet.inventory import DEFAULT_VERSION_SOURCE, TaintSpec
+
+__all__ = ["HEALTH_SOURCES", "KubeFleetConfig"]
+
+HEALTH_SOURCES = ("reports", "prometheus")
+_DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$")
+_URL = re.compile(r"^https?://[^/\s]+")
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class KubeFleetConfig:
+    """What the plugin does and how often.
+
+    health_source "reports": per-cluster MetricCollectorReports on the hub, written by the
+    fleet-metric-collector agents; the plugin propagates a MetricCollector to each stage's
+    clusters (ClusterResourcePlacement + ClusterResourceOverride). "prometheus": one central
+    Prometheus holds workload_health of every cluster (label cluster_label); nothing is
+    propagated and the hub sees no per-cluster traffic.
+    """
+
+    health_source: str = "reports"
+    member_prometheus_url: str = "http://prometheus.prometheus.svc.cluster.local:9090"
+    collect_interval: str = "30s"
+    report_max_age: float = 90.0
+    central_prometheus_url: str = ""
+    cluster_label: str = "cluster"
+    evaluate_interval: float = 5.0
+    taint: TaintSpec = field(default_factory=TaintSpec)
+    version_source: str = DEFAULT_VERSION_SOURCE
+
+    def problems(self) -> list[str]:
+        """Every setting that is wrong, each naming its flag and the fix."""
+        out = []
+        if self.health_source not in HEALTH_SOURCES:
+            out.append(
+                f"--health-source: {self.health_source!r} is not one of {', '.join(HEALTH_SOURCES)}"
+            )
+        if self.health_source == "prometheus" and not _URL.match(self.central_prometheus_url):
+            out.append(
+                "--central-prometheus-url: required with --health-source prometheus; "
+                "give the base URL, e.g. http://thanos-query.monitoring:9090"
+            )
+        if self.health_source == "reports" and not _URL.match(self.member_prometheus_url):
+            out.append(
+                "--member-prometheus-url: give the members' Prometheus base URL, "
+                "e.g. http://prometheus.prometheus.svc.cluster.local:9090"
+            )
+        if not _DURATION.match(self.collect_interval):
+            out.append(f"--collect-interval: {self.collect_interval!r} is not a duration like 30s")
+        if self.report_max_age <= 0:
+            out.append("--report-max-age: must be a positive number of seconds")
+        if self.evaluate_interval <= 0:
+            out.append("--evaluate-interval: must be a positive number of seconds")
+        if not _LABEL_NAME.match(self.cluster_label):
+            out.append(f"--cluster-label: {self.cluster_label!r} is not a Prometheus label name")
+        kind, _, name = self.version_source.partition(":")
+        if kind not in ("property", "label") or not name:
+            out.append(
+                f"--version-source: {self.version_source!r}; use property:NAME "
+                "(e.g. property:k8s.io/k8s-version) or label:KEY"
+            )
+        if not self.taint.key:
+            out.append("--taint-key: must not be empty")
+        return out

@@ -1,0 +1,128 @@
+"""MemberCluster → contract Cluster, and the taint arithmetic of service-out (pure functions)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fleetupgrade.plugin.v1 import cluster_pb2
+from plugins.kubefleet.objects import condition
+
+__all__ = [
+    "AGENT",
+    "DEFAULT_TAINT_KEY",
+    "DEFAULT_VERSION_SOURCE",
+    "TaintSpec",
+    "availability",
+    "cluster_version",
+    "has_our_taint",
+    "labels_of",
+    "to_cluster",
+    "with_our_taint",
+    "without_our_taint",
+]
+
+AGENT = "MemberAgent"
+"""The agent type whose Joined/Healthy conditions say the member is reachable."""
+
+DEFAULT_TAINT_KEY = "fleetupgrade.io/out-of-service"
+DEFAULT_VERSION_SOURCE = "property:k8s.io/k8s-version"
+"""KubeFleet's property provider publishes the member's Kubernetes version under this name."""
+
+
+@dataclass(frozen=True)
+class TaintSpec:
+    """The MemberCluster taint this plugin owns: key and value (effect NoSchedule)."""
+
+    key: str = DEFAULT_TAINT_KEY
+    value: str = "fleet-orchestrator"
+
+
+def _taints(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    taints = (obj.get("spec") or {}).get("taints") or []
+    return [t for t in taints if isinstance(t, dict)]
+
+
+def _is_ours(taint: Mapping[str, Any], spec: TaintSpec) -> bool:
+    return taint.get("key") == spec.key and taint.get("value", "") == spec.value
+
+
+def has_our_taint(obj: Mapping[str, Any], spec: TaintSpec) -> bool:
+    """True when the MemberCluster carries our service-out taint."""
+    return any(_is_ours(t, spec) for t in _taints(obj))
+
+
+def with_our_taint(taints: list[dict[str, Any]], spec: TaintSpec) -> list[dict[str, Any]] | None:
+    """The taint list with ours appended (others kept as they are); None when present."""
+    if any(_is_ours(t, spec) for t in taints):
+        return None
+    return [*taints, {"key": spec.key, "value": spec.value, "effect": "NoSchedule"}]
+
+
+def without_our_taint(taints: list[dict[str, Any]], spec: TaintSpec) -> list[dict[str, Any]] | None:
+    """The taint list without ours (same key, other value: not ours, kept); None when absent."""
+    kept = [t for t in taints if not _is_ours(t, spec)]
+    return None if len(kept) == len(taints) else kept
+
+
+def cluster_version(obj: Mapping[str, Any], source: str) -> str:
+    """The member's Kubernetes version per source (property:NAME or label:KEY), no leading v."""
+    kind, _, name = source.partition(":")
+    raw: Any = ""
+    if kind == "property":
+        prop = ((obj.get("status") or {}).get("properties") or {}).get(name) or {}
+        raw = prop.get("value", "") if isinstance(prop, Mapping) else ""
+    elif kind == "label":
+        raw = ((obj.get("metadata") or {}).get("labels") or {}).get(name, "")
+    text = str(raw or "").strip()
+    return text[1:] if text[:1] in ("v", "V") and text[1:2].isdigit() else text
+
+
+def availability(obj: Mapping[str, Any]) -> tuple[bool, str]:
+    """(available, why not): Joined True, and the member agent Joined and Healthy."""
+    status = obj.get("status") or {}
+    if (obj.get("metadata") or {}).get("deletionTimestamp"):
+        return False, "the MemberCluster is being deleted (leaving the fleet)"
+    joined = condition(status.get("conditions"), "Joined")
+    if joined is None or joined.get("status") != "True":
+        state = "not reported" if joined is None else f"{joined.get('status')}"
+        return False, f"MemberCluster condition Joined is {state}"
+    agents = [a for a in status.get("agentStatus") or [] if isinstance(a, dict)]
+    agent = next((a for a in agents if a.get("type") == AGENT), None)
+    if agent is None:
+        return False, f"no {AGENT} status reported"
+    for kind in ("Joined", "Healthy"):
+        cond = condition(agent.get("conditions"), kind)
+        if cond is None or cond.get("status") != "True":
+            why = "" if cond is None else f" ({cond.get('reason') or 'no reason'})"
+            state = "not reported" if cond is None else str(cond.get("status"))
+            return False, f"{AGENT} condition {kind} is {state}{why}"
+    return True, ""
+
+
+def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
+    """The MemberCluster's labels."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return {str(k): str(v) for k, v in labels.items()}
+
+
+def to_cluster(
+    obj: Mapping[str, Any],
+    taint: TaintSpec,
+    version_source: str,
+    current: cluster_pb2.Operation | None,
+) -> cluster_pb2.Cluster:
+    """The contract's view of one MemberCluster (KubeFleet reports no node pools)."""
+    available, reason = availability(obj)
+    cluster = cluster_pb2.Cluster(
+        id=str((obj.get("metadata") or {}).get("name", "")),
+        labels=labels_of(obj),
+        control_plane_version=cluster_version(obj, version_source),
+        available=available,
+        unavailable_reason=reason,
+        in_service=not has_our_taint(obj, taint),
+    )
+    if current is not None:
+        cluster.current_operation.CopyFrom(current)
+    return cluster
