@@ -1,0 +1,547 @@
+"""Benchmark of the orchestrator: rollout makespan and reaction latency on the real stack, planner
+time and status size at 10,000 clusters.
+
+The rollout part runs a private control plane (etcd + kube-apiserver, devtools.controlplane),
+fleet-plugin-sim and fleet-orchestrator as subprocesses, and follows the sim's operations over
+WatchOperations. Prints numbers; it is not a test. Targets (issue 4): makespan / lower bound
+<= 1.10, completion-to-next-action p50 <= 50 ms, planner <= 100 ms at 10,000 clusters, status
+<= 64 KiB at 10,000 clusters.
+
+    python -m benchmarks.bench_orchestrator [--clusters 100] [--floor 80] [--step-seconds 1]
+        [--planner-clusters 10000] [--planner-floor 8000] [--runs 7] [--skip-rollout]
+        [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fleetupgrade.plugin.v1 import cluster_pb2
+from orchestrator import api
+from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, PoolObs, Snapshot
+from orchestrator.plan import PlanInput, compact_entries, plan
+from plugins.sdk.client import PluginCallError, PluginClient
+
+__all__ = ["main"]
+
+OLD, NEW = "1.28.5", "1.29.4"
+POOLS = ("default-pool", "workers")
+STEPS_PER_CLUSTER = 2 + 1 + len(POOLS)  # service-out, control plane, pools, service-in
+KIB = 1024
+_KIND = {
+    cluster_pb2.OPERATION_KIND_SERVICE_OUT: OpKind.SERVICE_OUT,
+    cluster_pb2.OPERATION_KIND_SERVICE_IN: OpKind.SERVICE_IN,
+    cluster_pb2.OPERATION_KIND_UPGRADE_CONTROL_PLANE: OpKind.CONTROL_PLANE,
+    cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL: OpKind.NODE_POOL,
+}
+
+
+def _pct(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))
+    return ordered[index]
+
+
+# ---------------------------------------------------------------------------------------------
+# Planner time and status size (pure, in-process)
+
+
+def _stage(index: int, count: int) -> str:
+    canary, early = max(1, count * 2 // 100), max(1, count * 18 // 100)
+    return "canary" if index < canary else "early" if index < canary + early else "main"
+
+
+def _fleet(count: int) -> dict[str, ClusterObs]:
+    pools = tuple(PoolObs(p, OLD) for p in POOLS)
+    return {
+        f"cluster-{i:05d}": ClusterObs(
+            id=f"cluster-{i:05d}",
+            control_plane_version=OLD,
+            node_pools=pools,
+            labels={"stage": _stage(i, count), "region": f"region-{i % 4}"},
+        )
+        for i in range(count)
+    }
+
+
+def _spec(clusters: dict[str, ClusterObs], floor: int, staged: bool) -> api.ClusterVersionSpec:
+    strategy = None
+    if staged:
+        strategy = api.Strategy(
+            stages=[
+                api.Stage(name=s, selector=api.LabelSelector(match_labels={"stage": s}))
+                for s in ("canary", "early", "main")
+            ]
+        )
+    return api.ClusterVersionSpec(
+        required_available_count=floor,
+        ops_endpoint=api.OpsEndpoint(endpoint="127.0.0.1:9090", insecure=True),
+        clusters=[api.ClusterSpec(id=c, version=NEW) for c in clusters],
+        strategy=strategy,
+    )
+
+
+def _timed(fn: Any, runs: int) -> tuple[float, Any]:
+    timings, result = [], None
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        result = fn()
+        timings.append(time.perf_counter() - t0)
+    return statistics.median(timings), result
+
+
+@dataclass(frozen=True)
+class _PlannerCase:
+    name: str
+    first_ms: float
+    replan_ms: float
+    actions: int
+    in_flight: int
+    status_bytes: int
+
+
+def _planner_case(count: int, floor: int, staged: bool, runs: int) -> _PlannerCase:
+    clusters = _fleet(count)
+    spec = _spec(clusters, floor, staged)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    first_input = PlanInput(spec=spec, snapshot=Snapshot(clusters), now=now, uid="bench")
+    first_ms, first = _timed(lambda: plan(first_input), runs)
+    # What the reconciler sees next: every action issued and running, its op id in status.
+    entries = first.status.entries()
+    ops: dict[str, OpObs] = {}
+    running = dict(clusters)
+    for n, action in enumerate(first.actions):
+        op = OpObs(
+            id=f"op-{n}",
+            kind=action.kind,
+            cluster_id=action.cluster_id,
+            state=OpState.RUNNING,
+            request_id=action.request_id,
+        )
+        ops[action.request_id] = op
+        running[action.cluster_id] = replace(clusters[action.cluster_id], current_operation=op)
+        entries[action.cluster_id] = entries[action.cluster_id].model_copy(
+            update={"operation_id": op.id}
+        )
+    status = first.status.model_copy(update=compact_entries(entries))
+    replan_input = PlanInput(
+        spec=spec, snapshot=Snapshot(running, ops), now=now, uid="bench", status=status
+    )
+    replan_ms, replanned = _timed(lambda: plan(replan_input), runs)
+    if replanned.actions:
+        raise SystemExit(f"re-plan issued {len(replanned.actions)} actions; expected none")
+    size = len(json.dumps(status.dump(), separators=(",", ":")).encode())
+    return _PlannerCase(
+        name=f"{count:,} clusters, floor {floor:,}" + (", 3 stages" if staged else ""),
+        first_ms=first_ms * 1e3,
+        replan_ms=replan_ms * 1e3,
+        actions=len(first.actions),
+        in_flight=first.status.summary.in_flight if first.status.summary else 0,
+        status_bytes=size,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The rollout on the real stack
+
+
+def _free_port() -> int:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def _control_plane(workdir: Path) -> Iterator[Path]:
+    """A private etcd + kube-apiserver with the ClusterVersion CRD; yields its kubeconfig."""
+    from devtools.controlplane import ControlPlane, ensure_binaries  # noqa: PLC0415
+    from tests.support.kube import PROJECT_CRDS, KubeCluster  # noqa: PLC0415
+
+    apiserver, etcd = ensure_binaries()
+    plane = ControlPlane(workdir, kube_apiserver=apiserver, etcd=etcd)
+    try:
+        server = plane.start()
+        cluster = KubeCluster(server)
+        cluster.install_crds(PROJECT_CRDS)
+        cluster.close()
+        yield server.kubeconfig
+    finally:
+        plane.stop(purge=True)
+
+
+@contextmanager
+def _process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            argv, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _fleet_file(path: Path, count: int, step: float) -> None:
+    fleet = {
+        "defaults": {
+            "stepSeconds": dict.fromkeys(
+                ("serviceOut", "serviceIn", "controlPlane", "nodePool"), step
+            ),
+            "jitter": 0,
+        },
+        "clusters": [
+            {
+                "id": f"cluster-{i:03d}",
+                "controlPlaneVersion": OLD,
+                "nodePools": [{"name": p, "version": OLD} for p in POOLS],
+            }
+            for i in range(count)
+        ],
+    }
+    path.write_text(yaml.safe_dump(fleet))
+
+
+def _wait(what: str, check: Any, timeout: float, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(interval)
+    raise SystemExit(f"{what}: not within {timeout:.0f} s")
+
+
+class _OpRecorder:
+    """Follows WatchOperations; keeps the last state of each operation."""
+
+    def __init__(self, client: PluginClient) -> None:
+        self._watch = client.watch_operations(include_in_flight=True)
+        self.ops: dict[str, cluster_pb2.Operation] = {}
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for op in self._watch:
+                self.ops[op.id] = op
+        except PluginCallError:
+            return
+
+    def stop(self) -> None:
+        self._watch.cancel()
+        self._thread.join(timeout=5)
+
+
+def _ts(stamp: Any) -> float:
+    return float(stamp.seconds) + stamp.nanos / 1e9
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _metric(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _rollout(count: int, floor: int, step: float, timeout: float) -> dict[str, Any]:
+    from kubernetes import client as k8s  # noqa: PLC0415
+    from kubernetes.config import new_client_from_config  # noqa: PLC0415
+
+    budget = count - floor
+    one_cluster = STEPS_PER_CLUSTER * step
+    lower_bound = math.ceil(count / budget) * one_cluster
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-orch-")))
+        started = time.perf_counter()
+        kubeconfig = stack.enter_context(_control_plane(tmp / "plane"))
+        print(f"control plane ready in {time.perf_counter() - started:.1f} s")
+        _fleet_file(tmp / "fleet.yaml", count, step)
+        address = f"127.0.0.1:{_free_port()}"
+        admin = f"127.0.0.1:{_free_port()}"
+        sim_argv = [sys.executable, "-m", "plugins.sim.server", "--listen", address]
+        sim_argv += ["--fleet", str(tmp / "fleet.yaml"), "--admin-addr", admin]
+        sim_argv += ["--target-version", NEW, "--reload-interval", "0"]
+        stack.enter_context(_process(sim_argv, tmp / "sim.log"))
+        client = stack.enter_context(PluginClient(address, caller="bench-observer"))
+        _wait("the sim answers", lambda: _probe(client), 60)
+        metrics_port = _free_port()
+        orch_argv = [sys.executable, "-m", "orchestrator.cli", "run"]
+        orch_argv += ["--kubeconfig", str(kubeconfig), "--namespace", "bench"]
+        orch_argv += ["--sync-period-seconds", "30", "--metrics-addr", f"127.0.0.1:{metrics_port}"]
+        orch = stack.enter_context(_process(orch_argv, tmp / "orchestrator.log"))
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        _wait("the orchestrator serves metrics", lambda: _get(metrics_url), 60)
+        recorder = _OpRecorder(client)
+        stack.callback(recorder.stop)
+
+        api_client = new_client_from_config(config_file=str(kubeconfig))
+        stack.callback(api_client.close)
+        k8s.CoreV1Api(api_client).create_namespace(
+            k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name="bench"))
+        )
+        custom = k8s.CustomObjectsApi(api_client)
+        body = {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "metadata": {"name": "bench"},
+            "spec": {
+                "requiredAvailableCount": floor,
+                "opsEndpoint": {"endpoint": address, "insecure": True},
+                "clusters": [{"id": f"cluster-{i:03d}", "version": NEW} for i in range(count)],
+            },
+        }
+        cpu_before = _cpu_seconds(orch.pid)
+        created = time.time()
+        custom.create_namespaced_custom_object(api.GROUP, api.VERSION, "bench", api.PLURAL, body)
+        status_sizes: list[int] = []
+
+        def completed() -> bool:
+            obj = custom.get_namespaced_custom_object(
+                api.GROUP, api.VERSION, "bench", api.PLURAL, "bench"
+            )
+            status = obj.get("status") or {}
+            status_sizes.append(len(json.dumps(status, separators=(",", ":")).encode()))
+            if status.get("phase") in ("Halted", "Failed", "Invalid"):
+                raise SystemExit(f"the rollout ended {status['phase']}: {status.get('conditions')}")
+            return status.get("phase") == "Completed"
+
+        _wait("the rollout completes", completed, timeout, interval=0.1)
+        observed_done = time.time()
+        cpu = _cpu_seconds(orch.pid) - cpu_before
+        metrics_text = _get(metrics_url) or ""
+        monitor = json.loads(_get(f"http://{admin}/monitor") or "{}")
+        _wait(
+            "every operation seen terminal",
+            lambda: (
+                sum(1 for o in recorder.ops.values() if _terminal(o)) >= count * STEPS_PER_CLUSTER
+            ),
+            10,
+        )
+        ops = [o for o in recorder.ops.values() if _terminal(o)]
+    starts = [_ts(o.start_time) for o in ops]
+    ends = [_ts(o.end_time) for o in ops]
+    span = max(ends) - min(starts)
+    by_cluster: dict[str, list[cluster_pb2.Operation]] = defaultdict(list)
+    for op in ops:
+        by_cluster[op.cluster_id].append(op)
+    gaps = []
+    for cluster_ops in by_cluster.values():
+        cluster_ops.sort(key=lambda o: _ts(o.start_time))
+        gaps += [_ts(b.start_time) - _ts(a.end_time) for a, b in itertools.pairwise(cluster_ops)]
+    # Budget refill: the i-th service-in to end frees the slot the (budget + i)-th service-out
+    # takes (every cluster goes out once and the planner keeps the budget full).
+    outs = sorted(_ts(o.start_time) for o in ops if _KIND[o.kind] is OpKind.SERVICE_OUT)
+    ins = sorted(_ts(o.end_time) for o in ops if _KIND[o.kind] is OpKind.SERVICE_IN)
+    refill = [outs[budget + i] - ins[i] for i in range(len(outs) - budget)]
+    return {
+        "clusters": count,
+        "floor": floor,
+        "budget": budget,
+        "step_seconds": step,
+        "one_cluster_seconds": one_cluster,
+        "lower_bound_seconds": lower_bound,
+        "operations": len(ops),
+        "ops_span_seconds": span,
+        "makespan_ratio": span / lower_bound,
+        "wall_seconds": observed_done - created,
+        "wall_ratio": (observed_done - created) / lower_bound,
+        "first_action_after_create_ms": (min(starts) - created) * 1e3,
+        "next_action_p50_ms": _pct(gaps, 0.50) * 1e3,
+        "next_action_p95_ms": _pct(gaps, 0.95) * 1e3,
+        "next_action_max_ms": max(gaps) * 1e3,
+        "refill_p50_ms": _pct(refill, 0.50) * 1e3,
+        "refill_p95_ms": _pct(refill, 0.95) * 1e3,
+        "max_status_bytes": max(status_sizes),
+        "orchestrator_cpu_seconds": cpu,
+        "reconciles": _metric(metrics_text, "multicluster_controller_reconcile_total"),
+        "plugin_calls": _metric(metrics_text, "multicluster_controller_success_plugin_call_total"),
+        "min_available_in_service": monitor.get("min_available_in_service"),
+        "duplicate_mutations": monitor.get("duplicate_mutations"),
+        "clusters_at_target": monitor.get("clusters_at_target"),
+    }
+
+
+def _probe(client: PluginClient) -> bool:
+    try:
+        client.probe()
+    except PluginCallError:
+        return False
+    return True
+
+
+def _get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return str(response.read().decode())
+    except OSError:
+        return None
+
+
+def _terminal(op: cluster_pb2.Operation) -> bool:
+    return op.state in (cluster_pb2.OPERATION_STATE_SUCCEEDED, cluster_pb2.OPERATION_STATE_FAILED)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+_Row = tuple[str, str, str, bool | None]
+
+
+def _rollout_rows(r: dict[str, Any]) -> list[_Row]:
+    title = f"{r['clusters']} clusters, floor {r['floor']}, {r['step_seconds']:g} s/step"
+    floor_ok = r["min_available_in_service"] >= r["floor"] and r["duplicate_mutations"] == 0
+    return [
+        (f"lower bound ({title})", f"{r['lower_bound_seconds']:.1f} s", "", None),
+        ("makespan, first op start -> last op end", f"{r['ops_span_seconds']:.2f} s", "", None),
+        (
+            "makespan / lower bound",
+            f"{r['makespan_ratio']:.3f}",
+            "<= 1.10",
+            r["makespan_ratio"] <= 1.1,
+        ),
+        ("wall / lower bound (CV created -> Completed seen)", f"{r['wall_ratio']:.3f}", "", None),
+        (
+            "op completion -> next op on that cluster, p50",
+            f"{r['next_action_p50_ms']:.1f} ms",
+            "<= 50 ms",
+            r["next_action_p50_ms"] <= 50,
+        ),
+        ("  ... p95", f"{r['next_action_p95_ms']:.1f} ms", "", None),
+        ("  ... max", f"{r['next_action_max_ms']:.1f} ms", "", None),
+        (
+            "service-in end -> next service-out (refill), p50",
+            f"{r['refill_p50_ms']:.1f} ms",
+            "",
+            None,
+        ),
+        ("  ... p95", f"{r['refill_p95_ms']:.1f} ms", "", None),
+        ("CV created -> first operation", f"{r['first_action_after_create_ms']:.0f} ms", "", None),
+        (
+            f"largest status seen ({r['clusters']} clusters)",
+            f"{r['max_status_bytes']:,} B",
+            "",
+            None,
+        ),
+        (
+            "orchestrator CPU s / reconciles / plugin calls",
+            f"{r['orchestrator_cpu_seconds']:.1f} / {r['reconciles']:.0f} / "
+            f"{r['plugin_calls']:.0f}",
+            "",
+            None,
+        ),
+        (
+            "sim: lowest available in service / duplicate mutations",
+            f"{r['min_available_in_service']} / {r['duplicate_mutations']}",
+            f">= {r['floor']} / 0",
+            floor_ok,
+        ),
+    ]
+
+
+def _planner_rows(case: _PlannerCase) -> list[_Row]:
+    return [
+        (
+            f"planner, first plan ({case.name})",
+            f"{case.first_ms:.1f} ms",
+            "<= 100 ms",
+            case.first_ms <= 100,
+        ),
+        (
+            f"planner, re-plan with status ({case.in_flight:,} in flight)",
+            f"{case.replan_ms:.1f} ms",
+            "<= 100 ms",
+            case.replan_ms <= 100,
+        ),
+        (
+            f"status size ({case.in_flight:,} in flight)",
+            f"{case.status_bytes / KIB:.1f} KiB",
+            "<= 64 KiB",
+            case.status_bytes <= 64 * KIB,
+        ),
+    ]
+
+
+def _table(rows: list[_Row]) -> str:
+    lines = [f"{'measure':<64} {'value':>14}  target", "-" * 98]
+    for name, value, target, ok in rows:
+        verdict = "" if ok is None else ("ok" if ok else "MISSED")
+        lines.append(f"{name:<64} {value:>14}  {target:<10} {verdict}".rstrip())
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the benchmark, prints a table and optionally writes JSON."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_orchestrator")
+    parser.add_argument("--clusters", type=int, default=100)
+    parser.add_argument("--floor", type=int, default=80)
+    parser.add_argument("--step-seconds", type=float, default=1.0)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--planner-clusters", type=int, default=10_000)
+    parser.add_argument("--planner-floor", type=int, default=8_000)
+    parser.add_argument("--runs", type=int, default=7, help="planner runs (median)")
+    parser.add_argument("--skip-rollout", action="store_true", help="planner and status only")
+    parser.add_argument("--json", metavar="PATH", help="also write the numbers here as JSON")
+    args = parser.parse_args(argv)
+    if not 0 < args.floor < args.clusters:
+        parser.error("--floor must be between 1 and --clusters - 1")
+    load = os.getloadavg()
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+    results: dict[str, Any] = {"cpus": os.cpu_count(), "load_average": load}
+    cases = [
+        _planner_case(args.planner_clusters, args.planner_floor, staged, args.runs)
+        for staged in (False, True)
+    ]
+    results["planner"] = [c.__dict__ for c in cases]
+    if not args.skip_rollout:
+        results["rollout"] = _rollout(args.clusters, args.floor, args.step_seconds, args.timeout)
+
+    rows: list[_Row] = _rollout_rows(results["rollout"]) if "rollout" in results else []
+    for case in cases:
+        rows += _planner_rows(case)
+    print(_table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
