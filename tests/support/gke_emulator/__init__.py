@@ -63,13 +63,14 @@ class GkeEmulator:
         master_seconds: OpTiming | None = None,
         nodes_seconds: OpTiming | None = None,
         compute_op_seconds: float = 0.2,
+        port: int = 0,
     ) -> None:
         self.state = EmulatorState(compute_op_seconds=compute_op_seconds)
         if master_seconds is not None:
             self.state.op_timing[OpType.UPGRADE_MASTER] = master_seconds
         if nodes_seconds is not None:
             self.state.op_timing[OpType.UPGRADE_NODES] = nodes_seconds
-        self._server = EmulatorServer(self.state)
+        self._server = EmulatorServer(self.state, port=port)
 
     @property
     def endpoint(self) -> str:
