@@ -70,6 +70,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--leader-election-id", default="fleet-orchestrator")
     run.add_argument("--identity", default=None, help="this replica's name (default: host-uuid)")
     run.add_argument("--debug", action="store_true", help="debug logging")
+    run.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="NAME=HOST:PORT",
+        help="a plugin whose gates (e.g. KubeFleet approval requests) the gate loop resolves; "
+        "repeatable",
+    )
+    run.add_argument("--plugin-tls-ca", default=None, help="CA file: --plugin endpoints use TLS")
+    run.add_argument("--plugin-tls-cert", default=None, help="client certificate for mTLS")
+    run.add_argument("--plugin-tls-key", default=None, help="client key for mTLS")
 
     p = sub.add_parser("plan", help="print the rollout plan of a ClusterVersion; changes nothing")
     p.add_argument("-f", "--file", required=True, help="the ClusterVersion YAML")
@@ -110,14 +121,21 @@ def _run(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server  # noqa: PLC0415
 
     from orchestrator.controller import Controller  # noqa: PLC0415
+    from orchestrator.gates import GateLoop, PluginEndpoint, parse_plugin_flag  # noqa: PLC0415
     from orchestrator.kube import KubeClient  # noqa: PLC0415
     from orchestrator.leader import LeaderElector  # noqa: PLC0415
+    from plugins.sdk.client import ClientTLS  # noqa: PLC0415
 
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.INFO,
         format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
     )
     identity = args.identity or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    try:
+        plugins = [parse_plugin_flag(text) for text in args.plugin]
+    except ValueError as err:
+        print(f"fleet-orchestrator: {err}", file=sys.stderr)
+        return 2
     metrics = Metrics()
     host, port = args.metrics_addr
     start_http_server(port, addr=host, registry=metrics.registry)
@@ -147,7 +165,21 @@ def _run(args: argparse.Namespace) -> int:
     controller = Controller(
         kube, metrics, args.namespace, args.sync_period_seconds, identity, stop=stop
     )
+    tls = None
+    if args.plugin_tls_ca or args.plugin_tls_cert:
+        tls = ClientTLS(args.plugin_tls_ca, args.plugin_tls_cert, args.plugin_tls_key)
+    secrets_ns = args.namespace or args.leader_election_namespace
+    gates = GateLoop(
+        [PluginEndpoint(name, endpoint, tls) for name, endpoint in plugins],
+        metrics,
+        stop,
+        resync_seconds=args.sync_period_seconds,
+        read_secret=lambda ref: kube.read_secret(secrets_ns, ref.name)[ref.key],
+        caller=identity,
+    )
+    gates.start()
     controller.run()
+    gates.join()
     kube.close()
     if lost.is_set():
         log.error("leadership lost: exiting so a new leader takes over")
