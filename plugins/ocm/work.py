@@ -82,12 +82,14 @@ def _identifier(manifest: Mapping[str, Any], resource: str) -> dict[str, str]:
     api_version = str(manifest.get("apiVersion", ""))
     group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
     meta = manifest.get("metadata") or {}
-    return {
+    ident = {
         "group": group,
         "resource": resource,
         "name": str(meta.get("name", "")),
         "namespace": str(meta.get("namespace", "")),
     }
+    # The core group and cluster scope are "": left out, which reads the same.
+    return {k: v for k, v in ident.items() if v}
 
 
 def _base(name: str, cluster: str, annotations: Mapping[str, str]) -> dict[str, Any]:
@@ -150,9 +152,9 @@ def _value(field: Mapping[str, Any]) -> str | int | bool | None:
     if kind == "Boolean":
         return bool(field.get("boolean", False))
     if kind == "String":
-        return str(field.get("string", ""))
+        return str(field.get("string") or "")
     if kind == "JsonRaw":
-        return str(field.get("jsonRaw", ""))
+        return str(field.get("jsonRaw") or "")
     return None
 
 

@@ -66,6 +66,20 @@ _WELL_KNOWN_DEPLOYMENT = (
 )
 
 
+def _without_empty_strings(value: Any) -> Any:
+    """The value with every "" map entry dropped.
+
+    The kube-apiserver built here (Debian's 1.20 sources) rejects "" in CRD string fields as
+    null (422); the real agents write "" in places (e.g. a condition's message). Dropping those
+    entries keeps the meaning (absent and empty read the same to the plugin).
+    """
+    if isinstance(value, Mapping):
+        return {k: _without_empty_strings(v) for k, v in value.items() if v != ""}
+    if isinstance(value, list):
+        return [_without_empty_strings(v) for v in value]
+    return value
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -482,7 +496,8 @@ class OcmEmulator:
     # -- hub writes --------------------------------------------------------------------------
 
     def _patch_mc_status(self, name: str, status: dict[str, Any]) -> None:
-        self._custom.patch_cluster_custom_object_status(*MC, name, {"status": status})
+        body = {"status": _without_empty_strings(status)}
+        self._custom.patch_cluster_custom_object_status(*MC, name, body)
 
     def _update_taints(
         self, name: str, change: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
@@ -672,7 +687,12 @@ class OcmEmulator:
     def _replace_curator(self, curator: dict[str, Any]) -> None:
         meta = curator["metadata"]
         self._custom.replace_namespaced_custom_object(
-            CURATOR[0], CURATOR[1], meta["namespace"], CURATOR[2], meta["name"], curator
+            CURATOR[0],
+            CURATOR[1],
+            meta["namespace"],
+            CURATOR[2],
+            meta["name"],
+            _without_empty_strings(curator),
         )
 
     # -- the work agent ------------------------------------------------------------------------
@@ -763,8 +783,8 @@ class OcmEmulator:
             "conditions": conds,
             "resourceStatus": {"manifests": _stamped(statuses, old_status)},
         }
-        if _strip_times(new_status) != _strip_times(old_status):
-            work["status"] = new_status
+        if _strip_times(_without_empty_strings(new_status)) != _strip_times(old_status):
+            work["status"] = _without_empty_strings(new_status)
             self._custom.replace_namespaced_custom_object_status(
                 WORK[0], WORK[1], cluster, WORK[2], meta["name"], work
             )
