@@ -9,7 +9,11 @@ WatchOperations. Prints numbers; it is not a test. Targets (issue 4): makespan /
 
     python -m benchmarks.bench_orchestrator [--clusters 100] [--floor 80] [--step-seconds 1]
         [--planner-clusters 10000] [--planner-floor 8000] [--runs 7] [--skip-rollout]
-        [--json PATH]
+        [--json PATH] [--profile PATH]
+
+--profile attaches py-spy to the orchestrator during the rollout (it slows the process down, so
+the numbers of a profiled run are worse); the output is collapsed stacks per thread, e.g. for
+https://www.speedscope.app or flamegraph.pl.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import itertools
 import json
 import math
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -210,6 +216,27 @@ def _process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
             proc.wait()
 
 
+@contextmanager
+def _py_spy(pid: int, output: Path, log: Path) -> Iterator[None]:
+    """py-spy records the process (every thread, idle included) until the block ends."""
+    binary = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    argv = [binary, "record", "--pid", str(pid), "--rate", "250", "--idle", "--threads"]
+    argv += ["--format", "raw", "--output", str(output)]
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if not output.exists():
+            print(f"py-spy wrote no profile: {log.read_text(errors='replace')[-500:]}")
+
+
 def _fleet_file(path: Path, count: int, step: float) -> None:
     fleet = {
         "defaults": {
@@ -278,7 +305,9 @@ def _metric(text: str, name: str) -> float:
     return total
 
 
-def _rollout(count: int, floor: int, step: float, timeout: float) -> dict[str, Any]:
+def _rollout(
+    count: int, floor: int, step: float, timeout: float, profile: Path | None = None
+) -> dict[str, Any]:
     from kubernetes import client as k8s  # noqa: PLC0415
     from kubernetes.config import new_client_from_config  # noqa: PLC0415
 
@@ -304,6 +333,8 @@ def _rollout(count: int, floor: int, step: float, timeout: float) -> dict[str, A
         orch_argv += ["--kubeconfig", str(kubeconfig), "--namespace", "bench"]
         orch_argv += ["--sync-period-seconds", "30", "--metrics-addr", f"127.0.0.1:{metrics_port}"]
         orch = stack.enter_context(_process(orch_argv, tmp / "orchestrator.log"))
+        if profile is not None:
+            stack.enter_context(_py_spy(orch.pid, profile, tmp / "py-spy.log"))
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         _wait("the orchestrator serves metrics", lambda: _get(metrics_url), 60)
         recorder = _OpRecorder(client)
@@ -450,7 +481,12 @@ def _rollout_rows(r: dict[str, Any]) -> list[_Row]:
             None,
         ),
         ("  ... p95", f"{r['refill_p95_ms']:.1f} ms", "", None),
-        ("CV created -> first operation", f"{r['first_action_after_create_ms']:.0f} ms", "", None),
+        (
+            "CV created -> first operation (orchestrator just started)",
+            f"{r['first_action_after_create_ms']:.0f} ms",
+            "",
+            None,
+        ),
         (
             f"largest status seen ({r['clusters']} clusters)",
             f"{r['max_status_bytes']:,} B",
@@ -516,6 +552,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=7, help="planner runs (median)")
     parser.add_argument("--skip-rollout", action="store_true", help="planner and status only")
     parser.add_argument("--json", metavar="PATH", help="also write the numbers here as JSON")
+    parser.add_argument(
+        "--profile",
+        metavar="PATH",
+        help="record the orchestrator with py-spy during the rollout (collapsed stacks, "
+        "one thread per stack root; needs py-spy: pip install py-spy)",
+    )
     args = parser.parse_args(argv)
     if not 0 < args.floor < args.clusters:
         parser.error("--floor must be between 1 and --clusters - 1")
@@ -531,7 +573,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     results["planner"] = [c.__dict__ for c in cases]
     if not args.skip_rollout:
-        results["rollout"] = _rollout(args.clusters, args.floor, args.step_seconds, args.timeout)
+        profile = Path(args.profile).resolve() if args.profile else None
+        results["rollout"] = _rollout(
+            args.clusters, args.floor, args.step_seconds, args.timeout, profile
+        )
 
     rows: list[_Row] = _rollout_rows(results["rollout"]) if "rollout" in results else []
     for case in cases:
