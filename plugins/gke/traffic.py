@@ -135,14 +135,14 @@ class BackendServiceTraffic:
         api: GkeApi,
         services: list[BackendServiceRef],
         backends: Mapping[str, list[str]],
-        poll_seconds: float = 0.5,
+        max_poll_seconds: float = 2.0,
         stop: threading.Event | None = None,
     ) -> None:
         self._api = api
         self._stop = stop if stop is not None else threading.Event()
         self._services = services
         self._groups = {cid: {group_key(g) for g in groups} for cid, groups in backends.items()}
-        self._poll = poll_seconds
+        self._max_poll = max_poll_seconds
         self._locks = {(s.project, s.name): threading.Lock() for s in services}
 
     def _backends_of(
@@ -246,13 +246,15 @@ class BackendServiceTraffic:
     def _wait(self, ref: BackendServiceRef, op: compute_v1.Operation) -> None:
         deadline = time.monotonic() + _COMPUTE_OP_TIMEOUT
         current = op
+        interval = 0.1
         while current.status != compute_v1.Operation.Status.DONE:
             if time.monotonic() > deadline:
                 raise TrafficError(
                     f"compute operation {op.name} on backend service {ref.name} did not finish "
                     f"within {_COMPUTE_OP_TIMEOUT:g} s"
                 )
-            self._pause(self._poll)
+            self._pause(interval)
+            interval = min(interval * 2, self._max_poll)
             try:
                 current = self._api.get_global_operation(ref.project, op.name)
             except Unavailable as exc:
