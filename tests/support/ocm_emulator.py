@@ -581,8 +581,8 @@ class OcmEmulator:
         running = self._curations.get(key)
         if spec.get("desiredCuration") == "upgrade" and not job:
             desired = (spec.get("upgrade") or {}).get("desiredUpdate") or ""
-            if not desired or desired == member.version:
-                return  # the controller's NeedToUpgrade: nothing to do
+            if not _need_to_upgrade(curator, member.version):
+                return
             job = f"curator-job-{secrets.token_hex(3)}"
             with self._lock:
                 failure, member.curation_failure = member.curation_failure, None
@@ -848,6 +848,49 @@ class OcmEmulator:
             "applying": [] if complete["status"] == "True" else [f"{cluster}-node-0"],
         }
         return obj, "Apply manifest complete"
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text.split("-", 1)[0])[:3])
+
+
+def _need_to_upgrade(curator: Mapping[str, Any], member_version: str) -> bool:
+    """The curator controller's NeedToUpgrade, as it reads the last "clustercurator-job".
+
+    No job condition: upgrade when desiredUpdate differs from what the cluster runs. A job
+    still running (False): no. The last job failed for these same desiredUpdate;channel;upstream:
+    no (a failed upgrade is not retried until the spec or the status changes). The last job
+    upgraded to an older version or another channel/upstream: yes.
+    """
+    upgrade = (curator.get("spec") or {}).get("upgrade") or {}
+    desired = str(upgrade.get("desiredUpdate") or "")
+    channel, upstream = str(upgrade.get("channel") or ""), str(upgrade.get("upstream") or "")
+    job = next(
+        (
+            c
+            for c in (curator.get("status") or {}).get("conditions") or []
+            if c.get("type") == "clustercurator-job"
+        ),
+        None,
+    )
+    if job is None:
+        return bool(desired) and desired != member_version
+    if job.get("status") == "False":
+        return False
+    message = str(job.get("message") or "")
+    if "upgrade" not in message:
+        return True
+    if "Failed" in message:
+        return f"{desired};{channel};{upstream}" not in message
+    found = re.search(r"Version \(([^;)]*);([^;)]*);([^;)]*)", message)
+    if found is None:
+        return True
+    done, done_channel, done_upstream = found.groups()
+    return (
+        _version_tuple(desired) > _version_tuple(done)
+        or (bool(channel) and channel != done_channel)
+        or (bool(upstream) and upstream != done_upstream)
+    )
 
 
 def _spec_version(manifest: Mapping[str, Any]) -> str:
