@@ -33,6 +33,9 @@ __all__ = ["GkePlugin", "GkePluginOptions", "build_parser", "main"]
 _LOG = logging.getLogger("plugins.gke.server")
 _DIST = "fleet-upgrade-orchestrator"
 _SHUTDOWN_GRACE = 2.0
+# Google's libraries log HTTP requests and token exchanges at DEBUG; --debug must not print
+# them (a token response is a secret), so these stay at INFO whatever the root level is.
+_QUIET_LOGGERS = ("google", "google_auth_httplib2", "urllib3", "requests")
 
 
 def _version() -> str:
@@ -118,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.debug)
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO)
     try:
         config = load_config(args.config)
         options = GkePluginOptions(
