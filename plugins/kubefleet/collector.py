@@ -275,13 +275,15 @@ class MetricCollectorAgent:
                 "workloadsMonitored": len(workloads),
                 "lastCollectionTime": format_time(now),
                 "collectedMetrics": [
-                    {
-                        "namespace": p.namespace,
-                        "workloadName": p.workload,
-                        "workloadKind": p.kind,
-                        "podName": p.pod,
-                        "health": p.healthy,
-                    }
+                    _without_empty(
+                        {
+                            "namespace": p.namespace,
+                            "workloadName": p.workload,
+                            "workloadKind": p.kind,
+                            "podName": p.pod,
+                            "health": p.healthy,
+                        }
+                    )
                     for p in pods
                 ],
                 "workloads": workloads,
@@ -398,15 +400,22 @@ def _summaries(pods: Sequence[health.PodHealth]) -> list[dict[str, Any]]:
     for pod in pods:
         groups.setdefault((pod.namespace, pod.workload, pod.kind), []).append(pod)
     return [
-        {
-            "namespace": namespace,
-            "name": name,
-            "kind": kind,
-            "pods": len(members),
-            "healthyPods": sum(1 for p in members if p.healthy),
-        }
+        _without_empty(
+            {
+                "namespace": namespace,
+                "name": name,
+                "kind": kind,
+                "pods": len(members),
+                "healthyPods": sum(1 for p in members if p.healthy),
+            }
+        )
         for (namespace, name, kind), members in sorted(groups.items())
     ]
+
+
+def _without_empty(item: dict[str, Any]) -> dict[str, Any]:
+    """Optional string fields left out when empty (a series without workload_kind)."""
+    return {k: v for k, v in item.items() if v != ""}
 
 
 def build_parser() -> argparse.ArgumentParser:

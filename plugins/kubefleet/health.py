@@ -137,10 +137,10 @@ def pods_from_report(report: Mapping[str, Any]) -> list[PodHealth]:
             continue
         pods.append(
             PodHealth(
-                str(item.get("namespace", "")),
-                str(item.get("workloadName", "")),
-                str(item.get("workloadKind", "")),
-                str(item.get("podName", "")),
+                str(item.get("namespace") or ""),
+                str(item.get("workloadName") or ""),
+                str(item.get("workloadKind") or ""),
+                str(item.get("podName") or ""),
                 HEALTHY_AT if item.get("health") is True else 0.0,
             )
         )

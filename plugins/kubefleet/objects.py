@@ -145,7 +145,12 @@ def set_condition(
     observed_generation: int,
     now: datetime,
 ) -> list[dict[str, Any]]:
-    """apimachinery SetStatusCondition: replace or append; lastTransitionTime moves on a flip."""
+    """apimachinery SetStatusCondition: replace or append; lastTransitionTime moves on a flip.
+
+    An empty message is written as the reason (some apiservers turn "" in a merge-patched list
+    into null, which the metav1.Condition schema rejects).
+    """
+    message = message or reason
     out: list[dict[str, Any]] = []
     found = False
     for cond in conditions or []:

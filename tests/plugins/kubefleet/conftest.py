@@ -1,0 +1,388 @@
+"""Fixtures of the KubeFleet plugin tests: a hub and three member apiservers, the emulator,
+per-member sample apps with a real Prometheus each, the real metric-collector agents, plugins.
+
+Members: member-1 (environment=staging), member-2 and member-3 (environment=prod), as in the
+cookbook tutorial. Each member runs its own sample app (workload_health per pod) and its own
+Prometheus scraping it; the agent of each member (a real `python -m plugins.kubefleet.collector`
+process) authenticates to the hub with a ServiceAccount token bound to the agent RBAC of
+manifests/kubefleet/rbac-agent-hub.yaml.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from devtools.controlplane import REPO_ROOT
+from plugins.kubefleet import KubeFleetConfig, KubeFleetOptions, KubeFleetPlugin
+from plugins.sdk.client import PluginClient
+from tests.support.kube import KubeCluster, wait_for
+from tests.support.kubectl import kubectl
+from tests.support.kubefleet_emulator import KubeFleetEmulator
+from tests.support.orchestrator import free_port
+from tests.support.prometheus import prometheus_binary, running_prometheus
+
+KF = REPO_ROOT / "manifests" / "kubefleet"
+OUR_CRDS = KF / "crds"
+UPSTREAM_CRDS = KF / "upstream-crds-minimal"
+MEMBERS = {
+    "member-1": {"environment": "staging"},
+    "member-2": {"environment": "prod"},
+    "member-3": {"environment": "prod"},
+}
+APP, APP_NS = "sample-metric-app", "test-ns"
+
+
+@pytest.fixture(scope="session")
+def hub(extra_apiserver: Callable[[str], KubeCluster]) -> KubeCluster:
+    """The KubeFleet hub: its own apiserver with the minimal KubeFleet CRDs and ours."""
+    cluster = extra_apiserver("kf-hub")
+    cluster.install_crds(UPSTREAM_CRDS, OUR_CRDS)
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def member_clusters(extra_apiserver: Callable[[str], KubeCluster]) -> dict[str, KubeCluster]:
+    """member name → its apiserver (with our MetricCollector CRD)."""
+    out = {}
+    for index, name in enumerate(MEMBERS, start=1):
+        cluster = extra_apiserver(f"kf-member-{index}")
+        cluster.install_crds(OUR_CRDS / "metriccollectors.yaml")
+        out[name] = cluster
+    return out
+
+
+@pytest.fixture
+def emulator(
+    hub: KubeCluster, member_clusters: dict[str, KubeCluster]
+) -> Iterator[KubeFleetEmulator]:
+    """The KubeFleet emulator with the three tutorial members joined."""
+    emu = KubeFleetEmulator(hub, member_clusters, update_seconds=0.2, poll_seconds=0.25)
+    for name, labels in MEMBERS.items():
+        emu.join(name, labels, "1.29.4")
+    emu.start()
+    yield emu
+    emu.stop()
+
+
+class MemberApp:
+    """A member's sample app: workload_health{app, namespace, pod, workload_kind} per pod."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.gauge = Gauge(
+            "workload_health",
+            "1 when the pod's workload is healthy",
+            ["app", "namespace", "pod", "workload_kind"],
+            registry=self.registry,
+        )
+        self.port = free_port()
+        self._server: Any = None
+        self._pods: dict[tuple[str, str], list[tuple[str, str]]] = {}
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def set(
+        self, values: list[float], app: str = APP, namespace: str = APP_NS, kind: str = "Deployment"
+    ) -> None:
+        """The pods of app now: one workload_health value each (old series removed)."""
+        for pod, old_kind in self._pods.pop((app, namespace), []):
+            self.gauge.remove(app, namespace, pod, old_kind)
+        pods = []
+        for index, value in enumerate(values):
+            pod = f"{app}-{index}"
+            self.gauge.labels(app, namespace, pod, kind).set(value)
+            pods.append((pod, kind))
+        self._pods[(app, namespace)] = pods
+
+    def start(self) -> None:
+        self._server, _ = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def service_account_token(cluster: KubeCluster, namespace: str, name: str) -> str:
+    """A TokenRequest token of the ServiceAccount (1 h)."""
+    return kubectl(cluster, "create", "token", name, "-n", namespace, "--duration", "1h").strip()
+
+
+def apply(cluster: KubeCluster, path: Path) -> None:
+    kubectl(cluster, "apply", "-f", str(path))
+
+
+@dataclass
+class AgentProcess:
+    """One fleet-metric-collector process."""
+
+    name: str
+    args: list[str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> AgentProcess:
+        handle = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            self.args,
+            cwd=REPO_ROOT,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        handle.close()
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@dataclass
+class Fleet:
+    """Everything member-side: apps, Prometheus URLs, agents."""
+
+    apps: dict[str, MemberApp]
+    prometheus: dict[str, str]
+    agents: dict[str, AgentProcess] = field(default_factory=dict)
+
+    def healthy(self, *names: str, pods: int = 1) -> None:
+        for name in names or tuple(self.apps):
+            self.apps[name].set([1.0] * pods)
+
+    def unhealthy(self, name: str, pods: int = 1) -> None:
+        self.apps[name].set([0.0] * pods)
+
+
+def agent_args(
+    name: str, member: KubeCluster, hub: KubeCluster, token_file: Path, prometheus: str
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "plugins.kubefleet.collector",
+        "--cluster-name",
+        name,
+        "--kubeconfig",
+        str(member.kubeconfig),
+        "--hub-url",
+        hub.url,
+        "--hub-token-file",
+        str(token_file),
+        "--hub-ca-file",
+        str(_ca_file(hub)),
+        "--prometheus-url",
+        prometheus,
+        "--max-backoff",
+        "2",
+    ]
+
+
+def _ca_file(cluster: KubeCluster) -> Path:
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    entry = config["clusters"][0]["cluster"]
+    if "certificate-authority" in entry:
+        return Path(entry["certificate-authority"])
+    path = cluster.kubeconfig.parent / "hub-ca.crt"
+    path.write_bytes(base64.b64decode(entry["certificate-authority-data"]))
+    return path
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    hub: KubeCluster,
+    member_clusters: dict[str, KubeCluster],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Fleet]:
+    """Per member: sample app, a real Prometheus scraping it, and the real agent process."""
+    if prometheus_binary() is None:
+        pytest.skip("prometheus is not installed (apt-get install prometheus)")
+    tmp = tmp_path_factory.mktemp("kubefleet-fleet")
+    for name in MEMBERS:
+        _bind_agent(hub, name)
+    apply(hub, KF / "rbac-agent-hub.yaml")
+    with ExitStack() as stack:
+        apps: dict[str, MemberApp] = {}
+        urls: dict[str, str] = {}
+        for name in MEMBERS:
+            app = MemberApp()
+            app.set([1.0])
+            app.start()
+            stack.callback(app.stop)
+            apps[name] = app
+            workdir = tmp / name
+            workdir.mkdir()
+            urls[name] = stack.enter_context(running_prometheus(workdir, [app.target], "1s"))
+        result = Fleet(apps, urls)
+        for name, member in member_clusters.items():
+            apply(member, KF / "rbac-agent-member.yaml")
+            token = tmp / f"{name}.token"
+            token.write_text(service_account_token(hub, "fleet-system", "fleet-metric-collector"))
+            agent = AgentProcess(
+                name, agent_args(name, member, hub, token, urls[name]), tmp / f"{name}-agent.log"
+            )
+            result.agents[name] = agent.start()
+            stack.callback(agent.stop)
+        yield result
+
+
+def _bind_agent(hub: KubeCluster, member: str) -> None:
+    """The per-member RoleBinding of the agent's hub identity in fleet-member-<member>."""
+    namespace = f"fleet-member-{member}"
+    with hub.api_client() as api:
+        try:
+            k8s.CoreV1Api(api).create_namespace(
+                k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace))
+            )
+        except k8s.ApiException as exc:
+            if exc.status != 409:
+                raise
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "fleet-metric-collector", "namespace": namespace},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "fleet-metric-collector-report-writer",
+        },
+        "subjects": [
+            {
+                "kind": "ServiceAccount",
+                "name": "fleet-metric-collector",
+                "namespace": "fleet-system",
+            }
+        ],
+    }
+    kubectl(hub, "apply", "-f", "-", stdin=json.dumps(binding))
+
+
+@dataclass
+class RunningPlugin:
+    """A plugin on loopback and a client for it."""
+
+    plugin: KubeFleetPlugin
+    client: PluginClient
+
+    @property
+    def address(self) -> str:
+        return self.plugin.address
+
+
+StartPlugin = Callable[..., RunningPlugin]
+
+
+@pytest.fixture
+def start_plugin(hub: KubeCluster) -> Iterator[StartPlugin]:
+    """start_plugin(kubeconfig=None, **config): an in-process plugin on the hub."""
+    running: list[RunningPlugin] = []
+
+    def start(kubeconfig: Path | None = None, **config: Any) -> RunningPlugin:
+        settings = {
+            "collect_interval": "1s",
+            "report_max_age": 6.0,
+            "evaluate_interval": 0.5,
+            **config,
+        }
+        options = KubeFleetOptions(
+            config=KubeFleetConfig(**settings),
+            kubeconfig=str(kubeconfig or hub.kubeconfig),
+            registry=CollectorRegistry(),
+        )
+        plugin = KubeFleetPlugin(options)
+        handle = RunningPlugin(plugin, PluginClient(plugin.address, caller="kubefleet-tests"))
+        running.append(handle)
+        return handle
+
+    yield start
+    for handle in reversed(running):
+        handle.client.close()
+        handle.plugin.stop(grace=0)
+
+
+@pytest.fixture
+def names() -> Callable[[str], str]:
+    """names(prefix): a fresh DNS name for this test."""
+    token = uuid.uuid4().hex[:6]
+    return lambda prefix: f"{prefix}-{token}"
+
+
+@contextmanager
+def central_prometheus(tmp: Path, targets: dict[str, str], label: str = "cluster") -> Iterator[str]:
+    """One Prometheus scraping every member app, each job labelled with its cluster."""
+    binary = prometheus_binary()
+    assert binary
+    port = free_port()
+    jobs = [
+        {
+            "job_name": f"member-{cluster}",
+            "static_configs": [{"targets": [target], "labels": {label: cluster}}],
+        }
+        for cluster, target in sorted(targets.items())
+    ]
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": jobs,
+    }
+    (tmp / "central.yml").write_text(yaml.safe_dump(config))
+    log = (tmp / "central.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={tmp / 'central.yml'}",
+            f"--storage.tsdb.path={tmp / 'central-tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for("central Prometheus scrapes", lambda: _scraping(url), timeout=60, interval=0.25)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _scraping(url: str) -> bool:
+    """True once the Prometheus at url has scraped a target successfully."""
+    query = urllib.parse.urlencode({"query": "up == 1"})
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=2) as answer:
+            return bool(json.loads(answer.read())["data"]["result"])
+    except OSError:
+        return False
