@@ -116,14 +116,17 @@ StartPlugin = Callable[..., RunningPlugin]
 
 @pytest.fixture
 def start_plugin(hub: KubeCluster) -> Iterator[StartPlugin]:
-    """start_plugin(config_dict, kubeconfig=None): an in-process plugin on the hub."""
+    """start_plugin(config_dict, kubeconfig=None, sync_wait=10): an in-process plugin on the hub."""
     running: list[RunningPlugin] = []
 
-    def start(config: dict[str, Any], kubeconfig: Path | None = None) -> RunningPlugin:
+    def start(
+        config: dict[str, Any], kubeconfig: Path | None = None, sync_wait: float = 10.0
+    ) -> RunningPlugin:
         options = OcmOptions(
             config=parse_config(config),
             kubeconfig=str(kubeconfig or hub.kubeconfig),
             registry=CollectorRegistry(),
+            sync_wait=sync_wait,
         )
         plugin = OcmPlugin(options)
         handle = RunningPlugin(plugin, PluginClient(plugin.address, caller="ocm-tests"))
