@@ -103,12 +103,12 @@ def request_id(uid: str, cluster_id: str, step: str, target: str, attempt: int) 
 
 
 def _needs_cp(obs: ClusterObs, target: Target) -> bool:
-    return versions.is_newer(target.version, obs.control_plane_version)
+    return not versions.meets(obs.control_plane_version, target.version)
 
 
 def _pool_needing(obs: ClusterObs, target: Target) -> str | None:
     for pool in obs.node_pools:
-        if versions.is_newer(target.pool_target(pool.name), pool.version):
+        if not versions.meets(pool.version, target.pool_target(pool.name)):
             return pool.name
     return None
 
@@ -132,9 +132,9 @@ def _achieved(action: Action, obs: ClusterObs) -> bool:
     if action.kind is OpKind.SERVICE_IN:
         return obs.in_service
     if action.kind is OpKind.CONTROL_PLANE:
-        return not versions.is_newer(action.version, obs.control_plane_version)
+        return versions.meets(obs.control_plane_version, action.version)
     pool = next((p for p in obs.node_pools if p.name == action.node_pool), None)
-    return pool is None or not versions.is_newer(action.version, pool.version)
+    return pool is None or versions.meets(pool.version, action.version)
 
 
 class _Planner:

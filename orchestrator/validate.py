@@ -236,7 +236,7 @@ def resolve_targets(
             targets[cid] = Target(c.version, c.node_version or c.version, pools, s)
         obs = inventory.get(cid)
         target = targets[cid]
-        if obs is not None and versions.is_newer(obs.control_plane_version, target.version):
+        if obs is not None and versions.is_downgrade(obs.control_plane_version, target.version):
             field = f"spec.clusters[{entry[0]}].version" if entry else "spec.version"
             problems.append(
                 Problem(

@@ -6,7 +6,7 @@ import re
 from functools import lru_cache
 from typing import NamedTuple
 
-__all__ = ["Version", "compare", "is_newer", "parse"]
+__all__ = ["Version", "compare", "is_downgrade", "is_newer", "meets", "parse"]
 
 _PATTERN = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:[-+]([0-9A-Za-z.+-]+))?$")
 
@@ -57,3 +57,25 @@ def compare(a: str, b: str) -> int:
 def is_newer(a: str, b: str) -> bool:
     """True when version a is strictly newer than b."""
     return parse(a) > parse(b)
+
+
+def meets(current: str, target: str) -> bool:
+    """True when a cluster at current has reached target.
+
+    A bare target (no suffix) is met by any provider build of the same release, so a target
+    of 1.29.1 is met by 1.29.1-gke.1589020; a suffixed target needs that build or newer.
+    """
+    now, want = parse(current), parse(target)
+    if not want.suffix and now[:3] == want[:3] and now.release == 1:
+        return True
+    return now >= want
+
+
+def is_downgrade(current: str, target: str) -> bool:
+    """True when moving from current to target would go backwards.
+
+    A bare target of the cluster's own release (1.29.1 for 1.29.1-gke.100) is no downgrade.
+    """
+    now, want = parse(current), parse(target)
+    same_release = not want.suffix and now[:3] == want[:3] and now.release == 1
+    return now > want and not same_release

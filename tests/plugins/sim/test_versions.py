@@ -70,3 +70,22 @@ def test_compare_is_a_total_order(a: str, b: str, c: str) -> None:
 @given(_versions)
 def test_text_form_round_trips(text: str) -> None:
     assert compare(str(parse(text)), text) == 0
+
+
+@pytest.mark.parametrize(
+    ("current", "target", "met", "downgrade"),
+    [
+        ("1.29.1-gke.1589020", "1.29.1", True, False),  # a bare target is met by its builds
+        ("1.29.1", "1.29.1", True, False),
+        ("1.29.0-gke.9", "1.29.1", False, False),
+        ("1.29.1-rc.1", "1.29.1", False, False),  # a pre-release does not meet the release
+        ("1.29.1-gke.100", "1.29.1-gke.200", False, False),
+        ("1.29.1-gke.200", "1.29.1-gke.100", True, True),
+        ("1.29.2", "1.29.1", True, True),
+    ],
+)
+def test_meets_and_downgrade(current: str, target: str, met: bool, downgrade: bool) -> None:
+    from plugins.sdk.versions import is_downgrade, meets
+
+    assert meets(current, target) is met
+    assert is_downgrade(current, target) is downgrade
