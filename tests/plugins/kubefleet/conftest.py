@@ -131,6 +131,24 @@ def apply(cluster: KubeCluster, path: Path) -> None:
     kubectl(cluster, "apply", "-f", str(path))
 
 
+def service_account_kubeconfig(cluster: KubeCluster, namespace: str, name: str, path: Path) -> Path:
+    """A kubeconfig of the cluster that authenticates as the ServiceAccount (TokenRequest)."""
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    for user in config["users"]:
+        user["user"] = {"token": service_account_token(cluster, namespace, name)}
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="session")
+def plugin_kubeconfig(hub: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The hub as the plugin's ServiceAccount, with exactly manifests/kubefleet/rbac-plugin.yaml."""
+    apply(hub, KF / "rbac-plugin.yaml")
+    path = tmp_path_factory.mktemp("kubefleet-plugin") / "plugin.kubeconfig"
+    return service_account_kubeconfig(hub, "fleet-system", "fleet-plugin-kubefleet", path)
+
+
 @dataclass
 class AgentProcess:
     """One fleet-metric-collector process."""
