@@ -41,6 +41,7 @@ from plugins.ocm.objects import (
     annotations_of,
     parse_time,
     timed_out,
+    version_reached,
 )
 from plugins.sdk import versions
 from plugins.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
@@ -302,15 +303,15 @@ class OcmFleet:
             current = self._version(obj)
             op_id = operation_id_for(request_id)
             try:
-                order = versions.compare(current, version)
+                downgrade = versions.is_downgrade(current, version)
             except ValueError:
-                order = -1  # no readable version: let the upgrade say what the cluster runs
-            if order > 0:
+                downgrade = False  # no readable version: let the upgrade say what it runs
+            if downgrade:
                 raise FailedPrecondition(
                     f"version: cluster {cluster_id} runs {current}, newer than {version}; "
                     "OCM upgrades never downgrade"
                 )
-            if order == 0:
+            if version_reached(current, version):
                 return self._store.start(
                     request_id=request_id,
                     kind=_UPGRADE,

@@ -85,9 +85,10 @@ def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
 
 
 def version_reached(current: str, target: str) -> bool:
-    """True when current is target or newer (False when either does not parse)."""
+    """True when a cluster at current has reached target (versions.meets: a bare 1.29.1 is met
+    by 1.29.1+k3s1); False when either does not parse."""
     try:
-        return versions.compare(current, target) >= 0
+        return versions.meets(current, target)
     except ValueError:
         return False
 

@@ -186,11 +186,13 @@ def test_user_hooks_on_the_curator_are_kept_and_a_running_curation_is_refused(
 def test_nothing_to_do_succeeds_at_once_and_a_downgrade_is_refused(
     emulator: OcmEmulator, start_plugin: StartPlugin, names: Callable[[int], list[str]]
 ) -> None:
-    [name] = names(1)
+    name, k3s = names(2)
     emulator.add_cluster(name, NEW)
+    emulator.add_cluster(k3s, f"{NEW}+k3s1")  # a distribution's build of the same release
     plugin = start_plugin(curator_config())
     same = plugin.client.upgrade_control_plane("same", name, NEW)
     assert same.state == SUCCEEDED and same.HasField("end_time")
+    assert plugin.client.upgrade_control_plane("same-k3s", k3s, NEW).state == SUCCEEDED
     with pytest.raises(PluginCallError) as err:
         plugin.client.upgrade_control_plane("down", name, OLD)
     assert err.value.code is grpc.StatusCode.FAILED_PRECONDITION

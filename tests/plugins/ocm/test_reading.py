@@ -381,3 +381,9 @@ def test_emulator_jsonpath_subset() -> None:
     assert jsonpath(obj, '.status.conditions[?(@.type=="Complete")].status') == "True"
     assert jsonpath(obj, ".status.conditions[0].type") == "A"
     assert jsonpath(obj, ".status.missing") is None
+
+
+def test_a_bare_target_is_met_by_the_distributions_build_of_that_release() -> None:
+    done = curator_obj(cond("clustercurator-job", "True", "Job_has_finished", "job-1 ..."))
+    assert curator.curator_verdict(done, "1.29.1+k3s1", "1.29.1", T0, T0, CFG).state == SUCCEEDED
+    assert curator.curator_verdict(done, "1.29.0+k3s1", "1.29.1", T0, T0, CFG).state == RUNNING
