@@ -416,11 +416,46 @@ class KubeFleetEmulator:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop_loop(self) -> None:
+        """Stops the emulated controllers (the clients stay usable)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+            self._thread = None
+
+    def stop(self) -> None:
+        self.stop_loop()
         self._api_client.close()
+
+    def clear(self) -> None:
+        """Deletes every run, strategy, placement, override, tracker and MetricCollector on the
+        hub, then runs the controllers once so approval requests and member copies go too."""
+        for kind in (
+            "ClusterStagedUpdateRun",
+            "StagedUpdateRun",
+            "ClusterStagedUpdateStrategy",
+            "StagedUpdateStrategy",
+            "ClusterResourcePlacement",
+            "ResourcePlacement",
+            "ClusterResourceOverride",
+        ):
+            for obj in self.list(kind):
+                self.delete(kind, obj["metadata"]["name"], obj["metadata"].get("namespace", ""))
+        group, version = "metric.kubernetes-fleet.io", "v1alpha1"
+        for plural in ("clusterstagedworkloadtrackers", "metriccollectors"):
+            for obj in self.api.list_cluster_custom_object(group, version, plural)["items"]:
+                with contextlib.suppress(ApiException):
+                    self.api.delete_cluster_custom_object(
+                        group, version, plural, obj["metadata"]["name"]
+                    )
+        for plural in ("stagedworkloadtrackers", "metriccollectorreports"):
+            for obj in self.api.list_cluster_custom_object(group, version, plural)["items"]:
+                meta = obj["metadata"]
+                with contextlib.suppress(ApiException):
+                    self.api.delete_namespaced_custom_object(
+                        group, version, meta["namespace"], plural, meta["name"]
+                    )
+        self.tick()
 
     def _run(self) -> None:
         while not self._stop.is_set():

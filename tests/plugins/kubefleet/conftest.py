@@ -78,6 +78,8 @@ def emulator(
         emu.join(name, labels, "1.29.4")
     emu.start()
     yield emu
+    emu.stop_loop()
+    emu.clear()
     emu.stop()
 
 
