@@ -394,6 +394,11 @@ class OcmEmulator:
         }
         self._patch_mc_status(name, status)
 
+    def cluster_names(self) -> list[str]:
+        """The clusters this emulator registered (and has not removed)."""
+        with self._lock:
+            return sorted(self._members)
+
     def remove_cluster(self, name: str) -> None:
         """Deletes the ManagedCluster and its namespace (with everything in it)."""
         with self._lock:

@@ -95,7 +95,7 @@ def emulator(hub: KubeCluster) -> Iterator[OcmEmulator]:
     emu = OcmEmulator(hub, upgrade_seconds=0.6).start()
     yield emu
     emu.stop()
-    for name in list(emu._members):
+    for name in emu.cluster_names():
         emu.remove_cluster(name)
 
 

@@ -60,7 +60,10 @@ def test_the_command_serves_the_hub_and_stops_on_sigterm(
         )
     try:
         with PluginClient(f"127.0.0.1:{port}") as client:
-            wait_for("the plugin is ready", lambda: client.probe().ready, timeout=30, interval=0.2)
+            try:
+                wait_for("ready", lambda: client.probe().ready, timeout=30, interval=0.2)
+            except TimeoutError:
+                pytest.fail(f"not ready: {client.probe().message}\n{log.read_text()[-3000:]}")
             assert client.info().name == "ocm.fleetupgrade.io"
             assert client.info().manifest["upgradeMethod"] == "ClusterCurator"
             assert set(ids) <= {c.id for c in client.list_clusters()}
@@ -68,14 +71,15 @@ def test_the_command_serves_the_hub_and_stops_on_sigterm(
         with urllib.request.urlopen(url, timeout=5) as page:
             assert "fleet_plugin_rpc_total{" in page.read().decode()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=15) == 0
+        assert proc.wait(timeout=15) == 0, log.read_text()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     assert any(line.get("msg") == "OCM plugin ready" for line in lines), lines[:5]
-    assert "token" not in log.read_text().lower()  # never a credential in the logs
+    token = yaml.safe_load(hub.kubeconfig.read_text())["users"][0]["user"]["token"]
+    assert token not in log.read_text()  # never a credential in the logs
 
 
 def test_a_bad_config_exits_2_naming_the_field(tmp_path: Path, hub: KubeCluster) -> None:
