@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tenacity import RetryCallState, Retrying, wait_exponential_jitter
+from tenacity import RetryCallState, Retrying, wait_exponential, wait_random
 
 from orchestrator.fleet import OpObs
 from orchestrator.kube import Gone, KubeClient, KubeError
@@ -85,7 +85,7 @@ class Controller:
         )
         self._keys: set[Key] = set()
         self._failures: dict[Key, int] = {}
-        self._backoff = wait_exponential_jitter(initial=0.5, max=60.0, jitter=0.5)
+        self._backoff = wait_exponential(multiplier=0.5, max=60.0) + wait_random(0, 0.5)
 
     def run(self) -> None:
         """Run until stop is set."""

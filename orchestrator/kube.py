@@ -169,9 +169,9 @@ class KubeClient:
             _content_type="application/json-patch+json",
         )
 
-    def remove_annotation(self, namespace: str, name: str, key: str) -> None:
-        """Delete one annotation (merge patch with null)."""
-        body = {"metadata": {"annotations": {key: None}}}
+    def set_annotation(self, namespace: str, name: str, key: str, value: str | None) -> None:
+        """Set one annotation, or delete it with None (merge patch)."""
+        body = {"metadata": {"annotations": {key: value}}}
         self._call(
             self._custom.patch_namespaced_custom_object,
             api.GROUP,

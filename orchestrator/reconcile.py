@@ -12,7 +12,13 @@ from typing import Any
 
 import grpc
 from pydantic import ValidationError
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
 
 from fleetupgrade.plugin.v1 import cluster_pb2
 from orchestrator import api
@@ -22,7 +28,16 @@ from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, PoolObs, Snap
 from orchestrator.health import due_in, record
 from orchestrator.kube import KubeClient, NotFound
 from orchestrator.metrics import Metrics
-from orchestrator.plan import Action, Event, Plan, PlanInput, compact_entries, invalid, plan
+from orchestrator.plan import (
+    ACTIVE_PHASES,
+    Action,
+    Event,
+    Plan,
+    PlanInput,
+    compact_entries,
+    invalid,
+    plan,
+)
 from orchestrator.validate import Problem, parse_spec, resolve_targets, validate_spec
 from plugins.sdk.client import ClientTLS, PluginCallError, PluginClient
 
@@ -64,7 +79,7 @@ COMPONENT = "fleet-orchestrator"
 #: Reads retried in place (beyond the channel's own UNAVAILABLE retries) before Degraded.
 _READ_RETRY = Retrying(
     retry=retry_if_exception(lambda e: isinstance(e, PluginCallError) and e.retryable),
-    wait=wait_exponential_jitter(initial=0.05, max=1.0),
+    wait=wait_exponential(multiplier=0.05, max=1.0) + wait_random(0, 0.05),
     stop=stop_after_attempt(3),
     reraise=True,
 )
@@ -317,17 +332,40 @@ class Reconciler:
         )
         requeue = result.requeue_after
         if result.actions:
-            self._write(obj, result)  # intent first: a crash now re-issues the same request ids
+            resting = {cid for cid, e in previous.entries().items() if e.phase not in ACTIVE_PHASES}
+            if any(
+                a.cluster_id in resting or a.cluster_id not in previous.entries()
+                for a in result.actions
+            ):
+                # A cluster leaves rest: record that it is ours before touching it, so a crash
+                # right after the call resumes it rather than taking it for someone else's.
+                self._write(obj, result)
             requeue = _min(requeue, self._execute(client, result))
         self._write(obj, result)
         for event in result.events:
             if self.emit_event is not None:
                 self.emit_event(obj, event)
         self._gauges(ns, name, result.status)
-        if annotations.get(api.ANNOTATION_RETRY_CLUSTERS) and not any(
-            e.phase == api.ClusterPhase.FAILED for e in result.status.entries().values()
-        ):
-            self.kube.remove_annotation(ns, name, api.ANNOTATION_RETRY_CLUSTERS)
+        asked = _csv(annotations.get(api.ANNOTATION_RETRY_CLUSTERS))
+        if asked:
+            before, after = previous.entries(), result.status.entries()
+            retried = {
+                cid
+                for cid in asked
+                if cid in before
+                and before[cid].phase == api.ClusterPhase.FAILED
+                and (cid not in after or after[cid].phase != api.ClusterPhase.FAILED)
+            }
+            unknown = {
+                cid
+                for cid in asked
+                if before.get(cid) is None or before[cid].phase != api.ClusterPhase.FAILED
+            }
+            left = sorted(asked - retried - unknown)  # consumed once: never retried twice
+            if left != sorted(asked):
+                self.kube.set_annotation(
+                    ns, name, api.ANNOTATION_RETRY_CLUSTERS, ",".join(left) or None
+                )
         return requeue
 
     def _analyse(
