@@ -307,3 +307,40 @@ def test_retry_annotation_resumes_a_halted_rollout(
         m = monitor(sim)
         assert m["clusters_at_target"] == 3 and m["duplicate_mutations"] == 0
         assert m["operations_failed"] == 1
+
+
+def test_a_retry_that_fails_again_is_not_retried_again(
+    control_plane: KubeCluster,
+    namespace: str,
+    tmp_path: Path,
+    orchestrator: OrchestratorProcess,
+) -> None:
+    faults = {"failStep": [{"step": "controlPlane", "clusters": ["cluster-00"], "times": 2}]}
+    with simulated_fleet(tmp_path, fleet(3, **faults), NEW) as sim:
+        cvs = CV(control_plane, namespace)
+        cvs.create(
+            cluster_version("fleet", sim.address, ["cluster-00", "cluster-01", "cluster-02"], 2)
+        )
+        wait_for("rollout halts", lambda: cvs.phase_is("fleet", "Halted"), timeout=60)
+        cvs.api.patch_namespaced_custom_object(
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            api.PLURAL,
+            "fleet",
+            {"metadata": {"annotations": {api.ANNOTATION_RETRY_CLUSTERS: "cluster-00"}}},
+        )
+
+        def failed_again() -> dict[str, Any] | None:
+            status = cvs.status("fleet")
+            entry = next((c for c in status.get("clusters") or [] if c["id"] == "cluster-00"), {})
+            return status if entry.get("phase") == "Failed" and entry.get("attempt") == 1 else None
+
+        wait_for("the retry fails again", failed_again, timeout=60, interval=0.1)
+        time.sleep(2)  # room for a wrong second retry
+        status = cvs.status("fleet")
+        entry = next(c for c in status["clusters"] if c["id"] == "cluster-00")
+        assert entry["attempt"] == 1 and status["phase"] == "Halted"
+        assert monitor(sim)["operations_failed"] == 2
+        annotations = cvs.get("fleet")["metadata"].get("annotations") or {}
+        assert api.ANNOTATION_RETRY_CLUSTERS not in annotations
