@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import timedelta
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -174,7 +175,7 @@ class LabelSelector(_Model):
     match_labels: dict[str, str] | None = None
     match_expressions: list[LabelSelectorRequirement] | None = None
 
-    def matches(self, labels: dict[str, str]) -> bool:
+    def matches(self, labels: Mapping[str, str]) -> bool:
         """True when labels satisfy every term (an empty selector matches everything)."""
         for key, value in (self.match_labels or {}).items():
             if labels.get(key) != value:

@@ -148,6 +148,16 @@ class _Planner:
         self.requeue: float | None = None
         self.entries: dict[str, api.ClusterStatusEntry] = {}
         self.effective: dict[str, ClusterObs] = dict(inp.snapshot.clusters)
+        self._needs: dict[str, bool] = {}
+
+    def needs(self, cid: str) -> bool:
+        """Whether a managed cluster, as now known, is short of its target (cached)."""
+        known = self._needs.get(cid)
+        if known is None:
+            known = self._needs[cid] = _needs_upgrade(
+                self.effective[cid], self.targets.by_cluster[cid]
+            )
+        return known
 
     def _wake(self, seconds: float) -> None:
         self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
@@ -317,6 +327,7 @@ class _Planner:
             return
         obs = apply_succeeded(obs, op)
         self.effective[entry.id] = obs
+        self._needs.pop(entry.id, None)
         self.advance(entry.model_copy(update={"operation_id": None}), obs)
 
 
@@ -356,11 +367,7 @@ def _start_and_summarise(pl: _Planner, previous: api.ClusterVersionStatus) -> Pl
     for s, members in enumerate(targets.stage_members):
         name = targets.stage_names[s]
         spec_stage = strategy.stages[s] if strategy.stages else None
-        done = sum(
-            1
-            for c in members
-            if c not in pl.entries and not _needs_upgrade(pl.effective[c], managed[c])
-        )
+        done = sum(1 for c in members if c not in pl.entries and not pl.needs(c))
         n_failed = sum(1 for c in members if c in failed)
         complete = done + (n_failed if on_failure == api.OnFailure.CONTINUE else 0) == len(members)
         prev = prev_stages.get(name)
@@ -456,7 +463,7 @@ def _start_and_summarise(pl: _Planner, previous: api.ClusterVersionStatus) -> Pl
             entry = pl.entries.get(cid)
             if entry is not None and entry.phase != P.PENDING:
                 continue
-            if not _needs_upgrade(obs, managed[cid]):
+            if not pl.needs(cid):
                 continue
             if obs.current_operation is not None and not obs.current_operation.state.terminal:
                 pl.entries[cid] = _waiting(
@@ -495,8 +502,13 @@ def _start_and_summarise(pl: _Planner, previous: api.ClusterVersionStatus) -> Pl
             budget -= cost
             in_flight += 1
             started = True
-            base = entry or api.ClusterStatusEntry(id=cid, phase=P.PENDING, stage=current)
-            pl.advance(base.model_copy(update={"stage": current}), pl.effective[cid])
+            if entry is None:
+                base = api.ClusterStatusEntry.model_construct(
+                    id=cid, phase=P.PENDING, stage=current
+                )
+            else:
+                base = entry.model_copy(update={"stage": current})
+            pl.advance(base, pl.effective[cid])
         if started and not stage_status[active].start_time:
             stage_status[active] = stage_status[active].model_copy(update={"start_time": pl.now})
 
@@ -560,7 +572,7 @@ def _summarise(
         entry = pl.entries.get(cid)
         if entry is not None:
             by_phase[entry.phase.value] += 1
-        elif _needs_upgrade(pl.effective[cid], managed[cid]):
+        elif pl.needs(cid):
             by_phase[P.PENDING.value] += 1
         else:
             by_phase[P.UPGRADED.value] += 1

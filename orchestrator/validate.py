@@ -192,9 +192,7 @@ def resolve_targets(
                     )
                 chosen.append(cid)
             if stage.selector is not None:
-                chosen += [
-                    c for c in sorted_ids if stage.selector.matches(dict(inventory[c].labels))
-                ]
+                chosen += [c for c in sorted_ids if stage.selector.matches(inventory[c].labels)]
             for cid in dict.fromkeys(chosen):
                 if cid in stage_of and stage_of[cid] != s:
                     problems.append(
@@ -217,6 +215,11 @@ def resolve_targets(
                     )
                 )
     targets: dict[str, Target] = {}
+    shared = (
+        [Target(spec.version, spec.version, {}, s) for s in range(len(names))]
+        if (spec.version)
+        else []
+    )
     for cid, s in stage_of.items():
         entry = listed.get(cid)
         if entry is None:
@@ -229,7 +232,7 @@ def resolve_targets(
                     )
                 )
                 continue
-            targets[cid] = Target(spec.version, spec.version, {}, s)
+            targets[cid] = shared[s]
         else:
             c = entry[1]
             pools = {p.name: p.version for p in c.node_pools or []}
