@@ -221,13 +221,23 @@ class KubeCluster:
         key = frozenset((c["metadata"]["name"], c["metadata"]["resourceVersion"]) for c in crds)
         if self._discovery is not None and self._discovery[0] == key:
             return self._discovery[1]
-        group_versions = ["/api/v1"]
+        # Every version of every group, the preferred one first: a resource served only in
+        # another version of its group (e.g. a v1beta1 kind beside v1 kinds) is found too.
+        group_versions = [("", "/api/v1")]
         for group in self._get("/apis")["groups"]:
-            group_versions.append(f"/apis/{group['preferredVersion']['groupVersion']}")
+            preferred = group["preferredVersion"]["groupVersion"]
+            others = [
+                v["groupVersion"] for v in group["versions"] if v["groupVersion"] != preferred
+            ]
+            group_versions += [(group["name"], f"/apis/{gv}") for gv in [preferred, *others]]
         collections = []
-        for prefix in group_versions:
+        seen: set[tuple[str, str]] = set()
+        for group_name, prefix in group_versions:
             for resource in self._get(prefix)["resources"]:
                 verbs = set(resource.get("verbs", []))
+                if (group_name, resource["name"]) in seen:
+                    continue
+                seen.add((group_name, resource["name"]))
                 if (
                     resource["namespaced"]
                     and "/" not in resource["name"]
