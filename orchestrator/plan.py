@@ -503,9 +503,7 @@ def _start_and_summarise(pl: _Planner, previous: api.ClusterVersionStatus) -> Pl
             in_flight += 1
             started = True
             if entry is None:
-                base = api.ClusterStatusEntry.model_construct(
-                    id=cid, phase=P.PENDING, stage=current
-                )
+                base = api.ClusterStatusEntry(id=cid, phase=P.PENDING, stage=current)
             else:
                 base = entry.model_copy(update={"stage": current})
             pl.advance(base, pl.effective[cid])

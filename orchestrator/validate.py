@@ -220,6 +220,7 @@ def resolve_targets(
         if (spec.version)
         else []
     )
+    alike: dict[tuple[str, str | None, tuple[tuple[str, str], ...], int], Target] = {}
     for cid, s in stage_of.items():
         entry = listed.get(cid)
         if entry is None:
@@ -235,8 +236,15 @@ def resolve_targets(
             targets[cid] = shared[s]
         else:
             c = entry[1]
-            pools = {p.name: p.version for p in c.node_pools or []}
-            targets[cid] = Target(c.version, c.node_version or c.version, pools, s)
+            key = (
+                c.version,
+                c.node_version,
+                tuple((p.name, p.version) for p in c.node_pools or []),
+                s,
+            )
+            if key not in alike:  # clusters with the same targets share one Target
+                alike[key] = Target(c.version, c.node_version or c.version, dict(key[2]), s)
+            targets[cid] = alike[key]
         obs = inventory.get(cid)
         target = targets[cid]
         if obs is not None and versions.is_downgrade(obs.control_plane_version, target.version):
