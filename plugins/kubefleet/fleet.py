@@ -63,7 +63,14 @@ from plugins.sdk.errors import FailedPrecondition, NotFound, Unavailable
 from plugins.sdk.operations import OperationStore
 from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
 
-__all__ = ["HEALTH_CONDITION", "REPORT_NAMESPACE_TEMPLATE", "KubeFleetHub", "collector_names"]
+__all__ = [
+    "HEALTH_CONDITION",
+    "PICK_FIXED_MAX",
+    "REPORT_NAMESPACE_TEMPLATE",
+    "KubeFleetHub",
+    "collection_objects",
+    "collector_names",
+]
 
 _LOG = logging.getLogger("plugins.kubefleet.fleet")
 
@@ -78,6 +85,9 @@ _COMPONENT = MANAGED_BY
 _RETRIES = 6
 _WAKE_SECONDS = 1.0
 _TICK_SECONDS = 1.0
+_WRITE_BACKOFF_MAX = 60.0
+PICK_FIXED_MAX = 100
+"""KubeFleet's limit on a placement's clusterNames: bigger stages get several placements."""
 _SERVICE_OUT = cluster_pb2.OPERATION_KIND_SERVICE_OUT
 _SERVICE_IN = cluster_pb2.OPERATION_KIND_SERVICE_IN
 _RUNNING = cluster_pb2.OPERATION_STATE_RUNNING
@@ -90,10 +100,11 @@ def collector_names(ref: gatelib.GateRef) -> tuple[str, str, str]:
     """(MetricCollector, ClusterResourceOverride, ClusterResourcePlacement) names of a gate.
 
     As in the cookbook: mc-<run>-<stage>, ro-mc-..., crp-mc-... (namespaced runs add their
-    namespace); at most 63 characters, longer names end in a stable hash.
+    namespace); at most 63 characters, longer names end in a stable hash. Stages of more than
+    100 clusters get further placements crp-mc-...-2, -3, ...
     """
     base = "-".join(p for p in ("mc", ref.namespace, ref.run_name, ref.stage) if p)
-    mc = name_with_limit(base, 57)
+    mc = name_with_limit(base, 54)  # room for crp- and a shard suffix -NN
     return mc, f"ro-{mc}", f"crp-{mc}"
 
 
@@ -194,6 +205,7 @@ class KubeFleetHub:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._loop_error = ""
+        self._write_failures: dict[str, tuple[int, float]] = {}
         self._thread = threading.Thread(target=self._loop, name="kubefleet-reconcile", daemon=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -751,14 +763,15 @@ class KubeFleetHub:
             self._publish_locked(views)
         for gate_id in set(self._health_memo) - set(views):
             self._health_memo.pop(gate_id, None)
+        wanted: set[tuple[Resource, str]] = set()
         for view in views.values():
             if view.state != _PENDING:
                 continue
             if self._reports_mode and view.tracked and view.clusters:
-                self._ensure_collection(view)
+                wanted |= self._ensure_collection(view)
             self._note(view, now)
         if self._reports_mode:
-            self._collect_garbage(views)
+            self._collect_garbage(wanted)
 
     def _note(self, view: _View, now: datetime) -> None:
         """Writes our condition on the approval request when what we see changed (+ Event)."""
@@ -769,6 +782,9 @@ class KubeFleetHub:
             current.get("reason"),
             current.get("message"),
         ) == (view.status, view.reason, view.message):
+            return
+        key = f"note/{view.ref.id}"
+        if not self._may_write(key):
             return
         res = view.ref.request
         conds = set_condition(
@@ -789,11 +805,9 @@ class KubeFleetHub:
         except (KubeConflict, KubeNotFound):
             return  # the cache will bring the newer object (or its deletion) next pass
         except KubeError as exc:
-            _LOG.warning(
-                "cannot write the workload condition",
-                extra={"fields": {"gate": view.ref.id, "error": exc.message}},
-            )
+            self._write_failed(key, "write the workload condition", exc)
             return
+        self._write_failures.pop(key, None)
         warning = view.status != "True"
         self._event(res, written, view.reason, view.message, warning=warning)
 
@@ -833,146 +847,59 @@ class KubeFleetHub:
 
     # -- per-gate MetricCollector propagation ---------------------------------------------------
 
-    def _owner(self, view: _View) -> list[dict[str, Any]]:
-        """The ClusterApprovalRequest as owner (a cluster-scoped owner is valid for our
-        cluster-scoped objects; a namespaced ApprovalRequest is not: we clean those up)."""
-        if view.ref.request.namespaced:
-            return []
-        meta = view.obj.get("metadata") or {}
-        return [
-            {
-                "apiVersion": view.ref.request.api_version,
-                "kind": view.ref.request.kind,
-                "name": meta.get("name"),
-                "uid": meta.get("uid"),
-            }
-        ]
+    def _may_write(self, key: str) -> bool:
+        """False while a write that failed is backing off (it is retried later, not every pass)."""
+        failed = self._write_failures.get(key)
+        return failed is None or time.monotonic() >= failed[1]
 
-    def _desired(self, view: _View) -> list[tuple[Resource, dict[str, Any]]]:
-        mc, ro, crp = collector_names(view.ref)
-        selector = {
-            "group": METRIC_GROUP,
-            "version": METRIC_VERSION,
-            "kind": METRIC_COLLECTORS.kind,
-            "name": mc,
-        }
+    def _write_failed(self, key: str, what: str, exc: KubeError) -> None:
+        count = self._write_failures.get(key, (0, 0.0))[0] + 1
+        delay = min(_WRITE_BACKOFF_MAX, 0.5 * 2**count)
+        self._write_failures[key] = (count, time.monotonic() + delay)
+        _LOG.warning(
+            f"cannot {what}; retrying in {delay:.0f}s",
+            extra={"fields": {"object": key, "error": exc.message}},
+        )
 
-        def meta(name: str) -> dict[str, Any]:
-            out: dict[str, Any] = {
-                "name": name,
-                "labels": {LABEL_MANAGED_BY: MANAGED_BY},
-                "annotations": {ANNOTATION_GATE: view.ref.id},
-            }
-            owner = self._owner(view)
-            if owner:
-                out["ownerReferences"] = owner
-            return out
-
-        return [
-            (
-                METRIC_COLLECTORS,
-                {
-                    "apiVersion": METRIC_COLLECTORS.api_version,
-                    "kind": METRIC_COLLECTORS.kind,
-                    "metadata": meta(mc),
-                    "spec": {
-                        "prometheusUrl": self.cfg.member_prometheus_url,
-                        "reportNamespace": _UNSET_REPORT_NAMESPACE,
-                        "interval": self.cfg.collect_interval,
-                    },
-                },
-            ),
-            (
-                CLUSTER_RESOURCE_OVERRIDES,
-                {
-                    "apiVersion": CLUSTER_RESOURCE_OVERRIDES.api_version,
-                    "kind": CLUSTER_RESOURCE_OVERRIDES.kind,
-                    "metadata": meta(ro),
-                    "spec": {
-                        "placement": {"name": crp, "scope": "Cluster"},
-                        "clusterResourceSelectors": [selector],
-                        "policy": {
-                            "overrideRules": [
-                                {
-                                    "clusterSelector": {"clusterSelectorTerms": []},
-                                    "overrideType": "JSONPatch",
-                                    "jsonPatchOverrides": [
-                                        {
-                                            "op": "replace",
-                                            "path": "/spec/reportNamespace",
-                                            "value": REPORT_NAMESPACE_TEMPLATE,
-                                        }
-                                    ],
-                                }
-                            ]
-                        },
-                    },
-                },
-            ),
-            (
-                CLUSTER_RESOURCE_PLACEMENTS,
-                {
-                    "apiVersion": CLUSTER_RESOURCE_PLACEMENTS.api_version,
-                    "kind": CLUSTER_RESOURCE_PLACEMENTS.kind,
-                    "metadata": meta(crp),
-                    "spec": {
-                        "resourceSelectors": [selector],
-                        "policy": {
-                            "placementType": "PickFixed",
-                            "clusterNames": sorted(view.clusters),
-                        },
-                        "strategy": {"type": "RollingUpdate"},
-                    },
-                },
-            ),
-        ]
-
-    def _ensure_collection(self, view: _View) -> None:
-        """Creates (or corrects the spec of) the gate's MetricCollector, override and placement."""
-        for res, body in self._desired(view):
+    def _ensure_collection(self, view: _View) -> set[tuple[Resource, str]]:
+        """Creates (or corrects the spec of) the gate's MetricCollector, override and
+        placements; returns what the gate needs (for the garbage collection)."""
+        wanted: set[tuple[Resource, str]] = set()
+        for res, body in collection_objects(view.ref, view.obj, view.clusters, self.cfg):
             name = body["metadata"]["name"]
+            wanted.add((res, name))
+            key = f"{res.kind}/{name}"
             cached = self._owned[res].get("", name)
-            if cached is not None and not cached.obj["metadata"].get("deletionTimestamp"):
-                if _covers(cached.obj.get("spec") or {}, body["spec"]):
-                    continue
-                patch = {
-                    "metadata": {"resourceVersion": cached.obj["metadata"]["resourceVersion"]},
-                    "spec": body["spec"],
-                }
-                try:
-                    self._kube.merge_patch(res, "", name, patch)
-                except KubeError as exc:
-                    _LOG.info(
-                        "cannot update a collection object",
-                        extra={"fields": {"object": f"{res.kind}/{name}", "error": exc.message}},
-                    )
-                continue
-            if cached is not None:
+            if cached is not None and cached.obj["metadata"].get("deletionTimestamp"):
                 continue  # being deleted: create it again once it is gone
-            try:
-                self._kube.create(res, "", body)
-            except KubeConflict:
+            if cached is not None and _covers(cached.obj.get("spec") or {}, body["spec"]):
+                self._write_failures.pop(key, None)
                 continue
+            if not self._may_write(key):
+                continue
+            try:
+                if cached is None:
+                    self._kube.create(res, "", body)
+                else:
+                    version = cached.obj["metadata"]["resourceVersion"]
+                    patch = {"metadata": {"resourceVersion": version}, "spec": body["spec"]}
+                    self._kube.merge_patch(res, "", name, patch)
+            except KubeConflict:
+                continue  # exists already / changed meanwhile: the cache brings it next pass
             except KubeError as exc:
-                _LOG.warning(
-                    "cannot create a collection object",
-                    extra={"fields": {"object": f"{res.kind}/{name}", "error": exc.message}},
-                )
+                self._write_failed(key, f"write the {res.kind}", exc)
+                continue
+            self._write_failures.pop(key, None)
+        return wanted
 
-    def _collect_garbage(self, views: Mapping[str, _View]) -> None:
-        """Deletes our objects whose gate is no longer pending and tracked (placement first),
-        and the reports of our MetricCollectors that no longer exist (the agent copies the
-        collector's managed-by label onto its report)."""
-        wanted = {
-            gate_id
-            for gate_id, view in views.items()
-            if view.state == _PENDING and view.tracked and view.clusters
-        }
+    def _collect_garbage(self, wanted: set[tuple[Resource, str]]) -> None:
+        """Deletes our objects that no pending tracked gate needs (placements first), and the
+        reports of our MetricCollectors that no longer exist (the agent copies the collector's
+        managed-by label onto its report)."""
         for res in (CLUSTER_RESOURCE_PLACEMENTS, CLUSTER_RESOURCE_OVERRIDES, METRIC_COLLECTORS):
             for cached in self._owned[res].items():
                 meta = cached.obj["metadata"]
-                gate = (meta.get("annotations") or {}).get(ANNOTATION_GATE, "")
-                if gate in wanted or meta.get("deletionTimestamp"):
+                if (res, meta["name"]) in wanted or meta.get("deletionTimestamp"):
                     continue
                 self._delete(res, "", meta["name"])
         assert self._reports is not None
@@ -989,15 +916,130 @@ class KubeFleetHub:
             self._delete(METRIC_COLLECTOR_REPORTS, meta["namespace"], meta["name"])
 
     def _delete(self, res: Resource, namespace: str, name: str) -> None:
+        key = f"{res.kind}/{namespace}/{name}"
+        if not self._may_write(key):
+            return
         try:
             self._kube.delete(res, namespace, name)
         except KubeNotFound:
-            return
+            pass
         except KubeError as exc:
-            _LOG.info(
-                "cannot delete",
-                extra={"fields": {"object": f"{res.kind}/{name}", "error": exc.message}},
+            self._write_failed(key, f"delete the {res.kind}", exc)
+            return
+        self._write_failures.pop(key, None)
+
+
+def _owner(ref: gatelib.GateRef, request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The ClusterApprovalRequest as owner (a cluster-scoped owner is valid for our
+    cluster-scoped objects; a namespaced ApprovalRequest is not: we clean those up)."""
+    if ref.request.namespaced:
+        return []
+    meta = request.get("metadata") or {}
+    return [
+        {
+            "apiVersion": ref.request.api_version,
+            "kind": ref.request.kind,
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+        }
+    ]
+
+
+def collection_objects(
+    ref: gatelib.GateRef,
+    request: Mapping[str, Any],
+    clusters: Sequence[str],
+    cfg: KubeFleetConfig,
+) -> list[tuple[Resource, dict[str, Any]]]:
+    """The MetricCollector, its override, and one PickFixed placement per 100 clusters
+    (KubeFleet's limit on clusterNames), in the order they are created."""
+    mc, ro, crp = collector_names(ref)
+    selector = {
+        "group": METRIC_GROUP,
+        "version": METRIC_VERSION,
+        "kind": METRIC_COLLECTORS.kind,
+        "name": mc,
+    }
+
+    def meta(name: str) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": name,
+            "labels": {LABEL_MANAGED_BY: MANAGED_BY},
+            "annotations": {ANNOTATION_GATE: ref.id},
+        }
+        owner = _owner(ref, request)
+        if owner:
+            out["ownerReferences"] = owner
+        return out
+
+    names_sorted = sorted(clusters)
+    shards = [
+        names_sorted[i : i + PICK_FIXED_MAX] for i in range(0, len(names_sorted), PICK_FIXED_MAX)
+    ]
+    # One placement: the override names it (its rollout picks the override up at once).
+    # Several: the override applies to every placement of the collector; it exists before
+    # they do, so their first rollout has it.
+    override_spec: dict[str, Any] = {
+        "clusterResourceSelectors": [selector],
+        "policy": {
+            "overrideRules": [
+                {
+                    "clusterSelector": {"clusterSelectorTerms": []},
+                    "overrideType": "JSONPatch",
+                    "jsonPatchOverrides": [
+                        {
+                            "op": "replace",
+                            "path": "/spec/reportNamespace",
+                            "value": REPORT_NAMESPACE_TEMPLATE,
+                        }
+                    ],
+                }
+            ]
+        },
+    }
+    if len(shards) == 1:
+        override_spec = {"placement": {"name": crp, "scope": "Cluster"}, **override_spec}
+    out: list[tuple[Resource, dict[str, Any]]] = [
+        (
+            METRIC_COLLECTORS,
+            {
+                "apiVersion": METRIC_COLLECTORS.api_version,
+                "kind": METRIC_COLLECTORS.kind,
+                "metadata": meta(mc),
+                "spec": {
+                    "prometheusUrl": cfg.member_prometheus_url,
+                    "reportNamespace": _UNSET_REPORT_NAMESPACE,
+                    "interval": cfg.collect_interval,
+                },
+            },
+        ),
+        (
+            CLUSTER_RESOURCE_OVERRIDES,
+            {
+                "apiVersion": CLUSTER_RESOURCE_OVERRIDES.api_version,
+                "kind": CLUSTER_RESOURCE_OVERRIDES.kind,
+                "metadata": meta(ro),
+                "spec": override_spec,
+            },
+        ),
+    ]
+    for index, names in enumerate(shards):
+        out.append(
+            (
+                CLUSTER_RESOURCE_PLACEMENTS,
+                {
+                    "apiVersion": CLUSTER_RESOURCE_PLACEMENTS.api_version,
+                    "kind": CLUSTER_RESOURCE_PLACEMENTS.kind,
+                    "metadata": meta(crp if index == 0 else f"{crp}-{index + 1}"),
+                    "spec": {
+                        "resourceSelectors": [selector],
+                        "policy": {"placementType": "PickFixed", "clusterNames": names},
+                        "strategy": {"type": "RollingUpdate"},
+                    },
+                },
             )
+        )
+    return out
 
 
 def _covers(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:

@@ -14,6 +14,7 @@ from orchestrator.crd import structural_schema
 from plugins.kubefleet import KubeFleetConfig, collector_names, health, inventory
 from plugins.kubefleet import gates as gatelib
 from plugins.kubefleet.collector import parse_interval
+from plugins.kubefleet.fleet import collection_objects
 from plugins.kubefleet.objects import (
     APPROVAL_REQUESTS,
     CLUSTER_APPROVAL_REQUESTS,
@@ -320,3 +321,26 @@ def test_the_generated_crds_are_current_and_the_tracker_checks_match_clustervers
     report = yaml.safe_load((crdgen.OURS / "metriccollectorreports.yaml").read_text())
     columns = [c["name"].upper() for c in report["spec"]["versions"][0]["additionalPrinterColumns"]]
     assert columns[:2] == ["WORKLOADS", "LAST-COLLECTION"]
+
+
+def test_a_stage_of_more_than_100_clusters_gets_several_placements() -> None:
+    ref = gatelib.GateRef(CLUSTER_APPROVAL_REQUESTS, "", "r-after-prod", "r", "prod")
+    request = {"metadata": {"name": "r-after-prod", "uid": "u-1"}}
+    clusters = [f"m-{i:03d}" for i in range(250)]
+    objects = collection_objects(ref, request, clusters, KubeFleetConfig())
+    kinds = [res.kind for res, _ in objects]
+    assert (
+        kinds == ["MetricCollector", "ClusterResourceOverride"] + ["ClusterResourcePlacement"] * 3
+    )
+    placements = [body for res, body in objects if res.kind == "ClusterResourcePlacement"]
+    names = [p["metadata"]["name"] for p in placements]
+    assert names == ["crp-mc-r-prod", "crp-mc-r-prod-2", "crp-mc-r-prod-3"]
+    picked = [p["spec"]["policy"]["clusterNames"] for p in placements]
+    assert [len(p) for p in picked] == [100, 100, 50]
+    assert [c for names in picked for c in names] == clusters
+    override = objects[1][1]["spec"]
+    assert "placement" not in override  # it applies to all three placements
+    assert all(b["metadata"]["ownerReferences"][0]["uid"] == "u-1" for _, b in objects)
+    single = collection_objects(ref, request, clusters[:3], KubeFleetConfig())
+    assert single[1][1]["spec"]["placement"] == {"name": "crp-mc-r-prod", "scope": "Cluster"}
+    assert single[0][1]["spec"]["reportNamespace"] == "set-by-override"
