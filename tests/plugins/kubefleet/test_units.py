@@ -11,6 +11,7 @@ import yaml
 from fleetupgrade.plugin.v1 import gate_pb2, health_pb2
 from orchestrator import api
 from orchestrator.crd import structural_schema
+from orchestrator.gates import parse_plugin_flag
 from plugins.kubefleet import KubeFleetConfig, collector_names, health, inventory
 from plugins.kubefleet import gates as gatelib
 from plugins.kubefleet.collector import parse_interval
@@ -344,3 +345,11 @@ def test_a_stage_of_more_than_100_clusters_gets_several_placements() -> None:
     single = collection_objects(ref, request, clusters[:3], KubeFleetConfig())
     assert single[1][1]["spec"]["placement"] == {"name": "crp-mc-r-prod", "scope": "Cluster"}
     assert single[0][1]["spec"]["reportNamespace"] == "set-by-override"
+
+
+def test_plugin_flags_are_name_equals_host_port() -> None:
+    assert parse_plugin_flag("kubefleet=127.0.0.1:50061") == ("kubefleet", "127.0.0.1:50061")
+    assert parse_plugin_flag("kf-2=plugin.svc:443") == ("kf-2", "plugin.svc:443")
+    for bad in ("kubefleet", "=127.0.0.1:1", "KubeFleet=h:1", "kf=host", "kf=h:port"):
+        with pytest.raises(ValueError, match="NAME=HOST:PORT"):
+            parse_plugin_flag(bad)
