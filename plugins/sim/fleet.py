@@ -397,6 +397,12 @@ class Fleet:
             self._label_cache[key] = ids
         return ids
 
+    def before_rpc(self, method: str, context: grpc.ServicerContext) -> None:
+        """Applies the fleet file's RPC faults (if any) to a call of method; runs first."""
+        faults = self.rpc_faults
+        if faults.active:
+            faults.before(method, context)
+
     def get_operation(self, operation_id: str) -> cluster_pb2.Operation:
         """An operation by id; NotFound if unknown."""
         return self.operations.get(operation_id)

@@ -9,16 +9,15 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from types import FrameType
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from plugins.sdk import versions
+from plugins.sdk.identity import package_version
 from plugins.sdk.server import (
     PluginServer,
-    PluginServicers,
     ServerTLS,
     add_server_args,
     configure_logging,
@@ -31,21 +30,13 @@ from plugins.sim.admin import AdminServer
 from plugins.sim.config import ConfigError, FleetConfig, GenerateSpec, load_fleet_file
 from plugins.sim.fleet import Fleet
 from plugins.sim.monitor import InvariantMonitor, MonitorCollector, MonitorFileWriter
-from plugins.sim.servicers import SimClusterServicer, SimHealthServicer, SimIdentityServicer
+from plugins.sim.servicers import sim_servicers
 
 __all__ = ["SimOptions", "Simulator", "build_parser", "main"]
 
 _LOG = logging.getLogger("plugins.sim.server")
-_DIST = "fleet-upgrade-orchestrator"
 # Seconds in-flight RPCs get on SIGTERM; open WatchOperations streams end after it.
 _SHUTDOWN_GRACE = 2.0
-
-
-def _version() -> str:
-    try:
-        return metadata.version(_DIST)
-    except metadata.PackageNotFoundError:
-        return "0.0.0"
 
 
 @dataclass
@@ -94,13 +85,10 @@ class Simulator:
                 self._collector = MonitorCollector(self.monitor)
                 options.registry.register(self._collector)
             source = options.fleet_file or f"generated:{self.fleet.cluster_count}"
-            identity = SimIdentityServicer(
-                _version(), {"fleet": source, "clusters": str(self.fleet.cluster_count)}
-            )
-            servicers = PluginServicers(
-                identity=identity,
-                cluster=SimClusterServicer(self.fleet),
-                health=SimHealthServicer(self.fleet),
+            servicers = sim_servicers(
+                self.fleet,
+                package_version(),
+                {"fleet": source, "clusters": str(self.fleet.cluster_count)},
             )
             self.server: PluginServer = serve(
                 options.listen,

@@ -1,0 +1,200 @@
+"""ClusterService and HealthService for any plugin: request checks here, the work in a backend."""
+
+# The method names are the contract's RPC names.
+# ruff: noqa: N802
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Protocol
+
+import grpc
+
+from fleetupgrade.plugin.v1 import cluster_pb2, cluster_pb2_grpc, health_pb2, health_pb2_grpc
+from plugins.sdk.interceptors import CALLER_METADATA_KEY
+from plugins.sdk.validate import check_version, require, require_all, require_request_id
+
+__all__ = [
+    "BeforeCall",
+    "ClusterBackend",
+    "ClusterServicer",
+    "HealthBackend",
+    "HealthServicer",
+    "caller_of",
+]
+
+BeforeCall = Callable[[str, grpc.ServicerContext], None]
+"""Runs first in every RPC with the RPC's name (e.g. "ListClusters"); may raise or abort.
+
+The sim injects its faults here.
+"""
+
+
+def caller_of(context: grpc.ServicerContext) -> str:
+    """The caller's identity: metadata x-fleetupgrade-caller, else the peer address."""
+    for key, value in context.invocation_metadata() or ():
+        if key == CALLER_METADATA_KEY and value:
+            return value if isinstance(value, str) else value.decode("utf-8", "replace")
+    return f"peer:{context.peer()}"
+
+
+class ClusterBackend(Protocol):
+    """What ClusterServicer delegates to, with the request fields already checked.
+
+    Mutating methods get the caller identity (caller_of) last; a backend may ignore it. A
+    backend without an RPC (outside its declared capabilities) raises Unimplemented there.
+    """
+
+    def list_clusters(
+        self, page_size: int, page_token: str, match_labels: Mapping[str, str], /
+    ) -> cluster_pb2.ListClustersResponse: ...
+
+    def get_cluster(self, cluster_id: str, /) -> cluster_pb2.GetClusterResponse: ...
+
+    def service_out(
+        self, request_id: str, cluster_id: str, caller: str, /
+    ) -> cluster_pb2.Operation: ...
+
+    def service_in(
+        self, request_id: str, cluster_id: str, caller: str, /
+    ) -> cluster_pb2.Operation: ...
+
+    def upgrade_control_plane(
+        self, request_id: str, cluster_id: str, version: str, caller: str, /
+    ) -> cluster_pb2.Operation: ...
+
+    def upgrade_node_pool(
+        self, request_id: str, cluster_id: str, node_pool: str, version: str, caller: str, /
+    ) -> cluster_pb2.Operation: ...
+
+    def get_operation(self, operation_id: str, /) -> cluster_pb2.Operation: ...
+
+    def watch_operations(
+        self, cluster_ids: Sequence[str], include_in_flight: bool, context: grpc.ServicerContext, /
+    ) -> Iterable[cluster_pb2.Operation]: ...
+
+
+class HealthBackend(Protocol):
+    """What HealthService delegates to, with the request fields already checked."""
+
+    def check_workloads(
+        self, cluster_ids: Sequence[str], workloads: Sequence[health_pb2.Workload], /
+    ) -> list[health_pb2.WorkloadResult]: ...
+
+    def query_metric(
+        self, query: str, args: Mapping[str, str], cluster_id: str, /
+    ) -> health_pb2.QueryMetricResponse: ...
+
+
+def _nothing_before(method: str, context: grpc.ServicerContext) -> None:
+    return None
+
+
+class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
+    """ClusterService: checks the fields the contract makes REQUIRED, then asks the backend."""
+
+    def __init__(self, backend: ClusterBackend, before: BeforeCall | None = None) -> None:
+        self._backend = backend
+        self._before = before or _nothing_before
+
+    def ListClusters(
+        self, request: cluster_pb2.ListClustersRequest, context: grpc.ServicerContext
+    ) -> cluster_pb2.ListClustersResponse:
+        self._before("ListClusters", context)
+        return self._backend.list_clusters(
+            request.page_size, request.page_token, request.match_labels
+        )
+
+    def GetCluster(
+        self, request: cluster_pb2.GetClusterRequest, context: grpc.ServicerContext
+    ) -> cluster_pb2.GetClusterResponse:
+        self._before("GetCluster", context)
+        return self._backend.get_cluster(require("cluster_id", request.cluster_id))
+
+    def ServiceOut(
+        self, request: cluster_pb2.ServiceOutRequest, context: grpc.ServicerContext
+    ) -> cluster_pb2.ServiceOutResponse:
+        self._before("ServiceOut", context)
+        request_id = require_request_id(request)
+        cluster_id = require("cluster_id", request.cluster_id)
+        op = self._backend.service_out(request_id, cluster_id, caller_of(context))
+        return cluster_pb2.ServiceOutResponse(operation=op)
+
+    def ServiceIn(
+        self, request: cluster_pb2.ServiceInRequest, context: grpc.ServicerContext
+    ) -> cluster_pb2.ServiceInResponse:
+        self._before("ServiceIn", context)
+        request_id = require_request_id(request)
+        cluster_id = require("cluster_id", request.cluster_id)
+        op = self._backend.service_in(request_id, cluster_id, caller_of(context))
+        return cluster_pb2.ServiceInResponse(operation=op)
+
+    def UpgradeControlPlane(
+        self, request: cluster_pb2.UpgradeControlPlaneRequest, context: grpc.ServicerContext
+    ) -> cluster_pb2.UpgradeControlPlaneResponse:
+        self._before("UpgradeControlPlane", context)
+        request_id = require_request_id(request)
+        cluster_id = require("cluster_id", request.cluster_id)
+        version = check_version("version", request.version)
+        op = self._backend.upgrade_control_plane(
+            request_id, cluster_id, version, caller_of(context)
+        )
+        return cluster_pb2.UpgradeControlPlaneResponse(operation=op)
+
+    def UpgradeNodePool(
+        self, request: cluster_pb2.UpgradeNodePoolRequest, context: grpc.ServicerContext
+    ) -> cluster_pb2.UpgradeNodePoolResponse:
+        self._before("UpgradeNodePool", context)
+        request_id = require_request_id(request)
+        cluster_id = require("cluster_id", request.cluster_id)
+        node_pool = require("node_pool", request.node_pool)
+        version = check_version("version", request.version)
+        op = self._backend.upgrade_node_pool(
+            request_id, cluster_id, node_pool, version, caller_of(context)
+        )
+        return cluster_pb2.UpgradeNodePoolResponse(operation=op)
+
+    def GetOperation(
+        self, request: cluster_pb2.GetOperationRequest, context: grpc.ServicerContext
+    ) -> cluster_pb2.GetOperationResponse:
+        self._before("GetOperation", context)
+        op = self._backend.get_operation(require("operation_id", request.operation_id))
+        return cluster_pb2.GetOperationResponse(operation=op)
+
+    def WatchOperations(
+        self, request: cluster_pb2.WatchOperationsRequest, context: grpc.ServicerContext
+    ) -> Iterator[cluster_pb2.WatchOperationsResponse]:
+        self._before("WatchOperations", context)
+        cluster_ids = list(request.cluster_ids)
+        for index, cluster_id in enumerate(cluster_ids):
+            require(f"cluster_ids[{index}]", cluster_id)
+        for op in self._backend.watch_operations(cluster_ids, request.include_in_flight, context):
+            yield cluster_pb2.WatchOperationsResponse(operation=op)
+
+
+class HealthServicer(health_pb2_grpc.HealthServiceServicer):
+    """HealthService: checks the fields the contract makes REQUIRED, then asks the backend."""
+
+    def __init__(self, backend: HealthBackend, before: BeforeCall | None = None) -> None:
+        self._backend = backend
+        self._before = before or _nothing_before
+
+    def CheckWorkloads(
+        self, request: health_pb2.CheckWorkloadsRequest, context: grpc.ServicerContext
+    ) -> health_pb2.CheckWorkloadsResponse:
+        self._before("CheckWorkloads", context)
+        cluster_ids = require_all("cluster_ids", request.cluster_ids)
+        if not request.workloads:
+            require("workloads", "")
+        for index, workload in enumerate(request.workloads):
+            require(f"workloads[{index}].namespace", workload.namespace)
+            require(f"workloads[{index}].name", workload.name)
+        results = self._backend.check_workloads(cluster_ids, request.workloads)
+        return health_pb2.CheckWorkloadsResponse(results=results)
+
+    def QueryMetric(
+        self, request: health_pb2.QueryMetricRequest, context: grpc.ServicerContext
+    ) -> health_pb2.QueryMetricResponse:
+        self._before("QueryMetric", context)
+        query = require("query", request.query)
+        return self._backend.query_metric(query, request.args, request.cluster_id)
