@@ -247,12 +247,14 @@ class GkeFleet:
             total_size=len(ids),
         )
 
-    def get_cluster(self, cluster_id: str) -> cluster_pb2.Cluster:
+    def get_cluster(self, cluster_id: str) -> cluster_pb2.GetClusterResponse:
         """One selected cluster; NotFound for anything else."""
         ref = self._ref(cluster_id)
         cluster = self._selected_cluster(ref)
         self._refresh_operations([ref.parent])
-        return self._contract_cluster(ref, cluster, self.traffic.in_service([ref.id])[ref.id])
+        return cluster_pb2.GetClusterResponse(
+            cluster=self._contract_cluster(ref, cluster, self.traffic.in_service([ref.id])[ref.id])
+        )
 
     # ----------------------------------------------------------- operations of GKE
 
@@ -445,7 +447,19 @@ class GkeFleet:
         self.state.save_operation(op)
         return op
 
-    def upgrade(
+    def upgrade_control_plane(
+        self, request_id: str, cluster_id: str, version: str, caller: str
+    ) -> cluster_pb2.Operation:
+        """UpgradeControlPlane by the contract's rules (caller: unused)."""
+        return self._upgrade(_CP, request_id, cluster_id, "", version)
+
+    def upgrade_node_pool(
+        self, request_id: str, cluster_id: str, node_pool: str, version: str, caller: str
+    ) -> cluster_pb2.Operation:
+        """UpgradeNodePool by the contract's rules (caller: unused)."""
+        return self._upgrade(_NP, request_id, cluster_id, node_pool, version)
+
+    def _upgrade(
         self, kind: int, request_id: str, cluster_id: str, node_pool: str, version: str
     ) -> cluster_pb2.Operation:
         """UpgradeControlPlane (kind CP) or UpgradeNodePool (kind NP) by the contract's rules."""
@@ -547,7 +561,15 @@ class GkeFleet:
 
     # ---------------------------------------------------------------------- traffic
 
-    def service(self, kind: int, request_id: str, cluster_id: str) -> cluster_pb2.Operation:
+    def service_out(self, request_id: str, cluster_id: str, caller: str) -> cluster_pb2.Operation:
+        """ServiceOut by the contract's rules (caller: unused)."""
+        return self._service(_OUT, request_id, cluster_id)
+
+    def service_in(self, request_id: str, cluster_id: str, caller: str) -> cluster_pb2.Operation:
+        """ServiceIn by the contract's rules (caller: unused)."""
+        return self._service(_IN, request_id, cluster_id)
+
+    def _service(self, kind: int, request_id: str, cluster_id: str) -> cluster_pb2.Operation:
         """ServiceOut (kind OUT) or ServiceIn (kind IN) by the contract's rules."""
         ref = self._ref(cluster_id)
         with self._lock(cluster_id):

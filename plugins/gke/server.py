@@ -6,7 +6,6 @@ import argparse
 import logging
 import sys
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 from google.auth.credentials import Credentials
@@ -15,10 +14,10 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from plugins.gke.api import GkeApi
 from plugins.gke.config import ConfigError, GkeConfig, load_config
 from plugins.gke.fleet import GkeFleet
-from plugins.gke.servicers import GkeClusterServicer, GkeIdentityServicer
+from plugins.gke.servicers import gke_servicers
+from plugins.sdk.identity import package_version
 from plugins.sdk.server import (
     PluginServer,
-    PluginServicers,
     ServerTLS,
     add_server_args,
     configure_logging,
@@ -31,18 +30,10 @@ from plugins.sdk.server import (
 __all__ = ["GkePlugin", "GkePluginOptions", "build_parser", "main"]
 
 _LOG = logging.getLogger("plugins.gke.server")
-_DIST = "fleet-upgrade-orchestrator"
 _SHUTDOWN_GRACE = 2.0
 # Google's libraries log HTTP requests and token exchanges at DEBUG; --debug must not print
 # them (a token response is a secret), so these stay at INFO whatever the root level is.
 _QUIET_LOGGERS = ("google", "google_auth_httplib2", "urllib3", "requests")
-
-
-def _version() -> str:
-    try:
-        return metadata.version(_DIST)
-    except metadata.PackageNotFoundError:
-        return "0.0.0"
 
 
 @dataclass
@@ -73,10 +64,7 @@ class GkePlugin:
                 "traffic": config.traffic.mode,
                 "endpoint": config.api.container_endpoint or "container.googleapis.com",
             }
-            servicers = PluginServicers(
-                identity=GkeIdentityServicer(self.fleet, _version(), manifest),
-                cluster=GkeClusterServicer(self.fleet),
-            )
+            servicers = gke_servicers(self.fleet, package_version(), manifest)
             self.server: PluginServer = serve(
                 options.listen,
                 servicers,
