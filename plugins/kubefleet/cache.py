@@ -72,9 +72,10 @@ class Informer:
         self._thread.start()
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Asks the thread to end and waits up to timeout seconds (it is a daemon thread)."""
+        """Asks the thread to end and waits up to timeout seconds (it is a daemon thread; a
+        watch blocked in a long poll ends when its connection is closed or times out)."""
         self._stop.set()
-        if self._thread.is_alive():
+        if timeout > 0 and self._thread.is_alive():
             self._thread.join(timeout)
 
     def wait_synced(self, timeout: float) -> bool:

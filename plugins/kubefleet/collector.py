@@ -169,7 +169,7 @@ class MetricCollectorAgent:
         """Stops the thread and closes both connections."""
         self._stop.set()
         self._wake.set()
-        self._collectors.stop()
+        self._collectors.stop(timeout=0)
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         self.member.close()

@@ -256,9 +256,9 @@ class KubeFleetHub:
         self._stop.set()
         self._wake.set()
         self.close_streams()
-        self._kube.close()
         for informer in self._informers:
-            informer.stop()
+            informer.stop(timeout=0)  # all at once; their daemon threads end on their own
+        self._kube.close()
         if self._thread.is_alive():
             self._thread.join(timeout=2)
 

@@ -31,7 +31,8 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from devtools.controlplane import REPO_ROOT
 from plugins.kubefleet import KubeFleetConfig, KubeFleetOptions, KubeFleetPlugin
-from plugins.sdk.client import PluginClient
+from plugins.sdk.client import ClientTLS, PluginClient
+from plugins.sdk.server import ServerTLS
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.kubectl import kubectl
 from tests.support.kubefleet_emulator import KubeFleetEmulator
@@ -321,10 +322,16 @@ StartPlugin = Callable[..., RunningPlugin]
 
 @pytest.fixture
 def start_plugin(hub: KubeCluster) -> Iterator[StartPlugin]:
-    """start_plugin(kubeconfig=None, **config): an in-process plugin on the hub."""
+    """start_plugin(kubeconfig=None, tls=None, client_tls=None, **config): an in-process
+    plugin on the hub (tls: serve TLS/mTLS; client_tls: the test client's side)."""
     running: list[RunningPlugin] = []
 
-    def start(kubeconfig: Path | None = None, **config: Any) -> RunningPlugin:
+    def start(
+        kubeconfig: Path | None = None,
+        tls: ServerTLS | None = None,
+        client_tls: ClientTLS | None = None,
+        **config: Any,
+    ) -> RunningPlugin:
         settings = {
             "collect_interval": "1s",
             "report_max_age": 6.0,
@@ -335,9 +342,11 @@ def start_plugin(hub: KubeCluster) -> Iterator[StartPlugin]:
             config=KubeFleetConfig(**settings),
             kubeconfig=str(kubeconfig or hub.kubeconfig),
             registry=CollectorRegistry(),
+            tls=tls,
         )
         plugin = KubeFleetPlugin(options)
-        handle = RunningPlugin(plugin, PluginClient(plugin.address, caller="kubefleet-tests"))
+        client = PluginClient(plugin.address, tls=client_tls, caller="kubefleet-tests")
+        handle = RunningPlugin(plugin, client)
         running.append(handle)
         return handle
 

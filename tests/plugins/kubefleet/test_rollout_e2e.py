@@ -15,6 +15,8 @@ import pytest
 from plugins.kubefleet import collector_names
 from plugins.kubefleet.gates import GateRef
 from plugins.kubefleet.objects import APPROVAL_REQUESTS, CLUSTER_APPROVAL_REQUESTS
+from plugins.sdk.client import ClientTLS
+from plugins.sdk.server import ServerTLS
 from tests.plugins.kubefleet.conftest import Fleet, RunningPlugin, StartPlugin
 from tests.plugins.kubefleet.support import (
     approval,
@@ -28,6 +30,7 @@ from tests.plugins.kubefleet.support import (
     start_cluster_run,
     start_namespaced_run,
 )
+from tests.support.certs import generate_pki
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.kubectl import kubectl
 from tests.support.kubefleet_emulator import KubeFleetEmulator
@@ -42,13 +45,14 @@ def orchestrator(
 ) -> Iterator[Callable[[RunningPlugin], OrchestratorProcess]]:
     started: list[OrchestratorProcess] = []
 
-    def start(plugin: RunningPlugin) -> OrchestratorProcess:
+    def start(plugin: RunningPlugin, *extra: str) -> OrchestratorProcess:
         proc = OrchestratorProcess(
             control_plane.kubeconfig,
             namespace,
             tmp_path / "orchestrator.log",
             "--plugin",
             f"kubefleet={plugin.address}",
+            *extra,
         ).start()
         started.append(proc)
         return proc
@@ -163,8 +167,9 @@ def test_staged_run_needs_the_required_healthy_pods_and_the_extra_checks(
     fleet: Fleet,
     start_plugin: StartPlugin,
     plugin_kubeconfig: Path,
-    orchestrator: Callable[[RunningPlugin], OrchestratorProcess],
+    orchestrator: Callable[..., OrchestratorProcess],
     names: Callable[[str], str],
+    tmp_path: Path,
 ) -> None:
     fleet.apps["member-1"].set([1.0, 0.0])
     for name in ("member-2", "member-3"):
@@ -190,8 +195,21 @@ def test_staged_run_needs_the_required_healthy_pods_and_the_extra_checks(
     }
     start_namespaced_run(emulator, namespace, run, "staging", "prod")
     create_tracker(hub, run, namespace, healthy_replicas=2, **extra)
-    plugin = start_plugin(plugin_kubeconfig)
-    proc = orchestrator(plugin)
+    pki = generate_pki(tmp_path / "pki")  # orchestrator ⇄ plugin over mTLS this time
+    plugin = start_plugin(
+        plugin_kubeconfig,
+        tls=ServerTLS(pki.server.cert_file, pki.server.key_file, pki.ca_file),
+        client_tls=ClientTLS(pki.ca_file, pki.client.cert_file, pki.client.key_file),
+    )
+    proc = orchestrator(
+        plugin,
+        "--plugin-tls-ca",
+        pki.ca_file,
+        "--plugin-tls-cert",
+        pki.client.cert_file,
+        "--plugin-tls-key",
+        pki.client.key_file,
+    )
     staging = f"ApprovalRequest/{namespace}/{run}-after-staging"
 
     wait_for(
