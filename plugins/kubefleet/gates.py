@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from google.protobuf import struct_pb2
@@ -30,6 +31,7 @@ __all__ = [
     "REJECTED_REASON",
     "GateRef",
     "approval_state",
+    "create_time",
     "extra_checks",
     "gate_id",
     "is_latest",
@@ -166,6 +168,6 @@ def extra_checks(tracker: Mapping[str, Any]) -> struct_pb2.Struct | None:
     return out
 
 
-def create_time(obj: Mapping[str, Any]) -> Any:
+def create_time(obj: Mapping[str, Any]) -> datetime | None:
     """metadata.creationTimestamp as an aware datetime (None when absent)."""
     return parse_time((obj.get("metadata") or {}).get("creationTimestamp"))

@@ -10,8 +10,10 @@ from typing import Any
 from plugins.kubefleet.kube import Resource
 
 __all__ = [
+    "ANNOTATION_GATE",
     "APPROVAL_REQUESTS",
     "CLUSTER_APPROVAL_REQUESTS",
+    "CLUSTER_GROUP",
     "CLUSTER_RESOURCE_OVERRIDES",
     "CLUSTER_RESOURCE_PLACEMENTS",
     "CLUSTER_STAGED_UPDATE_RUNS",
@@ -31,6 +33,7 @@ __all__ = [
     "METRIC_COLLECTOR_REPORTS",
     "METRIC_GROUP",
     "METRIC_VERSION",
+    "PLACEMENT_GROUP",
     "REPORT_SELECTOR",
     "STAGED_TRACKERS",
     "STAGED_UPDATE_RUNS",
