@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import ErrorDetails
+
+from plugins.sdk.config import read_yaml, validate_model
 
 __all__ = [
     "DEFAULT_TAINT_KEY",
@@ -306,56 +309,27 @@ def _placeholders(value: Any) -> list[str]:
     return []
 
 
-_FIELD_PREFIX = re.compile(r"^[A-Za-z][\w.\[\]]*: ")
-
-
-def _location(loc: tuple[int | str, ...]) -> str:
-    text = ""
-    for part in loc:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        else:
-            text += f".{part}" if text else part
-    return text
+def _explain(error: ErrorDetails, message: str) -> str:
+    if error["type"] == "literal_error":
+        expected = (error.get("ctx") or {}).get("expected", "")
+        return f"{error.get('input')!r} is not allowed; use {expected}"
+    if error["type"] == "missing":
+        return "missing; this field is required"
+    return message
 
 
 def parse_config(data: Mapping[str, Any] | None, source: str = "config") -> OcmConfig:
     """Validates parsed YAML; ConfigError lists each bad field as path: problem."""
-    if not isinstance(data, Mapping):
-        raise ConfigError(
-            f"{source}: expected a mapping with upgradeMethod (ClusterCurator or ManifestWork)"
-        )
-    try:
-        return OcmConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors(include_url=False):
-            message = str(error["msg"]).removeprefix("Value error, ")
-            if error["type"] == "extra_forbidden":
-                message = "unknown field; remove it or check its spelling"
-            elif error["type"] == "literal_error":
-                expected = (error.get("ctx") or {}).get("expected", "")
-                message = f"{error.get('input')!r} is not allowed; use {expected}"
-            elif error["type"] == "missing":
-                message = "missing; this field is required"
-            where = _location(tuple(error["loc"]))
-            if not where:
-                problems.append(message)
-            elif _FIELD_PREFIX.match(message):
-                problems.append(f"{where}.{message}")
-            else:
-                problems.append(f"{where}: {message}")
-        raise ConfigError(f"{source}: " + "; ".join(problems)) from None
+    return validate_model(
+        OcmConfig,
+        data,
+        source,
+        ConfigError,
+        not_mapping="expected a mapping with upgradeMethod (ClusterCurator or ManifestWork)",
+        explain=_explain,
+    )
 
 
 def load_config(path: str | Path) -> OcmConfig:
     """Reads and validates a configuration file; ConfigError names the file and the bad fields."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"--config: cannot read {str(path)!r} ({exc.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
-    return parse_config(data, str(path))
+    return parse_config(read_yaml(path, "--config", ConfigError), str(path))

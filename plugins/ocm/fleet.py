@@ -44,7 +44,13 @@ from plugins.ocm.objects import (
     version_reached,
 )
 from plugins.sdk import versions
-from plugins.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from plugins.sdk.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+    Unimplemented,
+)
 from plugins.sdk.operations import OperationStore
 from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
 
@@ -197,10 +203,12 @@ class OcmFleet:
             total_size=len(matching),
         )
 
-    def get_cluster(self, cluster_id: str) -> cluster_pb2.Cluster:
+    def get_cluster(self, cluster_id: str) -> cluster_pb2.GetClusterResponse:
         """One cluster from the watch cache."""
         self._require_synced()
-        return self._to_cluster(self._managed_cluster(cluster_id))
+        return cluster_pb2.GetClusterResponse(
+            cluster=self._to_cluster(self._managed_cluster(cluster_id))
+        )
 
     def _to_cluster(self, obj: Mapping[str, Any]) -> cluster_pb2.Cluster:
         current = self._store.in_flight(str(obj["metadata"]["name"]))
@@ -208,11 +216,11 @@ class OcmFleet:
 
     # -- service-out / service-in ------------------------------------------------------------
 
-    def service_out(self, request_id: str, cluster_id: str) -> cluster_pb2.Operation:
+    def service_out(self, request_id: str, cluster_id: str, caller: str) -> cluster_pb2.Operation:
         """Adds our NoSelect taint; the operation succeeds when the cache shows it."""
         return self._taint_operation(request_id, cluster_id, _SERVICE_OUT)
 
-    def service_in(self, request_id: str, cluster_id: str) -> cluster_pb2.Operation:
+    def service_in(self, request_id: str, cluster_id: str, caller: str) -> cluster_pb2.Operation:
         """Removes our taint (never another); the operation succeeds when the cache shows it."""
         return self._taint_operation(request_id, cluster_id, _SERVICE_IN)
 
@@ -287,8 +295,10 @@ class OcmFleet:
 
     # -- upgrades ----------------------------------------------------------------------------
 
-    def upgrade(self, request_id: str, cluster_id: str, version: str) -> cluster_pb2.Operation:
-        """Starts (or finds) the upgrade by ClusterCurator or ManifestWork."""
+    def upgrade_control_plane(
+        self, request_id: str, cluster_id: str, version: str, caller: str
+    ) -> cluster_pb2.Operation:
+        """Starts (or finds) the upgrade by ClusterCurator or ManifestWork (caller: unused)."""
         with self._lock_for(cluster_id):
             self._require_synced()
             obj = self._managed_cluster(cluster_id)
@@ -556,6 +566,12 @@ class OcmFleet:
             )
         return work.work_verdict(obj, version, op.target_version, followed.started, now, self.cfg)
 
+    def upgrade_node_pool(
+        self, request_id: str, cluster_id: str, node_pool: str, version: str, caller: str
+    ) -> cluster_pb2.Operation:
+        """Not offered (outside the capabilities: the SDK server answers UNIMPLEMENTED first)."""
+        raise Unimplemented("UpgradeNodePool: ManagedClusters report no node pools")
+
     # -- health ------------------------------------------------------------------------------
 
     def check_workloads(
@@ -607,6 +623,12 @@ class OcmFleet:
                     result.observed_time.FromDatetime(cached.received)
                 results.append(result)
         return results
+
+    def query_metric(
+        self, query: str, args: Mapping[str, str], cluster_id: str
+    ) -> health_pb2.QueryMetricResponse:
+        """Not offered (outside the capabilities: the SDK server answers UNIMPLEMENTED first)."""
+        raise Unimplemented("QueryMetric: the OCM plugin does not query metrics")
 
     def _write_health_work(self, cluster_id: str, wanted: set[tuple[str, str]]) -> None:
         """Adds the wanted Deployments to the cluster's health ManifestWork (keeping the others

@@ -6,39 +6,27 @@ import argparse
 import logging
 import sys
 from dataclasses import dataclass
-from importlib import metadata
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from plugins.ocm.config import ConfigError, OcmConfig, load_config
+from plugins.ocm.config import OcmConfig, load_config
 from plugins.ocm.fleet import OcmFleet
 from plugins.ocm.hub import Hub
-from plugins.ocm.servicers import OcmClusterServicer, OcmHealthServicer, OcmIdentityServicer
+from plugins.ocm.servicers import ocm_servicers
+from plugins.sdk.cli import plugin_parser, run_plugin
+from plugins.sdk.identity import package_version
 from plugins.sdk.server import (
     PluginServer,
-    PluginServicers,
     ServerTLS,
-    add_server_args,
     configure_logging,
-    run_until_signal,
     serve,
     server_tls_from_args,
-    start_metrics_server,
 )
 
 __all__ = ["OcmOptions", "OcmPlugin", "build_parser", "main"]
 
 _LOG = logging.getLogger("plugins.ocm.server")
-_DIST = "fleet-upgrade-orchestrator"
-_SHUTDOWN_GRACE = 2.0
 _SYNC_WAIT = 10.0  # seconds to wait for the first hub list before serving (Probe says why)
-
-
-def _version() -> str:
-    try:
-        return metadata.version(_DIST)
-    except metadata.PackageNotFoundError:
-        return "0.0.0"
 
 
 @dataclass
@@ -65,18 +53,14 @@ class OcmPlugin:
             if not self.fleet.wait_synced(options.sync_wait):
                 _, why = self.fleet.readiness()
                 _LOG.warning("serving before the hub is listed", extra={"fields": {"why": why}})
-            identity = OcmIdentityServicer(
+            servicers = ocm_servicers(
                 self.fleet,
-                _version(),
+                package_version(),
                 {"hub": hub.server, "upgradeMethod": options.config.upgrade_method},
             )
             self.server: PluginServer = serve(
                 options.listen,
-                PluginServicers(
-                    identity=identity,
-                    cluster=OcmClusterServicer(self.fleet),
-                    health=OcmHealthServicer(self.fleet),
-                ),
+                servicers,
                 tls=options.tls,
                 plugin_name="ocm",
                 registry=options.registry if options.registry is not None else REGISTRY,
@@ -101,11 +85,10 @@ class OcmPlugin:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of fleet-plugin-ocm."""
-    parser = argparse.ArgumentParser(
-        prog="fleet-plugin-ocm",
-        description="Serve an Open Cluster Management hub over the fleetupgrade plugin contract.",
+    parser = plugin_parser(
+        "fleet-plugin-ocm",
+        "Serve an Open Cluster Management hub over the fleetupgrade plugin contract.",
     )
-    add_server_args(parser)
     parser.add_argument(
         "--kubeconfig",
         metavar="FILE",
@@ -121,34 +104,25 @@ def main(argv: list[str] | None = None) -> int:
     """Runs the plugin until SIGTERM/SIGINT."""
     args = build_parser().parse_args(argv)
     configure_logging(args.debug)
-    try:
-        config = load_config(args.config)
-        options = OcmOptions(
-            config=config,
+
+    def options() -> OcmOptions:
+        return OcmOptions(
+            config=load_config(args.config),
             kubeconfig=args.kubeconfig,
             listen=args.listen,
             tls=server_tls_from_args(args),
             registry=REGISTRY,
         )
-        if args.metrics_addr:
-            start_metrics_server(args.metrics_addr)
-        plugin = OcmPlugin(options)
-    except (ConfigError, ValueError, OSError) as exc:
-        print(f"fleet-plugin-ocm: {exc}", file=sys.stderr)
-        return 2
-    _LOG.info(
-        "OCM plugin ready",
-        extra={
-            "fields": {
-                "address": plugin.address,
-                "upgradeMethod": config.upgrade_method,
-                "hub": plugin.fleet.readiness()[1] or "listed",
-            }
-        },
-    )
-    run_until_signal(plugin.server, grace=_SHUTDOWN_GRACE)
-    plugin.stop(grace=0)
-    return 0
+
+    def ready(plugin: OcmPlugin) -> None:
+        fields = {
+            "address": plugin.address,
+            "upgradeMethod": plugin.options.config.upgrade_method,
+            "hub": plugin.fleet.readiness()[1] or "listed",
+        }
+        _LOG.info("OCM plugin ready", extra={"fields": fields})
+
+    return run_plugin("fleet-plugin-ocm", args, options, OcmPlugin, ready)
 
 
 if __name__ == "__main__":

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from fleetupgrade.plugin.v1 import cluster_pb2, health_pb2
 from plugins.sdk import versions
+from plugins.sdk.config import read_yaml, validate_model
 
 __all__ = [
     "FAULTABLE_METHODS",
@@ -328,49 +327,17 @@ def generate_clusters(spec: GenerateSpec) -> list[ClusterSpec]:
     ]
 
 
-_FIELD_PREFIX = re.compile(r"^[A-Za-z][\w.\[\]]*: ")
-
-
-def _location(loc: tuple[int | str, ...]) -> str:
-    text = ""
-    for part in loc:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        else:
-            text += f".{part}" if text else part
-    return text or "(top level)"
-
-
 def parse_fleet(data: Mapping[str, Any] | None, source: str = "fleet file") -> FleetConfig:
     """Validates parsed YAML; ConfigError lists each bad field as path: problem."""
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: expected a mapping with clusters/generate at the top")
-    try:
-        return FleetConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors(include_url=False):
-            message = str(error["msg"]).removeprefix("Value error, ")
-            if error["type"] == "extra_forbidden":
-                message = "unknown field; remove it or check its spelling"
-            where = _location(tuple(error["loc"]))
-            if not error["loc"]:
-                problems.append(message)  # cross-field checks name their own field
-            elif _FIELD_PREFIX.match(message):
-                problems.append(f"{where}.{message}")
-            else:
-                problems.append(f"{where}: {message}")
-        raise ConfigError(f"{source}: " + "; ".join(problems)) from None
+    return validate_model(
+        FleetConfig,
+        data,
+        source,
+        ConfigError,
+        not_mapping="expected a mapping with clusters/generate at the top",
+    )
 
 
 def load_fleet_file(path: str | Path) -> FleetConfig:
     """Reads and validates a fleet file; ConfigError names the file and the bad fields."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"--fleet: cannot read {str(path)!r} ({exc.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
-    return parse_fleet(data, str(path))
+    return parse_fleet(read_yaml(path, "--fleet", ConfigError), str(path))

@@ -15,16 +15,14 @@ from types import FrameType
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from plugins.sdk import versions
+from plugins.sdk.cli import plugin_parser, run_plugin
 from plugins.sdk.identity import package_version
 from plugins.sdk.server import (
     PluginServer,
     ServerTLS,
-    add_server_args,
     configure_logging,
-    run_until_signal,
     serve,
     server_tls_from_args,
-    start_metrics_server,
 )
 from plugins.sim.admin import AdminServer
 from plugins.sim.config import ConfigError, FleetConfig, GenerateSpec, load_fleet_file
@@ -35,8 +33,6 @@ from plugins.sim.servicers import sim_servicers
 __all__ = ["SimOptions", "Simulator", "build_parser", "main"]
 
 _LOG = logging.getLogger("plugins.sim.server")
-# Seconds in-flight RPCs get on SIGTERM; open WatchOperations streams end after it.
-_SHUTDOWN_GRACE = 2.0
 
 
 @dataclass
@@ -203,11 +199,10 @@ class Simulator:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of fleet-plugin-sim."""
-    parser = argparse.ArgumentParser(
-        prog="fleet-plugin-sim",
-        description="Serve a simulated fleet of clusters over the fleetupgrade plugin contract.",
+    parser = plugin_parser(
+        "fleet-plugin-sim",
+        "Serve a simulated fleet of clusters over the fleetupgrade plugin contract.",
     )
-    add_server_args(parser)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--fleet", metavar="FILE", help="fleet file (YAML); reloaded on change")
     source.add_argument(
@@ -253,8 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.debug)
     if args.step_seconds is not None and args.step_seconds < 0:
         parser.error("--step-seconds: must be 0 or more")
-    try:
-        options = SimOptions(
+
+    def options() -> SimOptions:
+        return SimOptions(
             fleet_file=args.fleet,
             generate=args.generate,
             listen=args.listen,
@@ -268,31 +264,25 @@ def main(argv: list[str] | None = None) -> int:
             reload_interval=args.reload_interval,
             registry=REGISTRY,
         )
-        if args.metrics_addr:
-            start_metrics_server(args.metrics_addr)
-        sim = Simulator(options)
-    except (ConfigError, ValueError, OSError) as exc:
-        print(f"fleet-plugin-sim: {exc}", file=sys.stderr)
-        return 2
 
-    def _on_hup(signum: int, frame: FrameType | None) -> None:
-        sim.request_reload()
+    def ready(sim: Simulator) -> None:
+        def _on_hup(signum: int, frame: FrameType | None) -> None:
+            sim.request_reload()
 
-    if args.fleet and hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, _on_hup)
-    _LOG.info(
-        "simulated fleet ready",
-        extra={
-            "fields": {
-                "address": sim.address,
-                "clusters": sim.fleet.cluster_count,
-                "fleet": str(Path(args.fleet)) if args.fleet else f"generated:{args.generate}",
-            }
-        },
-    )
-    run_until_signal(sim.server, grace=_SHUTDOWN_GRACE)
-    sim.stop(grace=0)
-    return 0
+        if args.fleet and hasattr(signal, "SIGHUP"):
+            signal.signal(signal.SIGHUP, _on_hup)
+        _LOG.info(
+            "simulated fleet ready",
+            extra={
+                "fields": {
+                    "address": sim.address,
+                    "clusters": sim.fleet.cluster_count,
+                    "fleet": str(Path(args.fleet)) if args.fleet else f"generated:{args.generate}",
+                }
+            },
+        )
+
+    return run_plugin("fleet-plugin-sim", args, options, Simulator, ready)
 
 
 if __name__ == "__main__":

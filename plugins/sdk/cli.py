@@ -1,0 +1,72 @@
+"""What every plugin command's main() does: shared flags, start, exit 2 on bad config, serve."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+from plugins.sdk.server import (
+    PluginServer,
+    add_server_args,
+    run_until_signal,
+    start_metrics_server,
+)
+
+__all__ = ["CONFIG_EXIT", "SHUTDOWN_GRACE", "RunningPlugin", "plugin_parser", "run_plugin"]
+
+SHUTDOWN_GRACE = 2.0
+"""Seconds in-flight RPCs get on SIGTERM; open WatchOperations streams end after it."""
+
+CONFIG_EXIT = 2
+"""Exit code when the configuration, a flag or a file is wrong (the message says which)."""
+
+
+class RunningPlugin(Protocol):
+    """A started plugin: its gRPC server, and stop() that ends it and everything it runs."""
+
+    @property
+    def server(self) -> PluginServer: ...
+
+    def stop(self, grace: float = ..., /) -> None: ...
+
+
+OptionsT = TypeVar("OptionsT")
+PluginT = TypeVar("PluginT", bound=RunningPlugin)
+
+
+def plugin_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A command line with the flags every plugin shares (listen, TLS, metrics, debug)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_server_args(parser)
+    return parser
+
+
+def run_plugin(
+    prog: str,
+    args: argparse.Namespace,
+    options: Callable[[], OptionsT],
+    start: Callable[[OptionsT], PluginT],
+    ready: Callable[[PluginT], None],
+    grace: float = SHUTDOWN_GRACE,
+) -> int:
+    """Builds options, starts the metrics server (--metrics-addr) and the plugin, serves.
+
+    A ValueError (every plugin's ConfigError is one) or OSError while doing so is printed as
+    "<prog>: <message>" and returns CONFIG_EXIT. Otherwise ready(plugin) runs (log "ready",
+    install extra signal handlers), the plugin serves until SIGTERM/SIGINT, stops, and 0 is
+    returned.
+    """
+    try:
+        built = options()
+        if args.metrics_addr:
+            start_metrics_server(args.metrics_addr)
+        plugin = start(built)
+    except (ValueError, OSError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return CONFIG_EXIT
+    ready(plugin)
+    run_until_signal(plugin.server, grace=grace)
+    plugin.stop(0)
+    return 0
