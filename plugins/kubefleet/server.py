@@ -6,7 +6,6 @@ import argparse
 import logging
 import sys
 from dataclasses import dataclass, field
-from importlib import metadata
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
@@ -14,12 +13,7 @@ from plugins.kubefleet.config import HEALTH_SOURCES, KubeFleetConfig
 from plugins.kubefleet.fleet import KubeFleetHub
 from plugins.kubefleet.inventory import DEFAULT_TAINT_KEY, DEFAULT_VERSION_SOURCE, TaintSpec
 from plugins.kubefleet.kube import Kube
-from plugins.kubefleet.servicers import (
-    KubeFleetClusterServicer,
-    KubeFleetGateServicer,
-    KubeFleetHealthServicer,
-    KubeFleetIdentityServicer,
-)
+from plugins.kubefleet.servicers import servicers
 from plugins.sdk.server import (
     PluginServer,
     PluginServicers,
@@ -35,16 +29,8 @@ from plugins.sdk.server import (
 __all__ = ["KubeFleetOptions", "KubeFleetPlugin", "build_parser", "main"]
 
 _LOG = logging.getLogger("plugins.kubefleet.server")
-_DIST = "fleet-upgrade-orchestrator"
 _SHUTDOWN_GRACE = 2.0
 _SYNC_WAIT = 10.0
-
-
-def _version() -> str:
-    try:
-        return metadata.version(_DIST)
-    except metadata.PackageNotFoundError:
-        return "0.0.0"
 
 
 @dataclass
@@ -75,14 +61,10 @@ class KubeFleetPlugin:
                 _, why = self.hub.readiness()
                 _LOG.warning("serving before the hub is listed", extra={"fields": {"why": why}})
             manifest = {"hub": kube.server, "healthSource": options.config.health_source}
+            identity, cluster, health, gate = servicers(self.hub, manifest)
             self.server: PluginServer = serve(
                 options.listen,
-                PluginServicers(
-                    identity=KubeFleetIdentityServicer(self.hub, _version(), manifest),
-                    cluster=KubeFleetClusterServicer(self.hub),
-                    health=KubeFleetHealthServicer(self.hub),
-                    gate=KubeFleetGateServicer(self.hub),
-                ),
+                PluginServicers(identity=identity, cluster=cluster, health=health, gate=gate),
                 tls=options.tls,
                 plugin_name="kubefleet",
                 registry=options.registry if options.registry is not None else REGISTRY,

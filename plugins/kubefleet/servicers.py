@@ -1,35 +1,34 @@
-"""gRPC servicers of the KubeFleet plugin: Identity, Cluster, Health and Gate over one hub."""
+"""gRPC servicers of the KubeFleet plugin: the SDK's Identity/Cluster/Health servicers over the
+hub, and GateService over its approval requests."""
 
 # The method names are the contract's RPC names.
 # ruff: noqa: N802
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import grpc
 
 from fleetupgrade.plugin.v1 import (
     cluster_pb2,
-    cluster_pb2_grpc,
     gate_pb2,
     gate_pb2_grpc,
     health_pb2,
-    health_pb2_grpc,
     identity_pb2,
-    identity_pb2_grpc,
 )
 from plugins.kubefleet.fleet import KubeFleetHub
 from plugins.sdk.errors import InvalidArgument, Unimplemented
-from plugins.sdk.validate import require, require_all, require_request_id
+from plugins.sdk.identity import StaticIdentity, package_version
+from plugins.sdk.servicers import ClusterServicer, HealthServicer
+from plugins.sdk.validate import require
 
 __all__ = [
     "CAPABILITIES",
     "PLUGIN_NAME",
-    "KubeFleetClusterServicer",
+    "HubBackend",
     "KubeFleetGateServicer",
-    "KubeFleetHealthServicer",
-    "KubeFleetIdentityServicer",
+    "servicers",
 ]
 
 PLUGIN_NAME = "kubefleet.fleetupgrade.io"
@@ -47,117 +46,54 @@ QUERY_METRIC: health checks query Prometheus themselves (provider "prometheus").
 """
 
 
-class KubeFleetIdentityServicer(identity_pb2_grpc.IdentityServiceServicer):
-    """Names the plugin, declares its capabilities, and is ready when the hub caches are."""
-
-    def __init__(self, hub: KubeFleetHub, version: str, manifest: Mapping[str, str]) -> None:
-        self._hub = hub
-        self._info = identity_pb2.GetPluginInfoResponse(
-            name=PLUGIN_NAME, vendor_version=version, manifest=dict(manifest)
-        )
-        self._capabilities = identity_pb2.GetPluginCapabilitiesResponse(capabilities=CAPABILITIES)
-
-    def GetPluginInfo(
-        self, request: identity_pb2.GetPluginInfoRequest, context: grpc.ServicerContext
-    ) -> identity_pb2.GetPluginInfoResponse:
-        return self._info
-
-    def GetPluginCapabilities(
-        self, request: identity_pb2.GetPluginCapabilitiesRequest, context: grpc.ServicerContext
-    ) -> identity_pb2.GetPluginCapabilitiesResponse:
-        return self._capabilities
-
-    def Probe(
-        self, request: identity_pb2.ProbeRequest, context: grpc.ServicerContext
-    ) -> identity_pb2.ProbeResponse:
-        ready, why = self._hub.readiness()
-        return identity_pb2.ProbeResponse(ready=ready, message=why)
-
-
-class KubeFleetClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
-    """ClusterService over the hub's MemberClusters: inventory and taint service-out / in."""
+class HubBackend:
+    """The SDK's ClusterBackend and HealthBackend over one KubeFleetHub."""
 
     def __init__(self, hub: KubeFleetHub) -> None:
         self._hub = hub
 
-    def ListClusters(
-        self, request: cluster_pb2.ListClustersRequest, context: grpc.ServicerContext
+    def list_clusters(
+        self, page_size: int, page_token: str, match_labels: Mapping[str, str], /
     ) -> cluster_pb2.ListClustersResponse:
-        return self._hub.list_clusters(request.page_size, request.page_token, request.match_labels)
+        return self._hub.list_clusters(page_size, page_token, match_labels)
 
-    def GetCluster(
-        self, request: cluster_pb2.GetClusterRequest, context: grpc.ServicerContext
-    ) -> cluster_pb2.GetClusterResponse:
-        cluster = self._hub.get_cluster(require("cluster_id", request.cluster_id))
-        return cluster_pb2.GetClusterResponse(cluster=cluster)
+    def get_cluster(self, cluster_id: str, /) -> cluster_pb2.GetClusterResponse:
+        return cluster_pb2.GetClusterResponse(cluster=self._hub.get_cluster(cluster_id))
 
-    def ServiceOut(
-        self, request: cluster_pb2.ServiceOutRequest, context: grpc.ServicerContext
-    ) -> cluster_pb2.ServiceOutResponse:
-        request_id = require_request_id(request)
-        cluster_id = require("cluster_id", request.cluster_id)
-        return cluster_pb2.ServiceOutResponse(
-            operation=self._hub.service_out(request_id, cluster_id)
-        )
+    def service_out(
+        self, request_id: str, cluster_id: str, caller: str, /
+    ) -> cluster_pb2.Operation:
+        return self._hub.service_out(request_id, cluster_id)
 
-    def ServiceIn(
-        self, request: cluster_pb2.ServiceInRequest, context: grpc.ServicerContext
-    ) -> cluster_pb2.ServiceInResponse:
-        request_id = require_request_id(request)
-        cluster_id = require("cluster_id", request.cluster_id)
-        return cluster_pb2.ServiceInResponse(operation=self._hub.service_in(request_id, cluster_id))
+    def service_in(self, request_id: str, cluster_id: str, caller: str, /) -> cluster_pb2.Operation:
+        return self._hub.service_in(request_id, cluster_id)
 
-    def UpgradeControlPlane(
-        self, request: cluster_pb2.UpgradeControlPlaneRequest, context: grpc.ServicerContext
-    ) -> cluster_pb2.UpgradeControlPlaneResponse:
+    def upgrade_control_plane(
+        self, request_id: str, cluster_id: str, version: str, caller: str, /
+    ) -> cluster_pb2.Operation:
         # Outside the declared capabilities: the SDK server answers UNIMPLEMENTED first.
         raise Unimplemented("UpgradeControlPlane: KubeFleet does not upgrade member clusters")
 
-    def UpgradeNodePool(
-        self, request: cluster_pb2.UpgradeNodePoolRequest, context: grpc.ServicerContext
-    ) -> cluster_pb2.UpgradeNodePoolResponse:
+    def upgrade_node_pool(
+        self, request_id: str, cluster_id: str, node_pool: str, version: str, caller: str, /
+    ) -> cluster_pb2.Operation:
         raise Unimplemented("UpgradeNodePool: KubeFleet does not upgrade member clusters")
 
-    def GetOperation(
-        self, request: cluster_pb2.GetOperationRequest, context: grpc.ServicerContext
-    ) -> cluster_pb2.GetOperationResponse:
-        op = self._hub.get_operation(require("operation_id", request.operation_id))
-        return cluster_pb2.GetOperationResponse(operation=op)
+    def get_operation(self, operation_id: str, /) -> cluster_pb2.Operation:
+        return self._hub.get_operation(operation_id)
 
-    def WatchOperations(
-        self, request: cluster_pb2.WatchOperationsRequest, context: grpc.ServicerContext
-    ) -> Iterator[cluster_pb2.WatchOperationsResponse]:
-        cluster_ids = list(request.cluster_ids)
-        for index, cluster_id in enumerate(cluster_ids):
-            require(f"cluster_ids[{index}]", cluster_id)
-        for op in self._hub.watch_operations(cluster_ids, request.include_in_flight, context):
-            yield cluster_pb2.WatchOperationsResponse(operation=op)
+    def watch_operations(
+        self, cluster_ids: Sequence[str], include_in_flight: bool, context: grpc.ServicerContext, /
+    ) -> Iterable[cluster_pb2.Operation]:
+        return self._hub.watch_operations(cluster_ids, include_in_flight, context)
 
+    def check_workloads(
+        self, cluster_ids: Sequence[str], workloads: Sequence[health_pb2.Workload], /
+    ) -> list[health_pb2.WorkloadResult]:
+        return self._hub.check_workloads(cluster_ids, workloads)
 
-class KubeFleetHealthServicer(health_pb2_grpc.HealthServiceServicer):
-    """CheckWorkloads from MetricCollectorReports (or the central Prometheus)."""
-
-    def __init__(self, hub: KubeFleetHub) -> None:
-        self._hub = hub
-
-    def CheckWorkloads(
-        self, request: health_pb2.CheckWorkloadsRequest, context: grpc.ServicerContext
-    ) -> health_pb2.CheckWorkloadsResponse:
-        cluster_ids = require_all("cluster_ids", request.cluster_ids)
-        if not request.workloads:
-            require("workloads", "")
-        for index, workload in enumerate(request.workloads):
-            require(f"workloads[{index}].namespace", workload.namespace)
-            require(f"workloads[{index}].name", workload.name)
-            if workload.min_healthy_replicas < 0:
-                raise InvalidArgument(
-                    f"workloads[{index}].min_healthy_replicas", "must be 0 or more (0 means 1)"
-                )
-        results = self._hub.check_workloads(cluster_ids, list(request.workloads))
-        return health_pb2.CheckWorkloadsResponse(results=results)
-
-    def QueryMetric(
-        self, request: health_pb2.QueryMetricRequest, context: grpc.ServicerContext
+    def query_metric(
+        self, query: str, args: Mapping[str, str], cluster_id: str, /
     ) -> health_pb2.QueryMetricResponse:
         raise Unimplemented("QueryMetric: the KubeFleet plugin does not run metric queries")
 
@@ -190,3 +126,14 @@ class KubeFleetGateServicer(gate_pb2_grpc.GateServiceServicer):
         return gate_pb2.ResolveGateResponse(
             gate=self._hub.resolve_gate(gate_id, request.decision, reason)
         )
+
+
+def servicers(
+    hub: KubeFleetHub, manifest: Mapping[str, str]
+) -> tuple[StaticIdentity, ClusterServicer, HealthServicer, KubeFleetGateServicer]:
+    """Identity (ready when the hub caches are), Cluster, Health and Gate servicers."""
+    backend = HubBackend(hub)
+    identity = StaticIdentity(
+        PLUGIN_NAME, package_version(), CAPABILITIES, probe=hub.readiness, manifest=manifest
+    )
+    return identity, ClusterServicer(backend), HealthServicer(backend), KubeFleetGateServicer(hub)
