@@ -1,9 +1,16 @@
-"""KubeFleet plugin: approval requests as gates, workload health, inventory, metric collector."""
+"""KubeFleet plugin: approval requests as gates, workload health, inventory, metric collector.
 
-from plugins.kubefleet.collector import CollectorOptions, MetricCollectorAgent
+The two commands' modules (server: fleet-plugin-kubefleet, collector: fleet-metric-collector)
+are imported on first use, so `python -m plugins.kubefleet.server` runs them cleanly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from plugins.kubefleet.config import KubeFleetConfig
 from plugins.kubefleet.fleet import HEALTH_CONDITION, KubeFleetHub, collector_names
-from plugins.kubefleet.server import KubeFleetOptions, KubeFleetPlugin, main
 from plugins.kubefleet.servicers import CAPABILITIES, PLUGIN_NAME
 
 __all__ = [
@@ -19,3 +26,18 @@ __all__ = [
     "collector_names",
     "main",
 ]
+
+_LAZY = {
+    "KubeFleetOptions": "plugins.kubefleet.server",
+    "KubeFleetPlugin": "plugins.kubefleet.server",
+    "main": "plugins.kubefleet.server",
+    "CollectorOptions": "plugins.kubefleet.collector",
+    "MetricCollectorAgent": "plugins.kubefleet.collector",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'plugins.kubefleet' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

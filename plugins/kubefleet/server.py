@@ -14,22 +14,12 @@ from plugins.kubefleet.fleet import KubeFleetHub
 from plugins.kubefleet.inventory import DEFAULT_TAINT_KEY, DEFAULT_VERSION_SOURCE, TaintSpec
 from plugins.kubefleet.kube import Kube
 from plugins.kubefleet.servicers import servicers
-from plugins.sdk.server import (
-    PluginServer,
-    PluginServicers,
-    ServerTLS,
-    add_server_args,
-    configure_logging,
-    run_until_signal,
-    serve,
-    server_tls_from_args,
-    start_metrics_server,
-)
+from plugins.sdk.cli import parse_plugin_args, plugin_parser, run_plugin
+from plugins.sdk.server import PluginServer, PluginServicers, ServerTLS, serve, server_tls_from_args
 
 __all__ = ["KubeFleetOptions", "KubeFleetPlugin", "build_parser", "main"]
 
 _LOG = logging.getLogger("plugins.kubefleet.server")
-_SHUTDOWN_GRACE = 2.0
 _SYNC_WAIT = 10.0
 
 
@@ -89,12 +79,11 @@ class KubeFleetPlugin:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of fleet-plugin-kubefleet."""
-    parser = argparse.ArgumentParser(
-        prog="fleet-plugin-kubefleet",
-        description="Serve a KubeFleet hub over the fleetupgrade plugin contract: approval "
-        "requests as gates, workload health, MemberCluster inventory and taint service-out.",
+    parser = plugin_parser(
+        "fleet-plugin-kubefleet",
+        "Serve a KubeFleet hub over the fleetupgrade plugin contract: approval requests as "
+        "gates, workload health, MemberCluster inventory and taint service-out.",
     )
-    add_server_args(parser)
     defaults = KubeFleetConfig()
     parser.add_argument(
         "--kubeconfig",
@@ -185,36 +174,31 @@ def config_from_args(args: argparse.Namespace) -> KubeFleetConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs the plugin until SIGTERM/SIGINT."""
-    args = build_parser().parse_args(argv)
-    configure_logging(args.debug)
-    try:
-        options = KubeFleetOptions(
+    """Runs the plugin until SIGTERM/SIGINT (exit 2 with one line naming a bad flag)."""
+    args = parse_plugin_args(build_parser(), argv)
+
+    def options() -> KubeFleetOptions:
+        return KubeFleetOptions(
             config=config_from_args(args),
             kubeconfig=args.kubeconfig,
             listen=args.listen,
             tls=server_tls_from_args(args),
             registry=REGISTRY,
         )
-        if args.metrics_addr:
-            start_metrics_server(args.metrics_addr)
-        plugin = KubeFleetPlugin(options)
-    except (ValueError, OSError) as exc:
-        print(f"fleet-plugin-kubefleet: {exc}", file=sys.stderr)
-        return 2
-    _LOG.info(
-        "KubeFleet plugin ready",
-        extra={
-            "fields": {
-                "address": plugin.address,
-                "healthSource": options.config.health_source,
-                "hub": plugin.hub.readiness()[1] or "listed",
-            }
-        },
-    )
-    run_until_signal(plugin.server, grace=_SHUTDOWN_GRACE)
-    plugin.stop(grace=0)
-    return 0
+
+    def ready(plugin: KubeFleetPlugin) -> None:
+        _LOG.info(
+            "KubeFleet plugin ready",
+            extra={
+                "fields": {
+                    "address": plugin.address,
+                    "healthSource": plugin.options.config.health_source,
+                    "hub": plugin.hub.readiness()[1] or "listed",
+                }
+            },
+        )
+
+    return run_plugin("fleet-plugin-kubefleet", args, options, KubeFleetPlugin, ready)
 
 
 if __name__ == "__main__":
