@@ -180,11 +180,16 @@ def _run(args: argparse.Namespace) -> int:
     gates.start()
     controller.run()
     gates.join()
-    kube.close()
+    code = 0
     if lost.is_set():
         log.error("leadership lost: exiting so a new leader takes over")
-        return 1
-    return 0
+        code = 1
+    # Daemon threads may sit in blocking socket reads (watches); finalising the interpreter
+    # under them can abort (seen as exit 134). Flush what we said and leave at once.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -66,7 +66,7 @@ def orchestrator(
 ) -> Iterator[OrchestratorProcess]:
     proc = OrchestratorProcess(control_plane.kubeconfig, namespace, tmp_path / "orchestrator.log")
     yield proc.start()
-    proc.stop()
+    assert proc.stop() == 0, "SIGTERM must end the orchestrator cleanly"
 
 
 def test_twenty_cluster_rollout_keeps_the_floor(
