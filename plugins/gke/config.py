@@ -6,9 +6,11 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import ErrorDetails
+
+from plugins.sdk.config import read_yaml, validate_model
 
 __all__ = [
     "ApiConfig",
@@ -187,48 +189,31 @@ class GkeConfig(_Model):
     upgrades: UpgradesConfig = Field(default_factory=UpgradesConfig)
 
 
-def _location(loc: tuple[Any, ...]) -> str:
-    text = ""
-    for part in loc:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        else:
-            text += f".{part}" if text else str(part)
-    return text
+def _explain(error: ErrorDetails, message: str) -> str:
+    return "is required" if error["type"] == "missing" else message
+
+
+def _place(where: str, message: str) -> str:
+    if message.startswith(("traffic.", "api.", "clusters:")):
+        return message  # cross-field checks name their own fields
+    if message.startswith("["):
+        return f"{where}{message}"
+    return f"{where}: {message}" if where else message
 
 
 def parse_config(data: Any, source: str = "config") -> GkeConfig:
     """Validates configuration data; ConfigError lists every bad field with its fix."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: must be a mapping with at least `clusters:`")
-    try:
-        return GkeConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors(include_url=False):
-            message = str(error["msg"]).removeprefix("Value error, ")
-            if error["type"] == "extra_forbidden":
-                message = "unknown field; remove it or check its spelling"
-            elif error["type"] == "missing":
-                message = "is required"
-            where = _location(tuple(error["loc"]))
-            if message.startswith(("traffic.", "api.", "clusters:")):
-                problems.append(message)
-            elif message.startswith("["):
-                problems.append(f"{where}{message}")
-            else:
-                problems.append(f"{where}: {message}" if where else message)
-        raise ConfigError(f"{source}: " + "; ".join(problems)) from None
+    return validate_model(
+        GkeConfig,
+        data,
+        source,
+        ConfigError,
+        not_mapping="must be a mapping with at least `clusters:`",
+        explain=_explain,
+        place=_place,
+    )
 
 
 def load_config(path: str | Path) -> GkeConfig:
     """Reads and validates the YAML file at path."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"--config: cannot read {str(path)!r} ({exc.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
-    return parse_config(data, str(path))
+    return parse_config(read_yaml(path, "--config", ConfigError), str(path))

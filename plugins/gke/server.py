@@ -12,25 +12,21 @@ from google.auth.credentials import Credentials
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from plugins.gke.api import GkeApi
-from plugins.gke.config import ConfigError, GkeConfig, load_config
+from plugins.gke.config import GkeConfig, load_config
 from plugins.gke.fleet import GkeFleet
 from plugins.gke.servicers import gke_servicers
+from plugins.sdk.cli import parse_plugin_args, plugin_parser, run_plugin
 from plugins.sdk.identity import package_version
 from plugins.sdk.server import (
     PluginServer,
     ServerTLS,
-    add_server_args,
-    configure_logging,
-    run_until_signal,
     serve,
     server_tls_from_args,
-    start_metrics_server,
 )
 
 __all__ = ["GkePlugin", "GkePluginOptions", "build_parser", "main"]
 
 _LOG = logging.getLogger("plugins.gke.server")
-_SHUTDOWN_GRACE = 2.0
 # Google's libraries log HTTP requests and token exchanges at DEBUG; --debug must not print
 # them (a token response is a secret), so these stay at INFO whatever the root level is.
 _QUIET_LOGGERS = ("google", "google_auth_httplib2", "urllib3", "requests")
@@ -93,42 +89,30 @@ class GkePlugin:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of fleet-plugin-gke."""
-    parser = argparse.ArgumentParser(
-        prog="fleet-plugin-gke",
-        description="Serve GKE clusters over the fleetupgrade plugin contract.",
+    return plugin_parser(
+        "fleet-plugin-gke", "Serve GKE clusters over the fleetupgrade plugin contract.", config=True
     )
-    add_server_args(parser)
-    parser.add_argument(
-        "--config", required=True, metavar="FILE", help="plugin configuration (YAML)"
-    )
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the plugin until SIGTERM/SIGINT."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    configure_logging(args.debug)
+    args = parse_plugin_args(build_parser(), argv)
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO)
-    try:
-        config = load_config(args.config)
-        options = GkePluginOptions(
-            config=config, listen=args.listen, tls=server_tls_from_args(args), registry=REGISTRY
+
+    def options() -> GkePluginOptions:
+        return GkePluginOptions(
+            config=load_config(args.config),
+            listen=args.listen,
+            tls=server_tls_from_args(args),
+            registry=REGISTRY,
         )
-        if args.metrics_addr:
-            start_metrics_server(args.metrics_addr)
-        plugin = GkePlugin(options)
-    except (ConfigError, ValueError, OSError) as exc:
-        print(f"fleet-plugin-gke: {exc}", file=sys.stderr)
-        return 2
-    _LOG.info(
-        "GKE plugin ready",
-        extra={"fields": {"address": plugin.address, "config": str(Path(args.config))}},
-    )
-    run_until_signal(plugin.server, grace=_SHUTDOWN_GRACE)
-    plugin.stop(grace=0)
-    return 0
+
+    def ready(plugin: GkePlugin) -> None:
+        fields = {"address": plugin.address, "config": str(Path(args.config))}
+        _LOG.info("GKE plugin ready", extra={"fields": fields})
+
+    return run_plugin("fleet-plugin-gke", args, options, GkePlugin, ready)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,11 @@ from plugins.ocm.config import OcmConfig, load_config
 from plugins.ocm.fleet import OcmFleet
 from plugins.ocm.hub import Hub
 from plugins.ocm.servicers import ocm_servicers
-from plugins.sdk.cli import plugin_parser, run_plugin
+from plugins.sdk.cli import parse_plugin_args, plugin_parser, run_plugin
 from plugins.sdk.identity import package_version
 from plugins.sdk.server import (
     PluginServer,
     ServerTLS,
-    configure_logging,
     serve,
     server_tls_from_args,
 )
@@ -88,22 +87,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = plugin_parser(
         "fleet-plugin-ocm",
         "Serve an Open Cluster Management hub over the fleetupgrade plugin contract.",
+        config=True,
     )
     parser.add_argument(
         "--kubeconfig",
         metavar="FILE",
         help="kubeconfig of the OCM hub (default: in-cluster config, then ~/.kube/config)",
     )
-    parser.add_argument(
-        "--config", required=True, metavar="FILE", help="plugin configuration (YAML)"
-    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the plugin until SIGTERM/SIGINT."""
-    args = build_parser().parse_args(argv)
-    configure_logging(args.debug)
+    args = parse_plugin_args(build_parser(), argv)
 
     def options() -> OcmOptions:
         return OcmOptions(

@@ -10,11 +10,19 @@ from typing import Protocol, TypeVar
 from plugins.sdk.server import (
     PluginServer,
     add_server_args,
+    configure_logging,
     run_until_signal,
     start_metrics_server,
 )
 
-__all__ = ["CONFIG_EXIT", "SHUTDOWN_GRACE", "RunningPlugin", "plugin_parser", "run_plugin"]
+__all__ = [
+    "CONFIG_EXIT",
+    "SHUTDOWN_GRACE",
+    "RunningPlugin",
+    "parse_plugin_args",
+    "plugin_parser",
+    "run_plugin",
+]
 
 SHUTDOWN_GRACE = 2.0
 """Seconds in-flight RPCs get on SIGTERM; open WatchOperations streams end after it."""
@@ -36,11 +44,27 @@ OptionsT = TypeVar("OptionsT")
 PluginT = TypeVar("PluginT", bound=RunningPlugin)
 
 
-def plugin_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """A command line with the flags every plugin shares (listen, TLS, metrics, debug)."""
+def plugin_parser(prog: str, description: str, config: bool = False) -> argparse.ArgumentParser:
+    """A command line with the flags every plugin shares (listen, TLS, metrics, debug).
+
+    config: also a required --config FILE (the plugin's YAML configuration).
+    """
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_server_args(parser)
+    if config:
+        parser.add_argument(
+            "--config", required=True, metavar="FILE", help="plugin configuration (YAML)"
+        )
     return parser
+
+
+def parse_plugin_args(
+    parser: argparse.ArgumentParser, argv: list[str] | None = None
+) -> argparse.Namespace:
+    """Parses argv (exit 2 on bad flags) and sends logs to stderr as JSON (--debug: DEBUG too)."""
+    args = parser.parse_args(argv)
+    configure_logging(args.debug)
+    return args
 
 
 def run_plugin(

@@ -15,12 +15,11 @@ from types import FrameType
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from plugins.sdk import versions
-from plugins.sdk.cli import plugin_parser, run_plugin
+from plugins.sdk.cli import parse_plugin_args, plugin_parser, run_plugin
 from plugins.sdk.identity import package_version
 from plugins.sdk.server import (
     PluginServer,
     ServerTLS,
-    configure_logging,
     serve,
     server_tls_from_args,
 )
@@ -244,8 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Runs the sim until SIGTERM/SIGINT; SIGHUP reloads the fleet file."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    configure_logging(args.debug)
+    args = parse_plugin_args(parser, argv)
     if args.step_seconds is not None and args.step_seconds < 0:
         parser.error("--step-seconds: must be 0 or more")
 
