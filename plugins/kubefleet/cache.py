@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from plugins.kubefleet.kube import Kube, KubeError, KubeGone, Resource
+from plugins.sdk.kube import Kube, KubeError, KubeGone, Resource
 
 __all__ = ["CachedObject", "Informer"]
 

@@ -10,7 +10,6 @@ from typing import Any
 from google.protobuf import struct_pb2
 
 from fleetupgrade.plugin.v1 import gate_pb2, health_pb2
-from plugins.kubefleet.kube import Resource
 from plugins.kubefleet.objects import (
     APPROVAL_REQUESTS,
     CLUSTER_APPROVAL_REQUESTS,
@@ -23,6 +22,7 @@ from plugins.kubefleet.objects import (
     generation,
     parse_time,
 )
+from plugins.sdk.kube import Resource
 
 __all__ = [
     "ACCEPTED",

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from plugins.kubefleet.kube import Resource
+from plugins.sdk.kube import Resource
 
 __all__ = [
     "ANNOTATION_GATE",

@@ -12,9 +12,9 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from plugins.kubefleet.config import HEALTH_SOURCES, KubeFleetConfig
 from plugins.kubefleet.fleet import KubeFleetHub
 from plugins.kubefleet.inventory import DEFAULT_TAINT_KEY, DEFAULT_VERSION_SOURCE, TaintSpec
-from plugins.kubefleet.kube import Kube
 from plugins.kubefleet.servicers import servicers
 from plugins.sdk.cli import parse_plugin_args, plugin_parser, run_plugin
+from plugins.sdk.kube import Kube
 from plugins.sdk.server import PluginServer, PluginServicers, ServerTLS, serve, server_tls_from_args
 
 __all__ = ["KubeFleetOptions", "KubeFleetPlugin", "build_parser", "main"]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from plugins.ocm.hub import Hub, HubError, HubGone, Resource
+from plugins.sdk.kube import Kube, KubeError, KubeGone, Resource
 
 __all__ = ["CachedObject", "Informer"]
 
@@ -45,7 +45,7 @@ class Informer:
 
     def __init__(
         self,
-        hub: Hub,
+        hub: Kube,
         resource: Resource,
         *,
         label_selector: str = "",
@@ -118,9 +118,9 @@ class Informer:
                 backoff = _BACKOFF_MIN
                 while not self._stop.is_set():
                     version = self._watch_once(version)
-            except HubGone:
+            except KubeGone:
                 continue
-            except HubError as exc:
+            except KubeError as exc:
                 if self._stop.is_set() or self._hub.closed:
                     return
                 self._healthy = False

@@ -26,10 +26,6 @@ from plugins.ocm.hub import (
     CLUSTER_CURATORS,
     MANAGED_CLUSTERS,
     MANIFEST_WORKS,
-    Hub,
-    HubConflict,
-    HubError,
-    HubNotFound,
 )
 from plugins.ocm.objects import (
     ANNOTATION_OPERATION_ID,
@@ -51,6 +47,7 @@ from plugins.sdk.errors import (
     Unavailable,
     Unimplemented,
 )
+from plugins.sdk.kube import Kube, KubeConflict, KubeError, KubeNotFound
 from plugins.sdk.operations import OperationStore
 from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
 
@@ -81,14 +78,14 @@ class _Followed:
     seen: bool = False
 
 
-def _hub_unavailable(action: str, exc: HubError) -> Unavailable:
+def _hub_unavailable(action: str, exc: KubeError) -> Unavailable:
     return Unavailable(f"hub: cannot {action}: {exc.message}; retry")
 
 
 class OcmFleet:
     """The fleet on one OCM hub, as the contract sees it."""
 
-    def __init__(self, cfg: OcmConfig, hub: Hub) -> None:
+    def __init__(self, cfg: OcmConfig, hub: Kube) -> None:
         self.cfg = cfg
         self._hub = hub
         self._store = OperationStore(id_prefix="ocm")
@@ -264,11 +261,11 @@ class OcmFleet:
         for _ in range(_RETRIES):
             try:
                 fresh = self._hub.get(MANAGED_CLUSTERS, "", cluster_id)
-            except HubNotFound:
+            except KubeNotFound:
                 raise NotFound(
                     f"cluster {cluster_id} not found: no ManagedCluster of that name"
                 ) from None
-            except HubError as exc:
+            except KubeError as exc:
                 raise _hub_unavailable(action, exc) from exc
             taints = list((fresh.get("spec") or {}).get("taints") or [])
             new = (
@@ -285,9 +282,9 @@ class OcmFleet:
             try:
                 self._hub.merge_patch(MANAGED_CLUSTERS, "", cluster_id, body)
                 return
-            except HubConflict:
+            except KubeConflict:
                 continue
-            except HubError as exc:
+            except KubeError as exc:
                 raise _hub_unavailable(action, exc) from exc
         raise Unavailable(
             f"hub: ManagedCluster {cluster_id} kept changing while trying to {action}; retry"
@@ -356,9 +353,9 @@ class OcmFleet:
         for _ in range(_RETRIES):
             try:
                 current = self._hub.get(CLUSTER_CURATORS, cluster, cluster)
-            except HubNotFound:
+            except KubeNotFound:
                 current = None
-            except HubError as exc:
+            except KubeError as exc:
                 raise _hub_unavailable("read the ClusterCurator", exc) from exc
             if current is not None:
                 notes = annotations_of(current)
@@ -383,9 +380,9 @@ class OcmFleet:
                     patch["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
                     self._hub.merge_patch(CLUSTER_CURATORS, cluster, cluster, patch)
                 return now
-            except HubConflict:
+            except KubeConflict:
                 continue
-            except HubError as exc:
+            except KubeError as exc:
                 raise _hub_unavailable("write the ClusterCurator", exc) from exc
         raise Unavailable(f"hub: ClusterCurator {cluster}/{cluster} kept changing; retry")
 
@@ -398,9 +395,9 @@ class OcmFleet:
         for _ in range(_RETRIES):
             try:
                 current = self._hub.get(MANIFEST_WORKS, cluster, mw.name)
-            except HubNotFound:
+            except KubeNotFound:
                 current = None
-            except HubError as exc:
+            except KubeError as exc:
                 raise _hub_unavailable("read the upgrade ManifestWork", exc) from exc
             if current is not None:
                 notes = annotations_of(current)
@@ -423,9 +420,9 @@ class OcmFleet:
                     body["metadata"]["resourceVersion"] = meta["resourceVersion"]
                     self._hub.replace(MANIFEST_WORKS, cluster, mw.name, body)
                 return now
-            except HubConflict:
+            except KubeConflict:
                 continue
-            except HubError as exc:
+            except KubeError as exc:
                 raise _hub_unavailable("write the upgrade ManifestWork", exc) from exc
         raise Unavailable(f"hub: ManifestWork {cluster}/{mw.name} kept changing; retry")
 
@@ -638,9 +635,9 @@ class OcmFleet:
             for _ in range(_RETRIES):
                 try:
                     current: dict[str, Any] | None = self._hub.get(MANIFEST_WORKS, cluster_id, name)
-                except HubNotFound:
+                except KubeNotFound:
                     current = None
-                except HubError as exc:
+                except KubeError as exc:
                     raise _hub_unavailable("read the health ManifestWork", exc) from exc
                 have = work.workloads_in(current)
                 if wanted <= have:
@@ -655,8 +652,8 @@ class OcmFleet:
                         body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
                         self._hub.replace(MANIFEST_WORKS, cluster_id, name, body)
                     return
-                except HubConflict:
+                except KubeConflict:
                     continue
-                except HubError as exc:
+                except KubeError as exc:
                     raise _hub_unavailable("write the health ManifestWork", exc) from exc
         raise Unavailable(f"hub: ManifestWork {cluster_id}/{name} kept changing; retry")

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from plugins.ocm.config import OcmConfig, load_config
 from plugins.ocm.fleet import OcmFleet
-from plugins.ocm.hub import Hub
+from plugins.ocm.hub import connect
 from plugins.ocm.servicers import ocm_servicers
 from plugins.sdk.cli import parse_plugin_args, plugin_parser, run_plugin
 from plugins.sdk.identity import package_version
@@ -45,7 +45,7 @@ class OcmPlugin:
 
     def __init__(self, options: OcmOptions) -> None:
         self.options = options
-        hub = Hub(options.kubeconfig)
+        hub = connect(options.kubeconfig)
         self.fleet = OcmFleet(options.config, hub)
         self.fleet.start()
         try:

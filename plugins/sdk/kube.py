@@ -1,4 +1,4 @@
-"""The Kubernetes adapter: the one KubeFleet plugin module that imports the kubernetes client."""
+"""Plain-JSON access to an apiserver: the SDK module that imports the kubernetes client."""
 # mypy: disable-error-code="no-untyped-call,no-any-return"
 # (the kubernetes client is untyped; this adapter is the one place that touches it)
 
@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import urllib3
-from kubernetes import client, config, watch
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 __all__ = [
     "Kube",
@@ -26,6 +27,7 @@ __all__ = [
 ]
 
 _REQUEST_TIMEOUT = 10.0
+_MESSAGE_MAX = 400
 
 
 @dataclass(frozen=True)
@@ -68,19 +70,14 @@ class KubeGone(KubeError):
     """410: a watch's resourceVersion expired; list again."""
 
 
-def _wrap(exc: ApiException) -> KubeError:
-    status = int(exc.status or 0)
+def _error(status: int, body: str | bytes | None, reason: str) -> KubeError:
     try:
-        message = json.loads(exc.body or "{}").get("message", exc.reason)
+        message = json.loads(body or "{}").get("message", reason)
     except (ValueError, AttributeError):
-        message = str(exc.reason)
+        message = reason
     cls = {404: KubeNotFound, 409: KubeConflict, 410: KubeGone}.get(status, KubeError)
     text = str(message)
-    return cls(status, text if len(text) <= 400 else text[:400] + "…")
-
-
-def _unreachable(exc: Exception) -> KubeError:
-    return KubeError(0, f"apiserver unreachable ({type(exc).__name__})")
+    return cls(status, text if len(text) <= _MESSAGE_MAX else text[:_MESSAGE_MAX] + "…")
 
 
 def _token_hook(path: str) -> Any:
@@ -97,12 +94,54 @@ def _token_hook(path: str) -> Any:
     return refresh
 
 
+def _configuration(
+    kubeconfig: str | None,
+    url: str | None,
+    token_file: str | None,
+    ca_file: str | None,
+    what: str,
+    flag: str,
+    fix: str,
+) -> Any:
+    """The client configuration from a URL and token file, or from a kubeconfig."""
+    cfg = client.Configuration()
+    if url:
+        if not token_file:
+            raise ValueError(f"{flag}: a URL needs a bearer token file as well")
+        if not Path(token_file).is_file():
+            raise ValueError(f"{flag}: cannot read the token file {token_file!r}")
+        cfg.host = url
+        cfg.api_key = {}
+        cfg.api_key_prefix = {}
+        hook = _token_hook(token_file)
+        cfg.refresh_api_key_hook = hook
+        hook(cfg)
+        if ca_file:
+            cfg.ssl_ca_cert = ca_file
+        return cfg
+    try:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        else:
+            try:
+                config.load_incluster_config(client_configuration=cfg)
+            except config.ConfigException:
+                config.load_kube_config(client_configuration=cfg)
+    except (config.ConfigException, OSError, TypeError) as exc:
+        where = repr(kubeconfig) if kubeconfig else "in-cluster or ~/.kube/config"
+        raise ValueError(
+            f"{flag}: cannot load the {what}'s kubeconfig {where} ({type(exc).__name__}); {fix}"
+        ) from None
+    return cfg
+
+
 class Kube:
     """Plain-JSON access to one apiserver; counts every request it makes, by verb.
 
     Built from a kubeconfig (default: in-cluster, then ~/.kube/config) or from a URL with a
     bearer token file (re-read before every request, so rotated tokens are picked up) and
-    an optional CA file.
+    an optional CA file. what names the server in configuration errors, fix is the advice
+    they end with, and label names it when it cannot be reached ("<label> unreachable").
     """
 
     def __init__(
@@ -114,50 +153,34 @@ class Kube:
         ca_file: str | None = None,
         what: str = "apiserver",
         flag: str = "--kubeconfig",
+        fix: str = "pass a readable kubeconfig",
+        label: str = "apiserver",
     ) -> None:
-        cfg = client.Configuration()
-        if url:
-            if not token_file:
-                raise ValueError(f"{flag}: a URL needs a bearer token file as well")
-            if not Path(token_file).is_file():
-                raise ValueError(f"{flag}: cannot read the token file {token_file!r}")
-            cfg.host = url
-            cfg.api_key = {}
-            cfg.api_key_prefix = {}
-            hook = _token_hook(token_file)
-            cfg.refresh_api_key_hook = hook
-            hook(cfg)
-            if ca_file:
-                cfg.ssl_ca_cert = ca_file
-        else:
-            try:
-                if kubeconfig:
-                    config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-                else:
-                    try:
-                        config.load_incluster_config(client_configuration=cfg)
-                    except config.ConfigException:
-                        config.load_kube_config(client_configuration=cfg)
-            except (config.ConfigException, OSError, TypeError) as exc:
-                where = repr(kubeconfig) if kubeconfig else "in-cluster or ~/.kube/config"
-                raise ValueError(
-                    f"{flag}: cannot load the {what}'s kubeconfig {where} "
-                    f"({type(exc).__name__}); pass a readable kubeconfig"
-                ) from None
+        cfg = _configuration(kubeconfig, url, token_file, ca_file, what, flag, fix)
         cfg.connection_pool_maxsize = 16
         self.server = str(cfg.host)
+        self._label = label
         self._api = client.ApiClient(cfg)
         self._custom = client.CustomObjectsApi(self._api)
-        self._core = client.CoreV1Api(self._api)
+        self._core: Any = None  # made on first use: building CoreV1Api takes half a second
         self._closed = threading.Event()
+        self._streams: set[Any] = set()
+        self._streams_lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
 
     # -- bookkeeping -------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Releases connections; open watches end with an error their loop ignores."""
-        self._closed.set()
+        """Releases connections; open watch streams are shut down (their readers return)."""
+        with self._streams_lock:
+            self._closed.set()
+            streams = list(self._streams)
+        for resp in streams:
+            try:
+                resp.shutdown()
+            except (OSError, AttributeError):
+                resp.close()
         self._api.close()
 
     @property
@@ -179,17 +202,12 @@ class Kube:
     def get(self, res: Resource, namespace: str, name: str) -> dict[str, Any]:
         """GET one object."""
         self._count("get")
-        if res.namespaced:
-            return self._call(
-                self._custom.get_namespaced_custom_object,
-                res.group,
-                res.version,
-                namespace,
-                res.plural,
-                name,
-            )
-        return self._call(
-            self._custom.get_cluster_custom_object, res.group, res.version, res.plural, name
+        return self._by_name(
+            res,
+            namespace,
+            name,
+            self._custom.get_namespaced_custom_object,
+            self._custom.get_cluster_custom_object,
         )
 
     def list(
@@ -197,23 +215,8 @@ class Kube:
     ) -> tuple[list[dict[str, Any]], str]:
         """LIST the objects (all namespaces unless one is given); items and resourceVersion."""
         self._count("list")
-        if namespace:
-            result = self._call(
-                self._custom.list_namespaced_custom_object,
-                res.group,
-                res.version,
-                namespace,
-                res.plural,
-                label_selector=label_selector,
-            )
-        else:
-            result = self._call(
-                self._custom.list_cluster_custom_object,
-                res.group,
-                res.version,
-                res.plural,
-                label_selector=label_selector,
-            )
+        fn, args = self._lister(res, namespace)
+        result = self._call(fn, *args, label_selector=label_selector)
         return list(result.get("items", [])), str(result["metadata"].get("resourceVersion", ""))
 
     def watch(
@@ -224,37 +227,51 @@ class Kube:
         timeout_seconds: int = 300,
         namespace: str = "",
     ) -> Iterator[tuple[str, dict[str, Any]]]:
-        """(event type, object) from resource_version on; KubeGone when it expired."""
+        """(event type, object) from resource_version on; KubeGone when it expired.
+
+        The stream's connection is tracked, so close() interrupts a blocked read at once.
+        """
         self._count("watch")
-        stream = watch.Watch()
-        if namespace:
-            fn: Any = self._custom.list_namespaced_custom_object
-            args: tuple[Any, ...] = (res.group, res.version, namespace, res.plural)
-        else:
-            fn = self._custom.list_cluster_custom_object
-            args = (res.group, res.version, res.plural)
+        fn, args = self._lister(res, namespace)
         try:
-            for event in stream.stream(
-                fn,
+            resp: Any = fn(
                 *args,
                 label_selector=label_selector,
                 resource_version=resource_version,
                 timeout_seconds=timeout_seconds,
                 allow_watch_bookmarks=True,
+                watch=True,
+                _preload_content=False,
                 _request_timeout=timeout_seconds + 10,
-            ):
-                obj = event["object"]
-                if event["type"] == "ERROR":
+            )
+        except ApiException as exc:
+            raise self._wrap(exc) from exc
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            raise self._unreachable(exc) from exc
+        with self._streams_lock:
+            if self.closed:
+                resp.release_conn()
+                return
+            self._streams.add(resp)
+        try:
+            if not 200 <= int(resp.status) <= 299:
+                raise _error(int(resp.status), resp.read(), str(resp.reason))
+            for line in iter_resp_lines(resp):
+                if not line:
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
                     code = int(obj.get("code", 500)) if isinstance(obj, dict) else 500
                     message = str(obj.get("message")) if isinstance(obj, dict) else str(obj)
                     raise (KubeGone if code == 410 else KubeError)(code, message)
-                yield str(event["type"]), obj
-        except ApiException as exc:
-            raise _wrap(exc) from exc
+                yield str(event.get("type")), obj
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-            raise _unreachable(exc) from exc
+            raise self._unreachable(exc) from exc
         finally:
-            stream.stop()
+            with self._streams_lock:
+                self._streams.discard(resp)
+            resp.release_conn()
 
     def create(self, res: Resource, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST a new object; KubeConflict when it exists already."""
@@ -277,26 +294,14 @@ class Kube:
     ) -> dict[str, Any]:
         """JSON merge patch (RFC 7386); a metadata.resourceVersion in body makes it conditional."""
         self._count("patch")
-        kwargs = {"_content_type": "application/merge-patch+json"}
-        if res.namespaced:
-            return self._call(
-                self._custom.patch_namespaced_custom_object,
-                res.group,
-                res.version,
-                namespace,
-                res.plural,
-                name,
-                body,
-                **kwargs,
-            )
-        return self._call(
-            self._custom.patch_cluster_custom_object,
-            res.group,
-            res.version,
-            res.plural,
+        return self._by_name(
+            res,
+            namespace,
             name,
+            self._custom.patch_namespaced_custom_object,
+            self._custom.patch_cluster_custom_object,
             body,
-            **kwargs,
+            _content_type="application/merge-patch+json",
         )
 
     def patch_status(
@@ -304,60 +309,87 @@ class Kube:
     ) -> dict[str, Any]:
         """JSON merge patch of the status subresource (resourceVersion in body: conditional)."""
         self._count("patch")
-        kwargs = {"_content_type": "application/merge-patch+json"}
-        if res.namespaced:
-            return self._call(
-                self._custom.patch_namespaced_custom_object_status,
-                res.group,
-                res.version,
-                namespace,
-                res.plural,
-                name,
-                body,
-                **kwargs,
-            )
-        return self._call(
-            self._custom.patch_cluster_custom_object_status,
-            res.group,
-            res.version,
-            res.plural,
+        return self._by_name(
+            res,
+            namespace,
             name,
+            self._custom.patch_namespaced_custom_object_status,
+            self._custom.patch_cluster_custom_object_status,
             body,
-            **kwargs,
+            _content_type="application/merge-patch+json",
+        )
+
+    def replace(
+        self, res: Resource, namespace: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """PUT the whole object (body carries metadata.resourceVersion: KubeConflict if stale)."""
+        self._count("update")
+        return self._by_name(
+            res,
+            namespace,
+            name,
+            self._custom.replace_namespaced_custom_object,
+            self._custom.replace_cluster_custom_object,
+            body,
         )
 
     def delete(self, res: Resource, namespace: str, name: str) -> None:
         """DELETE one object (background propagation); KubeNotFound when it is gone already."""
         self._count("delete")
-        if res.namespaced:
-            self._call(
-                self._custom.delete_namespaced_custom_object,
-                res.group,
-                res.version,
-                namespace,
-                res.plural,
-                name,
-                propagation_policy="Background",
-            )
-            return
-        self._call(
-            self._custom.delete_cluster_custom_object,
-            res.group,
-            res.version,
-            res.plural,
+        self._by_name(
+            res,
+            namespace,
             name,
+            self._custom.delete_namespaced_custom_object,
+            self._custom.delete_cluster_custom_object,
             propagation_policy="Background",
         )
 
     def create_event(self, namespace: str, body: dict[str, Any]) -> None:
         """Records a core/v1 Event (body in the Event's JSON shape)."""
         self._count("create")
+        if self._core is None:
+            self._core = client.CoreV1Api(self._api)
         self._call(self._core.create_namespaced_event, namespace, body)
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _lister(self, res: Resource, namespace: str) -> tuple[Any, tuple[Any, ...]]:
+        if namespace:
+            return self._custom.list_namespaced_custom_object, (
+                res.group,
+                res.version,
+                namespace,
+                res.plural,
+            )
+        return self._custom.list_cluster_custom_object, (res.group, res.version, res.plural)
+
+    def _by_name(
+        self,
+        res: Resource,
+        namespace: str,
+        name: str,
+        namespaced: Any,
+        cluster: Any,
+        *rest: Any,
+        **kwargs: Any,
+    ) -> Any:
+        if res.namespaced:
+            return self._call(
+                namespaced, res.group, res.version, namespace, res.plural, name, *rest, **kwargs
+            )
+        return self._call(cluster, res.group, res.version, res.plural, name, *rest, **kwargs)
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, _request_timeout=_REQUEST_TIMEOUT, **kwargs)
         except ApiException as exc:
-            raise _wrap(exc) from exc
+            raise self._wrap(exc) from exc
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-            raise _unreachable(exc) from exc
+            raise self._unreachable(exc) from exc
+
+    def _wrap(self, exc: ApiException) -> KubeError:
+        return _error(int(exc.status or 0), exc.body, str(exc.reason))
+
+    def _unreachable(self, exc: Exception) -> KubeError:
+        return KubeError(0, f"{self._label} unreachable ({type(exc).__name__})")
