@@ -20,6 +20,8 @@ from orchestrator import api
 __all__ = ["Conflict", "Gone", "KubeClient", "KubeError", "LeaseRecord", "NotFound", "WatchEvent"]
 
 log = logging.getLogger(__name__)
+#: Deadline of one API request (watches have their own server-side timeout).
+REQUEST_TIMEOUT_SECONDS = 30.0
 
 
 class KubeError(Exception):
@@ -282,6 +284,7 @@ class KubeClient:
         self._call(self._ext.replace_custom_resource_definition, name, body)
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT_SECONDS)  # never hang a reconcile
         try:
             return fn(*args, **kwargs)
         except ApiException as exc:

@@ -120,6 +120,8 @@ _SERVICE_CONFIG = json.dumps(
 )
 
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_RECONNECT_INITIAL_MS = 250
+_RECONNECT_MAX_MS = 5_000
 _MAX_PAGES = 1_000_000
 
 
@@ -298,6 +300,11 @@ class PluginClient:
             ("grpc.enable_retries", 1),
             ("grpc.service_config", _SERVICE_CONFIG),
             ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+            # A plugin that was down (a sidecar restarting) is found again within seconds:
+            # gRPC's default reconnect backoff grows to 120 s.
+            ("grpc.initial_reconnect_backoff_ms", _RECONNECT_INITIAL_MS),
+            ("grpc.min_reconnect_backoff_ms", _RECONNECT_INITIAL_MS),
+            ("grpc.max_reconnect_backoff_ms", _RECONNECT_MAX_MS),
         ]
         if tls is None:
             self._channel = grpc.insecure_channel(endpoint, options=options)
