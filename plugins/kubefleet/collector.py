@@ -29,7 +29,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from plugins.kubefleet import health
-from plugins.kubefleet.cache import Informer
 from plugins.kubefleet.objects import (
     LABEL_CLUSTER,
     LABEL_MANAGED_BY,
@@ -43,6 +42,7 @@ from plugins.kubefleet.objects import (
 )
 from plugins.kubefleet.prometheus import PrometheusError, query_vector
 from plugins.sdk.kube import Kube, KubeError, KubeNotFound
+from plugins.sdk.kubecache import Informer
 from plugins.sdk.server import configure_logging
 
 __all__ = [

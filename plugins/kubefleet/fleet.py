@@ -27,7 +27,6 @@ import grpc
 from fleetupgrade.plugin.v1 import cluster_pb2, gate_pb2, health_pb2
 from plugins.kubefleet import gates as gatelib
 from plugins.kubefleet import health, inventory
-from plugins.kubefleet.cache import Informer
 from plugins.kubefleet.config import KubeFleetConfig
 from plugins.kubefleet.objects import (
     ANNOTATION_GATE,
@@ -60,6 +59,7 @@ from plugins.kubefleet.objects import (
 from plugins.kubefleet.prometheus import PrometheusError, escape_label_value, query_vector
 from plugins.sdk.errors import FailedPrecondition, NotFound, Unavailable
 from plugins.sdk.kube import Kube, KubeConflict, KubeError, KubeNotFound, Resource
+from plugins.sdk.kubecache import Informer
 from plugins.sdk.operations import OperationStore
 from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
 

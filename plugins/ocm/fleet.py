@@ -20,7 +20,6 @@ import grpc
 
 from fleetupgrade.plugin.v1 import cluster_pb2, health_pb2
 from plugins.ocm import curator, inventory, work
-from plugins.ocm.cache import Informer
 from plugins.ocm.config import OcmConfig
 from plugins.ocm.hub import (
     CLUSTER_CURATORS,
@@ -47,7 +46,8 @@ from plugins.sdk.errors import (
     Unavailable,
     Unimplemented,
 )
-from plugins.sdk.kube import Kube, KubeConflict, KubeError, KubeNotFound
+from plugins.sdk.kube import Kube, KubeConflict, KubeError, KubeNotFound, Resource
+from plugins.sdk.kubecache import Informer
 from plugins.sdk.operations import OperationStore
 from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
 
@@ -56,6 +56,8 @@ __all__ = ["OcmFleet", "operation_id_for"]
 _LOG = logging.getLogger("plugins.ocm.fleet")
 _RETRIES = 8  # read-modify-write attempts on 409 before answering UNAVAILABLE
 _FOLLOW_TICK = 0.5  # seconds between re-evaluations when no cache changes (for timeouts)
+_WATCH_SECONDS = 30  # one watch call of a cache
+_BACKOFF_MAX = 5.0  # seconds at most between a cache's retries after an error
 
 _SERVICE_OUT = cluster_pb2.OPERATION_KIND_SERVICE_OUT
 _SERVICE_IN = cluster_pb2.OPERATION_KIND_SERVICE_IN
@@ -91,14 +93,10 @@ class OcmFleet:
         self._store = OperationStore(id_prefix="ocm")
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._clusters = Informer(hub, MANAGED_CLUSTERS, on_change=self._wake.set)
-        self._works = Informer(
-            hub, MANIFEST_WORKS, label_selector=MANAGED_SELECTOR, on_change=self._wake.set
-        )
+        self._clusters = self._informer(MANAGED_CLUSTERS)
+        self._works = self._informer(MANIFEST_WORKS, MANAGED_SELECTOR)
         self._curators = (
-            Informer(
-                hub, CLUSTER_CURATORS, label_selector=MANAGED_SELECTOR, on_change=self._wake.set
-            )
+            self._informer(CLUSTER_CURATORS, MANAGED_SELECTOR)
             if cfg.upgrade_method == "ClusterCurator"
             else None
         )
@@ -109,6 +107,16 @@ class OcmFleet:
         self._adopted = False
         self._adopt_lock = threading.Lock()
         self._thread = threading.Thread(target=self._follow_loop, name="ocm-follow", daemon=True)
+
+    def _informer(self, resource: Resource, label_selector: str = "") -> Informer:
+        return Informer(
+            self._hub,
+            resource,
+            label_selector=label_selector,
+            on_change=self._wake.set,
+            watch_seconds=_WATCH_SECONDS,
+            backoff_max=_BACKOFF_MAX,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 

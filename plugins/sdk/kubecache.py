@@ -1,4 +1,4 @@
-"""Watch caches of hub objects: list, then watch from the list's resourceVersion, re-list on 410."""
+"""Watch caches of apiserver objects: list, watch from its resourceVersion, re-list on 410."""
 
 from __future__ import annotations
 
@@ -11,12 +11,10 @@ from typing import Any
 
 from plugins.sdk.kube import Kube, KubeError, KubeGone, Resource
 
-__all__ = ["CachedObject", "Informer"]
+__all__ = ["CachedObject", "Informer", "key_of"]
 
-_LOG = logging.getLogger("plugins.ocm.cache")
-_WATCH_SECONDS = 30
+_LOG = logging.getLogger("plugins.sdk.kubecache")
 _BACKOFF_MIN = 0.2
-_BACKOFF_MAX = 5.0
 
 Key = tuple[str, str]
 
@@ -29,7 +27,7 @@ class CachedObject:
     received: datetime
 
 
-def _key_of(obj: dict[str, Any]) -> Key:
+def key_of(obj: dict[str, Any]) -> Key:
     """(namespace, name) of an object ("" namespace for cluster-scoped ones)."""
     meta = obj.get("metadata") or {}
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
@@ -38,41 +36,47 @@ def _key_of(obj: dict[str, Any]) -> Key:
 class Informer:
     """Keeps every object of one resource (optionally label-selected) current in memory.
 
-    A daemon thread lists, then watches; watch events update the store, a 410 (expired
-    resourceVersion) re-lists, any other error backs off and re-lists. on_change runs after
-    every change (from the informer's thread; keep it short).
+    A daemon thread lists, then watches (watch_seconds a call); events update the store, a
+    410 (expired resourceVersion) re-lists, any other error backs off (up to backoff_max
+    seconds) and re-lists. on_change runs after every change and every failure, from the
+    informer's thread (keep it short: set an event).
     """
 
     def __init__(
         self,
-        hub: Kube,
+        kube: Kube,
         resource: Resource,
         *,
         label_selector: str = "",
         on_change: Callable[[], None] | None = None,
+        watch_seconds: int = 300,
+        backoff_max: float = 10.0,
     ) -> None:
-        self._hub = hub
+        self._kube = kube
         self.resource = resource
         self._selector = label_selector
         self._on_change = on_change
+        self._watch_seconds = watch_seconds
+        self._backoff_max = backoff_max
         self._lock = threading.Lock()
         self._store: dict[Key, CachedObject] = {}
+        self._by_namespace: dict[str, dict[str, CachedObject]] = {}
         self._synced = threading.Event()
         self._stop = threading.Event()
         self._healthy = False
         self._last_error = ""
-        self._thread = threading.Thread(
-            target=self._run, name=f"ocm-informer-{resource.plural}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name=f"informer-{resource}", daemon=True)
 
     def start(self) -> None:
         """Starts the list-and-watch thread."""
         self._thread.start()
 
-    def stop(self, timeout: float = 1.0) -> None:
-        """Asks the thread to end and waits up to timeout seconds (it is a daemon thread)."""
+    def stop(self, timeout: float = 2.0) -> None:
+        """Asks the thread to end and waits up to timeout seconds (it is a daemon thread; a
+        watch blocked in a long poll ends when its client is closed or the poll times out)."""
         self._stop.set()
-        self._thread.join(timeout)
+        if timeout > 0 and self._thread.is_alive():
+            self._thread.join(timeout)
 
     def wait_synced(self, timeout: float) -> bool:
         """True once the first list has been stored."""
@@ -103,6 +107,16 @@ class Informer:
         with self._lock:
             return [self._store[k] for k in sorted(self._store)]
 
+    def in_namespace(self, namespace: str) -> list[CachedObject]:
+        """The cached objects of one namespace, ordered by name (an index: no scan)."""
+        with self._lock:
+            found = self._by_namespace.get(namespace) or {}
+            return [found[name] for name in sorted(found)]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._store)
+
     def _changed(self) -> None:
         if self._on_change is not None:
             try:
@@ -112,7 +126,7 @@ class Informer:
 
     def _run(self) -> None:
         backoff = _BACKOFF_MIN
-        while not self._stop.is_set() and not self._hub.closed:
+        while not self._stop.is_set() and not self._kube.closed:
             try:
                 version = self._relist()
                 backoff = _BACKOFF_MIN
@@ -121,36 +135,39 @@ class Informer:
             except KubeGone:
                 continue
             except KubeError as exc:
-                if self._stop.is_set() or self._hub.closed:
+                if self._stop.is_set() or self._kube.closed:
                     return
-                self._healthy = False
-                self._last_error = f"{self.resource}: {exc.message}"
-                _LOG.warning(
-                    "hub watch failed; listing again",
-                    extra={"fields": {"resource": str(self.resource), "error": exc.message}},
-                )
+                self._fail(f"{self.resource}: {exc.message}")
                 self._stop.wait(backoff)
-                backoff = min(backoff * 2, _BACKOFF_MAX)
+                backoff = min(backoff * 2, self._backoff_max)
             except Exception:  # never let the thread die: the cache would silently go stale
-                if self._stop.is_set() or self._hub.closed:
+                if self._stop.is_set() or self._kube.closed:
                     return
-                self._healthy = False
-                self._last_error = f"{self.resource}: unexpected error"
                 _LOG.exception("informer failed; listing again")
+                self._fail(f"{self.resource}: unexpected error")
                 self._stop.wait(backoff)
-                backoff = min(backoff * 2, _BACKOFF_MAX)
+                backoff = min(backoff * 2, self._backoff_max)
+
+    def _fail(self, message: str) -> None:
+        if self._healthy or message != self._last_error:
+            _LOG.warning("watch failed; listing again", extra={"fields": {"error": message}})
+        self._healthy = False
+        self._last_error = message
+        self._changed()
 
     def _relist(self) -> str:
-        items, version = self._hub.list(self.resource, self._selector)
+        items, version = self._kube.list(self.resource, self._selector)
         now = datetime.now(UTC)
-        fresh = {_key_of(obj): CachedObject(obj, now) for obj in items}
+        fresh = {key_of(obj): CachedObject(obj, now) for obj in items}
         with self._lock:
-            # Keep the receipt time of objects that did not change.
-            for key, cached in fresh.items():
+            for key, cached in fresh.items():  # keep the receipt time of unchanged objects
                 old = self._store.get(key)
                 if old is not None and _rv(old.obj) == _rv(cached.obj):
                     fresh[key] = old
             self._store = fresh
+            self._by_namespace = {}
+            for (namespace, name), cached in fresh.items():
+                self._by_namespace.setdefault(namespace, {})[name] = cached
         self._healthy = True
         self._last_error = ""
         self._synced.set()
@@ -158,18 +175,23 @@ class Informer:
         return version
 
     def _watch_once(self, version: str) -> str:
-        for kind, obj in self._hub.watch(self.resource, version, self._selector, _WATCH_SECONDS):
+        for kind, obj in self._kube.watch(
+            self.resource, version, self._selector, self._watch_seconds
+        ):
             if self._stop.is_set():
                 return version
             version = _rv(obj) or version
             if kind == "BOOKMARK":
                 continue
-            key = _key_of(obj)
+            key = key_of(obj)
             with self._lock:
                 if kind == "DELETED":
                     self._store.pop(key, None)
+                    self._by_namespace.get(key[0], {}).pop(key[1], None)
                 else:
-                    self._store[key] = CachedObject(obj, datetime.now(UTC))
+                    cached = CachedObject(obj, datetime.now(UTC))
+                    self._store[key] = cached
+                    self._by_namespace.setdefault(key[0], {})[key[1]] = cached
             self._healthy = True
             self._changed()
         return version
