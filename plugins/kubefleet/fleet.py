@@ -357,35 +357,28 @@ class KubeFleetHub:
     def _write_taints(self, cluster_id: str, *, add: bool) -> None:
         """Read-modify-write of spec.taints, conditional on the resourceVersion read."""
         action = "add the service-out taint" if add else "remove the service-out taint"
-        for _ in range(_RETRIES):
-            try:
-                fresh = self._kube.get(MEMBER_CLUSTERS, "", cluster_id)
-            except KubeNotFound:
-                raise NotFound(
-                    f"cluster {cluster_id} not found: no MemberCluster of that name"
-                ) from None
-            except KubeError as exc:
-                raise _hub_unavailable(action, exc) from exc
+
+        def change(fresh: dict[str, Any]) -> dict[str, Any] | None:
             taints = list((fresh.get("spec") or {}).get("taints") or [])
             new = (
                 inventory.with_our_taint(taints, self.cfg.taint)
                 if add
                 else inventory.without_our_taint(taints, self.cfg.taint)
             )
-            if new is None:
-                return
-            body = {
-                "metadata": {"resourceVersion": fresh["metadata"]["resourceVersion"]},
-                "spec": {"taints": new},
-            }
-            try:
-                self._kube.merge_patch(MEMBER_CLUSTERS, "", cluster_id, body)
-                return
-            except KubeConflict:
-                continue
-            except KubeError as exc:
-                raise _hub_unavailable(action, exc) from exc
-        raise Unavailable(f"hub: MemberCluster {cluster_id} kept changing while trying to {action}")
+            return None if new is None else {"spec": {"taints": new}}
+
+        try:
+            written = self._kube.patch_latest(MEMBER_CLUSTERS, "", cluster_id, change, _RETRIES)
+        except KubeNotFound:
+            raise NotFound(
+                f"cluster {cluster_id} not found: no MemberCluster of that name"
+            ) from None
+        except KubeError as exc:
+            raise _hub_unavailable(action, exc) from exc
+        if not written:
+            raise Unavailable(
+                f"hub: MemberCluster {cluster_id} kept changing while trying to {action}"
+            )
 
     def get_operation(self, op_id: str) -> cluster_pb2.Operation:
         """The operation's current state (NotFound for ids this plugin never gave)."""

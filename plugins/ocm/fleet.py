@@ -266,37 +266,28 @@ class OcmFleet:
         (someone changed the ManagedCluster in between) re-reads and tries again.
         """
         action = "add the service-out taint" if add else "remove the service-out taint"
-        for _ in range(_RETRIES):
-            try:
-                fresh = self._hub.get(MANAGED_CLUSTERS, "", cluster_id)
-            except KubeNotFound:
-                raise NotFound(
-                    f"cluster {cluster_id} not found: no ManagedCluster of that name"
-                ) from None
-            except KubeError as exc:
-                raise _hub_unavailable(action, exc) from exc
+
+        def change(fresh: dict[str, Any]) -> dict[str, Any] | None:
             taints = list((fresh.get("spec") or {}).get("taints") or [])
             new = (
                 inventory.with_our_taint(taints, self.cfg.taint, datetime.now(UTC))
                 if add
                 else inventory.without_our_taint(taints, self.cfg.taint)
             )
-            if new is None:
-                return
-            body = {
-                "metadata": {"resourceVersion": fresh["metadata"]["resourceVersion"]},
-                "spec": {"taints": new},
-            }
-            try:
-                self._hub.merge_patch(MANAGED_CLUSTERS, "", cluster_id, body)
-                return
-            except KubeConflict:
-                continue
-            except KubeError as exc:
-                raise _hub_unavailable(action, exc) from exc
-        raise Unavailable(
-            f"hub: ManagedCluster {cluster_id} kept changing while trying to {action}; retry"
-        )
+            return None if new is None else {"spec": {"taints": new}}
+
+        try:
+            written = self._hub.patch_latest(MANAGED_CLUSTERS, "", cluster_id, change, _RETRIES)
+        except KubeNotFound:
+            raise NotFound(
+                f"cluster {cluster_id} not found: no ManagedCluster of that name"
+            ) from None
+        except KubeError as exc:
+            raise _hub_unavailable(action, exc) from exc
+        if not written:
+            raise Unavailable(
+                f"hub: ManagedCluster {cluster_id} kept changing while trying to {action}; retry"
+            )
 
     # -- upgrades ----------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -303,6 +303,37 @@ class Kube:
             body,
             _content_type="application/merge-patch+json",
         )
+
+    def patch_latest(
+        self,
+        res: Resource,
+        namespace: str,
+        name: str,
+        change: Callable[[dict[str, Any]], dict[str, Any] | None],
+        attempts: int,
+    ) -> bool:
+        """Read-modify-write: GET the object, change(object) gives a merge patch (None: nothing
+        to write), sent conditional on the resourceVersion read; a 409 reads again.
+
+        False when the object kept changing for all attempts; KubeNotFound and other
+        KubeErrors reach the caller.
+        """
+        for _ in range(attempts):
+            fresh = self.get(res, namespace, name)
+            patch = change(fresh)
+            if patch is None:
+                return True
+            version = fresh["metadata"]["resourceVersion"]
+            patch = {
+                **patch,
+                "metadata": {**(patch.get("metadata") or {}), "resourceVersion": version},
+            }
+            try:
+                self.merge_patch(res, namespace, name, patch)
+                return True
+            except KubeConflict:
+                continue
+        return False
 
     def patch_status(
         self, res: Resource, namespace: str, name: str, body: dict[str, Any]
