@@ -56,23 +56,34 @@ def prometheus_binary() -> str | None:
 
 
 @contextmanager
-def running_prometheus(tmp: Path, targets: list[str], interval: str = "1s") -> Iterator[str]:
-    """Start Prometheus scraping targets; yield its base URL once it answers queries."""
+def running_prometheus(
+    tmp: Path,
+    targets: list[str] | None = None,
+    interval: str = "1s",
+    scrape_configs: list[dict[str, Any]] | None = None,
+    name: str = "prometheus",
+) -> Iterator[str]:
+    """Start Prometheus scraping targets (or the given scrape_configs); yield its base URL once
+    it has scraped a target."""
     binary = prometheus_binary()
     assert binary, "prometheus is not installed (apt-get install prometheus)"
     port = free_port()
-    config = tmp / "prometheus.yml"
+    jobs = scrape_configs or [{"job_name": "sample", "static_configs": [{"targets": targets}]}]
+    config = tmp / f"{name}.yml"
     config.write_text(
-        f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
-        "scrape_configs:\n  - job_name: sample\n    static_configs:\n"
-        f"      - targets: {json.dumps(targets)}\n"
-    )
-    log = (tmp / "prometheus.log").open("wb")
+        json.dumps(
+            {
+                "global": {"scrape_interval": interval, "evaluation_interval": interval},
+                "scrape_configs": jobs,
+            }
+        )
+    )  # JSON is YAML
+    log = (tmp / f"{name}.log").open("wb")
     proc = subprocess.Popen(
         [
             binary,
             f"--config.file={config}",
-            f"--storage.tsdb.path={tmp / 'tsdb'}",
+            f"--storage.tsdb.path={tmp / (name + '-tsdb')}",
             f"--web.listen-address=127.0.0.1:{port}",
             "--log.level=warn",
         ],
@@ -81,9 +92,7 @@ def running_prometheus(tmp: Path, targets: list[str], interval: str = "1s") -> I
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(
-            "prometheus scrapes the sample app", lambda: _has_data(url), timeout=60, interval=0.25
-        )
+        wait_for(f"{name} scrapes its targets", lambda: _has_data(url), timeout=60, interval=0.25)
         yield url
     finally:
         proc.terminate()

@@ -15,8 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import urllib.parse
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -33,7 +31,7 @@ from devtools.controlplane import REPO_ROOT
 from plugins.kubefleet import KubeFleetConfig, KubeFleetOptions, KubeFleetPlugin
 from plugins.sdk.client import ClientTLS, PluginClient
 from plugins.sdk.server import ServerTLS
-from tests.support.kube import KubeCluster, wait_for
+from tests.support.kube import KubeCluster
 from tests.support.kubectl import kubectl
 from tests.support.kubefleet_emulator import KubeFleetEmulator
 from tests.support.orchestrator import free_port
@@ -366,9 +364,6 @@ def names() -> Callable[[str], str]:
 @contextmanager
 def central_prometheus(tmp: Path, targets: dict[str, str], label: str = "cluster") -> Iterator[str]:
     """One Prometheus scraping every member app, each job labelled with its cluster."""
-    binary = prometheus_binary()
-    assert binary
-    port = free_port()
     jobs = [
         {
             "job_name": f"member-{cluster}",
@@ -376,42 +371,5 @@ def central_prometheus(tmp: Path, targets: dict[str, str], label: str = "cluster
         }
         for cluster, target in sorted(targets.items())
     ]
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": jobs,
-    }
-    (tmp / "central.yml").write_text(yaml.safe_dump(config))
-    log = (tmp / "central.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={tmp / 'central.yml'}",
-            f"--storage.tsdb.path={tmp / 'central-tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for("central Prometheus scrapes", lambda: _scraping(url), timeout=60, interval=0.25)
+    with running_prometheus(tmp, scrape_configs=jobs, name="central") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-
-
-def _scraping(url: str) -> bool:
-    """True once the Prometheus at url has scraped a target successfully."""
-    query = urllib.parse.urlencode({"query": "up == 1"})
-    try:
-        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=2) as answer:
-            return bool(json.loads(answer.read())["data"]["result"])
-    except OSError:
-        return False
