@@ -177,6 +177,11 @@ class OperationTracker:
         with self._lock:
             return self._ops.get(op_id)
 
+    def in_flight(self) -> list[OpObs]:
+        """Operations last seen PENDING or RUNNING."""
+        with self._lock:
+            return [op for op in self._ops.values() if not op.state.terminal]
+
     def by_request(self) -> dict[str, OpObs]:
         """A copy of the latest operation states, keyed by request id."""
         with self._lock:
@@ -300,6 +305,20 @@ class Reconciler:
             clusters = {c.id: cluster_from_pb(c) for c in _READ_RETRY.copy()(client.list_clusters)}
         except PluginCallError as err:
             return self._degraded(obj, previous, "PluginUnavailable", str(err), gen, now, 5.0)
+        for op in self.tracker.in_flight():
+            current = (
+                clusters[op.cluster_id].current_operation if op.cluster_id in clusters else None
+            )
+            if op.cluster_id not in clusters or (current is not None and current.id == op.id):
+                continue
+            # The inventory no longer shows it in flight but no end was seen (a watch stream
+            # that reconnected after it ended): ask once, as the contract says callers do.
+            try:
+                fresh = op_from_pb(client.get_operation(op.id))
+            except PluginCallError:
+                continue
+            if self.tracker.put(fresh):
+                self.count_operation(spec.ops_endpoint.endpoint, fresh)
         for entry in previous.entries().values():
             if entry.operation_id and self.tracker.get(entry.operation_id) is None:
                 try:  # e.g. after a restart: learn the operation's state once
