@@ -46,6 +46,28 @@ NODE_POOL_STATUS_ERROR: NodePoolStatus.ValueType  # 3
 """The provider reports the pool broken."""
 Global___NodePoolStatus: _TypeAlias = NodePoolStatus  # noqa: Y015
 
+class _MaintenanceWindowKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MaintenanceWindowKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MaintenanceWindowKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MAINTENANCE_WINDOW_KIND_UNSPECIFIED: _MaintenanceWindowKind.ValueType  # 0
+    MAINTENANCE_WINDOW_KIND_WINDOW: _MaintenanceWindowKind.ValueType  # 1
+    """Maintenance may happen inside the window."""
+    MAINTENANCE_WINDOW_KIND_EXCLUSION: _MaintenanceWindowKind.ValueType  # 2
+    """Maintenance (of the scope named) must not happen inside the window."""
+
+class MaintenanceWindowKind(_MaintenanceWindowKind, metaclass=_MaintenanceWindowKindEnumTypeWrapper):
+    """MaintenanceWindowKind says whether a window allows or forbids maintenance."""
+
+MAINTENANCE_WINDOW_KIND_UNSPECIFIED: MaintenanceWindowKind.ValueType  # 0
+MAINTENANCE_WINDOW_KIND_WINDOW: MaintenanceWindowKind.ValueType  # 1
+"""Maintenance may happen inside the window."""
+MAINTENANCE_WINDOW_KIND_EXCLUSION: MaintenanceWindowKind.ValueType  # 2
+"""Maintenance (of the scope named) must not happen inside the window."""
+Global___MaintenanceWindowKind: _TypeAlias = MaintenanceWindowKind  # noqa: Y015
+
 class _OperationKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -89,6 +111,40 @@ OPERATION_STATE_RUNNING: OperationState.ValueType  # 2
 OPERATION_STATE_SUCCEEDED: OperationState.ValueType  # 3
 OPERATION_STATE_FAILED: OperationState.ValueType  # 4
 Global___OperationState: _TypeAlias = OperationState  # noqa: Y015
+
+class _PreflightVerdict:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PreflightVerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PreflightVerdict.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PREFLIGHT_VERDICT_UNSPECIFIED: _PreflightVerdict.ValueType  # 0
+    PREFLIGHT_VERDICT_ACCEPTED: _PreflightVerdict.ValueType  # 1
+    """It would be accepted now."""
+    PREFLIGHT_VERDICT_REFUSED_LATER: _PreflightVerdict.ValueType  # 2
+    """It is refused now but may be accepted later (another operation runs, a window is
+    closed); retry_after says when to ask again, when known.
+    """
+    PREFLIGHT_VERDICT_REFUSED_NEVER: _PreflightVerdict.ValueType  # 3
+    """It will never be accepted as asked (version not offered, skew not allowed): asking again
+    does not help; change the target.
+    """
+
+class PreflightVerdict(_PreflightVerdict, metaclass=_PreflightVerdictEnumTypeWrapper):
+    """PreflightVerdict is what the provider would do with an upgrade request now."""
+
+PREFLIGHT_VERDICT_UNSPECIFIED: PreflightVerdict.ValueType  # 0
+PREFLIGHT_VERDICT_ACCEPTED: PreflightVerdict.ValueType  # 1
+"""It would be accepted now."""
+PREFLIGHT_VERDICT_REFUSED_LATER: PreflightVerdict.ValueType  # 2
+"""It is refused now but may be accepted later (another operation runs, a window is
+closed); retry_after says when to ask again, when known.
+"""
+PREFLIGHT_VERDICT_REFUSED_NEVER: PreflightVerdict.ValueType  # 3
+"""It will never be accepted as asked (version not offered, skew not allowed): asking again
+does not help; change the target.
+"""
+Global___PreflightVerdict: _TypeAlias = PreflightVerdict  # noqa: Y015
 
 @_typing.final
 class NodePool(_message.Message):
@@ -154,6 +210,7 @@ class Cluster(_message.Message):
     UNAVAILABLE_REASON_FIELD_NUMBER: _builtins.int
     IN_SERVICE_FIELD_NUMBER: _builtins.int
     CURRENT_OPERATION_FIELD_NUMBER: _builtins.int
+    MAINTENANCE_WINDOWS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """REQUIRED. The provider's id, e.g. "projects/P/locations/L/clusters/C" for GKE."""
     control_plane_version: _builtins.str
@@ -176,6 +233,13 @@ class Cluster(_message.Message):
     def current_operation(self) -> Global___Operation:
         """OPTIONAL. The cluster's PENDING or RUNNING operation, if any."""
 
+    @_builtins.property
+    def maintenance_windows(self) -> _containers.RepeatedCompositeFieldContainer[Global___MaintenanceWindow]:
+        """OPTIONAL. The provider's own maintenance windows and exclusions, as information for the
+        caller (the provider does not refuse manual upgrades outside them unless it says so in
+        PreflightUpgrade).
+        """
+
     def __init__(
         self,
         *,
@@ -187,14 +251,61 @@ class Cluster(_message.Message):
         unavailable_reason: _builtins.str = ...,
         in_service: _builtins.bool = ...,
         current_operation: Global___Operation | None = ...,
+        maintenance_windows: _abc.Iterable[Global___MaintenanceWindow] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["current_operation", b"current_operation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["available", b"available", "control_plane_version", b"control_plane_version", "current_operation", b"current_operation", "id", b"id", "in_service", b"in_service", "labels", b"labels", "node_pools", b"node_pools", "unavailable_reason", b"unavailable_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["available", b"available", "control_plane_version", b"control_plane_version", "current_operation", b"current_operation", "id", b"id", "in_service", b"in_service", "labels", b"labels", "maintenance_windows", b"maintenance_windows", "node_pools", b"node_pools", "unavailable_reason", b"unavailable_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Cluster: _TypeAlias = Cluster  # noqa: Y015
+
+@_typing.final
+class MaintenanceWindow(_message.Message):
+    """MaintenanceWindow is one recurring window or one exclusion, as the provider reports it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    END_TIME_FIELD_NUMBER: _builtins.int
+    RECURRENCE_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
+    kind: Global___MaintenanceWindowKind.ValueType
+    """REQUIRED."""
+    name: _builtins.str
+    """OPTIONAL. The provider's name for it (an exclusion's name)."""
+    recurrence: _builtins.str
+    """OPTIONAL. RFC 5545 RRULE for a recurring window; empty for a one-off."""
+    scope: _builtins.str
+    """OPTIONAL. For exclusions, what they exclude (e.g. GKE's "NO_MINOR_OR_NODE_UPGRADES")."""
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp:
+        """REQUIRED. First start."""
+
+    @_builtins.property
+    def end_time(self) -> _timestamp_pb2.Timestamp:
+        """REQUIRED. First end."""
+
+    def __init__(
+        self,
+        *,
+        kind: Global___MaintenanceWindowKind.ValueType = ...,
+        name: _builtins.str = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        end_time: _timestamp_pb2.Timestamp | None = ...,
+        recurrence: _builtins.str = ...,
+        scope: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["end_time", b"end_time", "start_time", b"start_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_time", b"end_time", "kind", b"kind", "name", b"name", "recurrence", b"recurrence", "scope", b"scope", "start_time", b"start_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MaintenanceWindow: _TypeAlias = MaintenanceWindow  # noqa: Y015
 
 @_typing.final
 class Operation(_message.Message):
@@ -650,9 +761,17 @@ class WatchOperationsRequest(_message.Message):
 
     CLUSTER_IDS_FIELD_NUMBER: _builtins.int
     INCLUDE_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    SINCE_REVISION_FIELD_NUMBER: _builtins.int
     include_in_flight: _builtins.bool
     """OPTIONAL. When true, the stream starts with the current state of every matching
     operation that is PENDING or RUNNING, so a reconnecting caller misses nothing.
+    """
+    since_revision: _builtins.int
+    """OPTIONAL. The revision of the last update the caller saw (0: none). The stream first
+    replays the changes after it that the plugin still retains, then goes live. When the
+    plugin no longer retains them (too old, or a revision of another incarnation), it replays
+    the current state of every matching operation it retains and sets resync on the first
+    response, so the caller knows to re-read what it cares about with GetOperation.
     """
     @_builtins.property
     def cluster_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -663,10 +782,11 @@ class WatchOperationsRequest(_message.Message):
         *,
         cluster_ids: _abc.Iterable[_builtins.str] | None = ...,
         include_in_flight: _builtins.bool = ...,
+        since_revision: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_ids", b"cluster_ids", "include_in_flight", b"include_in_flight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_ids", b"cluster_ids", "include_in_flight", b"include_in_flight", "since_revision", b"since_revision"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -679,17 +799,113 @@ class WatchOperationsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     OPERATION_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    RESYNC_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    """The plugin's revision of this change; strictly increasing within one stream. A caller
+    passes the last one it saw back as since_revision when it reconnects.
+    """
+    resync: _builtins.bool
+    """True on the first response of a stream that could not replay from since_revision."""
     @_builtins.property
     def operation(self) -> Global___Operation: ...
     def __init__(
         self,
         *,
         operation: Global___Operation | None = ...,
+        revision: _builtins.int = ...,
+        resync: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["operation", b"operation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["operation", b"operation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["operation", b"operation", "resync", b"resync", "revision", b"revision"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchOperationsResponse: _TypeAlias = WatchOperationsResponse  # noqa: Y015
+
+@_typing.final
+class PreflightUpgradeRequest(_message.Message):
+    """PreflightUpgradeRequest names the cluster and the versions it would be upgraded to."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class NodePoolVersionsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    CONTROL_PLANE_VERSION_FIELD_NUMBER: _builtins.int
+    NODE_POOL_VERSIONS_FIELD_NUMBER: _builtins.int
+    cluster_id: _builtins.str
+    """REQUIRED."""
+    control_plane_version: _builtins.str
+    """OPTIONAL. The control-plane target; empty when only node pools would change."""
+    @_builtins.property
+    def node_pool_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """OPTIONAL. Node pool name → target version; only the pools that would change."""
+
+    def __init__(
+        self,
+        *,
+        cluster_id: _builtins.str = ...,
+        control_plane_version: _builtins.str = ...,
+        node_pool_versions: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "control_plane_version", b"control_plane_version", "node_pool_versions", b"node_pool_versions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreflightUpgradeRequest: _TypeAlias = PreflightUpgradeRequest  # noqa: Y015
+
+@_typing.final
+class PreflightUpgradeResponse(_message.Message):
+    """PreflightUpgradeResponse is the verdict."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERDICT_FIELD_NUMBER: _builtins.int
+    REASON_CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_SECONDS_FIELD_NUMBER: _builtins.int
+    verdict: Global___PreflightVerdict.ValueType
+    """REQUIRED."""
+    reason_code: _builtins.str
+    """REQUIRED unless ACCEPTED: a short machine-readable code, e.g. "VERSION_NOT_OFFERED"."""
+    message: _builtins.str
+    """REQUIRED unless ACCEPTED: for people; deterministic, never secrets."""
+    retry_after_seconds: _builtins.int
+    """OPTIONAL, with REFUSED_LATER: seconds after which asking again may help (0: unknown)."""
+    def __init__(
+        self,
+        *,
+        verdict: Global___PreflightVerdict.ValueType = ...,
+        reason_code: _builtins.str = ...,
+        message: _builtins.str = ...,
+        retry_after_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "reason_code", b"reason_code", "retry_after_seconds", b"retry_after_seconds", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreflightUpgradeResponse: _TypeAlias = PreflightUpgradeResponse  # noqa: Y015

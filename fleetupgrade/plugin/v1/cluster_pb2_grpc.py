@@ -89,6 +89,11 @@ class ClusterServiceStub:
                 request_serializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.WatchOperationsRequest.SerializeToString,
                 response_deserializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.WatchOperationsResponse.FromString,
                 _registered_method=True)
+        self.PreflightUpgrade = channel.unary_unary(
+                '/fleetupgrade.plugin.v1.ClusterService/PreflightUpgrade',
+                request_serializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradeRequest.SerializeToString,
+                response_deserializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradeResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -170,6 +175,18 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PreflightUpgrade(self, request, context):
+        """PreflightUpgrade says whether an upgrade of the cluster to the given versions would be
+        accepted now, never, or later (with the reason), without starting anything. The caller
+        asks before it takes a cluster out of service, so a refused target drains nothing.
+        Requires PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE. Idempotent, read-only. Deadline: 10 s.
+        Errors: NOT_FOUND (unknown cluster; no recovery), INVALID_ARGUMENT (malformed request;
+        fix the request), UNAVAILABLE (provider unreachable; retry with backoff).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -212,6 +229,11 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.WatchOperations,
                     request_deserializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.WatchOperationsRequest.FromString,
                     response_serializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.WatchOperationsResponse.SerializeToString,
+            ),
+            'PreflightUpgrade': grpc.unary_unary_rpc_method_handler(
+                    servicer.PreflightUpgrade,
+                    request_deserializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradeRequest.FromString,
+                    response_serializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -445,6 +467,33 @@ class ClusterService:
             '/fleetupgrade.plugin.v1.ClusterService/WatchOperations',
             fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.WatchOperationsRequest.SerializeToString,
             fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.WatchOperationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PreflightUpgrade(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetupgrade.plugin.v1.ClusterService/PreflightUpgrade',
+            fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradeRequest.SerializeToString,
+            fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -74,6 +74,14 @@ class ClusterServiceStub:
     """WatchOperations streams operation updates until the caller cancels. Idempotent. No
     deadline; the caller reconnects on any error and uses GetOperation to catch up.
     """
+    PreflightUpgrade: _grpc.UnaryUnaryMultiCallable[_cluster_pb2.PreflightUpgradeRequest, _cluster_pb2.PreflightUpgradeResponse]
+    """PreflightUpgrade says whether an upgrade of the cluster to the given versions would be
+    accepted now, never, or later (with the reason), without starting anything. The caller
+    asks before it takes a cluster out of service, so a refused target drains nothing.
+    Requires PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE. Idempotent, read-only. Deadline: 10 s.
+    Errors: NOT_FOUND (unknown cluster; no recovery), INVALID_ARGUMENT (malformed request;
+    fix the request), UNAVAILABLE (provider unreachable; retry with backoff).
+    """
 
 @_typing.type_check_only
 class ClusterServiceAsyncStub(ClusterServiceStub):
@@ -120,6 +128,14 @@ class ClusterServiceAsyncStub(ClusterServiceStub):
     WatchOperations: _aio.UnaryStreamMultiCallable[_cluster_pb2.WatchOperationsRequest, _cluster_pb2.WatchOperationsResponse]  # type: ignore[assignment]
     """WatchOperations streams operation updates until the caller cancels. Idempotent. No
     deadline; the caller reconnects on any error and uses GetOperation to catch up.
+    """
+    PreflightUpgrade: _aio.UnaryUnaryMultiCallable[_cluster_pb2.PreflightUpgradeRequest, _cluster_pb2.PreflightUpgradeResponse]  # type: ignore[assignment]
+    """PreflightUpgrade says whether an upgrade of the cluster to the given versions would be
+    accepted now, never, or later (with the reason), without starting anything. The caller
+    asks before it takes a cluster out of service, so a refused target drains nothing.
+    Requires PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE. Idempotent, read-only. Deadline: 10 s.
+    Errors: NOT_FOUND (unknown cluster; no recovery), INVALID_ARGUMENT (malformed request;
+    fix the request), UNAVAILABLE (provider unreachable; retry with backoff).
     """
 
 class ClusterServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -212,6 +228,20 @@ class ClusterServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_cluster_pb2.WatchOperationsResponse], _abc.AsyncIterator[_cluster_pb2.WatchOperationsResponse]]:
         """WatchOperations streams operation updates until the caller cancels. Idempotent. No
         deadline; the caller reconnects on any error and uses GetOperation to catch up.
+        """
+
+    @_abc_1.abstractmethod
+    def PreflightUpgrade(
+        self,
+        request: _cluster_pb2.PreflightUpgradeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cluster_pb2.PreflightUpgradeResponse, _abc.Awaitable[_cluster_pb2.PreflightUpgradeResponse]]:
+        """PreflightUpgrade says whether an upgrade of the cluster to the given versions would be
+        accepted now, never, or later (with the reason), without starting anything. The caller
+        asks before it takes a cluster out of service, so a refused target drains nothing.
+        Requires PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE. Idempotent, read-only. Deadline: 10 s.
+        Errors: NOT_FOUND (unknown cluster; no recovery), INVALID_ARGUMENT (malformed request;
+        fix the request), UNAVAILABLE (provider unreachable; retry with backoff).
         """
 
 def add_ClusterServiceServicer_to_server(servicer: ClusterServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -40,6 +40,10 @@ class _PluginCapabilityEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Plug
     """HealthService.QueryMetric."""
     PLUGIN_CAPABILITY_GATES: _PluginCapability.ValueType  # 7
     """GateService.ListGates, WatchGates and ResolveGate."""
+    PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE: _PluginCapability.ValueType  # 8
+    """ClusterService.PreflightUpgrade."""
+    PLUGIN_CAPABILITY_DURABLE_OPERATIONS: _PluginCapability.ValueType  # 9
+    """Operations (and their request-id idempotency) survive a plugin restart."""
 
 class PluginCapability(_PluginCapability, metaclass=_PluginCapabilityEnumTypeWrapper):
     """PluginCapability is one group of RPCs a plugin serves."""
@@ -59,6 +63,10 @@ PLUGIN_CAPABILITY_QUERY_METRIC: PluginCapability.ValueType  # 6
 """HealthService.QueryMetric."""
 PLUGIN_CAPABILITY_GATES: PluginCapability.ValueType  # 7
 """GateService.ListGates, WatchGates and ResolveGate."""
+PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE: PluginCapability.ValueType  # 8
+"""ClusterService.PreflightUpgrade."""
+PLUGIN_CAPABILITY_DURABLE_OPERATIONS: PluginCapability.ValueType  # 9
+"""Operations (and their request-id idempotency) survive a plugin restart."""
 Global___PluginCapability: _TypeAlias = PluginCapability  # noqa: Y015
 
 @_typing.final
