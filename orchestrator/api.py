@@ -487,3 +487,164 @@ class ClusterVersionStatus(_Model):
         }
         out.update((e.id, e) for e in self.clusters or [])
         return out
+
+
+# --- UpdateRun and ClusterUpgrade (DESIGN.md "Rollout objects") --------------------------------
+
+UPDATE_RUN_KIND = "UpdateRun"
+UPDATE_RUN_PLURAL = "updateruns"
+CLUSTER_UPGRADE_KIND = "ClusterUpgrade"
+CLUSTER_UPGRADE_PLURAL = "clusterupgrades"
+#: Label on every ClusterUpgrade: the name of its UpdateRun.
+LABEL_RUN = f"{GROUP}/update-run"
+#: Label on every UpdateRun a ClusterVersion created: the ClusterVersion's name.
+LABEL_CLUSTER_VERSION = f"{GROUP}/cluster-version"
+#: Comma-separated cluster ids of an UpdateRun to skip (recorded on their ClusterUpgrade).
+ANNOTATION_SKIP_CLUSTERS = f"{GROUP}/skip-clusters"
+
+
+class RunState(StrEnum):
+    """What a person wants an UpdateRun to do."""
+
+    RUN = "Run"
+    #: Admit no new cluster; clusters in flight finish their step and are serviced back in.
+    STOP = "Stop"
+
+
+class UpgradePhase(StrEnum):
+    """Where one ClusterUpgrade stands (DESIGN.md per-cluster lifecycle)."""
+
+    PENDING = "Pending"
+    SERVICING_OUT = "ServicingOut"
+    UPGRADING_CONTROL_PLANE = "UpgradingControlPlane"
+    UPGRADING_NODE_POOLS = "UpgradingNodePools"
+    VERIFYING = "Verifying"
+    SERVICING_IN = "ServicingIn"
+    UPGRADED = "Upgraded"
+    FAILED = "Failed"
+    #: Not started, with the reason (the provider refused, a claim is held elsewhere...).
+    BLOCKED = "Blocked"
+    #: Not upgraded by this run: already at target, gone from the inventory, skipped by a person.
+    SKIPPED = "Skipped"
+
+
+class StepTimeouts(_Model):
+    """Bounds on each kind of step; a step that outlives its bound fails the cluster."""
+
+    service_out: Duration = Field(default="15m", description="ServiceOut operations.")
+    control_plane: Duration = Field(default="90m", description="Control-plane upgrades.")
+    node_pool: Duration = Field(default="90m", description="Each node-pool upgrade.")
+    service_in: Duration = Field(default="15m", description="ServiceIn operations.")
+    ready: Duration = Field(
+        default="30m",
+        description="Waiting for the cluster to become available and its pools ready.",
+    )
+
+
+class ClusterVersionRef(_Model):
+    """The ClusterVersion (same namespace) an UpdateRun was created for."""
+
+    name: str = Field(min_length=1, max_length=253)
+    generation: int = Field(ge=1, description="The ClusterVersion generation the run pins.")
+
+
+class UpdateRunSpec(_Model):
+    """One rollout: its targets and strategy are pinned when it starts."""
+
+    state: RunState = Field(default=RunState.RUN, description="Run, or Stop to wind it down.")
+    cluster_version_ref: ClusterVersionRef | None = Field(
+        default=None, description="Set when a ClusterVersion created this run."
+    )
+    required_available_count: int = Field(
+        default=1, ge=1, description="Clusters available and in service never fall below this."
+    )
+    ops_endpoint: OpsEndpoint
+    version: Version | None = Field(
+        default=None, description="Target for clusters selected by stages but not listed."
+    )
+    clusters: list[ClusterSpec] | None = Field(
+        default=None, description="Clusters by id (empty when a ClusterVersion pins them)."
+    )
+    strategy: Strategy | None = None
+    health_checks: HealthChecks | None = None
+    timeouts: StepTimeouts | None = None
+
+
+class RunCounts(_Model):
+    """ClusterUpgrades of a run by outcome (the run never lists every cluster)."""
+
+    total: int = 0
+    pending: int = 0
+    in_flight: int = 0
+    upgraded: int = 0
+    failed: int = 0
+    blocked: int = 0
+    skipped: int = 0
+
+
+class RunPhase(StrEnum):
+    """Where an UpdateRun stands."""
+
+    INITIALIZING = "Initializing"
+    PROGRESSING = "Progressing"
+    STOPPING = "Stopping"
+    STOPPED = "Stopped"
+    HALTED = "Halted"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    INVALID = "Invalid"
+
+
+class UpdateRunStatus(_Model):
+    """Counts, per-stage summaries and the outcome; small at any fleet size."""
+
+    observed_generation: int | None = None
+    phase: RunPhase | None = None
+    message: str | None = None
+    current_stage: str | None = None
+    cluster_set_digest: str | None = Field(
+        default=None, description="sha256 of the pinned cluster ids and targets."
+    )
+    counts: RunCounts | None = None
+    stages: list[StageStatus] | None = None
+    start_time: str | None = None
+    end_time: str | None = None
+    conditions: list[Condition] | None = None
+
+
+class ClusterUpgradeSpec(_Model):
+    """The pinned intent for one cluster in one run."""
+
+    cluster_id: str = Field(min_length=1, max_length=512)
+    stage: str = Field(min_length=1, max_length=63)
+    stage_index: int = Field(ge=0)
+    version: Version
+    node_version: Version
+    node_pools: list[NodePoolTarget] | None = None
+    provider: str = Field(min_length=1, description="The plugin endpoint that owns the cluster.")
+
+    def pool_target(self, pool: str) -> str:
+        """The target version of a node pool."""
+        for p in self.node_pools or []:
+            if p.name == pool:
+                return p.version
+        return self.node_version
+
+
+class ClusterUpgradeStatus(_Model):
+    """One cluster's progress; nothing here is ever compacted away."""
+
+    phase: UpgradePhase = UpgradePhase.PENDING
+    step: str | None = Field(default=None, description="The step in flight, e.g. nodePool/a.")
+    request_id: str | None = None
+    operation_id: str | None = None
+    attempt: int = 0
+    reasks: int = Field(default=0, description="Times a forgotten operation was re-asked.")
+    step_start_time: str | None = None
+    start_time: str | None = None
+    end_time: str | None = None
+    last_transition_time: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    health: HealthState | None = None
+    conditions: list[Condition] | None = None

@@ -1,0 +1,284 @@
+"""One UpdateRun reconcile as a pipeline: observe → decide (pure) → record intents → act → record.
+
+The driver knows the world only through four small protocols, so the product (kube + gRPC
+adapters in orchestrator.runs) and the adversarial simulation (tests/sim) run this same code:
+
+- `UpgradeStore`: conditional writes of ClusterUpgrade status (resourceVersion; a stale write
+  raises `WriteConflict` and nothing after it happens in this pass).
+- `Provider`: the plugin (inventory + operations snapshot, preflight, the four mutations).
+- `Checker`: health-check evaluation for a set of clusters.
+- `Fence`: whether this replica still holds the Lease; checked before every plugin call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from orchestrator import api
+from orchestrator.engine import (
+    ACTIVE,
+    Call,
+    Decision,
+    Preflight,
+    RunInput,
+    Upgrade,
+    call_failed,
+    checks_for,
+    decide,
+    with_status,
+)
+from orchestrator.fleet import ClusterObs, OpObs, PoolObs, Snapshot
+from orchestrator.health import due_in, record
+
+__all__ = [
+    "CallError",
+    "Checker",
+    "Fence",
+    "Provider",
+    "RunDriver",
+    "StepResult",
+    "UpgradeStore",
+    "WriteConflict",
+    "holdings",
+]
+
+log = logging.getLogger(__name__)
+
+
+class WriteConflict(Exception):
+    """The object changed since it was read (HTTP 409): re-read, decide again."""
+
+
+class CallError(Exception):
+    """A plugin call failed: the gRPC code name, whether retrying can help, and the words."""
+
+    def __init__(self, code: str, message: str, retryable: bool, retry_after: float = 0.0):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+class UpgradeStore(Protocol):
+    """Conditional status writes of ClusterUpgrades."""
+
+    def write_upgrade_status(self, upgrade: Upgrade, status: api.ClusterUpgradeStatus) -> None:
+        """Write status if the object is unchanged since read; raise WriteConflict if not."""
+
+
+class Provider(Protocol):
+    """The plugin behind a run."""
+
+    @property
+    def supports_preflight(self) -> bool:
+        """Whether PreflightUpgrade is declared."""
+
+    def snapshot(self, cluster_ids: Sequence[str]) -> Snapshot:
+        """Inventory and the latest known operations (by request id)."""
+
+    def preflight(self, cluster_id: str, version: str, pools: Mapping[str, str]) -> Preflight:
+        """Ask whether the upgrade would be accepted now; raise CallError on failure."""
+
+    def call(self, call: Call) -> OpObs:
+        """Make one mutating call; raise CallError on failure."""
+
+
+class Checker(Protocol):
+    """Evaluates health checks."""
+
+    def evaluate(
+        self, checks: api.HealthChecks, clusters: Sequence[ClusterObs], stage: str
+    ) -> list[api.CheckResult]:
+        """One evaluation of every check over the clusters."""
+
+
+class Fence(Protocol):
+    """Leadership: a replica that lost the Lease issues nothing more."""
+
+    def held(self) -> bool:
+        """True while this replica may act."""
+
+
+@dataclass
+class StepResult:
+    """What a reconcile of one run did, for the run's status write."""
+
+    decision: Decision
+    calls_made: int = 0
+    conflicts: int = 0
+    fenced: bool = False
+    requeue_after: float | None = None
+
+
+@dataclass
+class RunDriver:
+    """Runs one reconcile of one run against the protocols."""
+
+    provider: Provider
+    store: UpgradeStore
+    checker: Checker
+    fence: Fence
+    #: Preflight answers kept between passes (cluster id → answer), per driver.
+    preflight_cache: dict[str, Preflight] = field(default_factory=dict)
+
+    def step(
+        self,
+        *,
+        key: str,
+        uid: str,
+        spec: api.UpdateRunSpec,
+        upgrades: Mapping[str, Upgrade],
+        stages: Sequence[api.StageStatus],
+        held_by: Mapping[str, str],
+        now: datetime,
+        approved: frozenset[str] = frozenset(),
+        retry: frozenset[str] = frozenset(),
+        skip: frozenset[str] = frozenset(),
+    ) -> StepResult:
+        """Observe, decide, persist intents, then call; returns the decision taken."""
+        snapshot = self.provider.snapshot([u.cluster_id for u in upgrades.values()])
+        upgrades, health_changed = self._evaluate_clusters(spec, upgrades, snapshot, now)
+        stages = self._evaluate_stages(spec, upgrades, stages, snapshot, now)
+        inp = RunInput(
+            key=key,
+            uid=uid,
+            spec=spec,
+            upgrades=upgrades,
+            snapshot=snapshot,
+            now=now,
+            held_by=held_by,
+            preflight=self.preflight_cache,
+            preflight_supported=self.provider.supports_preflight,
+            stages=stages,
+            approved_stages=approved,
+            retry_clusters=retry,
+            skip_clusters=skip,
+        )
+        decision = decide(inp)
+        if decision.preflight_needed and self.fence.held():
+            for cid in decision.preflight_needed:
+                u = next(x for x in upgrades.values() if x.cluster_id == cid)
+                pools = {p.name: u.spec.pool_target(p.name) for p in self._pools(snapshot, cid)}
+                try:
+                    self.preflight_cache[cid] = self.provider.preflight(cid, u.spec.version, pools)
+                except CallError as err:
+                    log.info("preflight of %s failed: %s", cid, err)
+            decision = decide(inp)
+        result = StepResult(decision, requeue_after=decision.requeue_after)
+        # Record intents (and health progress) before any call: a crash after this write
+        # resumes with the same request ids; a crash before it never called.
+        written: set[str] = set()
+        to_write = dict(health_changed)
+        to_write.update(decision.changed)
+        for name, status in to_write.items():
+            try:
+                self.store.write_upgrade_status(upgrades[name], status)
+            except WriteConflict:
+                result.conflicts += 1
+                result.requeue_after = 0.0
+                break
+            written.add(name)
+        for call in decision.calls:
+            if call.upgrade not in written and call.upgrade in decision.changed:
+                continue  # its intent is not on record: do not act on it
+            if result.conflicts and call.upgrade not in written:
+                continue
+            if not self.fence.held():
+                result.fenced = True
+                break
+            u = upgrades[call.upgrade]
+            status = decision.changed.get(call.upgrade, u.status)
+            try:
+                self.provider.call(call)
+                result.calls_made += 1
+            except CallError as err:
+                new, wait = call_failed(status, call, err.code, err.retryable, err.message, now)
+                if err.retry_after:
+                    wait = err.retry_after
+                try:
+                    self.store.write_upgrade_status(with_status(u, status), new)
+                except WriteConflict:
+                    result.conflicts += 1
+                if wait is not None:
+                    result.requeue_after = _min(result.requeue_after, wait)
+                else:
+                    result.requeue_after = 0.0
+        if decision.calls and result.calls_made:
+            result.requeue_after = _min(result.requeue_after, 1.0)
+        return result
+
+    @staticmethod
+    def _pools(snapshot: Snapshot, cid: str) -> Sequence[PoolObs]:
+        obs = snapshot.clusters.get(cid)
+        return obs.node_pools if obs is not None else ()
+
+    def _evaluate_clusters(
+        self,
+        spec: api.UpdateRunSpec,
+        upgrades: Mapping[str, Upgrade],
+        snapshot: Snapshot,
+        now: datetime,
+    ) -> tuple[dict[str, Upgrade], dict[str, api.ClusterUpgradeStatus]]:
+        """Run the checks that are due for clusters in Verifying; health lives on the upgrade."""
+        out = dict(upgrades)
+        changed: dict[str, api.ClusterUpgradeStatus] = {}
+        for name, u in upgrades.items():
+            st = u.status
+            checks = checks_for(spec, u.spec.stage)
+            obs = snapshot.clusters.get(u.cluster_id)
+            if (
+                st.phase != api.UpgradePhase.VERIFYING
+                or st.health is None
+                or checks is None
+                or obs is None
+                or not obs.available
+                or due_in(st.health, checks, now) > 0
+            ):
+                continue
+            results = self.checker.evaluate(checks, [obs], u.spec.stage)
+            new = st.model_copy(update={"health": record(st.health, results, now)})
+            out[name] = with_status(u, new)
+            changed[name] = new
+        return out, changed
+
+    def _evaluate_stages(
+        self,
+        spec: api.UpdateRunSpec,
+        upgrades: Mapping[str, Upgrade],
+        stages: Sequence[api.StageStatus],
+        snapshot: Snapshot,
+        now: datetime,
+    ) -> list[api.StageStatus]:
+        out = list(stages)
+        for i, st in enumerate(out):
+            checks = checks_for(spec, st.name)
+            if (
+                st.phase != api.StagePhase.VERIFYING
+                or st.health is None
+                or checks is None
+                or due_in(st.health, checks, now) > 0
+            ):
+                continue
+            members = [
+                snapshot.clusters[u.cluster_id]
+                for u in upgrades.values()
+                if u.spec.stage == st.name and u.cluster_id in snapshot.clusters
+            ]
+            results = self.checker.evaluate(checks, members, st.name)
+            out[i] = st.model_copy(update={"health": record(st.health, results, now)})
+        return out
+
+
+def _min(a: float | None, b: float | None) -> float | None:
+    values = [v for v in (a, b) if v is not None]
+    return min(values) if values else None
+
+
+def holdings(upgrades: Sequence[tuple[str, Upgrade]]) -> dict[str, str]:
+    """cluster id → holder run key, over (run key, upgrade) pairs in active phases."""
+    return {u.cluster_id: run for run, u in upgrades if u.status.phase in ACTIVE}
