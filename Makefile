@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: venv tools proto proto-check lint typecheck buf-lint buf-breaking pytest test demo bench control-plane clean
+.PHONY: crds venv tools proto proto-check lint typecheck buf-lint buf-breaking pytest test demo bench control-plane clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ $(BUF):
 	npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf@$(BUF_VERSION)
 
 tools: venv $(BUF)
+
+# Regenerate manifests/crds/ from orchestrator/api.py.
+crds: venv
+	$(PY) -m orchestrator.crd manifests/crds
 
 # Regenerate fleetupgrade/ (the Python stubs) from proto/.
 proto: venv

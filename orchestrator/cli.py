@@ -102,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--approve-all", action="store_true", help="assume manual stages get approved")
 
-    sub.add_parser("crd", help="print the ClusterVersion CRD YAML")
+    sub.add_parser("crd", help="print the CRDs (ClusterVersion, UpdateRun, ClusterUpgrade) as YAML")
     return parser
 
 

@@ -84,27 +84,27 @@ def _list_map(schema: dict[str, Any], path: list[str], key: str) -> None:
     node["x-kubernetes-list-map-keys"] = [key]
 
 
-def cluster_version_crd() -> dict[str, Any]:
-    """The ClusterVersion CRD (apiextensions.k8s.io/v1) as a dict."""
-    spec = structural_schema(api.ClusterVersionSpec)
-    status = _without_defaults(structural_schema(api.ClusterVersionStatus))  # we write it whole
-    _list_map(spec, ["clusters"], "id")
-    _list_map(status, ["clusters"], "id")
-    _list_map(status, ["stages"], "name")
-    _list_map(status, ["conditions"], "type")
-    spec["properties"]["strategy"]["properties"]["stages"]["maxItems"] = 64
+def _crd(
+    kind: str,
+    plural: str,
+    short: str,
+    description: str,
+    spec: dict[str, Any],
+    status: dict[str, Any],
+    columns: list[dict[str, str]],
+) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{api.PLURAL}.{api.GROUP}"},
+        "metadata": {"name": f"{plural}.{api.GROUP}"},
         "spec": {
             "group": api.GROUP,
             "names": {
-                "kind": api.KIND,
-                "listKind": f"{api.KIND}List",
-                "plural": api.PLURAL,
-                "singular": "clusterversion",
-                "shortNames": ["cv"],
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": [short],
             },
             "scope": "Namespaced",
             "versions": [
@@ -114,21 +114,13 @@ def cluster_version_crd() -> dict[str, Any]:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [
-                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-                        {
-                            "name": "Up-To-Date",
-                            "type": "integer",
-                            "jsonPath": ".status.summary.upToDate",
-                        },
-                        {"name": "Total", "type": "integer", "jsonPath": ".status.summary.total"},
-                        {"name": "Stage", "type": "string", "jsonPath": ".status.currentStage"},
+                        *columns,
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
-                            "description": "Desired versions for a fleet of clusters, "
-                            "upgraded in stages without breaking the availability floor.",
+                            "description": description,
                             "required": ["spec"],
                             "properties": {
                                 "apiVersion": {"type": "string"},
@@ -145,11 +137,119 @@ def cluster_version_crd() -> dict[str, Any]:
     }
 
 
+def _col(name: str, kind: str, path: str, priority: int = 0) -> dict[str, Any]:
+    col: dict[str, Any] = {"name": name, "type": kind, "jsonPath": path}
+    if priority:
+        col["priority"] = priority
+    return col
+
+
+def cluster_version_crd() -> dict[str, Any]:
+    """The ClusterVersion CRD (apiextensions.k8s.io/v1) as a dict."""
+    spec = structural_schema(api.ClusterVersionSpec)
+    status = _without_defaults(structural_schema(api.ClusterVersionStatus))  # we write it whole
+    _list_map(spec, ["clusters"], "id")
+    _list_map(status, ["clusters"], "id")
+    _list_map(status, ["stages"], "name")
+    _list_map(status, ["conditions"], "type")
+    spec["properties"]["strategy"]["properties"]["stages"]["maxItems"] = 64
+    return _crd(
+        api.KIND,
+        api.PLURAL,
+        "cv",
+        "Desired versions for a fleet of clusters, upgraded in stages without breaking the "
+        "availability floor.",
+        spec,
+        status,
+        [
+            _col("Phase", "string", ".status.phase"),
+            _col("Run", "string", ".status.currentRun"),
+            _col("Up-To-Date", "integer", ".status.summary.upToDate"),
+            _col("Total", "integer", ".status.summary.total"),
+            _col("Stage", "string", ".status.currentStage"),
+        ],
+    )
+
+
+def update_run_crd() -> dict[str, Any]:
+    """The UpdateRun CRD: one rollout with its pinned cluster set."""
+    spec = structural_schema(api.UpdateRunSpec)
+    status = _without_defaults(structural_schema(api.UpdateRunStatus))
+    _list_map(spec, ["clusters"], "id")
+    _list_map(status, ["stages"], "name")
+    _list_map(status, ["conditions"], "type")
+    spec["properties"]["strategy"]["properties"]["stages"]["maxItems"] = 64
+    return _crd(
+        api.UPDATE_RUN_KIND,
+        api.UPDATE_RUN_PLURAL,
+        "ur",
+        "One rollout: its cluster set and targets are pinned (as ClusterUpgrades) when it starts.",
+        spec,
+        status,
+        [
+            _col("State", "string", ".spec.state"),
+            _col("Phase", "string", ".status.phase"),
+            _col("Stage", "string", ".status.currentStage"),
+            _col("Upgraded", "integer", ".status.counts.upgraded"),
+            _col("In-Flight", "integer", ".status.counts.inFlight"),
+            _col("Failed", "integer", ".status.counts.failed"),
+            _col("Total", "integer", ".status.counts.total"),
+            _col("Message", "string", ".status.message", priority=1),
+        ],
+    )
+
+
+def cluster_upgrade_crd() -> dict[str, Any]:
+    """The ClusterUpgrade CRD: one cluster's intent and progress in one run."""
+    spec = structural_schema(api.ClusterUpgradeSpec)
+    status = _without_defaults(structural_schema(api.ClusterUpgradeStatus))
+    _list_map(status, ["conditions"], "type")
+    return _crd(
+        api.CLUSTER_UPGRADE_KIND,
+        api.CLUSTER_UPGRADE_PLURAL,
+        "cu",
+        "One cluster's upgrade in one UpdateRun: stage, targets, step, request and operation "
+        "ids, attempt, health-check state and timestamps.",
+        spec,
+        status,
+        [
+            _col("Cluster", "string", ".spec.clusterId"),
+            _col("Stage", "string", ".spec.stage"),
+            _col("Target", "string", ".spec.version"),
+            _col("Phase", "string", ".status.phase"),
+            _col("Step", "string", ".status.step"),
+            _col("Attempt", "integer", ".status.attempt", priority=1),
+            _col("Message", "string", ".status.message", priority=1),
+        ],
+    )
+
+
+def all_crds() -> list[dict[str, Any]]:
+    """Every CRD of the project, in install order."""
+    return [cluster_version_crd(), update_run_crd(), cluster_upgrade_crd()]
+
+
+_HEADER = "# Generated by `python -m orchestrator.crd` from orchestrator/api.py. Do not edit.\n"
+
+
+def crd_files() -> dict[str, str]:
+    """Each CRD's YAML as checked in under manifests/crds/, by file name."""
+    return {
+        f"{crd['metadata']['name']}.yaml": _HEADER + yaml.safe_dump(crd, sort_keys=False)
+        for crd in all_crds()
+    }
+
+
 def crd_yaml() -> str:
-    """The CRD as the YAML checked in under manifests/crds/."""
-    header = "# Generated by `python -m orchestrator.crd` from orchestrator/api.py. Do not edit.\n"
-    return header + yaml.safe_dump(cluster_version_crd(), sort_keys=False)
+    """Every CRD as one multi-document YAML stream (`fleet-orchestrator crd`)."""
+    return "---\n".join(crd_files().values())
 
 
 if __name__ == "__main__":
-    print(crd_yaml(), end="")
+    import pathlib
+    import sys
+
+    out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "manifests/crds")
+    for file_name, text in crd_files().items():
+        (out / file_name).write_text(text)
+        print(out / file_name)

@@ -184,6 +184,129 @@ class KubeClient:
             body,
         )
 
+    # Any kind of ours (UpdateRuns, ClusterUpgrades, ClusterVersions), as plain JSON
+
+    def get_object(self, plural: str, namespace: str, name: str) -> dict[str, Any]:
+        """GET one object of ours."""
+        return self._json(
+            self._custom.get_namespaced_custom_object,
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            plural,
+            name,
+        )
+
+    def list_objects(
+        self, plural: str, namespace: str | None = None, label_selector: str = ""
+    ) -> tuple[list[dict[str, Any]], str]:
+        """LIST objects of ours (one namespace or all); items and the list's resourceVersion."""
+        kwargs: dict[str, Any] = {"label_selector": label_selector} if label_selector else {}
+        if namespace:
+            result = self._json(
+                self._custom.list_namespaced_custom_object,
+                api.GROUP,
+                api.VERSION,
+                namespace,
+                plural,
+                **kwargs,
+            )
+        else:
+            result = self._json(
+                self._custom.list_cluster_custom_object, api.GROUP, api.VERSION, plural, **kwargs
+            )
+        return list(result.get("items", [])), str(result["metadata"].get("resourceVersion", ""))
+
+    def watch_objects(
+        self, plural: str, namespace: str | None, resource_version: str, timeout_seconds: int = 300
+    ) -> Iterator[WatchEvent]:
+        """Watch objects of ours from a resourceVersion; raises Gone when it expired."""
+        w = watch.Watch()
+        kwargs: dict[str, Any] = {
+            "resource_version": resource_version,
+            "timeout_seconds": timeout_seconds,
+            "allow_watch_bookmarks": True,
+        }
+        if namespace:
+            fn: Callable[..., Any] = self._custom.list_namespaced_custom_object
+            args: tuple[Any, ...] = (api.GROUP, api.VERSION, namespace, plural)
+        else:
+            fn = self._custom.list_cluster_custom_object
+            args = (api.GROUP, api.VERSION, plural)
+        try:
+            for event in w.stream(fn, *args, **kwargs):
+                obj = event["object"]
+                if event["type"] == "ERROR":
+                    code = int(obj.get("code", 500)) if isinstance(obj, dict) else 500
+                    raise (Gone if code == 410 else KubeError)(code, str(obj))
+                yield WatchEvent(event["type"], obj)
+        except ApiException as exc:
+            raise _wrap(exc) from exc
+        finally:
+            w.stop()
+
+    def create_object(self, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST an object of ours; Conflict when it exists."""
+        return self._json(
+            self._custom.create_namespaced_custom_object,
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            plural,
+            body,
+        )
+
+    def write_status(
+        self, plural: str, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> dict[str, Any]:
+        """Set .status whole, only if the object is still at resource_version (else Conflict)."""
+        body = [
+            {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
+            {"op": "add", "path": "/status", "value": status},
+        ]
+        return self._json(
+            self._custom.patch_namespaced_custom_object_status,
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            plural,
+            name,
+            body,
+            _content_type="application/json-patch+json",
+        )
+
+    def merge_patch(
+        self, plural: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch spec or metadata of an object of ours."""
+        return self._json(
+            self._custom.patch_namespaced_custom_object,
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            plural,
+            name,
+            patch,
+            _content_type="application/merge-patch+json",
+        )
+
+    def delete_object(self, plural: str, namespace: str, name: str) -> None:
+        """DELETE an object of ours (its children go with it: ownerReferences)."""
+        self._call(
+            self._custom.delete_namespaced_custom_object,
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            plural,
+            name,
+            body=client.V1DeleteOptions(propagation_policy="Background"),
+        )
+
+    def _json(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call without the client's slow model deserialisation; parse the JSON body."""
+        response = self._call(fn, *args, _preload_content=False, **kwargs)
+        return json.loads(response.data)
+
     # Secrets, events
 
     def read_secret(self, namespace: str, name: str) -> dict[str, bytes]:
@@ -196,7 +319,7 @@ class KubeClient:
     def create_event(
         self, obj: dict[str, Any], reason: str, message: str, warning: bool, component: str
     ) -> None:
-        """Record a core/v1 Event about a ClusterVersion."""
+        """Record a core/v1 Event about an object of ours (ClusterVersion, UpdateRun...)."""
         meta = obj["metadata"]
         now = datetime.now(UTC)
         body = client.CoreV1Event(
@@ -204,8 +327,8 @@ class KubeClient:
                 generate_name=f"{meta['name']}.", namespace=meta["namespace"]
             ),
             involved_object=client.V1ObjectReference(
-                api_version=api.API_VERSION,
-                kind=api.KIND,
+                api_version=obj.get("apiVersion", api.API_VERSION),
+                kind=obj.get("kind", api.KIND),
                 name=meta["name"],
                 namespace=meta["namespace"],
                 uid=meta.get("uid"),
