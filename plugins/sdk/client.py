@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import grpc
+from google.rpc import error_details_pb2  # type: ignore[import-untyped]
+from grpc_status import rpc_status
 
 from fleetupgrade.plugin.v1 import (
     cluster_pb2,
@@ -22,6 +24,7 @@ from fleetupgrade.plugin.v1 import (
     identity_pb2,
     identity_pb2_grpc,
 )
+from plugins.sdk.errors import ERROR_DOMAIN
 from plugins.sdk.interceptors import CALLER_METADATA_KEY, OPERATION_ID_METADATA_KEY
 
 __all__ = [
@@ -29,10 +32,13 @@ __all__ = [
     "MUTATING_RPCS",
     "RPC_CAPABILITIES",
     "ClientTLS",
+    "ErrorDetails",
     "GateWatch",
+    "OperationChangeWatch",
     "OperationWatch",
     "PluginCallError",
     "PluginClient",
+    "error_details",
     "is_retryable",
     "supports",
 ]
@@ -48,6 +54,7 @@ DEFAULT_TIMEOUTS: Mapping[str, float] = {
     "UpgradeControlPlane": 10.0,
     "UpgradeNodePool": 10.0,
     "GetOperation": 5.0,
+    "PreflightUpgrade": 10.0,
     "CheckWorkloads": 30.0,
     "QueryMetric": 30.0,
     "ListGates": 30.0,
@@ -72,6 +79,7 @@ RPC_CAPABILITIES: Mapping[str, frozenset[int]] = {
     "UpgradeNodePool": frozenset({_CAP.PLUGIN_CAPABILITY_UPGRADE_NODE_POOL}),
     "GetOperation": _OPERATION_CAPS,
     "WatchOperations": _OPERATION_CAPS,
+    "PreflightUpgrade": frozenset({_CAP.PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE}),
     "CheckWorkloads": frozenset({_CAP.PLUGIN_CAPABILITY_CHECK_WORKLOADS}),
     "QueryMetric": frozenset({_CAP.PLUGIN_CAPABILITY_QUERY_METRIC}),
     "ListGates": frozenset({_CAP.PLUGIN_CAPABILITY_GATES}),
@@ -139,7 +147,13 @@ def supports(capabilities: frozenset[int], rpc: str) -> bool:
 
 
 class PluginCallError(Exception):
-    """A plugin RPC failed; code and retryable say what the caller does next."""
+    """A plugin RPC failed; code, reason, retryable and retry_after say what to do next.
+
+    reason, domain and metadata come from the google.rpc.ErrorInfo the plugin sent ("" and {}
+    when it sent none). retryable is True when the code table says a repeat can help
+    (is_retryable) or the plugin sent a google.rpc.RetryInfo; retry_after is that RetryInfo's
+    delay in seconds (None when the plugin sent none; 0.0 means "use your own backoff").
+    """
 
     def __init__(
         self,
@@ -149,15 +163,63 @@ class PluginCallError(Exception):
         *,
         plugin: str = "",
         operation_id: str = "",
+        reason: str = "",
+        domain: str = "",
+        metadata: Mapping[str, str] | None = None,
+        retry_after: float | None = None,
     ) -> None:
         self.rpc = rpc
         self.code = code
         self.message = message
         self.plugin = plugin
-        self.operation_id = operation_id  # the in-flight operation of an ABORTED answer
-        self.retryable = is_retryable(rpc, code)
+        self.reason = reason
+        self.domain = domain
+        self.metadata: dict[str, str] = dict(metadata or {})
+        # The in-flight operation of an ABORTED answer (trailing metadata, or ErrorInfo).
+        self.operation_id = operation_id or self.metadata.get("operation_id", "")
+        self.retry_after = retry_after
+        self.retryable = is_retryable(rpc, code) or retry_after is not None
         where = f"{plugin} {rpc}" if plugin else rpc
         super().__init__(f"{where}: {code.name}: {message}")
+
+    @property
+    def contract_reason(self) -> str:
+        """reason when it is one of the contract's (domain fleetupgrade.io), else ""."""
+        return self.reason if self.domain == ERROR_DOMAIN else ""
+
+
+@dataclass(frozen=True)
+class ErrorDetails:
+    """What a failed call's google.rpc.Status details said (empty when it had none)."""
+
+    reason: str = ""
+    domain: str = ""
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    retry_after: float | None = None
+
+
+def error_details(call: Any) -> ErrorDetails:
+    """The ErrorInfo and RetryInfo of a failed grpc call (grpc.RpcError that is a grpc.Call).
+
+    Unreadable or inconsistent details count as none: the code alone then decides.
+    """
+    try:
+        status = rpc_status.from_call(call)
+    except (ValueError, AttributeError, TypeError):
+        return ErrorDetails()
+    if status is None:
+        return ErrorDetails()
+    reason, domain, metadata, retry_after = "", "", {}, None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            if detail.Unpack(info):
+                reason, domain, metadata = info.reason, info.domain, dict(info.metadata)
+        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            retry = error_details_pb2.RetryInfo()
+            if detail.Unpack(retry):
+                retry_after = max(0.0, retry.retry_delay.ToNanoseconds() / 1e9)
+    return ErrorDetails(reason, domain, metadata, retry_after)
 
 
 @dataclass(frozen=True)
@@ -262,6 +324,12 @@ class OperationWatch(_Watch[cluster_pb2.WatchOperationsResponse, cluster_pb2.Ope
     """The WatchOperations stream: yields each updated Operation."""
 
 
+class OperationChangeWatch(
+    _Watch[cluster_pb2.WatchOperationsResponse, cluster_pb2.WatchOperationsResponse]
+):
+    """The WatchOperations stream: yields each response (operation, revision, resync)."""
+
+
 class GateWatch(_Watch[gate_pb2.WatchGatesResponse, gate_pb2.WatchGatesResponse]):
     """The WatchGates stream: yields each WatchGatesResponse (event type + gate)."""
 
@@ -333,12 +401,17 @@ class PluginClient:
     def _error(self, rpc: str, exc: grpc.RpcError) -> PluginCallError:
         code = exc.code()
         trailing: Any = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else ()
+        details = error_details(exc)
         return PluginCallError(
             rpc,
             code,
             exc.details() or "",
             plugin=self.plugin_name,
             operation_id=_metadata_value(trailing, OPERATION_ID_METADATA_KEY),
+            reason=details.reason,
+            domain=details.domain,
+            metadata=details.metadata,
+            retry_after=details.retry_after,
         )
 
     def _unary(self, rpc: str, method: grpc.UnaryUnaryMultiCallable[Any, R], request: Any) -> R:
@@ -461,6 +534,46 @@ class PluginClient:
         )
         call = self._cluster.WatchOperations(request, metadata=self._metadata)
         return OperationWatch(self, "WatchOperations", call, _operation_of)
+
+    def watch_operation_changes(
+        self,
+        cluster_ids: Sequence[str] = (),
+        *,
+        since_revision: int = 0,
+        include_in_flight: bool = True,
+    ) -> OperationChangeWatch:
+        """Streams WatchOperationsResponse (operation, revision, resync) until cancel().
+
+        Pass the last revision seen as since_revision to resume after a disconnect: the
+        plugin replays what changed since, or answers resync=True on the first response
+        (then re-read what you care about with GetOperation).
+        """
+        request = cluster_pb2.WatchOperationsRequest(
+            cluster_ids=list(cluster_ids),
+            include_in_flight=include_in_flight,
+            since_revision=since_revision,
+        )
+        call = self._cluster.WatchOperations(request, metadata=self._metadata)
+        return OperationChangeWatch(self, "WatchOperations", call, _identity)
+
+    def preflight_upgrade(
+        self,
+        cluster_id: str,
+        control_plane_version: str = "",
+        node_pool_versions: Mapping[str, str] | None = None,
+    ) -> cluster_pb2.PreflightUpgradeResponse:
+        """Whether the plugin would accept upgrading the cluster to these versions now.
+
+        Read-only: starts nothing. Needs PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE (UNIMPLEMENTED
+        otherwise). The verdict is ACCEPTED, REFUSED_LATER (retry_after_seconds) or
+        REFUSED_NEVER, with reason_code and message when refused.
+        """
+        request = cluster_pb2.PreflightUpgradeRequest(
+            cluster_id=cluster_id,
+            control_plane_version=control_plane_version,
+            node_pool_versions=dict(node_pool_versions or {}),
+        )
+        return self._unary("PreflightUpgrade", self._cluster.PreflightUpgrade, request)
 
     # -- HealthService -------------------------------------------------------------------
 

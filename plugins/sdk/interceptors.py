@@ -11,9 +11,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import grpc
+from grpc_status import rpc_status
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
-from plugins.sdk.errors import PluginError, Unimplemented
+from plugins.sdk.errors import PluginError, Reason, Unimplemented, status_proto
 
 __all__ = [
     "CALLER_METADATA_KEY",
@@ -21,6 +22,7 @@ __all__ = [
     "JsonFormatter",
     "RpcInterceptor",
     "RpcMetrics",
+    "abort_with_details",
     "rpc_metrics",
 ]
 
@@ -121,6 +123,49 @@ def _caller(details: grpc.HandlerCallDetails) -> str:
     return ""
 
 
+class _RichStatus(grpc.Status):
+    """A status with google.rpc.Status details (and any extra trailing metadata)."""
+
+    def __init__(
+        self, code: grpc.StatusCode, details: str, trailing_metadata: tuple[tuple[str, Any], ...]
+    ) -> None:
+        self.code = code
+        self.details = details
+        self.trailing_metadata = trailing_metadata
+
+
+def abort_with_details(
+    context: grpc.ServicerContext,
+    code: grpc.StatusCode,
+    message: str,
+    *,
+    reason: str,
+    metadata: Mapping[str, str] | None = None,
+    retry_after: float | None = None,
+    retryable: bool = False,
+    extra_trailing: tuple[tuple[str, str], ...] = (),
+) -> None:
+    """Ends the RPC with code and message, google.rpc.ErrorInfo and (retryable) RetryInfo."""
+    rich = status_proto(
+        code,
+        message,
+        reason=reason,
+        metadata=metadata,
+        retry_after=retry_after,
+        retryable=retryable,
+    )
+    _abort_status(context, rich, extra_trailing)
+
+
+def _abort_status(
+    context: grpc.ServicerContext, rich: Any, extra_trailing: tuple[tuple[str, str], ...] = ()
+) -> None:
+    packed = rpc_status.to_status(rich)
+    context.abort_with_status(
+        _RichStatus(packed.code, packed.details, (*extra_trailing, *packed.trailing_metadata))
+    )
+
+
 def _context_code(context: grpc.ServicerContext) -> grpc.StatusCode | None:
     """The code the servicer set on the context itself (set_code or abort), if any."""
     getter = getattr(context, "code", None)
@@ -161,20 +206,26 @@ class _Call:
         if isinstance(exc, PluginError):
             self.finish(exc.code, exc.message)
             operation_id = getattr(exc, "operation_id", "")
-            if operation_id:
-                context.set_trailing_metadata(((OPERATION_ID_METADATA_KEY, operation_id),))
-            context.abort(exc.code, exc.message)
+            extra = ((OPERATION_ID_METADATA_KEY, operation_id),) if operation_id else ()
+            _abort_status(context, exc.status(), extra)
         preset = _context_code(context)
         if isinstance(exc, NotImplementedError) and preset in (None, grpc.StatusCode.UNIMPLEMENTED):
             # The generated base servicer: set_code(UNIMPLEMENTED) + NotImplementedError.
             self.finish(grpc.StatusCode.UNIMPLEMENTED, "method not implemented")
-            context.abort(grpc.StatusCode.UNIMPLEMENTED, "method not implemented")
+            abort_with_details(
+                context,
+                grpc.StatusCode.UNIMPLEMENTED,
+                "method not implemented",
+                reason=Reason.NOT_IMPLEMENTED,
+            )
         if preset is not None and preset is not grpc.StatusCode.OK:
             # The servicer called context.abort itself: its status stands.
             self.finish(preset)
             raise exc
         self.finish(grpc.StatusCode.INTERNAL, _INTERNAL_MESSAGE, exc)
-        context.abort(grpc.StatusCode.INTERNAL, _INTERNAL_MESSAGE)
+        abort_with_details(
+            context, grpc.StatusCode.INTERNAL, _INTERNAL_MESSAGE, reason=Reason.INTERNAL
+        )
 
 
 def _refuse_unary(message: str) -> Callable[[Any, grpc.ServicerContext], Any]:

@@ -11,6 +11,7 @@ from typing import Protocol
 import grpc
 
 from fleetupgrade.plugin.v1 import cluster_pb2, cluster_pb2_grpc, health_pb2, health_pb2_grpc
+from plugins.sdk.errors import InvalidArgument, Unimplemented
 from plugins.sdk.interceptors import CALLER_METADATA_KEY
 from plugins.sdk.validate import check_version, require, require_all, require_request_id
 
@@ -20,6 +21,7 @@ __all__ = [
     "ClusterServicer",
     "HealthBackend",
     "HealthServicer",
+    "PreflightBackend",
     "caller_of",
 ]
 
@@ -74,6 +76,20 @@ class ClusterBackend(Protocol):
     ) -> Iterable[cluster_pb2.Operation]: ...
 
 
+class PreflightBackend(Protocol):
+    """The optional method of a ClusterBackend that answers PreflightUpgrade.
+
+    Gets the request checked (cluster_id set, versions parse, at least one target) and
+    answers a verdict (plugins/sdk/preflight.py builds them); raises NotFound for an unknown
+    cluster or node pool, Unavailable when the provider cannot be asked. It must not start
+    or change anything.
+    """
+
+    def preflight_upgrade(
+        self, cluster_id: str, control_plane_version: str, node_pool_versions: Mapping[str, str], /
+    ) -> cluster_pb2.PreflightUpgradeResponse: ...
+
+
 class HealthBackend(Protocol):
     """What HealthService delegates to, with the request fields already checked."""
 
@@ -91,7 +107,12 @@ def _nothing_before(method: str, context: grpc.ServicerContext) -> None:
 
 
 class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
-    """ClusterService: checks the fields the contract makes REQUIRED, then asks the backend."""
+    """ClusterService: checks the fields the contract makes REQUIRED, then asks the backend.
+
+    PreflightUpgrade goes to the backend's optional preflight_upgrade (PreflightBackend);
+    without one it answers UNIMPLEMENTED (declare PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE only
+    with it).
+    """
 
     def __init__(self, backend: ClusterBackend, before: BeforeCall | None = None) -> None:
         self._backend = backend
@@ -170,6 +191,34 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
             require(f"cluster_ids[{index}]", cluster_id)
         for op in self._backend.watch_operations(cluster_ids, request.include_in_flight, context):
             yield cluster_pb2.WatchOperationsResponse(operation=op)
+
+    def PreflightUpgrade(
+        self, request: cluster_pb2.PreflightUpgradeRequest, context: grpc.ServicerContext
+    ) -> cluster_pb2.PreflightUpgradeResponse:
+        self._before("PreflightUpgrade", context)
+        cluster_id = require("cluster_id", request.cluster_id)
+        control_plane = request.control_plane_version
+        if control_plane:
+            check_version("control_plane_version", control_plane)
+        pools: dict[str, str] = {}
+        for name in sorted(request.node_pool_versions):
+            if not name:
+                raise InvalidArgument(
+                    "node_pool_versions", "has an empty node pool name; use names from node_pools"
+                )
+            pools[name] = check_version(
+                f"node_pool_versions[{name}]", request.node_pool_versions[name]
+            )
+        if not control_plane and not pools:
+            raise InvalidArgument(
+                "control_plane_version",
+                "must not be empty when node_pool_versions is empty; set the target version(s)",
+            )
+        preflight = getattr(self._backend, "preflight_upgrade", None)
+        if preflight is None:
+            raise Unimplemented("PreflightUpgrade is not implemented by this plugin")
+        response: cluster_pb2.PreflightUpgradeResponse = preflight(cluster_id, control_plane, pools)
+        return response
 
 
 class HealthServicer(health_pb2_grpc.HealthServiceServicer):

@@ -23,8 +23,8 @@ from fleetupgrade.plugin.v1 import (
     identity_pb2,
     identity_pb2_grpc,
 )
-from plugins.sdk import validate, versions
-from plugins.sdk.errors import FailedPrecondition, InvalidArgument, NotFound
+from plugins.sdk import preflight, validate, versions
+from plugins.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
 from plugins.sdk.operations import OperationStore
 from plugins.sdk.server import (
     PluginServicers,
@@ -275,6 +275,37 @@ class EchoCluster(cluster_pb2_grpc.ClusterServiceServicer):
     ) -> Iterator[cluster_pb2.WatchOperationsResponse]:
         for op in self.store.watch(request.cluster_ids, request.include_in_flight, context):
             yield cluster_pb2.WatchOperationsResponse(operation=op)
+
+    def PreflightUpgrade(
+        self, request: cluster_pb2.PreflightUpgradeRequest, context: grpc.ServicerContext
+    ) -> cluster_pb2.PreflightUpgradeResponse:
+        # The same rules as _mutate: a busy cluster is refused for now, a node pool newer
+        # than its control plane never.
+        if not request.control_plane_version and not request.node_pool_versions:
+            raise InvalidArgument(
+                "control_plane_version", "must not be empty when node_pool_versions is empty"
+            )
+        cluster = self.fleet.get(request.cluster_id)
+        if request.control_plane_version:
+            validate.check_version("control_plane_version", request.control_plane_version)
+        control_plane = request.control_plane_version or cluster.control_plane_version
+        pools = {p.name for p in cluster.node_pools}
+        for name, version in sorted(request.node_pool_versions.items()):
+            validate.check_version(f"node_pool_versions[{name}]", version)
+            if name not in pools:
+                raise NotFound(f"node pool {name} not found in cluster {cluster.id}")
+            if versions.is_newer(version, control_plane):
+                return preflight.refused_never(
+                    Reason.NODE_POOL_AHEAD_OF_CONTROL_PLANE,
+                    f"node pool {name} at {version} would be newer than the control plane "
+                    f"{control_plane}; upgrade the control plane first",
+                )
+        busy = self.store.in_flight(cluster.id)
+        if busy is not None:
+            return preflight.refused_later(
+                Reason.CLUSTER_BUSY, f"operation {busy.id} is in flight", self.op_seconds
+            )
+        return preflight.accepted()
 
 
 class EchoHealth(health_pb2_grpc.HealthServiceServicer):

@@ -57,6 +57,9 @@ def _cluster(channel: grpc.Channel) -> dict[str, Callable[[float], object]]:
         "WatchOperations": lambda t: list(
             stub.WatchOperations(cluster_pb2.WatchOperationsRequest(), timeout=t)
         ),
+        "PreflightUpgrade": lambda t: stub.PreflightUpgrade(
+            cluster_pb2.PreflightUpgradeRequest(), timeout=t
+        ),
     }
 
 
