@@ -17,7 +17,7 @@ import yaml
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.legacy._gen import plugin_pb2
 from plugins.legacy.upstream import Upstream, UpstreamError
-from plugins.sdk.errors import NotFound, Unavailable
+from plugins.sdk.errors import NotFound, Reason, Unavailable
 from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
 
 __all__ = ["Inventory", "Observed", "load_clusters_file"]
@@ -137,7 +137,8 @@ class Inventory:
         if cluster_id not in self._labels:
             raise NotFound(
                 f"cluster {cluster_id} is not in the bridge's inventory; add it with --cluster "
-                "or --clusters-file"
+                "or --clusters-file",
+                reason=Reason.CLUSTER_NOT_FOUND,
             )
 
     def observe(self, cluster_id: str) -> Observed:

@@ -27,7 +27,7 @@ from plugins.legacy._gen import plugin_pb2
 from plugins.legacy.inventory import Inventory, Observed
 from plugins.legacy.state import BridgeState, UpstreamRef
 from plugins.legacy.upstream import UpstreamError
-from plugins.sdk.errors import Conflict, NotFound, PluginError, Unavailable
+from plugins.sdk.errors import Conflict, NotFound, PluginError, Reason, Unavailable
 from plugins.sdk.operations import TERMINAL_STATES, OperationStore, kind_name
 
 __all__ = ["Ask", "BridgeOperations", "Operations", "Poller"]
@@ -163,7 +163,8 @@ class Operations:
             if any(rid == request_id for rid, _ in self._claims.values()):
                 raise Unavailable(
                     f"request {request_id} is being sent to the upstream plugin now; retry "
-                    "shortly with the same request_id"
+                    "shortly with the same request_id",
+                    retry_after=1.0,
                 )
             if holder is not None:
                 raise Conflict(
@@ -187,7 +188,8 @@ class Operations:
             pools = ", ".join(p.nodePoolID for p in observed.version.nodePools) or "none"
             raise NotFound(
                 f"cluster {ask.cluster_id} has no node pool {ask.node_pool} (the upstream "
-                f"plugin lists: {pools}); pass one of them"
+                f"plugin lists: {pools}); pass one of them",
+                reason=Reason.NODE_POOL_NOT_FOUND,
             )
         return observed
 

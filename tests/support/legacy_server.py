@@ -20,6 +20,7 @@ What the model does mirrors what the original expects of a plugin server:
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent import futures
@@ -82,6 +83,8 @@ class LegacyModel:
     started: list[Started] = field(default_factory=list)
     fail_types: set[tuple[str, str]] = field(default_factory=set)  # (type, cluster) fails once
     refuse: dict[str, grpc.StatusCode] = field(default_factory=dict)  # rpc → code, every call
+    delay: dict[str, float] = field(default_factory=dict)  # rpc → seconds before it acts
+    peers: set[str] = field(default_factory=set)  # client addresses seen (one per connection)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def tick(self) -> None:
@@ -170,6 +173,11 @@ class LegacyServicer(plugin_pb2_grpc.ClusterServicer):
         self.model = model
 
     def _check(self, rpc: str, context: grpc.ServicerContext) -> None:
+        with self.model.lock:
+            self.model.peers.add(context.peer())
+        pause = self.model.delay.get(rpc)
+        if pause:
+            time.sleep(pause)  # a slow plugin server: the work starts after the pause
         code = self.model.refuse.get(rpc)
         if code is not None:
             context.abort(code, f"{rpc} refused by the test")
