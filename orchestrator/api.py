@@ -14,16 +14,24 @@ from pydantic.alias_generators import to_camel
 __all__ = [
     "ANNOTATION_APPROVE_STAGES",
     "ANNOTATION_RETRY_CLUSTERS",
+    "ANNOTATION_SKIP_CLUSTERS",
     "API_VERSION",
+    "CLUSTER_UPGRADE_KIND",
+    "CLUSTER_UPGRADE_PLURAL",
     "GROUP",
     "KIND",
+    "LABEL_CLUSTER_VERSION",
+    "LABEL_RUN",
     "PLURAL",
+    "UPDATE_RUN_KIND",
+    "UPDATE_RUN_PLURAL",
     "VERSION",
     "Approval",
     "CheckResult",
-    "ClusterPhase",
     "ClusterSpec",
-    "ClusterStatusEntry",
+    "ClusterUpgradeSpec",
+    "ClusterUpgradeStatus",
+    "ClusterVersionRef",
     "ClusterVersionSpec",
     "ClusterVersionStatus",
     "Condition",
@@ -38,14 +46,22 @@ __all__ = [
     "OnFailure",
     "OpsEndpoint",
     "RolloutPhase",
+    "RunCounts",
+    "RunPhase",
+    "RunRecord",
+    "RunState",
     "SecretKeyRef",
     "Stage",
     "StagePhase",
     "StageStatus",
+    "StepTimeouts",
     "Strategy",
     "Summary",
     "TLSConfig",
     "ThresholdRange",
+    "UpdateRunSpec",
+    "UpdateRunStatus",
+    "UpgradePhase",
     "WorkloadRef",
     "WorkloadsCheck",
     "parse_duration",
@@ -325,6 +341,19 @@ class Strategy(_Model):
     on_failure: OnFailure = OnFailure.HALT
 
 
+class StepTimeouts(_Model):
+    """Bounds on each kind of step; a step that outlives its bound fails the cluster."""
+
+    service_out: Duration = Field(default="15m", description="ServiceOut operations.")
+    control_plane: Duration = Field(default="90m", description="Control-plane upgrades.")
+    node_pool: Duration = Field(default="90m", description="Each node-pool upgrade.")
+    service_in: Duration = Field(default="15m", description="ServiceIn operations.")
+    ready: Duration = Field(
+        default="30m",
+        description="Waiting for the cluster to become available and its pools ready.",
+    )
+
+
 class ClusterVersionSpec(_Model):
     """Desired versions for a fleet and how to get there."""
 
@@ -338,6 +367,9 @@ class ClusterVersionSpec(_Model):
     clusters: list[ClusterSpec] | None = None
     strategy: Strategy | None = None
     health_checks: HealthChecks | None = None
+    timeouts: StepTimeouts | None = Field(
+        default=None, description="Bounds on each kind of step (defaults in StepTimeouts)."
+    )
 
     @field_validator("clusters")
     @classmethod
@@ -350,19 +382,6 @@ class ClusterVersionSpec(_Model):
                 )
             seen.add(cluster.id)
         return value
-
-
-class ClusterPhase(StrEnum):
-    """Where one cluster stands in the rollout."""
-
-    PENDING = "Pending"
-    SERVICING_OUT = "ServicingOut"
-    UPGRADING_CONTROL_PLANE = "UpgradingControlPlane"
-    UPGRADING_NODE_POOLS = "UpgradingNodePools"
-    VERIFYING = "Verifying"
-    SERVICING_IN = "ServicingIn"
-    UPGRADED = "Upgraded"
-    FAILED = "Failed"
 
 
 class StagePhase(StrEnum):
@@ -420,21 +439,6 @@ class HealthState(_Model):
     results: list[CheckResult] | None = None
 
 
-class ClusterStatusEntry(_Model):
-    """Progress of one cluster that is not at rest (in flight, failed or waiting)."""
-
-    id: str
-    phase: ClusterPhase
-    stage: str | None = None
-    operation_id: str | None = None
-    request_id: str | None = None
-    step: str | None = Field(default=None, description="The step in flight, e.g. nodePool/pool-a.")
-    attempt: int = 0
-    message: str | None = None
-    last_transition_time: str | None = None
-    health: HealthState | None = None
-
-
 class StageStatus(_Model):
     """Summary of one stage."""
 
@@ -459,34 +463,34 @@ class Summary(_Model):
     by_phase: dict[str, int] | None = None
 
 
+class RunRecord(_Model):
+    """One UpdateRun of a ClusterVersion, as its history lists it."""
+
+    name: str
+    phase: str | None = None
+    start_time: str | None = None
+    end_time: str | None = None
+    message: str | None = None
+
+
 class ClusterVersionStatus(_Model):
-    """Observed state; small at any fleet size."""
+    """The current run's summary and the recent runs; small at any fleet size.
+
+    Per-cluster progress lives on ClusterUpgrade objects (`kubectl get clusterupgrades -l
+    multicluster-ops.io/update-run=RUN`).
+    """
 
     observed_generation: int | None = None
     phase: RolloutPhase | None = None
+    message: str | None = None
+    current_run: str | None = None
     current_stage: str | None = None
     summary: Summary | None = None
     stages: list[StageStatus] | None = None
-    clusters: list[ClusterStatusEntry] | None = Field(
-        default=None,
-        description="Clusters needing attention (failed, waiting, retried) and a sample of "
-        "those in flight, with their operation and message.",
-    )
-    in_flight: dict[str, list[str]] | None = Field(
-        default=None,
-        description="Every other cluster in flight, by phase (ids only, to stay small).",
+    runs: list[RunRecord] | None = Field(
+        default=None, description="Recent runs, newest first (bounded by --run-history)."
     )
     conditions: list[Condition] | None = None
-
-    def entries(self) -> dict[str, ClusterStatusEntry]:
-        """Every cluster not at rest: the detailed entries plus the compact in-flight ids."""
-        out = {
-            cid: ClusterStatusEntry(id=cid, phase=ClusterPhase(phase))
-            for phase, ids in (self.in_flight or {}).items()
-            for cid in ids
-        }
-        out.update((e.id, e) for e in self.clusters or [])
-        return out
 
 
 # --- UpdateRun and ClusterUpgrade (DESIGN.md "Rollout objects") --------------------------------
@@ -526,19 +530,6 @@ class UpgradePhase(StrEnum):
     BLOCKED = "Blocked"
     #: Not upgraded by this run: already at target, gone from the inventory, skipped by a person.
     SKIPPED = "Skipped"
-
-
-class StepTimeouts(_Model):
-    """Bounds on each kind of step; a step that outlives its bound fails the cluster."""
-
-    service_out: Duration = Field(default="15m", description="ServiceOut operations.")
-    control_plane: Duration = Field(default="90m", description="Control-plane upgrades.")
-    node_pool: Duration = Field(default="90m", description="Each node-pool upgrade.")
-    service_in: Duration = Field(default="15m", description="ServiceIn operations.")
-    ready: Duration = Field(
-        default="30m",
-        description="Waiting for the cluster to become available and its pools ready.",
-    )
 
 
 class ClusterVersionRef(_Model):

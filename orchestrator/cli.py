@@ -19,8 +19,8 @@ from orchestrator import api
 from orchestrator.crd import crd_yaml
 from orchestrator.fleet import OpKind
 from orchestrator.metrics import Metrics
-from orchestrator.reconcile import cluster_from_pb
-from orchestrator.simulate import ModelFleet, simulate
+from orchestrator.provider import cluster_from_pb
+from orchestrator.simulate import ModelFleet, Rollout, simulate
 from orchestrator.validate import parse_spec, validate_spec
 
 __all__ = ["main"]
@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         "--sync-period-seconds",
         type=float,
         default=30.0,
-        help="re-reconcile every ClusterVersion this often (default 30)",
+        help="re-reconcile every ClusterVersion and UpdateRun this often (default 30)",
     )
     run.add_argument(
         "--metrics-addr",
@@ -68,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
         "--leader-election-namespace", default=os.environ.get("POD_NAMESPACE", "default")
     )
     run.add_argument("--leader-election-id", default="fleet-orchestrator")
+    run.add_argument(
+        "--run-history",
+        type=int,
+        default=10,
+        help="finished UpdateRuns kept per ClusterVersion (default 10)",
+    )
     run.add_argument("--identity", default=None, help="this replica's name (default: host-uuid)")
     run.add_argument("--debug", action="store_true", help="debug logging")
     run.add_argument(
@@ -121,9 +127,11 @@ def _run(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server  # noqa: PLC0415
 
     from orchestrator.controller import Controller  # noqa: PLC0415
+    from orchestrator.driver import Fence  # noqa: PLC0415
     from orchestrator.gates import GateLoop, PluginEndpoint, parse_plugin_flag  # noqa: PLC0415
     from orchestrator.kube import KubeClient  # noqa: PLC0415
     from orchestrator.leader import LeaderElector  # noqa: PLC0415
+    from orchestrator.runs import AlwaysLeader  # noqa: PLC0415
     from plugins.sdk.client import ClientTLS  # noqa: PLC0415
 
     logging.basicConfig(
@@ -150,6 +158,8 @@ def _run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    elector: LeaderElector | None = None
+    fence: Fence = AlwaysLeader()
     if args.enable_leader_election:
         elector = LeaderElector(
             kube, args.leader_election_namespace, args.leader_election_id, identity
@@ -162,8 +172,16 @@ def _run(args: argparse.Namespace) -> int:
             stop.set()
 
         elector.keep(stop, on_lost)
+        fence = elector
     controller = Controller(
-        kube, metrics, args.namespace, args.sync_period_seconds, identity, stop=stop
+        kube,
+        metrics,
+        args.namespace,
+        args.sync_period_seconds,
+        identity,
+        fence=fence,
+        history=args.run_history,
+        stop=stop,
     )
     tls = None
     if args.plugin_tls_ca or args.plugin_tls_cert:
@@ -180,6 +198,8 @@ def _run(args: argparse.Namespace) -> int:
     gates.start()
     controller.run()
     gates.join()
+    if elector is not None and not lost.is_set():
+        elector.release()  # SIGTERM: the next replica takes over without waiting for expiry
     code = 0
     if lost.is_set():
         log.error("leadership lost: exiting so a new leader takes over")
@@ -225,36 +245,33 @@ def _plan(args: argparse.Namespace) -> int:
         else frozenset()
     )
     outcome = simulate(fleet, spec, approved=approved)
-    print(_render(spec, fleet, outcome.last.status, outcome.seconds, outcome.settled))
-    return 0 if not outcome.last.problems else 2
+    if outcome.problems:
+        for text in outcome.problems:
+            print(f"invalid: {text}", file=sys.stderr)
+        return 2
+    print(_render(spec, fleet, outcome))
+    return 0
 
 
-def _render(
-    spec: api.ClusterVersionSpec,
-    fleet: ModelFleet,
-    status: api.ClusterVersionStatus,
-    seconds: float,
-    settled: bool,
-) -> str:
-    if status.phase == api.RolloutPhase.INVALID:
-        problem = next(c for c in status.conditions or [] if c.type == "Ready")
-        return f"invalid: {problem.message}"
+def _render(spec: api.ClusterVersionSpec, fleet: ModelFleet, outcome: Rollout) -> str:
+    seconds, settled = outcome.seconds, outcome.settled
+    decision = outcome.last.decision if outcome.last is not None else None
     waves: dict[float, list[str]] = defaultdict(list)
     for (cid, kind, _, _), at in zip(fleet.started_steps, fleet.started_at, strict=True):
         if kind is OpKind.SERVICE_OUT:
             waves[at].append(cid)
     lines = [f"requiredAvailableCount: {spec.required_available_count}"]
-    for stage in status.stages or []:
+    for stage in outcome.stages:
         lines.append(f"stage {stage.name}: {stage.total} cluster(s)")
     for n, (at, ids) in enumerate(sorted(waves.items()), start=1):
         shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
         lines.append(f"  wave {n} at +{_hms(at)}: {len(ids)} cluster(s): {shown}")
     lines.append(f"lowest available in service: {fleet.min_available_in_service}")
+    phase = decision.phase.value if decision else "Pending"
     if settled:
-        lines.append(f"estimated time: {_hms(seconds)} ({status.phase})")
+        lines.append(f"estimated time: {_hms(seconds)} ({phase})")
     else:
-        ready = next((c for c in status.conditions or [] if c.type == "Ready"), None)
-        lines.append(f"stops after {_hms(seconds)}: {ready.message if ready else status.phase}")
+        lines.append(f"stops after {_hms(seconds)}: {decision.message if decision else phase}")
     return "\n".join(lines)
 
 

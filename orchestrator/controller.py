@@ -1,4 +1,4 @@
-"""The controller loop: watch ClusterVersions, queue keys, reconcile one key at a time."""
+"""The controller loop: caches of our three kinds, one queue, one key reconciled at a time."""
 
 from __future__ import annotations
 
@@ -12,16 +12,22 @@ from typing import Any
 
 from tenacity import RetryCallState, Retrying, wait_exponential, wait_random
 
+from orchestrator import api
+from orchestrator.cache import ObjectCache
+from orchestrator.clusterversion import DEFAULT_HISTORY, ClusterVersionController
+from orchestrator.driver import Fence
 from orchestrator.fleet import OpObs
-from orchestrator.kube import Gone, KubeClient, KubeError
+from orchestrator.kube import KubeClient, KubeError
 from orchestrator.metrics import Metrics
-from orchestrator.plan import Event
-from orchestrator.reconcile import COMPONENT, OperationTracker, PluginPool, Reconciler
+from orchestrator.provider import OperationTracker, PluginPool
+from orchestrator.runs import AlwaysLeader, UpdateRunController
+from orchestrator.secrets import TLSResolver
 
 __all__ = ["Controller", "WorkQueue"]
 
 log = logging.getLogger(__name__)
-Key = tuple[str, str]
+Key = tuple[str, str, str]  # (kind "cv" | "ur", namespace, name)
+COMPONENT = "fleet-orchestrator"
 
 
 class WorkQueue:
@@ -66,132 +72,158 @@ class WorkQueue:
 
 @dataclass
 class Controller:
-    """Runs the reconciler for every ClusterVersion of a namespace (or all namespaces)."""
+    """Runs the ClusterVersion and UpdateRun controllers over one namespace (or all)."""
 
     kube: KubeClient
     metrics: Metrics
     namespace: str | None
     sync_period: float
     caller: str
+    fence: Fence = field(default_factory=AlwaysLeader)
+    history: int = DEFAULT_HISTORY
     queue: WorkQueue = field(default_factory=WorkQueue)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         self.pool = PluginPool(self.metrics, self.caller)
         self.tracker = OperationTracker(self._on_operation_done)
-        self._events: queue.Queue[tuple[dict[str, Any], Event]] = queue.Queue(maxsize=10_000)
-        self.reconciler = Reconciler(
-            self.kube, self.metrics, self.pool, self.tracker, emit_event=self._queue_event
+        self._events: queue.Queue[tuple[dict[str, Any], str, str, bool]] = queue.Queue(
+            maxsize=10_000
         )
-        self._keys: set[Key] = set()
+        ns = self.namespace
+        self.cvs = ObjectCache(self.kube, api.PLURAL, ns, on_change=self._cv_changed)
+        self.runs = ObjectCache(
+            self.kube, api.UPDATE_RUN_PLURAL, ns, api.LABEL_CLUSTER_VERSION, self._run_changed
+        )
+        self.upgrades = ObjectCache(
+            self.kube, api.CLUSTER_UPGRADE_PLURAL, None, api.LABEL_RUN, self._upgrade_changed
+        )
+        self.run_controller = UpdateRunController(
+            self.kube,
+            self.metrics,
+            self.pool,
+            self.tracker,
+            self.upgrades,
+            TLSResolver(self.kube),
+            fence=self.fence,
+            emit_event=self._queue_event,
+        )
+        self.cv_controller = ClusterVersionController(
+            self.kube, self.runs, self.upgrades, history=self.history
+        )
         self._failures: dict[Key, int] = {}
         self._backoff = wait_exponential(multiplier=0.5, max=60.0) + wait_random(0, 0.5)
 
     def run(self) -> None:
         """Run until stop is set."""
         threads = [
-            threading.Thread(target=self._watch_loop, name="watch-cv", daemon=True),
+            threading.Thread(
+                target=self.upgrades.run, args=(self.stop,), name="watch-cu", daemon=True
+            ),
+            threading.Thread(target=self.runs.run, args=(self.stop,), name="watch-ur", daemon=True),
+            threading.Thread(target=self.cvs.run, args=(self.stop,), name="watch-cv", daemon=True),
             threading.Thread(target=self._resync_loop, name="resync", daemon=True),
             threading.Thread(target=self._event_loop, name="events", daemon=True),
         ]
         for thread in threads:
             thread.start()
+        for cache in (self.upgrades, self.runs, self.cvs):  # holdings need the whole picture
+            while not cache.synced.wait(0.5):
+                if self.stop.is_set():
+                    return
+        self._resync()
         try:
             while not self.stop.is_set():
                 key = self.queue.get(timeout=0.5)
-                if key is not None:
+                if key is not None and self.fence.held():
                     self._process(key)
         finally:
             self.tracker.stop()
             self.pool.close()
 
+    def ready(self) -> bool:
+        """Caches synced (the /readyz answer)."""
+        return all(c.synced.is_set() for c in (self.upgrades, self.runs, self.cvs))
+
     def _process(self, key: Key) -> None:
+        kind, ns, name = key
+        started = time.perf_counter()
         try:
-            requeue = self.reconciler.reconcile(*key)
+            if kind == "cv":
+                requeue = self.cv_controller.reconcile(ns, name)
+            else:
+                requeue = self.run_controller.reconcile(ns, name)
+            self.metrics.reconcile_total.labels("success").inc()
         except Exception as err:
+            self.metrics.reconcile_total.labels("error").inc()
             attempt = self._failures.get(key, 0) + 1
             self._failures[key] = attempt
             state = RetryCallState(Retrying(), fn=None, args=(), kwargs={})
             state.attempt_number = attempt
             delay = self._backoff(state)
             log.warning(
-                "reconcile %s/%s failed (attempt %d, retry in %.1fs): %s",
-                key[0],
-                key[1],
+                "reconcile %s %s/%s failed (attempt %d, retry in %.1fs): %s",
+                kind,
+                ns,
+                name,
                 attempt,
                 delay,
                 err,
             )
             self.queue.add(key, delay)
             return
+        finally:
+            self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
         self._failures.pop(key, None)
         if requeue is not None:
             self.queue.add(key, requeue)
 
     def _on_operation_done(self, endpoint: str, op: OpObs) -> None:
-        self.reconciler.count_operation(endpoint, op)
-        for key, used in list(self.reconciler.endpoints.items()):
+        self.run_controller.count_operation(endpoint, op)
+        for (ns, name), used in list(self.run_controller.endpoints.items()):
             if used == endpoint:
-                self.queue.add(key)
+                self.queue.add(("ur", ns, name))
 
-    def _queue_event(self, obj: dict[str, Any], event: Event) -> None:
+    def _cv_changed(self, event: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        self.queue.add(("cv", meta["namespace"], meta["name"]))
+
+    def _run_changed(self, event: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        self.queue.add(("ur", meta["namespace"], meta["name"]))
+        owner = (meta.get("labels") or {}).get(api.LABEL_CLUSTER_VERSION)
+        if owner:
+            self.queue.add(("cv", meta["namespace"], owner))
+
+    def _upgrade_changed(self, event: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        run = (meta.get("labels") or {}).get(api.LABEL_RUN)
+        if run and (self.namespace is None or meta["namespace"] == self.namespace):
+            self.queue.add(("ur", meta["namespace"], run), 0.05)
+
+    def _queue_event(self, obj: dict[str, Any], reason: str, message: str, warning: bool) -> None:
         try:
-            self._events.put_nowait((obj, event))
+            self._events.put_nowait((obj, reason, message, warning))
         except queue.Full:
-            log.warning("event queue full; dropped %s for %s", event.reason, event.cluster_id)
+            log.warning("event queue full; dropped %s", reason)
 
     def _event_loop(self) -> None:
         while not self.stop.is_set():
             try:
-                obj, event = self._events.get(timeout=0.5)
+                obj, reason, message, warning = self._events.get(timeout=0.5)
             except queue.Empty:
                 continue
             try:
-                self.kube.create_event(
-                    obj,
-                    event.reason,
-                    f"{event.cluster_id}: {event.message}",
-                    event.warning,
-                    COMPONENT,
-                )
+                self.kube.create_event(obj, reason, message, warning, COMPONENT)
             except KubeError as err:
                 log.info("event not recorded: %s", err)
 
+    def _resync(self) -> None:
+        for obj in self.cvs.items():
+            self._cv_changed("RESYNC", obj)
+        for obj in self.runs.items():
+            self._run_changed("RESYNC", obj)
+
     def _resync_loop(self) -> None:
         while not self.stop.wait(self.sync_period):
-            for key in list(self._keys):
-                self.queue.add(key)
-
-    def _watch_loop(self) -> None:
-        resource_version = ""
-        delay = 0.5
-        while not self.stop.is_set():
-            try:
-                if not resource_version:
-                    items, resource_version = self.kube.list_cluster_versions(self.namespace)
-                    self._keys = {
-                        (o["metadata"]["namespace"], o["metadata"]["name"]) for o in items
-                    }
-                    for key in self._keys:
-                        self.queue.add(key)
-                for event in self.kube.watch_cluster_versions(self.namespace, resource_version):
-                    meta = event.obj.get("metadata", {})
-                    resource_version = meta.get("resourceVersion", resource_version)
-                    if event.type == "BOOKMARK":
-                        continue
-                    key = (meta["namespace"], meta["name"])
-                    if event.type == "DELETED":
-                        self._keys.discard(key)
-                    else:
-                        self._keys.add(key)
-                    self.queue.add(key)
-                    if self.stop.is_set():
-                        return
-                delay = 0.5
-            except Gone:
-                resource_version = ""  # expired: list again
-            except Exception as err:  # keep watching through API outages
-                log.warning("watch of ClusterVersions failed: %s; retrying in %.1fs", err, delay)
-                resource_version = ""
-                self.stop.wait(delay)
-                delay = min(delay * 2, 30.0)
+            self._resync()

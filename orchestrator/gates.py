@@ -43,7 +43,7 @@ from orchestrator.analysis import Analyzer
 from orchestrator.fleet import ClusterObs
 from orchestrator.health import check_problems, describe, due_in, judge, record
 from orchestrator.metrics import Metrics
-from orchestrator.reconcile import PluginPool
+from orchestrator.provider import PluginPool
 from plugins.sdk.client import ClientTLS, GateWatch, PluginCallError, PluginClient
 
 __all__ = ["GateLoop", "PluginEndpoint", "parse_plugin_flag"]

@@ -346,10 +346,14 @@ class KubeClient:
 
     # Leases
 
-    def get_lease(self, namespace: str, name: str) -> LeaseRecord | None:
+    def get_lease(
+        self, namespace: str, name: str, timeout: float = REQUEST_TIMEOUT_SECONDS
+    ) -> LeaseRecord | None:
         """Read a Lease, or None when absent."""
         try:
-            lease = self._call(self._coord.read_namespaced_lease, name, namespace)
+            lease = self._call(
+                self._coord.read_namespaced_lease, name, namespace, _request_timeout=timeout
+            )
         except NotFound:
             return None
         spec = lease.spec
@@ -371,6 +375,7 @@ class KubeClient:
         acquire_time: datetime,
         renew_time: datetime,
         resource_version: str | None,
+        timeout: float = REQUEST_TIMEOUT_SECONDS,
     ) -> None:
         """Create the Lease (resource_version None) or replace it; Conflict when stale."""
         body = client.V1Lease(
@@ -386,9 +391,17 @@ class KubeClient:
             ),
         )
         if resource_version is None:
-            self._call(self._coord.create_namespaced_lease, namespace, body)
+            self._call(
+                self._coord.create_namespaced_lease, namespace, body, _request_timeout=timeout
+            )
         else:
-            self._call(self._coord.replace_namespaced_lease, name, namespace, body)
+            self._call(
+                self._coord.replace_namespaced_lease,
+                name,
+                namespace,
+                body,
+                _request_timeout=timeout,
+            )
 
     # CRDs (used by the demo and tests to install ours)
 

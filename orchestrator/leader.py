@@ -41,19 +41,67 @@ class LeaderElector:
         )
         self.clock = clock
         self._acquired_at: datetime | None = None
+        self._renewed: float | None = None  # monotonic time of the last successful renewal
+        self._lost = False
+        # Every Lease request is bounded well inside the renew deadline (a 30 s request against
+        # a 15 s lease would let a deposed leader believe it still leads).
+        self.request_timeout = max(1.0, renew_deadline / 2)
+
+    def held(self) -> bool:
+        """True while the last renewal is younger than the renew deadline (the Fence)."""
+        return (
+            not self._lost
+            and self._renewed is not None
+            and time.monotonic() - self._renewed < self.renew_deadline
+        )
+
+    def release(self) -> None:
+        """Give the Lease up at once (SIGTERM): the next replica need not wait for expiry."""
+        if self._renewed is None:
+            return
+        self._lost = True
+        try:
+            record = self.kube.get_lease(self.namespace, self.name, self.request_timeout)
+            if record is None or record.holder != self.identity:
+                return
+            now = self.clock().replace(microsecond=1)
+            self.kube.write_lease(
+                self.namespace,
+                self.name,
+                "",
+                1,
+                record.transitions,
+                self._acquired_at or now,
+                now,
+                record.resource_version,
+                self.request_timeout,
+            )
+            log.info("released the lease %s/%s", self.namespace, self.name)
+        except KubeError as err:
+            log.warning("could not release the lease: %s", err)
 
     def try_acquire_or_renew(self) -> bool:
         """One attempt: True when we hold the lease afterwards."""
         now = self.clock()
         if now.microsecond == 0:  # the client would drop the fraction; MicroTime requires it
             now = now.replace(microsecond=1)
+        started = time.monotonic()
         try:
-            record = self.kube.get_lease(self.namespace, self.name)
+            record = self.kube.get_lease(self.namespace, self.name, self.request_timeout)
             if record is None:
                 self._acquired_at = now
                 self.kube.write_lease(
-                    self.namespace, self.name, self.identity, self.lease_seconds, 0, now, now, None
+                    self.namespace,
+                    self.name,
+                    self.identity,
+                    self.lease_seconds,
+                    0,
+                    now,
+                    now,
+                    None,
+                    self.request_timeout,
                 )
+                self._renewed = started
                 return True
             held_by_other = record.holder not in (None, "", self.identity)
             expired = record.renew_time is None or (
@@ -73,7 +121,9 @@ class LeaderElector:
                 self._acquired_at,
                 now,
                 record.resource_version,
+                self.request_timeout,
             )
+            self._renewed = started
             return True
         except Conflict:
             return False
@@ -99,6 +149,7 @@ class LeaderElector:
                 if self.try_acquire_or_renew():
                     last_ok = time.monotonic()
                 elif time.monotonic() - last_ok > self.renew_deadline:
+                    self._lost = True
                     log.error("lost the lease %s/%s; stopping", self.namespace, self.name)
                     on_lost()
                     return

@@ -58,11 +58,16 @@ class Metrics:
         )
         self.clusters = Gauge(
             "multicluster_controller_clusters",
-            "Clusters per phase, by ClusterVersion.",
+            "Clusters per phase, by UpdateRun.",
             ["namespace", "name", "phase"],
             registry=r,
         )
 
+        self.api_writes = Counter(
+            "multicluster_controller_api_writes",
+            "ClusterUpgrade status writes made by the run controller.",
+            registry=r,
+        )
         self.health_checks = Counter(
             "multicluster_controller_health_check",
             "Health check evaluations by check and result.",

@@ -1,25 +1,23 @@
-"""A what-if rollout: the real planner driven against an in-memory fleet on a simulated clock."""
+"""A what-if rollout: the real run driver and engine against an in-memory fleet on a simulated
+clock (`fleet-orchestrator plan`). Health checks are assumed to pass when evaluated."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from orchestrator import api
+from orchestrator.driver import RunDriver, StepResult
+from orchestrator.engine import Call, Preflight, Upgrade, Verdict, with_status
 from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, Snapshot
-from orchestrator.plan import Action, Plan, PlanInput, compact_entries, plan
+from orchestrator.initialize import pin_upgrades
 
 __all__ = ["T0", "ModelFleet", "Rollout", "simulate"]
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 _TERMINAL = frozenset(
-    {
-        api.RolloutPhase.COMPLETED,
-        api.RolloutPhase.HALTED,
-        api.RolloutPhase.FAILED,
-        api.RolloutPhase.INVALID,
-    }
+    {api.RunPhase.SUCCEEDED, api.RunPhase.FAILED, api.RunPhase.HALTED, api.RunPhase.INVALID}
 )
 
 
@@ -40,12 +38,29 @@ class ModelFleet:
     def __post_init__(self) -> None:
         self.observe()
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, cluster_ids: Sequence[str] = ()) -> Snapshot:
         """What ListClusters and the operation watch would show now."""
         return Snapshot(dict(self.clusters), {op.request_id: op for op in self.ops.values()})
 
-    def execute(self, action: Action, now: float) -> OpObs:
-        """Start (or, for a known request id, return) the operation of an action."""
+    now: float = 0.0
+
+    # -- the driver's Provider ------------------------------------------------------------
+
+    @property
+    def supports_preflight(self) -> bool:
+        """The model accepts every upgrade (what-if assumes the provider agrees)."""
+        return True
+
+    def preflight(self, cluster_id: str, version: str, pools: Mapping[str, str]) -> Preflight:
+        """Always accepted."""
+        return Preflight(Verdict.ACCEPTED, T0 + timedelta(seconds=self.now))
+
+    def call(self, call: Call) -> OpObs:
+        """One mutating call at the current simulated time."""
+        return self.execute(call, self.now)
+
+    def execute(self, action: Call, now: float) -> OpObs:
+        """Start (or, for a known request id, return) the operation of a call."""
         if action.request_id in self.by_request:
             return self.ops[self.by_request[action.request_id]]
         cluster = self.clusters[action.cluster_id]
@@ -117,13 +132,40 @@ class ModelFleet:
 
 
 @dataclass
+class _Store:
+    """In-memory ClusterUpgrades (the what-if has no apiserver)."""
+
+    upgrades: dict[str, Upgrade]
+
+    def write_upgrade_status(self, upgrade: Upgrade, status: api.ClusterUpgradeStatus) -> None:
+        self.upgrades[upgrade.name] = with_status(self.upgrades[upgrade.name], status)
+
+
+class _Passing:
+    """Every check passes (the what-if's assumption)."""
+
+    def evaluate(
+        self, checks: api.HealthChecks, clusters: Sequence[ClusterObs], stage: str
+    ) -> list[api.CheckResult]:
+        return [api.CheckResult(name=c.name, passed=True) for c in checks.checks]
+
+
+class _Leader:
+    def held(self) -> bool:
+        return True
+
+
+@dataclass
 class Rollout:
     """The outcome of a simulated rollout."""
 
-    last: Plan
+    last: StepResult | None
     seconds: float
     rounds: int
     settled: bool
+    upgrades: Mapping[str, Upgrade] = field(default_factory=dict)
+    stages: Sequence[api.StageStatus] = ()
+    problems: Sequence[str] = ()
 
 
 def simulate(
@@ -134,38 +176,43 @@ def simulate(
     uid: str = "sim",
     horizon_seconds: float = 30 * 86400.0,
 ) -> Rollout:
-    """Plan, act and jump to the next completion until the rollout settles or stalls."""
-    status: api.ClusterVersionStatus | None = None
-    now = 0.0
-    last: Plan | None = None
+    """Decide, act and jump to the next event until the rollout settles or stalls."""
+    run_spec = api.UpdateRunSpec(
+        required_available_count=spec.required_available_count,
+        ops_endpoint=spec.ops_endpoint,
+        version=spec.version,
+        clusters=spec.clusters,
+        strategy=spec.strategy,
+        health_checks=spec.health_checks,
+        timeouts=spec.timeouts,
+    )
+    pinned = pin_upgrades("plan", run_spec, fleet.clusters)
+    if isinstance(pinned, list):
+        return Rollout(None, 0.0, 0, False, problems=[str(p) for p in pinned])
+    store = _Store({u.name: u for u in pinned.upgrades})
+    driver = RunDriver(fleet, store, _Passing(), _Leader())
+    stages: list[api.StageStatus] = []
+    last: StepResult | None = None
     for rounds in range(max_rounds):
-        last = plan(
-            PlanInput(
-                spec=spec,
-                snapshot=fleet.snapshot(),
-                now=T0 + timedelta(seconds=now),
-                status=status,
-                approved_stages=approved,
-                uid=uid,
-            )
+        last = driver.step(
+            key="plan",
+            uid=uid,
+            spec=run_spec,
+            upgrades=dict(store.upgrades),
+            stages=stages,
+            held_by={},
+            now=T0 + timedelta(seconds=fleet.now),
+            approved=approved,
         )
-        entries = last.status.entries()
-        for action in last.actions:
-            op = fleet.execute(action, now)
-            entries[action.cluster_id] = entries[action.cluster_id].model_copy(
-                update={"operation_id": op.id}
-            )
-        status = last.status.model_copy(update=compact_entries(entries))
-        if last.actions:
-            continue  # plan again at the same instant, as the reconciler does
-        upcoming = [t for t in (fleet.next_completion(), _wake(now, last)) if t is not None]
+        stages = last.decision.stages
+        if last.decision.phase in _TERMINAL:
+            return Rollout(last, fleet.now, rounds, True, store.upgrades, stages)
+        if last.calls_made or last.decision.changed:
+            continue  # decide again at the same instant, as the controller does
+        wake = None if last.requeue_after is None else fleet.now + max(last.requeue_after, 0.001)
+        upcoming = [t for t in (fleet.next_completion(), wake) if t is not None]
         if not upcoming or min(upcoming) > horizon_seconds:
-            return Rollout(last, now, rounds, last.status.phase in _TERMINAL)
-        now = min(upcoming)
-        fleet.advance_to(now)
-    assert last is not None
-    return Rollout(last, now, max_rounds, False)
-
-
-def _wake(now: float, last: Plan) -> float | None:
-    return None if last.requeue_after is None else now + max(last.requeue_after, 0.001)
+            return Rollout(last, fleet.now, rounds, False, store.upgrades, stages)
+        fleet.now = min(upcoming)
+        fleet.advance_to(fleet.now)
+    return Rollout(last, fleet.now, max_rounds, False, store.upgrades, stages)

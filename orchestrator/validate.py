@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from orchestrator import api
 from orchestrator.fleet import ClusterObs
 from orchestrator.health import check_problems
 from plugins.sdk import versions
 
-__all__ = ["Problem", "Targets", "parse_spec", "resolve_targets", "validate_spec"]
+__all__ = ["Problem", "Targets", "parse_model", "parse_spec", "resolve_targets", "validate_spec"]
+
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -58,11 +60,16 @@ def _loc(loc: Sequence[int | str]) -> str:
 
 
 def parse_spec(raw: Mapping[str, Any] | None) -> api.ClusterVersionSpec | list[Problem]:
-    """Parse a raw spec; on failure, one Problem per bad field with the fix."""
+    """Parse a raw ClusterVersion spec; on failure, one Problem per bad field with the fix."""
+    return parse_model(api.ClusterVersionSpec, raw)
+
+
+def parse_model(model: type[M], raw: Mapping[str, Any] | None) -> M | list[Problem]:
+    """Parse a raw spec of any of our kinds; on failure, one Problem per bad field with the fix."""
     if raw is None:
         return [Problem("spec", "is missing; set requiredAvailableCount, opsEndpoint and clusters")]
     try:
-        return api.ClusterVersionSpec.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as err:
         problems = []
         for e in err.errors():

@@ -1,0 +1,336 @@
+"""The ClusterVersion controller: desired state → its UpdateRun (create, supersede, history).
+
+A ClusterVersion's targets and strategy name one run (`initialize.run_name`): when they change,
+a new run is created and every other unfinished run of the ClusterVersion is set to Stop (its
+clusters in flight finish their step and are serviced back in before the new run may take
+them: one owner). The floor and `paused` are applied to the current run in place. People's
+annotations (approve, retry, skip) are handed to the current run. Status is the current run's
+summary plus the recent runs; finished runs beyond the history limit are deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from orchestrator import api
+from orchestrator.cache import ObjectCache
+from orchestrator.conditions import set_condition
+from orchestrator.initialize import run_for
+from orchestrator.kube import Conflict, KubeClient, KubeError, NotFound
+from orchestrator.validate import Problem, parse_spec, validate_spec
+
+__all__ = ["DEFAULT_HISTORY", "ClusterVersionController"]
+
+log = logging.getLogger(__name__)
+#: Finished runs kept per ClusterVersion (the current one is always kept).
+DEFAULT_HISTORY = 10
+_FINISHED = {"Succeeded", "Failed", "Stopped", "Invalid"}
+_PHASE = {
+    api.RunPhase.INITIALIZING.value: api.RolloutPhase.PENDING,
+    api.RunPhase.PROGRESSING.value: api.RolloutPhase.PROGRESSING,
+    api.RunPhase.STOPPING.value: api.RolloutPhase.PAUSED,
+    api.RunPhase.STOPPED.value: api.RolloutPhase.PAUSED,
+    api.RunPhase.HALTED.value: api.RolloutPhase.HALTED,
+    api.RunPhase.SUCCEEDED.value: api.RolloutPhase.COMPLETED,
+    api.RunPhase.FAILED.value: api.RolloutPhase.FAILED,
+    api.RunPhase.INVALID.value: api.RolloutPhase.INVALID,
+}
+#: Annotations handed from the ClusterVersion to its current run (retry and skip are moved).
+_MOVED = (api.ANNOTATION_RETRY_CLUSTERS, api.ANNOTATION_SKIP_CLUSTERS)
+
+
+@dataclass
+class ClusterVersionController:
+    """Reconciles ClusterVersions into UpdateRuns."""
+
+    kube: KubeClient
+    runs: ObjectCache
+    upgrades: ObjectCache
+    history: int = DEFAULT_HISTORY
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+
+    def reconcile(self, namespace: str, name: str) -> float | None:
+        """Make the ClusterVersion's run exist and the others stop; summarise."""
+        try:
+            cv = self.kube.get_object(api.PLURAL, namespace, name)
+        except NotFound:
+            return None
+        meta = cv["metadata"]
+        gen = int(meta.get("generation", 1))
+        now = self.clock()
+        status = _cv_status(cv)
+        mine = sorted(
+            self.runs.by_label(namespace, name),
+            key=lambda o: (o["metadata"].get("creationTimestamp", ""), o["metadata"]["name"]),
+        )
+        parsed = parse_spec(cv.get("spec"))
+        problems: list[Problem] = parsed if isinstance(parsed, list) else validate_spec(parsed)
+        if isinstance(parsed, list) or problems:
+            # Invariant 7: a spec error stops the current run (its clusters in flight are
+            # serviced back in first) and says what is wrong; nothing new starts.
+            for run in mine:
+                self._stop(run)
+            text = "; ".join(str(p) for p in problems[:5])
+            conds = set_condition(
+                list(status.conditions or []), "Ready", False, "InvalidSpec", text, gen, now
+            )
+            self._write(
+                cv,
+                status.model_copy(
+                    update={
+                        "phase": api.RolloutPhase.INVALID,
+                        "message": text,
+                        "conditions": conds,
+                        "observed_generation": gen,
+                        "runs": _history(mine) or None,
+                    }
+                ),
+            )
+            return None
+        spec = parsed
+        run_name, run_spec = run_for(name, gen, spec, spec.timeouts)
+        current = next((r for r in mine if r["metadata"]["name"] == run_name), None)
+        if current is None:
+            current = self._create(cv, run_name, run_spec)
+            if current is None:
+                return 1.0
+            mine.append(current)
+        for run in mine:
+            if run is not current:
+                self._stop(run)
+        self._apply_live(cv, current, spec)
+        self._prune(namespace, mine, current)
+        return self._summarise(cv, status, current, mine, gen, now)
+
+    def _create(
+        self, cv: dict[str, Any], name: str, spec: api.UpdateRunSpec
+    ) -> dict[str, Any] | None:
+        meta = cv["metadata"]
+        annotations = {
+            k: v
+            for k, v in (meta.get("annotations") or {}).items()
+            if k == api.ANNOTATION_APPROVE_STAGES
+        }
+        body = {
+            "apiVersion": api.API_VERSION,
+            "kind": api.UPDATE_RUN_KIND,
+            "metadata": {
+                "name": name,
+                "namespace": meta["namespace"],
+                "labels": {api.LABEL_CLUSTER_VERSION: meta["name"]},
+                "annotations": annotations,
+                "ownerReferences": [
+                    {
+                        "apiVersion": api.API_VERSION,
+                        "kind": api.KIND,
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": spec.dump(),
+        }
+        try:
+            obj = self.kube.create_object(api.UPDATE_RUN_PLURAL, meta["namespace"], body)
+        except Conflict:
+            try:
+                obj = self.kube.get_object(api.UPDATE_RUN_PLURAL, meta["namespace"], name)
+            except KubeError:
+                return None
+        self.runs.put(obj)
+        return obj
+
+    def _stop(self, run: dict[str, Any]) -> None:
+        if (run.get("status") or {}).get("phase") in _FINISHED:
+            return
+        if (run.get("spec") or {}).get("state") == api.RunState.STOP.value:
+            return
+        self._patch(run, {"spec": {"state": api.RunState.STOP.value}})
+
+    def _apply_live(
+        self, cv: dict[str, Any], run: dict[str, Any], spec: api.ClusterVersionSpec
+    ) -> None:
+        """Floor, paused and people's annotations go to the current run in place."""
+        patch: dict[str, Any] = {}
+        rspec = run.get("spec") or {}
+        if rspec.get("requiredAvailableCount") != spec.required_available_count:
+            patch.setdefault("spec", {})["requiredAvailableCount"] = spec.required_available_count
+        paused = bool(spec.strategy and spec.strategy.paused)
+        if bool((rspec.get("strategy") or {}).get("paused")) != paused:
+            patch.setdefault("spec", {})["strategy"] = {"paused": paused}
+        cv_ann = cv["metadata"].get("annotations") or {}
+        run_ann = run["metadata"].get("annotations") or {}
+        approve = cv_ann.get(api.ANNOTATION_APPROVE_STAGES)
+        if approve != run_ann.get(api.ANNOTATION_APPROVE_STAGES):
+            patch.setdefault("metadata", {}).setdefault("annotations", {})[
+                api.ANNOTATION_APPROVE_STAGES
+            ] = approve
+        moved = {k: cv_ann[k] for k in _MOVED if cv_ann.get(k)}
+        for k, v in moved.items():
+            merged = ",".join(sorted({*_csv(run_ann.get(k)), *_csv(v)}))
+            patch.setdefault("metadata", {}).setdefault("annotations", {})[k] = merged
+        if patch:
+            self._patch(run, patch)
+        if moved:  # consumed from the ClusterVersion once the run has them
+            meta = cv["metadata"]
+            try:
+                self.kube.merge_patch(
+                    api.PLURAL,
+                    meta["namespace"],
+                    meta["name"],
+                    {"metadata": {"annotations": dict.fromkeys(moved)}},
+                )
+            except KubeError as err:
+                log.info("could not move annotations of %s: %s", meta["name"], err)
+
+    def _patch(self, run: dict[str, Any], patch: dict[str, Any]) -> None:
+        meta = run["metadata"]
+        try:
+            self.runs.put(
+                self.kube.merge_patch(api.UPDATE_RUN_PLURAL, meta["namespace"], meta["name"], patch)
+            )
+        except KubeError as err:
+            log.info("could not update UpdateRun %s: %s", meta["name"], err)
+
+    def _prune(self, namespace: str, mine: list[dict[str, Any]], current: dict[str, Any]) -> None:
+        finished = [
+            r
+            for r in mine
+            if r is not current and (r.get("status") or {}).get("phase") in _FINISHED
+        ]
+        for run in finished[: max(0, len(finished) - self.history)]:
+            name = run["metadata"]["name"]
+            # No garbage collector is assumed: delete the run's ClusterUpgrades ourselves.
+            for child in self.upgrades.by_label(namespace, name):
+                with contextlib.suppress(NotFound):
+                    self.kube.delete_object(
+                        api.CLUSTER_UPGRADE_PLURAL, namespace, child["metadata"]["name"]
+                    )
+                self.upgrades.put(child, deleted=True)
+            with contextlib.suppress(NotFound):
+                self.kube.delete_object(api.UPDATE_RUN_PLURAL, namespace, name)
+            self.runs.put(run, deleted=True)
+            mine.remove(run)
+
+    def _summarise(
+        self,
+        cv: dict[str, Any],
+        status: api.ClusterVersionStatus,
+        run: dict[str, Any],
+        mine: list[dict[str, Any]],
+        gen: int,
+        now: datetime,
+    ) -> float | None:
+        rs = run.get("status") or {}
+        try:
+            run_status = api.UpdateRunStatus.model_validate(rs)
+        except ValidationError:
+            run_status = api.UpdateRunStatus()
+        counts = run_status.counts or api.RunCounts()
+        phase = _PHASE.get(
+            run_status.phase.value if run_status.phase else "", api.RolloutPhase.PENDING
+        )
+        message = run_status.message or "run starting"
+        by_phase = {
+            k: v
+            for k, v in {
+                "Pending": counts.pending,
+                "InFlight": counts.in_flight,
+                "Upgraded": counts.upgraded,
+                "Failed": counts.failed,
+                "Blocked": counts.blocked,
+                "Skipped": counts.skipped,
+            }.items()
+            if v
+        }
+        summary = api.Summary(
+            total=counts.total,
+            up_to_date=counts.upgraded + counts.skipped,
+            in_flight=counts.in_flight,
+            failed=counts.failed,
+            by_phase=by_phase or None,
+        )
+        conds = list(status.conditions or [])
+        done = phase == api.RolloutPhase.COMPLETED
+        conds = set_condition(conds, "Ready", done, phase.value, message, gen, now)
+        conds = set_condition(
+            conds,
+            "Progressing",
+            phase == api.RolloutPhase.PROGRESSING,
+            phase.value,
+            message,
+            gen,
+            now,
+        )
+        conds = set_condition(
+            conds,
+            "Degraded",
+            counts.failed > 0,
+            "ClusterFailed" if counts.failed else "AsExpected",
+            f"{counts.failed} cluster(s) failed" if counts.failed else "no failures",
+            gen,
+            now,
+        )
+        new = status.model_copy(
+            update={
+                "observed_generation": gen,
+                "phase": phase,
+                "message": message,
+                "current_run": run["metadata"]["name"],
+                "current_stage": run_status.current_stage,
+                "summary": summary,
+                "stages": run_status.stages,
+                "runs": _history(mine) or None,
+                "conditions": conds,
+            }
+        )
+        self._write(cv, new)
+        return None
+
+    def _write(self, cv: dict[str, Any], status: api.ClusterVersionStatus) -> None:
+        body = status.dump()
+        if body == (cv.get("status") or {}):
+            return
+        meta = cv["metadata"]
+        try:
+            self.kube.write_status(
+                api.PLURAL, meta["namespace"], meta["name"], body, meta["resourceVersion"]
+            )
+        except Conflict:
+            log.debug("ClusterVersion %s changed meanwhile; next reconcile writes", meta["name"])
+
+
+def _history(runs: list[dict[str, Any]]) -> list[api.RunRecord]:
+    out = []
+    for run in reversed(runs):
+        st = run.get("status") or {}
+        out.append(
+            api.RunRecord(
+                name=run["metadata"]["name"],
+                phase=st.get("phase"),
+                start_time=st.get("startTime"),
+                end_time=st.get("endTime"),
+                message=st.get("message"),
+            )
+        )
+    return out
+
+
+def _cv_status(cv: dict[str, Any]) -> api.ClusterVersionStatus:
+    try:
+        return api.ClusterVersionStatus.model_validate(cv.get("status") or {})
+    except ValidationError:
+        return api.ClusterVersionStatus()
+
+
+def _csv(value: str | None) -> set[str]:
+    return {v.strip() for v in (value or "").split(",") if v.strip()}

@@ -1,0 +1,546 @@
+"""The UpdateRun controller: initialize (pin ClusterUpgrades) → execute (the run driver) → status.
+
+Shape of KubeFleet's updaterun controller and Cluster API's MachineSet: the run creates its
+children once, then counts them; each reconcile re-reads the run and its ClusterUpgrades (from
+the cache our own writes keep current), runs one driver step and writes the run's status once,
+conditional on its resourceVersion.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from orchestrator import api
+from orchestrator.analysis import Analyzer
+from orchestrator.cache import ObjectCache
+from orchestrator.conditions import format_time, get_condition, set_condition
+from orchestrator.driver import CallError, Fence, RunDriver, WriteConflict
+from orchestrator.engine import ACTIVE, Preflight, Upgrade
+from orchestrator.fleet import OpObs, OpState
+from orchestrator.initialize import pin_upgrades, run_name
+from orchestrator.kube import Conflict, KubeClient, KubeError, NotFound
+from orchestrator.metrics import Metrics
+from orchestrator.provider import GrpcProvider, OperationTracker, PluginPool
+from orchestrator.secrets import SecretError, TLSResolver
+from orchestrator.validate import Problem, parse_model
+
+__all__ = ["AlwaysLeader", "UpdateRunController", "upgrade_from_obj"]
+
+log = logging.getLogger(__name__)
+U = api.UpgradePhase
+FINISHED = frozenset({api.RunPhase.SUCCEEDED, api.RunPhase.FAILED, api.RunPhase.STOPPED})
+
+
+class AlwaysLeader:
+    """The fence of a replica running without leader election."""
+
+    def held(self) -> bool:
+        """Always True."""
+        return True
+
+
+def upgrade_from_obj(obj: Mapping[str, Any]) -> Upgrade:
+    """The engine's view of a ClusterUpgrade object."""
+    status = obj.get("status") or {}
+    try:
+        st = api.ClusterUpgradeStatus.model_validate(status)
+    except ValidationError:
+        log.warning("status of ClusterUpgrade %s does not parse; starting over", obj["metadata"])
+        st = api.ClusterUpgradeStatus()
+    return Upgrade(
+        name=obj["metadata"]["name"],
+        spec=api.ClusterUpgradeSpec.model_validate(obj["spec"]),
+        status=st,
+    )
+
+
+@dataclass
+class _KubeStore:
+    """The driver's `UpgradeStore` over the apiserver; every write is conditional."""
+
+    kube: KubeClient
+    cache: ObjectCache
+    namespace: str
+    objects: dict[str, dict[str, Any]]
+    writes: int = 0
+
+    def write_upgrade_status(self, upgrade: Upgrade, status: api.ClusterUpgradeStatus) -> None:
+        obj = self.objects[upgrade.name]
+        try:
+            new = self.kube.write_status(
+                api.CLUSTER_UPGRADE_PLURAL,
+                self.namespace,
+                upgrade.name,
+                status.dump(),
+                obj["metadata"]["resourceVersion"],
+            )
+        except Conflict as err:
+            raise WriteConflict(str(err)) from err
+        self.writes += 1
+        self.objects[upgrade.name] = new
+        self.cache.put(new)
+
+
+@dataclass
+class UpdateRunController:
+    """Reconciles UpdateRuns; one at a time, so holdings read from the cache are consistent."""
+
+    kube: KubeClient
+    metrics: Metrics
+    pool: PluginPool
+    tracker: OperationTracker
+    upgrades: ObjectCache
+    tls: TLSResolver
+    fence: Fence = field(default_factory=AlwaysLeader)
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    emit_event: Callable[[dict[str, Any], str, str, bool], None] | None = None
+    #: Run key → plugin endpoint (so an operation's end wakes the runs that use it).
+    endpoints: dict[tuple[str, str], str] = field(default_factory=dict)
+    uids: set[str] = field(default_factory=set)
+    _preflight: dict[tuple[str, str], dict[str, Preflight]] = field(default_factory=dict)
+
+    def reconcile(self, namespace: str, name: str) -> float | None:
+        """One step of one run; returns seconds to requeue after (None: wait for a change)."""
+        try:
+            obj = self.kube.get_object(api.UPDATE_RUN_PLURAL, namespace, name)
+        except NotFound:
+            self.endpoints.pop((namespace, name), None)
+            self._preflight.pop((namespace, name), None)
+            return None
+        meta = obj["metadata"]
+        gen = int(meta.get("generation", 1))
+        now = self.clock()
+        status = _run_status(obj)
+        parsed = parse_model(api.UpdateRunSpec, obj.get("spec"))
+        if isinstance(parsed, list):
+            return self._invalid(obj, status, parsed, gen, now)
+        spec = parsed
+        if status.phase in FINISHED and spec.state == api.RunState.RUN and not _people(obj):
+            return None
+        self.endpoints[(namespace, name)] = spec.ops_endpoint.endpoint
+        self.uids.add(meta["uid"])
+        try:
+            client = self.pool.get(
+                spec.ops_endpoint.endpoint,
+                self.tls.client_tls(namespace, spec.ops_endpoint, "spec.opsEndpoint"),
+            )
+        except SecretError as err:
+            return self._degraded(obj, status, "TLSConfigError", str(err), gen, now, 30.0)
+        self.tracker.follow(client)
+        endpoint = spec.ops_endpoint.endpoint
+        provider = GrpcProvider(
+            client, self.tracker, self.clock, lambda op: self.count_operation(endpoint, op)
+        )
+        initialized = get_condition(status.conditions, "Initialized")
+        if initialized is None or initialized.status != "True":
+            return self._initialize(obj, spec, status, provider, gen, now)
+        return self._execute(obj, spec, status, provider, client, gen, now)
+
+    # -- initialize -------------------------------------------------------------------------
+
+    def _initialize(
+        self,
+        obj: dict[str, Any],
+        spec: api.UpdateRunSpec,
+        status: api.UpdateRunStatus,
+        provider: GrpcProvider,
+        gen: int,
+        now: datetime,
+    ) -> float | None:
+        meta = obj["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        if spec.state == api.RunState.STOP:
+            conds = set_condition(
+                list(status.conditions or []),
+                "Initialized",
+                False,
+                "Stopped",
+                "stopped before it started",
+                gen,
+                now,
+            )
+            return self._write_run(
+                obj,
+                status.model_copy(
+                    update={
+                        "phase": api.RunPhase.STOPPED,
+                        "message": "stopped before it started",
+                        "conditions": conds,
+                        "end_time": format_time(now),
+                        "observed_generation": gen,
+                    }
+                ),
+            )
+        source = None
+        if spec.cluster_version_ref is not None:
+            try:
+                cv = self.kube.get_object(api.PLURAL, ns, spec.cluster_version_ref.name)
+            except NotFound:
+                return self._invalid(
+                    obj,
+                    status,
+                    [
+                        Problem(
+                            "spec.clusterVersionRef.name",
+                            f"ClusterVersion {spec.cluster_version_ref.name} does not exist",
+                        )
+                    ],
+                    gen,
+                    now,
+                )
+            cv_spec = parse_model(api.ClusterVersionSpec, cv.get("spec"))
+            if (
+                isinstance(cv_spec, list)
+                or run_name(spec.cluster_version_ref.name, cv_spec) != name
+            ):
+                conds = set_condition(
+                    list(status.conditions or []),
+                    "Initialized",
+                    False,
+                    "Superseded",
+                    "the ClusterVersion changed before this run started",
+                    gen,
+                    now,
+                )
+                return self._write_run(
+                    obj,
+                    status.model_copy(
+                        update={
+                            "phase": api.RunPhase.STOPPED,
+                            "conditions": conds,
+                            "message": "superseded before it started",
+                            "end_time": format_time(now),
+                            "observed_generation": gen,
+                        }
+                    ),
+                )
+            source = cv_spec
+        try:
+            inventory = provider.inventory()
+        except CallError as err:
+            return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
+        pinned = pin_upgrades(name, spec, inventory, source)
+        if isinstance(pinned, list):
+            return self._invalid(obj, status, pinned, gen, now)
+        owner = {
+            "apiVersion": api.API_VERSION,
+            "kind": api.UPDATE_RUN_KIND,
+            "name": name,
+            "uid": meta["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+        def create(u: Upgrade) -> None:
+            body = {
+                "apiVersion": api.API_VERSION,
+                "kind": api.CLUSTER_UPGRADE_KIND,
+                "metadata": {
+                    "name": u.name,
+                    "namespace": ns,
+                    "labels": {api.LABEL_RUN: name},
+                    "ownerReferences": [owner],
+                },
+                "spec": u.spec.dump(),
+            }
+            with contextlib.suppress(Conflict):  # created before a crash: idempotent by name
+                self.upgrades.put(self.kube.create_object(api.CLUSTER_UPGRADE_PLURAL, ns, body))
+
+        with ThreadPoolExecutor(max_workers=8) as workers:
+            list(workers.map(create, pinned.upgrades))
+        conds = set_condition(
+            list(status.conditions or []),
+            "Initialized",
+            True,
+            "Pinned",
+            f"{len(pinned.upgrades)} ClusterUpgrades pinned",
+            gen,
+            now,
+        )
+        new = status.model_copy(
+            update={
+                "phase": api.RunPhase.PROGRESSING,
+                "message": f"{len(pinned.upgrades)} clusters pinned",
+                "cluster_set_digest": pinned.digest,
+                "counts": api.RunCounts(total=len(pinned.upgrades), pending=len(pinned.upgrades)),
+                "stages": [
+                    api.StageStatus(
+                        name=s,
+                        phase=api.StagePhase.PENDING,
+                        total=sum(1 for u in pinned.upgrades if u.spec.stage == s),
+                        upgraded=0,
+                    )
+                    for s in pinned.stage_names
+                ],
+                "start_time": format_time(now),
+                "conditions": conds,
+                "observed_generation": gen,
+            }
+        )
+        self._write_run(obj, new)
+        return 0.0
+
+    # -- execute -----------------------------------------------------------------------------
+
+    def _execute(
+        self,
+        obj: dict[str, Any],
+        spec: api.UpdateRunSpec,
+        status: api.UpdateRunStatus,
+        provider: GrpcProvider,
+        client: Any,
+        gen: int,
+        now: datetime,
+    ) -> float | None:
+        meta = obj["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        key = f"{ns}/{name}"
+        children = {o["metadata"]["name"]: o for o in self.upgrades.by_label(ns, name)}
+        total = status.counts.total if status.counts else 0
+        if len(children) < total:
+            return 1.0  # the cache has not caught up with our own creations yet
+        upgrades = {n: upgrade_from_obj(o) for n, o in children.items()}
+        held_by = self._held_by(spec.ops_endpoint.endpoint, ns, name)
+        try:
+            provider.learn(
+                [
+                    u.status.operation_id
+                    for u in upgrades.values()
+                    if u.status.phase in ACTIVE and u.status.operation_id
+                ]
+            )
+        except CallError as err:
+            return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
+        store = _KubeStore(self.kube, self.upgrades, ns, dict(children))
+        analyzer = Analyzer(
+            lambda ep, insecure, tls: self.pool.get(
+                ep or spec.ops_endpoint.endpoint,
+                self.tls.client_tls(ns, _endpoint(spec, ep, insecure, tls), "spec.healthChecks"),
+            ),
+            lambda ref: self.tls.secret_key(ns, ref, "spec.healthChecks"),
+        )
+        driver = RunDriver(
+            provider,
+            store,
+            analyzer,
+            self.fence,
+            self._preflight.setdefault((ns, name), {}),
+        )
+        annotations = meta.get("annotations") or {}
+        try:
+            result = driver.step(
+                key=key,
+                uid=meta["uid"],
+                spec=spec,
+                upgrades=upgrades,
+                stages=status.stages or [],
+                held_by=held_by,
+                now=now,
+                approved=_csv(annotations.get(api.ANNOTATION_APPROVE_STAGES)),
+                retry=_csv(annotations.get(api.ANNOTATION_RETRY_CLUSTERS)),
+                skip=_csv(annotations.get(api.ANNOTATION_SKIP_CLUSTERS)),
+            )
+        except CallError as err:
+            return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
+        except SecretError as err:
+            return self._degraded(obj, status, "SecretError", str(err), gen, now, 30.0)
+        d = result.decision
+        self.metrics.api_writes.inc(store.writes)
+        if self.emit_event is not None:
+            for cid, reason, message, warning in d.events:
+                up = next((o for o in store.objects.values() if o["spec"]["clusterId"] == cid), obj)
+                self.emit_event(up, reason, message, warning)
+        finished = d.phase in FINISHED
+        conds = list(status.conditions or [])
+        conds = set_condition(
+            conds,
+            "Progressing",
+            not finished and d.phase != api.RunPhase.HALTED,
+            d.phase.value,
+            d.message,
+            gen,
+            now,
+        )
+        conds = set_condition(
+            conds,
+            "Succeeded",
+            d.phase == api.RunPhase.SUCCEEDED,
+            d.phase.value,
+            d.message,
+            gen,
+            now,
+        )
+        conds = set_condition(conds, "Degraded", False, "AsExpected", "plugin reachable", gen, now)
+        new = status.model_copy(
+            update={
+                "phase": d.phase,
+                "message": d.message,
+                "current_stage": d.current_stage,
+                "counts": d.counts,
+                "stages": d.stages,
+                "end_time": status.end_time or (format_time(now) if finished else None),
+                "conditions": conds,
+                "observed_generation": gen,
+            }
+        )
+        self._write_run(obj, new)
+        self._consume(obj, api.ANNOTATION_RETRY_CLUSTERS, upgrades)
+        self._consume(obj, api.ANNOTATION_SKIP_CLUSTERS, upgrades)
+        for phase in api.UpgradePhase:
+            count = sum(
+                1
+                for u in upgrades.values()
+                if (store.objects[u.name].get("status") or {}).get("phase", "Pending") == phase
+            )
+            self.metrics.clusters.labels(ns, name, phase.value).set(count)
+        if finished:
+            return None
+        return result.requeue_after
+
+    def _held_by(self, provider: str, ns: str, name: str) -> dict[str, str]:
+        """Clusters of this provider held by other runs (any namespace): id → "ns/run"."""
+        out: dict[str, str] = {}
+        active = {p.value for p in ACTIVE}
+        for o in self.upgrades.items():
+            m = o["metadata"]
+            run = (m.get("labels") or {}).get(api.LABEL_RUN, "")
+            if (m["namespace"], run) == (ns, name):
+                continue
+            if o["spec"].get("provider") != provider:
+                continue
+            if (o.get("status") or {}).get("phase") in active:
+                out[o["spec"]["clusterId"]] = f"{m['namespace']}/{run}"
+        return out
+
+    def _consume(self, obj: dict[str, Any], key: str, upgrades: Mapping[str, Upgrade]) -> None:
+        """Remove the ids a people-annotation named: each is acted on once, then consumed."""
+        asked = _csv((obj["metadata"].get("annotations") or {}).get(key))
+        if not asked:
+            return
+        meta = obj["metadata"]
+        try:
+            self.kube.merge_patch(
+                api.UPDATE_RUN_PLURAL,
+                meta["namespace"],
+                meta["name"],
+                {"metadata": {"annotations": {key: None}}},
+            )
+        except KubeError as err:
+            log.info("could not consume %s on %s: %s", key, meta["name"], err)
+
+    # -- status ----------------------------------------------------------------------------
+
+    def _write_run(self, obj: dict[str, Any], status: api.UpdateRunStatus) -> float | None:
+        body = status.dump()
+        if body == (obj.get("status") or {}):
+            return None
+        meta = obj["metadata"]
+        try:
+            updated = self.kube.write_status(
+                api.UPDATE_RUN_PLURAL,
+                meta["namespace"],
+                meta["name"],
+                body,
+                meta["resourceVersion"],
+            )
+        except Conflict:
+            return 0.0
+        obj["status"] = updated.get("status", body)
+        obj["metadata"] = updated["metadata"]
+        return None
+
+    def _invalid(
+        self,
+        obj: dict[str, Any],
+        status: api.UpdateRunStatus,
+        problems: list[Problem],
+        gen: int,
+        now: datetime,
+    ) -> float | None:
+        text = "; ".join(str(p) for p in problems[:5])
+        if len(problems) > 5:
+            text += f"; and {len(problems) - 5} more"
+        conds = set_condition(
+            list(status.conditions or []), "Ready", False, "InvalidSpec", text, gen, now
+        )
+        return self._write_run(
+            obj,
+            status.model_copy(
+                update={
+                    "phase": api.RunPhase.INVALID,
+                    "message": text,
+                    "conditions": conds,
+                    "observed_generation": gen,
+                }
+            ),
+        )
+
+    def _degraded(
+        self,
+        obj: dict[str, Any],
+        status: api.UpdateRunStatus,
+        reason: str,
+        message: str,
+        gen: int,
+        now: datetime,
+        retry: float,
+    ) -> float:
+        conds = set_condition(
+            list(status.conditions or []), "Degraded", True, reason, message, gen, now
+        )
+        self._write_run(obj, status.model_copy(update={"conditions": conds}))
+        return retry
+
+    def count_operation(self, plugin: str, op: OpObs) -> None:
+        """Count a terminal operation of ours once (request ids start with a run's uid)."""
+        if op.request_id.split(":", 1)[0] not in self.uids:
+            return
+        counter = (
+            self.metrics.success_operation
+            if op.state == OpState.SUCCEEDED
+            else self.metrics.failed_operation
+        )
+        counter.labels(op.kind.value, plugin).inc()
+
+
+def _endpoint(
+    spec: api.UpdateRunSpec,
+    endpoint: str | None,
+    insecure: bool | None,
+    tls: api.TLSConfig | None,
+) -> api.OpsEndpoint:
+    ops = spec.ops_endpoint
+    if not endpoint:
+        return api.OpsEndpoint(
+            endpoint=ops.endpoint,
+            insecure=ops.insecure if insecure is None else insecure,
+            tls=tls or ops.tls,
+        )
+    return api.OpsEndpoint(endpoint=endpoint, insecure=bool(insecure), tls=tls)
+
+
+def _run_status(obj: Mapping[str, Any]) -> api.UpdateRunStatus:
+    try:
+        return api.UpdateRunStatus.model_validate(obj.get("status") or {})
+    except ValidationError:
+        return api.UpdateRunStatus()
+
+
+def _people(obj: Mapping[str, Any]) -> bool:
+    annotations = obj["metadata"].get("annotations") or {}
+    return bool(
+        annotations.get(api.ANNOTATION_RETRY_CLUSTERS)
+        or annotations.get(api.ANNOTATION_SKIP_CLUSTERS)
+    )
+
+
+def _csv(value: str | None) -> frozenset[str]:
+    return frozenset(v.strip() for v in (value or "").split(",") if v.strip())
