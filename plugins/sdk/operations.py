@@ -1,19 +1,40 @@
-"""Thread-safe in-memory operation registry implementing the contract's mutating-RPC rules."""
+"""Thread-safe operation registry implementing the contract's mutating-RPC rules, resumable
+watches (revisions, a bounded change log) and, optionally, a journal that survives restarts."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import fcntl
 import hashlib
+import json
+import logging
+import os
 import queue
 import threading
+import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
 
 import grpc
-from google.protobuf import timestamp_pb2
+from google.protobuf import json_format, timestamp_pb2
 
 from fleetupgrade.plugin.v1 import cluster_pb2
-from plugins.sdk.errors import Conflict, InvalidArgument, NotFound
+from plugins.sdk.errors import Conflict, InvalidArgument, NotFound, Unavailable
 
-__all__ = ["TERMINAL_STATES", "OperationStore", "kind_name"]
+__all__ = [
+    "DEFAULT_RETENTION",
+    "TERMINAL_STATES",
+    "OperationStore",
+    "WatchCursor",
+    "kind_name",
+    "open_cursor",
+    "release_cursor",
+]
+
+_LOG = logging.getLogger("plugins.sdk.operations")
 
 OPERATION_STATE_PENDING = cluster_pb2.OPERATION_STATE_PENDING
 OPERATION_STATE_RUNNING = cluster_pb2.OPERATION_STATE_RUNNING
@@ -30,6 +51,75 @@ _KIND_NAMES: dict[int, str] = {
     cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL: "node-pool upgrade",
 }
 _WAKE_SECONDS = 1.0  # how often a watcher re-checks its context when no update arrives
+
+DEFAULT_RETENTION = 10_000
+"""How many changes an OperationStore keeps for WatchOperations replay (since_revision)."""
+
+# A revision is (incarnation << _SEQ_BITS) | sequence. The incarnation is the store's start in
+# milliseconds since 2020 (41 bits last until 2089), so revisions of an earlier process are
+# smaller than every revision of this one and cannot be mistaken for them; the 22-bit
+# sequence counts changes (past 4,194,303 the store moves to a new incarnation).
+_SEQ_BITS = 22
+_SEQ_MASK = (1 << _SEQ_BITS) - 1
+_EPOCH_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
+_JOURNAL_VERSION = 1
+_MIN_COMPACT_LINES = 1_000
+
+
+_LAST_INCARNATION = 0
+_INCARNATION_LOCK = threading.Lock()
+
+
+def _new_incarnation(after: int = 0) -> int:
+    """An incarnation number greater than after and than any other of this process.
+
+    A restarted process gets a later millisecond, so a greater number; stores created in
+    the same millisecond of one process still get distinct ones.
+    """
+    global _LAST_INCARNATION  # noqa: PLW0603
+    with _INCARNATION_LOCK:
+        now = int(time.time() * 1000) - _EPOCH_MS
+        _LAST_INCARNATION = max(now, after + 1, _LAST_INCARNATION + 1)
+        return _LAST_INCARNATION
+
+
+@dataclass
+class WatchCursor:
+    """Links one WatchOperations call to the OperationStore serving it.
+
+    The SDK's ClusterServicer opens one per call (open_cursor) with the request's
+    since_revision; OperationStore.watch finds it by the call's context, replays from it and
+    reports the revision and resync flag of each operation it yields, so a backend that
+    returns store.watch(...) is resumable without knowing about revisions.
+    """
+
+    since_revision: int = 0
+    revision: int = 0  # of the operation last yielded
+    resync: bool = False  # of the operation last yielded
+    served: bool = False  # an OperationStore picked the cursor up
+
+
+_CURSORS: dict[int, WatchCursor] = {}
+_CURSORS_LOCK = threading.Lock()
+
+
+def open_cursor(context: grpc.ServicerContext, since_revision: int) -> WatchCursor:
+    """Registers the cursor of one WatchOperations call (release it when the call ends)."""
+    cursor = WatchCursor(since_revision=since_revision)
+    with _CURSORS_LOCK:
+        _CURSORS[id(context)] = cursor
+    return cursor
+
+
+def release_cursor(context: grpc.ServicerContext) -> None:
+    """Forgets the call's cursor."""
+    with _CURSORS_LOCK:
+        _CURSORS.pop(id(context), None)
+
+
+def _cursor_of(context: grpc.ServicerContext) -> WatchCursor | None:
+    with _CURSORS_LOCK:
+        return _CURSORS.get(id(context))
 
 
 def kind_name(kind: int) -> str:
@@ -50,14 +140,16 @@ def _copy(op: cluster_pb2.Operation) -> cluster_pb2.Operation:
 
 
 class _Watcher:
-    """One WatchOperations stream: its cluster filter and its queue of updates."""
+    """One WatchOperations stream: its cluster filter and its queue of (revision, update)."""
 
     __slots__ = ("clusters", "queue")
 
     def __init__(self, clusters: frozenset[str]) -> None:
         self.clusters = clusters
         # None is the wake-up sentinel: the stream was cancelled or the store closed.
-        self.queue: queue.SimpleQueue[cluster_pb2.Operation | None] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[tuple[int, cluster_pb2.Operation] | None] = (
+            queue.SimpleQueue()
+        )
 
     def wants(self, cluster_id: str) -> bool:
         return not self.clusters or cluster_id in self.clusters
@@ -68,9 +160,30 @@ class OperationStore:
 
     Every method is safe to call from any thread. Returned operations are copies: changing
     them does not change the store.
+
+    Every published change gets a revision, strictly increasing over the store's life and
+    greater than any revision of an earlier process; the last `retention` changes are kept
+    for WatchOperations replay (since_revision).
+
+    With state_path the store is durable: each change is appended to that journal file
+    (JSON lines; a new operation and a terminal state are fsynced before the call returns,
+    progress is written without fsync) and a restart loads it, so request_id idempotency
+    and GetOperation survive. Operations that were PENDING or RUNNING when the process
+    ended come back as they were; recovered_in_flight() lists them so the backend can
+    resume or fail them. The journal is compacted (rewritten atomically: temporary file,
+    fsync, rename) when it grows past twice the operations it holds. Only one process may
+    use a state_path at a time (an advisory lock on "<state_path>.lock").
     """
 
-    def __init__(self, id_prefix: str = "op") -> None:
+    def __init__(
+        self,
+        id_prefix: str = "op",
+        *,
+        state_path: str | Path | None = None,
+        retention: int = DEFAULT_RETENTION,
+    ) -> None:
+        if retention < 1:
+            raise ValueError("retention: must keep at least 1 change")
         self._prefix = id_prefix
         self._lock = threading.Lock()
         self._ops: dict[str, cluster_pb2.Operation] = {}
@@ -78,6 +191,129 @@ class OperationStore:
         self._in_flight: dict[str, str] = {}
         self._watchers: list[_Watcher] = []
         self._closed = False
+        self._incarnation = _new_incarnation()
+        self._revision = self._incarnation << _SEQ_BITS  # the last revision given out
+        self._floor = self._revision  # replay needs since_revision >= this
+        self._log: collections.deque[tuple[int, cluster_pb2.Operation]] = collections.deque(
+            maxlen=retention
+        )
+        self._last_revision: dict[str, int] = {}
+        self._state_path = Path(state_path) if state_path is not None else None
+        self._journal: IO[str] | None = None
+        self._journal_lock: IO[str] | None = None
+        self._journal_lines = 0
+        self._recovered: list[cluster_pb2.Operation] = []
+        if self._state_path is not None:
+            self._open_journal(self._state_path)
+
+    # -- durability ------------------------------------------------------------------------
+
+    @property
+    def durable(self) -> bool:
+        """True when operations are journaled to a state_path (declare DURABLE_OPERATIONS)."""
+        return self._state_path is not None
+
+    @property
+    def revision(self) -> int:
+        """The revision of the last change (before any change: this incarnation's base)."""
+        with self._lock:
+            return self._revision
+
+    def recovered_in_flight(self) -> list[cluster_pb2.Operation]:
+        """Operations loaded from the journal as PENDING or RUNNING, by cluster id.
+
+        The process that ran them ended; the backend decides to resume (update them as the
+        provider reports) or to fail them (update with state FAILED and an error).
+        """
+        with self._lock:
+            return [_copy(op) for op in self._recovered]
+
+    def _open_journal(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock_file = open(f"{path}.lock", "a", encoding="utf-8")  # noqa: SIM115
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock_file.close()
+            raise ValueError(
+                f"state: {path} is in use by another process; give each plugin its own state file"
+            ) from None
+        try:
+            stored_incarnation, ops = _read_journal(path)
+        except ValueError:
+            lock_file.close()
+            raise
+        self._journal_lock = lock_file
+        self._incarnation = _new_incarnation(max(stored_incarnation, self._incarnation - 1))
+        self._revision = self._floor = self._incarnation << _SEQ_BITS
+        with self._lock:
+            for op in sorted(ops.values(), key=_change_time):
+                self._ops[op.id] = op
+                if op.request_id:
+                    self._by_request[op.request_id] = op.id
+                if op.state not in TERMINAL_STATES:
+                    self._in_flight[op.cluster_id] = op.id
+                revision = self._next_revision_locked()
+                self._last_revision[op.id] = revision
+                self._append_log_locked(revision, _copy(op))
+            self._recovered = [
+                _copy(self._ops[self._in_flight[cid]]) for cid in sorted(self._in_flight)
+            ]
+            self._compact_locked()
+        if ops:
+            _LOG.info(
+                "operations loaded from the journal",
+                extra={
+                    "fields": {
+                        "path": str(path),
+                        "operations": len(ops),
+                        "in_flight": len(self._recovered),
+                    }
+                },
+            )
+
+    def _compact_locked(self) -> None:
+        """Rewrites the journal as one record per operation (atomically), and reopens it."""
+        path = self._state_path
+        assert path is not None
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "w", encoding="utf-8") as out:
+            header = {"version": _JOURNAL_VERSION, "incarnation": self._incarnation}
+            out.write(json.dumps(header) + "\n")
+            for op in self._ops.values():
+                out.write(_record(op))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        self._journal = open(path, "a", encoding="utf-8")  # noqa: SIM115
+        self._journal_lines = len(self._ops)
+
+    def _journal_locked(self, op: cluster_pb2.Operation, must: bool) -> None:
+        """Appends op's state; must: fsync, and raise Unavailable when it cannot be written."""
+        if self._journal is None:
+            return
+        try:
+            self._journal.write(_record(op))
+            self._journal.flush()
+            if must or op.state in TERMINAL_STATES:
+                os.fsync(self._journal.fileno())
+            self._journal_lines += 1
+            if self._journal_lines > max(_MIN_COMPACT_LINES, 2 * len(self._ops)):
+                self._compact_locked()
+        except OSError as exc:
+            _LOG.error(
+                "cannot write the operation journal",
+                extra={"fields": {"path": str(self._state_path), "error": exc.strerror}},
+            )
+            if must:
+                raise Unavailable(
+                    f"operation journal {self._state_path}: cannot write ({exc.strerror}); "
+                    "free space or fix permissions, then retry with the same request_id"
+                ) from None
 
     def _new_id(self, request_id: str) -> str:
         # Derived from the request_id, so the same request names the same operation in every
@@ -146,7 +382,14 @@ class OperationStore:
                 self._in_flight[cluster_id] = new_id
             self._ops[new_id] = op
             self._by_request[request_id] = new_id
-            return self._publish_locked(op), True
+            try:
+                return self._publish_locked(op), True
+            except Unavailable:
+                del self._ops[new_id]
+                del self._by_request[request_id]
+                if self._in_flight.get(cluster_id) == new_id:
+                    del self._in_flight[cluster_id]
+                raise
 
     def update(
         self,
@@ -237,24 +480,79 @@ class OperationStore:
         With include_in_flight it starts with the current state of each matching PENDING or
         RUNNING operation. Registration and that snapshot happen atomically, so no update is
         lost or reordered. Ends when the context is cancelled or the store is closed.
+
+        When the SDK's ClusterServicer serves the call, the request's since_revision applies
+        (see changes()) and the revision of each yielded operation reaches the response.
+        """
+        cursor = _cursor_of(context)
+        since = 0
+        if cursor is not None:
+            cursor.served = True
+            since = cursor.since_revision
+        for change in self.changes(cluster_ids, include_in_flight, context, since):
+            if cursor is not None:
+                cursor.revision = change.revision
+                cursor.resync = change.resync
+            yield change.operation
+
+    def changes(
+        self,
+        cluster_ids: Sequence[str],
+        include_in_flight: bool,
+        context: grpc.ServicerContext,
+        since_revision: int = 0,
+    ) -> Iterator[cluster_pb2.WatchOperationsResponse]:
+        """Yields WatchOperationsResponse (operation, revision, resync) for the clusters.
+
+        since_revision 0: starts with the in-flight operations (include_in_flight), then
+        live. A since_revision this store still retains: first the retained changes after
+        it, then live (include_in_flight is not needed and ignored). Any other
+        since_revision (too old, another process's, from the future): the current state of
+        every matching operation, resync=True on the first response. Revisions strictly
+        increase along the stream; registration and the replay are atomic, so nothing is
+        lost or reordered.
         """
         watcher = _Watcher(frozenset(cluster_ids))
+        resync = False
         with self._lock:
             if self._closed:
                 return
             self._watchers.append(watcher)
-            initial = (
-                [
-                    _copy(self._ops[op_id])
-                    for cluster_id, op_id in sorted(self._in_flight.items())
-                    if watcher.wants(cluster_id)
+            initial: list[tuple[int, cluster_pb2.Operation]]
+            if since_revision and self._floor <= since_revision <= self._revision:
+                initial = [
+                    (rev, op)
+                    for rev, op in self._log
+                    if rev > since_revision and watcher.wants(op.cluster_id)
                 ]
-                if include_in_flight
-                else []
-            )
+            elif since_revision:
+                resync = True
+                initial = sorted(
+                    (
+                        (rev, _copy(self._ops[op_id]))
+                        for op_id, rev in self._last_revision.items()
+                        if watcher.wants(self._ops[op_id].cluster_id)
+                    ),
+                    key=_by_revision,
+                )
+            elif include_in_flight:
+                initial = sorted(
+                    (
+                        (self._last_revision.get(op_id, 0), _copy(self._ops[op_id]))
+                        for cluster_id, op_id in self._in_flight.items()
+                        if watcher.wants(cluster_id)
+                    ),
+                    key=_by_revision,
+                )
+            else:
+                initial = []
         context.add_callback(lambda: watcher.queue.put(None))
         try:
-            yield from initial
+            for revision, op in initial:
+                yield cluster_pb2.WatchOperationsResponse(
+                    operation=op, revision=revision, resync=resync
+                )
+                resync = False
             while context.is_active():
                 try:
                     item = watcher.queue.get(timeout=_WAKE_SECONDS)
@@ -262,19 +560,34 @@ class OperationStore:
                     continue
                 if item is None:
                     return
-                yield item
+                yield cluster_pb2.WatchOperationsResponse(
+                    operation=item[1], revision=item[0], resync=resync
+                )
+                resync = False
         finally:
             with self._lock:
                 if watcher in self._watchers:
                     self._watchers.remove(watcher)
 
     def close(self) -> None:
-        """Ends every watch stream (e.g. before the server stops); later watches end at once."""
+        """Ends every watch stream (e.g. before the server stops); later watches end at once.
+
+        A durable store also closes its journal: later changes stay in memory only.
+        """
         with self._lock:
             self._closed = True
             for watcher in self._watchers:
                 watcher.queue.put(None)
             self._watchers.clear()
+            if self._journal is not None:
+                with contextlib.suppress(OSError):
+                    self._journal.flush()
+                    os.fsync(self._journal.fileno())
+                self._journal.close()
+                self._journal = None
+            if self._journal_lock is not None:
+                self._journal_lock.close()  # releases the advisory lock
+                self._journal_lock = None
 
     def _raise_if_busy_locked(self, cluster_id: str) -> None:
         op_id = self._in_flight.get(cluster_id)
@@ -290,9 +603,87 @@ class OperationStore:
         op_id = self._in_flight.get(cluster_id)
         return None if op_id is None else _copy(self._ops[op_id])
 
+    def _next_revision_locked(self) -> int:
+        sequence = (self._revision & _SEQ_MASK) + 1
+        if sequence > _SEQ_MASK:
+            self._incarnation = _new_incarnation(self._incarnation)
+            sequence = 1
+        self._revision = (self._incarnation << _SEQ_BITS) | sequence
+        return self._revision
+
+    def _append_log_locked(self, revision: int, snapshot: cluster_pb2.Operation) -> None:
+        if self._log.maxlen is not None and len(self._log) == self._log.maxlen:
+            self._floor = self._log[0][0]  # the evicted change can no longer be replayed
+        self._log.append((revision, snapshot))
+
     def _publish_locked(self, op: cluster_pb2.Operation) -> cluster_pb2.Operation:
+        """Journals the change (a new operation must be durable), gives it a revision, keeps
+        it for replay and hands it to the watchers; returns a copy."""
         snapshot = _copy(op)
+        self._journal_locked(snapshot, must=op.id not in self._last_revision)
+        revision = self._next_revision_locked()
+        self._last_revision[op.id] = revision
+        self._append_log_locked(revision, snapshot)
         for watcher in self._watchers:
             if watcher.wants(snapshot.cluster_id):
-                watcher.queue.put(snapshot)
+                watcher.queue.put((revision, snapshot))
         return _copy(snapshot)
+
+
+def _by_revision(change: tuple[int, cluster_pb2.Operation]) -> tuple[int, str]:
+    return (change[0], change[1].cluster_id)
+
+
+def _record(op: cluster_pb2.Operation) -> str:
+    return json.dumps({"op": json_format.MessageToDict(op)}, separators=(",", ":")) + "\n"
+
+
+def _change_time(op: cluster_pb2.Operation) -> tuple[int, int, str]:
+    stamp = op.end_time if op.HasField("end_time") else op.start_time
+    return (stamp.seconds, stamp.nanos, op.id)
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _read_journal(path: Path) -> tuple[int, dict[str, cluster_pb2.Operation]]:
+    """(stored incarnation, last state of each operation) of a journal; empty when absent.
+
+    A torn last line (the process died mid-write) is dropped; any other unreadable line is
+    an error naming the file and line.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return 0, {}
+    except OSError as exc:
+        raise ValueError(f"state: cannot read {path} ({exc.strerror})") from None
+    incarnation = 0
+    ops: dict[str, cluster_pb2.Operation] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            entry: Any = json.loads(line)
+            if "op" in entry:
+                op = json_format.ParseDict(entry["op"], cluster_pb2.Operation())
+                if not op.id:
+                    raise ValueError("operation without id")
+                ops[op.id] = op
+            else:
+                incarnation = max(incarnation, int(entry.get("incarnation", 0)))
+        except (ValueError, TypeError, AttributeError, json_format.ParseError) as exc:
+            if number == len(lines):
+                _LOG.warning("dropping a torn last line of the operation journal %s", path)
+                continue
+            raise ValueError(
+                f"state: {path}:{number} is not an operation journal record ({exc}); move the "
+                "file aside to start with no operations"
+            ) from None
+    return incarnation, ops

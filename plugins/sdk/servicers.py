@@ -13,6 +13,7 @@ import grpc
 from fleetupgrade.plugin.v1 import cluster_pb2, cluster_pb2_grpc, health_pb2, health_pb2_grpc
 from plugins.sdk.errors import InvalidArgument, Unimplemented
 from plugins.sdk.interceptors import CALLER_METADATA_KEY
+from plugins.sdk.operations import open_cursor, release_cursor
 from plugins.sdk.validate import check_version, require, require_all, require_request_id
 
 __all__ = [
@@ -189,8 +190,32 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
         cluster_ids = list(request.cluster_ids)
         for index, cluster_id in enumerate(cluster_ids):
             require(f"cluster_ids[{index}]", cluster_id)
-        for op in self._backend.watch_operations(cluster_ids, request.include_in_flight, context):
-            yield cluster_pb2.WatchOperationsResponse(operation=op)
+        if request.since_revision < 0:
+            raise InvalidArgument(
+                "since_revision", "must be 0 or a revision a WatchOperations response carried"
+            )
+        # An OperationStore behind the backend picks the cursor up (replay, revisions). A
+        # backend without one gets numbered responses: revisions of this stream only, so a
+        # since_revision can never be replayed and the first response says resync.
+        cursor = open_cursor(context, request.since_revision)
+        numbered = 0
+        try:
+            for op in self._backend.watch_operations(
+                cluster_ids, request.include_in_flight, context
+            ):
+                if cursor.served:
+                    yield cluster_pb2.WatchOperationsResponse(
+                        operation=op, revision=cursor.revision, resync=cursor.resync
+                    )
+                    continue
+                numbered += 1
+                yield cluster_pb2.WatchOperationsResponse(
+                    operation=op,
+                    revision=numbered,
+                    resync=numbered == 1 and request.since_revision != 0,
+                )
+        finally:
+            release_cursor(context)
 
     def PreflightUpgrade(
         self, request: cluster_pb2.PreflightUpgradeRequest, context: grpc.ServicerContext

@@ -273,8 +273,9 @@ class EchoCluster(cluster_pb2_grpc.ClusterServiceServicer):
     def WatchOperations(
         self, request: cluster_pb2.WatchOperationsRequest, context: grpc.ServicerContext
     ) -> Iterator[cluster_pb2.WatchOperationsResponse]:
-        for op in self.store.watch(request.cluster_ids, request.include_in_flight, context):
-            yield cluster_pb2.WatchOperationsResponse(operation=op)
+        yield from self.store.changes(
+            request.cluster_ids, request.include_in_flight, context, request.since_revision
+        )
 
     def PreflightUpgrade(
         self, request: cluster_pb2.PreflightUpgradeRequest, context: grpc.ServicerContext
