@@ -272,10 +272,17 @@ class LegacyServer:
     back); the ticker runs while the server is up.
     """
 
-    def __init__(self, model: LegacyModel, tick_seconds: float = 0.05, port: int = 0) -> None:
+    def __init__(
+        self,
+        model: LegacyModel,
+        tick_seconds: float = 0.05,
+        port: int = 0,
+        tls: grpc.ServerCredentials | None = None,
+    ) -> None:
         self.model = model
         self.tick_seconds = tick_seconds
         self.port = port
+        self.tls = tls
         self._server: grpc.Server | None = None
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -287,7 +294,11 @@ class LegacyServer:
     def start(self) -> LegacyServer:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         plugin_pb2_grpc.add_ClusterServicer_to_server(LegacyServicer(self.model), server)
-        self.port = server.add_insecure_port(f"127.0.0.1:{self.port}")
+        address = f"127.0.0.1:{self.port}"
+        if self.tls is None:
+            self.port = server.add_insecure_port(address)
+        else:
+            self.port = server.add_secure_port(address, self.tls)
         assert self.port, "the legacy test server could not bind"
         server.start()
         self._server = server
@@ -312,10 +323,15 @@ class LegacyServer:
 
 @contextmanager
 def legacy_server(
-    clusters: dict[str, LegacyCluster], *, ticks: int = 3, tick_seconds: float = 0.05
+    clusters: dict[str, LegacyCluster],
+    *,
+    ticks: int = 3,
+    tick_seconds: float = 0.05,
+    tls: grpc.ServerCredentials | None = None,
 ) -> Iterator[LegacyServer]:
-    """A started LegacyServer over these clusters; stopped on exit."""
-    server = LegacyServer(LegacyModel(clusters, ticks_per_operation=ticks), tick_seconds)
+    """A started LegacyServer over these clusters (TLS with server credentials); stopped on exit."""
+    model = LegacyModel(clusters, ticks_per_operation=ticks)
+    server = LegacyServer(model, tick_seconds, tls=tls)
     server.start()
     try:
         yield server
