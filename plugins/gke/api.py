@@ -3,35 +3,60 @@ deadlines, no hidden retries, and Google errors turned into the contract's Plugi
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import google.auth
 import requests
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exc
 from google.auth.credentials import AnonymousCredentials, Credentials
+from google.auth.transport.requests import AuthorizedSession
 from google.cloud import compute_v1, container_v1
 
 from plugins.gke.config import ApiConfig
 from plugins.gke.ids import ClusterRef
-from plugins.sdk.errors import FailedPrecondition, NotFound, PluginError, Unavailable
+from plugins.sdk.errors import Conflict, FailedPrecondition, NotFound, PluginError, Unavailable
 
 __all__ = [
     "CLOUD_PLATFORM_SCOPE",
+    "ClusterBusy",
     "ComputeBusy",
     "GkeApi",
+    "OperationListing",
     "build_credentials",
 ]
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+_COMPUTE_DEFAULT = "https://compute.googleapis.com"
 _LOG = logging.getLogger("plugins.gke.api")
 _T = TypeVar("_T")
+# GKE answers a second cluster operation with HTTP 400, status FAILED_PRECONDITION, reason
+# failedPrecondition and "Cluster is running incompatible operation operation-...": one
+# operation at a time per cluster (GKE docs, "Upgrading a cluster": operations are serialized).
+_INCOMPATIBLE = re.compile(r"incompatible operation\s+([A-Za-z0-9_.-]+?)\.?(?:\s|$)")
+
+JsonObject = dict[str, Any]
 
 
 class ComputeBusy(PluginError):
     """Compute refused a patch for now (stale fingerprint, running operation): re-read, retry."""
+
+
+class ClusterBusy(Conflict):
+    """GKE refused a cluster operation because another one runs (operation_id: its short
+    name, as GKE's message gives it; the caller knows the location to make it a full id)."""
+
+
+class OperationListing(NamedTuple):
+    """A ListOperations answer: the operations (in no documented order) and the zones GKE
+    could not reach (their operations are missing from the list)."""
+
+    operations: list[container_v1.Operation]
+    missing_zones: list[str]
 
 
 def build_credentials(api: ApiConfig) -> Credentials:
@@ -84,6 +109,11 @@ def translate(what: str, exc: Exception) -> PluginError:
         code = exc.code or 0
         if isinstance(exc, gexc.NotFound):
             return NotFound(f"{what}: not found in GKE ({message})")
+        busy = _INCOMPATIBLE.search(message)
+        if busy is not None and (
+            status == "FAILED_PRECONDITION" or reason == "failedPrecondition" or code == 400
+        ):
+            return ClusterBusy(f"{what}: GKE answered: {message}", busy.group(1))
         if isinstance(exc, gexc.PreconditionFailed) or reason in (
             "conditionNotMet",
             "resourceNotReady",
@@ -122,12 +152,18 @@ class GkeApi:
             credentials=creds, transport="rest", client_options=options(api.container_endpoint)
         )
         compute_endpoint = api.compute_endpoint or ""
-        self._backend_services = compute_v1.BackendServicesClient(
-            credentials=creds, transport="rest", client_options=options(compute_endpoint)
-        )
         self._global_operations = compute_v1.GlobalOperationsClient(
             credentials=creds, transport="rest", client_options=options(compute_endpoint)
         )
+        # Backend services are read and patched as JSON: the typed client drops fields newer
+        # than itself, and a patch of `backends` replaces the whole list (JSON merge patch), so
+        # a typed read-modify-write would erase them.
+        self._compute_base = (compute_endpoint or _COMPUTE_DEFAULT).rstrip("/") + "/compute/v1"
+        # As the generated clients do: a service-account key signs its own JWT (no token
+        # exchange); other credentials are used as they are.
+        jwt = getattr(creds, "with_always_use_jwt_access", None)
+        session_creds = jwt(True) if callable(jwt) else creds
+        self._session = AuthorizedSession(session_creds)  # type: ignore[no-untyped-call]
 
     def _call(self, what: str, call: Callable[[], _T]) -> _T:
         try:
@@ -158,15 +194,16 @@ class GkeApi:
             lambda: self._container.get_cluster(name=ref.id, retry=None, timeout=self.timeout),
         )
 
-    def list_operations(self, parent: str) -> list[container_v1.Operation]:
-        """Every operation GKE keeps for projects/P/locations/L (L may be "-")."""
+    def list_operations(self, parent: str) -> OperationListing:
+        """Every operation GKE keeps for projects/P/locations/L (L may be "-"), in no order,
+        with the zones GKE could not reach."""
         response = self._call(
             f"ListOperations {parent}",
             lambda: self._container.list_operations(
                 parent=parent, retry=None, timeout=self.timeout
             ),
         )
-        return list(response.operations)
+        return OperationListing(list(response.operations), sorted(response.missing_zones))
 
     def get_operation(self, name: str) -> container_v1.Operation:
         """One operation by projects/P/locations/L/operations/OP."""
@@ -212,39 +249,60 @@ class GkeApi:
 
     # --------------------------------------------------------------------- compute v1
 
-    def get_backend_service(self, project: str, name: str) -> compute_v1.BackendService:
-        """A global backend service."""
-        return self._call(
-            f"backendServices.get projects/{project}/global/backendServices/{name}",
-            lambda: self._backend_services.get(
-                project=project, backend_service=name, retry=None, timeout=self.timeout
-            ),
-        )
+    def _json(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> JsonObject:
+        def call() -> JsonObject:
+            response = self._session.request(  # type: ignore[no-untyped-call]
+                method,
+                f"{self._compute_base}/{path}",
+                json=body,
+                params=params,
+                timeout=self.timeout,
+            )
+            if response.status_code >= 400:
+                raise gexc.from_http_response(response)  # type: ignore[no-untyped-call]
+            data = response.json()
+            if not isinstance(data, dict):
+                raise Unavailable(f"{what}: compute answered something other than a JSON object")
+            return data
+
+        return self._call(what, call)
+
+    def get_backend_service(self, project: str, name: str) -> JsonObject:
+        """A global backend service as compute's JSON, every field kept (also ones newer than
+        the pinned client)."""
+        path = f"projects/{project}/global/backendServices/{name}"
+        return self._json(f"backendServices.get {path}", "GET", path)
 
     def patch_backends(
         self,
         project: str,
         name: str,
-        backends: Sequence[compute_v1.Backend],
+        backends: Sequence[Mapping[str, Any]],
         fingerprint: str,
         request_id: str,
     ) -> compute_v1.Operation:
-        """Replaces the service's backends list (JSON merge patch), guarded by fingerprint;
-        request_id (a UUID) makes a repeated call return the first call's operation."""
-        request = compute_v1.PatchBackendServiceRequest(
-            project=project,
-            backend_service=name,
-            backend_service_resource=compute_v1.BackendService(
-                backends=list(backends), fingerprint=fingerprint
-            ),
-            request_id=request_id,
+        """Replaces the service's backends list (JSON merge patch: only `backends` and the
+        `fingerprint` guard are sent), the backends as read (unknown fields kept); request_id
+        (a UUID) makes a repeated call return the first call's operation."""
+        path = f"projects/{project}/global/backendServices/{name}"
+        answer = self._json(
+            f"backendServices.patch {path}",
+            "PATCH",
+            path,
+            body={"backends": list(backends), "fingerprint": fingerprint},
+            params={"requestId": request_id},
         )
-        return self._call(
-            f"backendServices.patch projects/{project}/global/backendServices/{name}",
-            lambda: self._backend_services.patch_unary(
-                request=request, retry=None, timeout=self.timeout
-            ),
+        op: compute_v1.Operation = compute_v1.Operation.from_json(
+            json.dumps(answer), ignore_unknown_fields=True
         )
+        return op
 
     def get_global_operation(self, project: str, name: str) -> compute_v1.Operation:
         """A compute global operation."""
@@ -257,6 +315,7 @@ class GkeApi:
 
     def close(self) -> None:
         """Closes the HTTP sessions."""
-        for client in (self._container, self._backend_services, self._global_operations):
+        for client in (self._container, self._global_operations):
             transport: Any = client.transport
             transport.close()
+        self._session.close()  # type: ignore[no-untyped-call]

@@ -174,9 +174,16 @@ class OperationsConfig(_Model):
 
 
 class UpgradesConfig(_Model):
-    """Upgrade policy the plugin applies before calling GKE."""
+    """Upgrade policy the plugin applies before calling GKE.
 
-    respect_maintenance_exclusions: bool = True
+    GKE's maintenance exclusions forbid only GKE's *automatic* maintenance; manual upgrades go
+    through them. The plugin reports windows and exclusions on each cluster (information for
+    the orchestrator) and, by default, lets upgrades through as GKE does. Set
+    respectMaintenanceExclusions to refuse (retryable) upgrades inside an active exclusion
+    whose scope covers them.
+    """
+
+    respect_maintenance_exclusions: bool = False
 
 
 class GkeConfig(_Model):

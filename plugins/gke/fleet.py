@@ -3,6 +3,7 @@ again after a restart, never started twice), refusals before calling, traffic dr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -14,21 +15,33 @@ import grpc
 from google.cloud import container_v1
 
 from fleetupgrade.plugin.v1 import cluster_pb2
-from plugins.gke.api import GkeApi
+from plugins.gke.api import ClusterBusy, GkeApi
 from plugins.gke.config import GkeConfig
-from plugins.gke.ids import ClusterRef, parse_cluster_id, parse_operation_id
+from plugins.gke.ids import ClusterRef, OperationRef, parse_cluster_id, parse_operation_id
 from plugins.gke.operations import (
     GkeOperationStore,
     Mirrored,
+    by_start,
     contract_state,
     describe,
     progress_percent,
     timestamp,
 )
-from plugins.gke.policy import check_control_plane, check_node_pool
+from plugins.gke.policy import (
+    autopilot_refusal,
+    check_control_plane,
+    check_node_pool,
+    exclusion_refusal,
+    is_autopilot,
+    resolve_control_plane,
+    resolve_node_pool,
+)
+from plugins.gke.preflight import busy_verdict, judge, verdict
 from plugins.gke.state import Binding, PluginState
-from plugins.gke.traffic import Stopping, Traffic, build_traffic
-from plugins.sdk.errors import Conflict, InvalidArgument, NotFound, PluginError
+from plugins.gke.traffic import ServiceState, Stopping, Traffic, build_traffic
+from plugins.gke.windows import maintenance_windows
+from plugins.sdk import versions
+from plugins.sdk.errors import Conflict, InvalidArgument, NotFound, PluginError, Unavailable
 from plugins.sdk.operations import TERMINAL_STATES, kind_name
 from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
 
@@ -51,7 +64,7 @@ _CP = cluster_pb2.OPERATION_KIND_UPGRADE_CONTROL_PLANE
 _NP = cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL
 _OUT = cluster_pb2.OPERATION_KIND_SERVICE_OUT
 _IN = cluster_pb2.OPERATION_KIND_SERVICE_IN
-_FULL_LISTING_EVERY = 12  # poll ticks between re-listings of the clusters
+_FULL_LISTING_EVERY = 12  # poll ticks between ListClusters / ListOperations re-reads
 
 
 def _status_name(value: int) -> str:
@@ -61,8 +74,9 @@ def _status_name(value: int) -> str:
         return str(value)
 
 
-def _type_name(info: Mirrored) -> str:
-    return info.type_name or "operation"
+def _covers(zone: str, location: str) -> bool:
+    """True when a zone GKE could not reach may hold operations of a cluster in location."""
+    return zone == location or zone.startswith(location + "-") or location.startswith(zone + "-")
 
 
 class GkeFleet:
@@ -107,17 +121,33 @@ class GkeFleet:
         self.api.close()
 
     def _poll(self) -> None:
+        """Each tick asks GetOperation for the GKE operations in flight; every
+        _FULL_LISTING_EVERY ticks it re-lists clusters and operations (to find operations GKE
+        started by itself). ListOperations has no filter or paging, so it is not read whole
+        where GetOperation suffices."""
         tick = 0
         while not self._stop.wait(self.config.operations.poll_seconds):
             tick += 1
             try:
                 if tick % _FULL_LISTING_EVERY == 0:
                     self._listing()
-                self._refresh_operations(self._parents())
+                    self._refresh_operations(self._parents())
+                else:
+                    self._refresh_in_flight()
             except PluginError as exc:
                 _LOG.warning("polling GKE operations failed; retrying: %s", exc.message)
             except Exception:
                 _LOG.exception("polling GKE operations failed; retrying")
+
+    def _refresh_in_flight(self) -> None:
+        for op_id in self.store.in_flight_ids():
+            ref = parse_operation_id(op_id)
+            if ref is None:
+                continue  # the plugin's own (traffic) operation: it reports itself
+            try:
+                self._mirror(self.api.get_operation(op_id), ref.project, force=True)
+            except NotFound:
+                _LOG.warning("GKE no longer knows operation %s", op_id)
 
     def _restore_local_operations(self) -> None:
         for op in self.state.operations():
@@ -191,15 +221,20 @@ class GkeFleet:
     # ------------------------------------------------------------------- inventory
 
     def _contract_cluster(
-        self, ref: ClusterRef, cluster: container_v1.Cluster, in_service: bool
+        self, ref: ClusterRef, cluster: container_v1.Cluster, service: ServiceState
     ) -> cluster_pb2.Cluster:
         status = int(cluster.status)
         available = status == _ClusterStatus.RUNNING
-        reason = ""
+        reasons = []
         if not available:
-            reason = f"GKE status {_status_name(status)}"
+            reasons.append(f"GKE status {_status_name(status)}")
             if cluster.status_message:
-                reason += f": {cluster.status_message}"
+                reasons[-1] += f": {cluster.status_message}"
+        if service.problem:
+            available = False
+            reasons.append(service.problem)
+        # Autopilot: GKE upgrades the nodes itself, so no pool is offered for manual upgrade.
+        pools = [] if is_autopilot(cluster) else list(cluster.node_pools)
         result = cluster_pb2.Cluster(
             id=ref.id,
             labels=dict(cluster.resource_labels),
@@ -212,11 +247,12 @@ class GkeFleet:
                         int(pool.status), cluster_pb2.NODE_POOL_STATUS_UNSPECIFIED
                     ),
                 )
-                for pool in cluster.node_pools
+                for pool in pools
             ],
             available=available,
-            unavailable_reason=reason,
-            in_service=in_service,
+            unavailable_reason="; ".join(reasons),
+            in_service=service.in_service,
+            maintenance_windows=maintenance_windows(cluster),
         )
         current = self.store.in_flight(ref.id)
         if current is not None:
@@ -261,7 +297,16 @@ class GkeFleet:
     def _refresh_operations(self, parents: Iterable[str]) -> None:
         for parent in parents:
             project = parent.split("/")[1]
-            for gke_op in self.api.list_operations(parent):
+            listing = self.api.list_operations(parent)
+            if listing.missing_zones:
+                # Operations there are missing from the answer; none is taken for ended
+                # (an operation ends only when GKE reports it DONE).
+                _LOG.warning(
+                    "ListOperations %s: GKE could not reach zones %s",
+                    parent,
+                    ", ".join(listing.missing_zones),
+                )
+            for gke_op in by_start(listing.operations):
                 self._mirror(gke_op, project)
 
     def _mirror(
@@ -302,8 +347,8 @@ class GkeFleet:
         return self.store.record(op)
 
     def _check_adopted_target(self, op: cluster_pb2.Operation, binding: Binding) -> None:
-        """An adopted operation was not started for the request: succeed only if it reached
-        the requested version."""
+        """An adopted operation was not started for the request: succeed only if what it
+        reached meets the requested version (an auto-upgrade may land past it)."""
         ref = parse_cluster_id(binding.cluster_id)
         if ref is None:
             return
@@ -312,13 +357,13 @@ class GkeFleet:
         if binding.node_pool:
             pool = next((p for p in cluster.node_pools if p.name == binding.node_pool), None)
             reached = pool.version if pool is not None else ""
-        if reached != binding.version:
+        if not reached or not versions.meets(reached, binding.version):
             op.state = cluster_pb2.OPERATION_STATE_FAILED
             op.error_code = "TARGET_NOT_REACHED"
             op.error_message = (
                 f"GKE operation {op.id} ended with {binding.node_pool or 'the control plane'} "
-                f"at {reached}, not {binding.version}; it was already running when the request "
-                "came, so ask again"
+                f"at {reached or 'an unknown version'}, short of {binding.version}; it was "
+                "already running when the request came, so ask again"
             )
 
     def get_operation(self, op_id: str) -> cluster_pb2.Operation:
@@ -352,8 +397,8 @@ class GkeFleet:
         self, request_id: str, kind: int, cluster_id: str, node_pool: str, version: str
     ) -> cluster_pb2.Operation | None:
         op = self.store.lookup(request_id)
+        binding = self.state.binding(request_id)
         if op is None:
-            binding = self.state.binding(request_id)
             if binding is None:
                 return None
             if parse_operation_id(binding.op_id) is None:
@@ -367,7 +412,11 @@ class GkeFleet:
             op.kind == kind
             and op.cluster_id == cluster_id
             and op.node_pool == node_pool
-            and (not version or op.target_version == version)
+            and (
+                not version
+                or op.target_version == version
+                or (binding is not None and binding.requested == version)
+            )
         )
         if not same:
             raise InvalidArgument(
@@ -382,10 +431,19 @@ class GkeFleet:
     def _gke_in_flight(
         self, ref: ClusterRef
     ) -> tuple[list[tuple[container_v1.Operation, Mirrored]], list[container_v1.Operation]]:
-        """(in flight, done) GKE operations on the cluster, oldest first."""
+        """(in flight, done) GKE operations on the cluster, oldest first by start time
+        (ListOperations has no documented order). Unavailable when GKE could not reach a zone
+        that may hold the cluster's operations: a busy cluster would look free."""
+        listing = self.api.list_operations(ref.parent)
+        missing = [z for z in listing.missing_zones if _covers(z, ref.location)]
+        if missing:
+            raise Unavailable(
+                f"ListOperations {ref.parent}: GKE could not reach zone(s) {', '.join(missing)} "
+                f"of cluster {ref.id}, so its running operations are unknown; retry"
+            )
         running: list[tuple[container_v1.Operation, Mirrored]] = []
         done: list[container_v1.Operation] = []
-        for gke_op in self.api.list_operations(ref.parent):
+        for gke_op in by_start(listing.operations):
             info = describe(gke_op, ref.project)
             if info is None or info.cluster != ref.name or info.location != ref.location:
                 continue
@@ -395,11 +453,25 @@ class GkeFleet:
                 done.append(gke_op)
         return running, done
 
-    def _busy(self, cluster_id: str, info: Mirrored) -> Conflict:
+    def _busy(self, cluster_id: str, running: list[Mirrored]) -> Conflict:
+        """ABORTED naming every operation in flight on the cluster (the oldest first)."""
+        names = "; ".join(f"{info.op_id} ({info.what})" for info in running)
         return Conflict(
-            f"cluster {cluster_id} has GKE operation {info.op_id} ({_type_name(info)}) in "
-            "flight; wait until it ends, then retry",
-            info.op_id,
+            f"cluster {cluster_id} has GKE operation(s) in flight: {names}; GKE runs one "
+            "cluster operation at a time: wait until they end, then retry",
+            running[0].op_id,
+        )
+
+    def _gke_busy(self, ref: ClusterRef, exc: ClusterBusy) -> Conflict:
+        """GKE's own "running incompatible operation" answer (an operation started between
+        the plugin's look and its call): ABORTED naming it, and the operation mirrored."""
+        op_id = OperationRef(ref.project, ref.location, exc.operation_id).id
+        with contextlib.suppress(PluginError):  # named all the same
+            self._mirror(self.api.get_operation(op_id), ref.project, force=True)
+        return Conflict(
+            f"cluster {ref.id} is running GKE operation {op_id} (GKE answered "
+            "FAILED_PRECONDITION: incompatible operation); wait until it ends, then retry",
+            op_id,
         )
 
     def _bound_elsewhere(self, op_id: str, request_id: str) -> bool:
@@ -416,8 +488,11 @@ class GkeFleet:
         info: Mirrored,
         cluster_id: str,
         version: str,
+        requested: str = "",
     ) -> cluster_pb2.Operation:
-        binding = Binding(info.op_id, info.kind, cluster_id, info.node_pool, version, True)
+        binding = Binding(
+            info.op_id, info.kind, cluster_id, info.node_pool, version, True, requested
+        )
         self.state.bind(request_id, binding)
         project = cluster_id.split("/")[1]
         op = self._mirror(gke_op, project, force=True)
@@ -435,6 +510,7 @@ class GkeFleet:
         cluster_id: str,
         node_pool: str = "",
         version: str = "",
+        requested: str = "",
     ) -> cluster_pb2.Operation:
         op, _ = self.store.start(
             request_id=request_id,
@@ -445,6 +521,10 @@ class GkeFleet:
             initial_state=cluster_pb2.OPERATION_STATE_SUCCEEDED,
         )
         self.state.save_operation(op)
+        if requested:  # a repeat asks with the alias again: remember it
+            self.state.bind(
+                request_id, Binding(op.id, kind, cluster_id, node_pool, version, False, requested)
+            )
         return op
 
     def upgrade_control_plane(
@@ -460,59 +540,73 @@ class GkeFleet:
         return self._upgrade(_NP, request_id, cluster_id, node_pool, version)
 
     def _upgrade(
-        self, kind: int, request_id: str, cluster_id: str, node_pool: str, version: str
+        self, kind: int, request_id: str, cluster_id: str, node_pool: str, requested: str
     ) -> cluster_pb2.Operation:
-        """UpgradeControlPlane (kind CP) or UpgradeNodePool (kind NP) by the contract's rules."""
+        """UpgradeControlPlane (kind CP) or UpgradeNodePool (kind NP) by the contract's rules.
+
+        requested may be one of GKE's aliases; it is resolved from GetServerConfig to the
+        explicit version GKE would pick, which is what the operation targets.
+        """
         ref = self._ref(cluster_id)
         with self._lock(cluster_id):
-            existing = self._existing(request_id, kind, cluster_id, node_pool, version)
+            existing = self._existing(request_id, kind, cluster_id, node_pool, requested)
             if existing is not None:
                 return existing
             cluster = self._selected_cluster(ref)
             pool = None
             if kind == _NP:
+                if is_autopilot(cluster):
+                    raise autopilot_refusal(cluster_id)
                 pool = next((p for p in cluster.node_pools if p.name == node_pool), None)
                 if pool is None:
                     raise NotFound(f"node pool {node_pool} not found in cluster {cluster_id}")
+            config = self.api.server_config(ref.parent)
+            version = (
+                resolve_control_plane(cluster, config, requested)
+                if pool is None
+                else resolve_node_pool(cluster, config, requested)
+            )
+            alias = requested if requested != version else ""
             running, done = self._gke_in_flight(ref)
             for gke_op, info in running:
                 same = info.kind == kind and (kind == _CP or info.node_pool == node_pool)
                 if same and not self._bound_elsewhere(info.op_id, request_id):
-                    return self._adopt(request_id, gke_op, info, cluster_id, version)
-                if info.kind:
-                    self._mirror(gke_op, ref.project, force=True)
-                raise self._busy(cluster_id, info)
+                    return self._adopt(request_id, gke_op, info, cluster_id, version, alias)
+            if running:
+                for gke_op, info in running:
+                    if info.kind:
+                        self._mirror(gke_op, ref.project, force=True)
+                raise self._busy(cluster_id, [info for _, info in running])
             self.store.ensure_free(cluster_id)
             current = pool.version if pool is not None else cluster.current_master_version
             if version == current:
                 recent = self._recent_done(ref, done, kind, node_pool, request_id)
                 if recent is not None:
-                    return self._adopt(request_id, *recent, cluster_id, version)
-                return self._nothing_to_do(request_id, kind, cluster_id, node_pool, version)
-            config = self.api.server_config(ref.parent)
-            respect = self.config.upgrades.respect_maintenance_exclusions
+                    return self._adopt(request_id, *recent, cluster_id, version, alias)
+                return self._nothing_to_do(request_id, kind, cluster_id, node_pool, version, alias)
             if pool is None:
-                check_control_plane(
-                    cluster_id, cluster, version, config, ref.location, respect_exclusions=respect
-                )
-                gke_op = self.api.update_master(ref, version)
+                check_control_plane(cluster_id, cluster, version, config, ref.location)
             else:
-                check_node_pool(
-                    cluster_id,
-                    cluster,
-                    pool,
-                    version,
-                    config,
-                    ref.location,
-                    respect_exclusions=respect,
-                )
-                image_type = pool.config.image_type or config.default_image_type
-                gke_op = self.api.update_node_pool(ref, pool.name, version, image_type)
+                check_node_pool(cluster_id, cluster, pool, version, config, ref.location)
+            if self.config.upgrades.respect_maintenance_exclusions:
+                minor = versions.parse(version)[:2] != versions.parse(current)[:2]
+                refusal = exclusion_refusal(cluster_id, cluster, minor=minor, node=pool is not None)
+                if refusal is not None:
+                    raise refusal
+            try:
+                if pool is None:
+                    gke_op = self.api.update_master(ref, version)
+                else:
+                    image_type = pool.config.image_type or config.default_image_type
+                    gke_op = self.api.update_node_pool(ref, pool.name, version, image_type)
+            except ClusterBusy as exc:
+                raise self._gke_busy(ref, exc) from None
             started = describe(gke_op, ref.project)
             if started is None:
                 raise PluginError(f"GKE answered an operation without a target for {cluster_id}")
             self.state.bind(
-                request_id, Binding(started.op_id, kind, cluster_id, node_pool, version)
+                request_id,
+                Binding(started.op_id, kind, cluster_id, node_pool, version, requested=alias),
             )
             _LOG.info(
                 "GKE upgrade started",
@@ -523,6 +617,7 @@ class GkeFleet:
                         "cluster": cluster_id,
                         "node_pool": node_pool,
                         "version": version,
+                        "requested": requested,
                     }
                 },
             )
@@ -544,7 +639,10 @@ class GkeFleet:
         if window <= 0:
             return None
         now = datetime.now(UTC).timestamp()
-        for gke_op in reversed(done):
+        newest_first = sorted(
+            done, key=lambda op: timestamp(op.end_time).ToNanoseconds(), reverse=True
+        )
+        for gke_op in newest_first:
             info = describe(gke_op, ref.project)
             if info is None or info.kind != kind or (kind == _NP and info.node_pool != node_pool):
                 continue
@@ -642,6 +740,47 @@ class GkeFleet:
         else:
             final = self.store.update(op_id, state=cluster_pb2.OPERATION_STATE_SUCCEEDED)
         self.state.save_operation(final)
+
+    # -------------------------------------------------------------------- preflight
+
+    def preflight_upgrade(
+        self, cluster_id: str, control_plane_version: str, node_pool_versions: Mapping[str, str]
+    ) -> cluster_pb2.PreflightUpgradeResponse:
+        """PreflightUpgrade: GKE's rules against GetServerConfig and the cluster (REFUSED_NEVER),
+        then the operations in flight and the opt-in exclusion policy (REFUSED_LATER).
+        Read-only: ListOperations and GetServerConfig, never a mutation."""
+        ref = self._ref(cluster_id)
+        cluster = self._selected_cluster(ref)
+        config = self.api.server_config(ref.parent)
+        refusal = judge(
+            cluster_id,
+            cluster,
+            config,
+            ref.location,
+            control_plane_version,
+            node_pool_versions,
+            respect_exclusions=self.config.upgrades.respect_maintenance_exclusions,
+        )
+        if refusal is None or refusal.retryable:
+            running, _ = self._gke_in_flight(ref)
+            infos = [info for _, info in running]
+            own = self.store.in_flight(cluster_id)
+            if own is not None and all(info.op_id != own.id for info in infos):
+                infos.append(
+                    Mirrored(
+                        own.id,
+                        ref.location,
+                        ref.name,
+                        own.node_pool,
+                        own.kind,
+                        kind_name(own.kind),
+                        True,
+                    )
+                )
+            busy = busy_verdict(cluster_id, infos)
+            if busy is not None:
+                return busy
+        return verdict(refusal)
 
     # ------------------------------------------------------------------------ probe
 

@@ -8,17 +8,22 @@ from typing import NamedTuple
 __all__ = [
     "ClusterRef",
     "OperationRef",
+    "Target",
     "group_key",
     "parse_cluster_id",
     "parse_operation_id",
+    "parse_target",
     "parse_target_link",
 ]
 
 _CLUSTER_ID = re.compile(r"^projects/([^/]+)/locations/([^/]+)/clusters/([^/]+)$")
 _OPERATION_ID = re.compile(r"^projects/([^/]+)/locations/([^/]+)/operations/([^/]+)$")
-# GKE's targetLink: .../projects/{id or number}/{zones|locations}/L/clusters/C[/nodePools/NP]
+# GKE's targetLink: .../projects/{id or number}/{zones|locations}/L/clusters/C[/nodePools/NP
+# [/node/N]]; node-level links are what auto-repair operations point at (container v1
+# Operation.target_link: "Server-defined URI for the target of the operation").
 _TARGET = re.compile(
-    r"/projects/([^/]+)/(?:zones|locations)/([^/]+)/clusters/([^/]+)(?:/nodePools/([^/]+))?/?$"
+    r"/projects/([^/]+)/(?:zones|locations)/([^/]+)/clusters/([^/]+)"
+    r"(?:/nodePools/([^/]+)(?:/nodes?/([^/]+))?)?/?$"
 )
 _GROUP = re.compile(r"(projects/[^/]+/(?:zones|regions|global)/.+)$")
 
@@ -43,6 +48,15 @@ class ClusterRef(NamedTuple):
     def pool(self, name: str) -> str:
         """The resource name of one of its node pools."""
         return f"{self.id}/nodePools/{name}"
+
+
+class Target(NamedTuple):
+    """What an operation's targetLink points at: a cluster, one of its pools, or one node."""
+
+    location: str
+    cluster: str
+    node_pool: str  # "" for the cluster itself
+    node: str  # "" unless the link names one node (repairs)
 
 
 class OperationRef(NamedTuple):
@@ -70,8 +84,8 @@ def parse_operation_id(operation_id: str) -> OperationRef | None:
     return OperationRef(*match.groups()) if match else None
 
 
-def parse_target_link(link: str) -> tuple[str, str, str] | None:
-    """(location, cluster, node pool or "") an operation's targetLink points at.
+def parse_target(link: str) -> Target | None:
+    """The cluster, node pool and node an operation's targetLink points at; None otherwise.
 
     The project part is left out: GKE writes project numbers in links, the plugin's ids carry
     project ids, and the caller already knows the project it listed.
@@ -79,8 +93,14 @@ def parse_target_link(link: str) -> tuple[str, str, str] | None:
     match = _TARGET.search(link)
     if not match:
         return None
-    _, location, cluster, pool = match.groups()
-    return location, cluster, pool or ""
+    _, location, cluster, pool, node = match.groups()
+    return Target(location, cluster, pool or "", node or "")
+
+
+def parse_target_link(link: str) -> tuple[str, str, str] | None:
+    """(location, cluster, node pool or "") an operation's targetLink points at."""
+    target = parse_target(link)
+    return None if target is None else (target.location, target.cluster, target.node_pool)
 
 
 def group_key(url: str) -> str:

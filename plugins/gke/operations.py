@@ -9,13 +9,14 @@ from google.cloud import container_v1
 from google.protobuf import timestamp_pb2
 
 from fleetupgrade.plugin.v1 import cluster_pb2
-from plugins.gke.ids import OperationRef, parse_target_link
+from plugins.gke.ids import OperationRef, parse_target
 from plugins.sdk.operations import TERMINAL_STATES, OperationStore
 
 __all__ = [
     "KIND_BY_TYPE",
     "GkeOperationStore",
     "Mirrored",
+    "by_start",
     "contract_state",
     "describe",
     "progress_percent",
@@ -44,25 +45,54 @@ class Mirrored(NamedTuple):
     kind: int  # 0 when the type is not one the contract reports
     type_name: str
     in_flight: bool
+    node: str = ""  # the node a node-level operation (an auto-repair) works on
+
+    @property
+    def what(self) -> str:
+        """The operation for people: "UPGRADE_NODES of pool NP", "AUTO_REPAIR_NODES of node N"."""
+        name = self.type_name or "operation"
+        if self.node:
+            return f"{name} of node {self.node} in pool {self.node_pool}"
+        if self.node_pool:
+            return f"{name} of pool {self.node_pool}"
+        return name
 
 
 def describe(op: container_v1.Operation, project: str) -> Mirrored | None:
     """The GKE operation's id, target and kind; None when its target is not a cluster."""
-    target = parse_target_link(op.target_link)
+    target = parse_target(op.target_link)
     if target is None:
         return None
-    location, cluster, pool = target
-    op_id = OperationRef(project, op.location or op.zone or location, op.name).id
+    op_id = OperationRef(project, op.location or op.zone or target.location, op.name).id
     type_value = int(op.operation_type)
+    kind = KIND_BY_TYPE.get(type_value, 0)
+    if target.node:
+        kind = 0  # a node-level operation (a repair) is not a pool upgrade of the contract
     return Mirrored(
         op_id=op_id,
-        location=location,
-        cluster=cluster,
-        node_pool=pool,
-        kind=KIND_BY_TYPE.get(type_value, 0),
+        location=target.location,
+        cluster=target.cluster,
+        node_pool=target.node_pool,
+        kind=kind,
         type_name=_Type(type_value).name if type_value in _Type._value2member_map_ else "",
         in_flight=op.status != _Status.DONE,
+        node=target.node,
     )
+
+
+def by_start(ops: list[container_v1.Operation]) -> list[container_v1.Operation]:
+    """Operations oldest first by startTime (ListOperations documents no order)."""
+    return sorted(ops, key=lambda op: (_instant(op.start_time), op.name))
+
+
+def _instant(text: str) -> tuple[int, int]:
+    """(seconds, nanos) of an RFC 3339 time; (0, 0) when empty or unreadable."""
+    stamp = timestamp_pb2.Timestamp()
+    try:
+        stamp.FromJsonString(text)
+    except ValueError:
+        return 0, 0
+    return stamp.seconds, stamp.nanos
 
 
 def progress_percent(op: container_v1.Operation) -> int:

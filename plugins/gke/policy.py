@@ -1,27 +1,93 @@
-"""What the plugin refuses before calling GKE: versions GKE does not offer, downgrades, node
-pools newer than their control plane, minor-version skips, and upgrades inside a maintenance
-exclusion. Each refusal is a FailedPrecondition whose message names the field and what to do."""
+"""GKE's documented version rules, checked before calling GKE: version aliases resolved from
+GetServerConfig, the versions offered to the cluster (its channel, plus same-minor patches of
+newer channels), downgrades, minor skips, node version skew and Autopilot; and the opt-in
+refusal inside maintenance exclusions. Each refusal carries a reason code and a message that
+names the field and what to do.
+
+Sources (GKE documentation and the container v1 API reference):
+- UpdateMasterRequest.master_version / UpdateNodePoolRequest.node_version: the aliases
+  "latest", "1.X", "1.X.Y", "-" (default version for control planes, the control plane's
+  version for nodes), or an explicit "1.X.Y-gke.N".
+- https://cloud.google.com/kubernetes-engine/docs/concepts/release-channels: a cluster in a
+  channel may be upgraded to a patch version of a newer channel when it keeps its minor version.
+- https://cloud.google.com/kubernetes-engine/docs/how-to/upgrading-a-cluster: control planes
+  upgrade one minor version at a time and may be downgraded only to an earlier patch of the
+  same minor version; Autopilot node versions are managed by GKE (only the control plane is
+  upgraded by hand).
+- https://cloud.google.com/kubernetes-engine/versioning: nodes may be up to two minor versions
+  older than the control plane and never newer.
+- https://cloud.google.com/kubernetes-engine/docs/concepts/maintenance-windows-and-exclusions:
+  exclusions forbid automatic maintenance only.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from google.cloud import container_v1
-from google.protobuf import timestamp_pb2
 
+from plugins.gke.windows import as_datetime, exclusion_scope
 from plugins.sdk import versions
-from plugins.sdk.errors import FailedPrecondition
+from plugins.sdk.errors import FailedPrecondition, InvalidArgument, Reason
 
 __all__ = [
+    "AUTOPILOT_NODE_POOL",
+    "MAX_NODE_MINOR_SKEW",
+    "NODE_POOL_TOO_FAR_BEHIND",
+    "Refusal",
+    "autopilot_refusal",
     "check_control_plane",
     "check_node_pool",
+    "exclusion_refusal",
+    "is_autopilot",
     "offered_master_versions",
     "offered_node_versions",
+    "resolve_control_plane",
+    "resolve_node_pool",
 ]
 
 _Channel = container_v1.ReleaseChannel.Channel
 _Scope = container_v1.MaintenanceExclusionOptions.Scope
 _SHOWN = 6  # offered versions listed in a refusal
+MAX_NODE_MINOR_SKEW = 2
+"""Node pools may be this many minor versions older than their control plane (GKE docs)."""
+
+# Channels whose versions are newer than a channel's own (release-channels: new versions reach
+# Rapid first, then Regular, then Stable; Extended follows Regular).
+_NEWER: dict[int, tuple[int, ...]] = {
+    _Channel.RAPID: (),
+    _Channel.REGULAR: (_Channel.RAPID,),
+    _Channel.STABLE: (_Channel.REGULAR, _Channel.RAPID),
+    _Channel.EXTENDED: (_Channel.REGULAR, _Channel.RAPID),
+}
+_ALIAS = re.compile(r"^\d+\.\d+(\.\d+)?$")
+
+
+AUTOPILOT_NODE_POOL = "AUTOPILOT_NODE_POOL"
+"""ErrorInfo reason: a manual node-pool upgrade asked of an Autopilot cluster."""
+NODE_POOL_TOO_FAR_BEHIND = "NODE_POOL_TOO_FAR_BEHIND"
+"""ErrorInfo reason: a node version more than MAX_NODE_MINOR_SKEW minors behind its control
+plane (the control plane's upgrade would cause it, or the node version asked is that old)."""
+
+Refusal = FailedPrecondition
+"""A refusal by GKE's rules: FailedPrecondition with an ErrorInfo reason; retryable (with
+retry_after when known) only for the opt-in maintenance-exclusion refusal."""
+
+
+def autopilot_refusal(cluster_id: str, field: str = "node_pool") -> Refusal:
+    """Autopilot: GKE upgrades the nodes itself; only the control plane is upgraded by hand."""
+    return Refusal(
+        f"{field}: cluster {cluster_id} is an Autopilot cluster; GKE upgrades its nodes itself "
+        "after the control plane, so upgrade only the control plane",
+        reason=AUTOPILOT_NODE_POOL,
+    )
+
+
+def is_autopilot(cluster: container_v1.Cluster) -> bool:
+    """True for an Autopilot cluster (its nodes are upgraded by GKE, never by hand)."""
+    return bool(cluster.autopilot.enabled)
 
 
 def _channel(cluster: container_v1.Cluster) -> int:
@@ -35,41 +101,18 @@ def _channel_name(value: int) -> str:
         return str(value)
 
 
-def offered_master_versions(
-    cluster: container_v1.Cluster, config: container_v1.ServerConfig
-) -> list[str]:
-    """Control-plane versions GKE offers the cluster: its channel's, or the no-channel list."""
-    channel = _channel(cluster)
-    if channel != _Channel.UNSPECIFIED:
-        for entry in config.channels:
-            if int(entry.channel) == channel:
-                return list(entry.valid_versions)
-        return []
-    return list(config.valid_master_versions)
+def _channel_versions(config: container_v1.ServerConfig, channel: int) -> list[str]:
+    for entry in config.channels:
+        if int(entry.channel) == channel:
+            return list(entry.valid_versions)
+    return []
 
 
-def offered_node_versions(
-    cluster: container_v1.Cluster, config: container_v1.ServerConfig
-) -> list[str]:
-    """Node versions GKE accepts: the valid node versions plus the control plane's own."""
-    return [*config.valid_node_versions, cluster.current_master_version]
-
-
-def _listing(offered: list[str]) -> str:
-    ordered = sorted(set(offered), key=versions.parse, reverse=True)
-    if not ordered:
-        return "none"
-    shown = ", ".join(ordered[:_SHOWN])
-    return shown + (f" and {len(ordered) - _SHOWN} older" if len(ordered) > _SHOWN else "")
-
-
-def _as_datetime(value: object) -> datetime:
-    """proto-plus answers Timestamp fields as datetimes; accept a raw Timestamp as well."""
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    if isinstance(value, timestamp_pb2.Timestamp):
-        return value.ToDatetime(tzinfo=UTC)
-    raise TypeError(f"not a time: {type(value).__name__}")
+def _channel_default(config: container_v1.ServerConfig, channel: int) -> str:
+    for entry in config.channels:
+        if int(entry.channel) == channel:
+            return str(entry.default_version)
+    return ""
 
 
 def _minor(version: str) -> tuple[int, int]:
@@ -77,45 +120,118 @@ def _minor(version: str) -> tuple[int, int]:
     return parsed.major, parsed.minor
 
 
-def _exclusion_blocks(
-    cluster_id: str,
+def offered_master_versions(
+    cluster: container_v1.Cluster, config: container_v1.ServerConfig
+) -> list[str]:
+    """Control-plane versions GKE offers the cluster: its channel's, or the no-channel list."""
+    channel = _channel(cluster)
+    if channel != _Channel.UNSPECIFIED:
+        return _channel_versions(config, channel)
+    return list(config.valid_master_versions)
+
+
+def _newer_channel_patches(
+    cluster: container_v1.Cluster, config: container_v1.ServerConfig, minor: tuple[int, int]
+) -> list[str]:
+    """Versions of newer channels with the given minor version (channel clusters only)."""
+    found: list[str] = []
+    for channel in _NEWER.get(_channel(cluster), ()):
+        found.extend(v for v in _channel_versions(config, channel) if _minor(v) == minor)
+    return found
+
+
+def offered_node_versions(
+    cluster: container_v1.Cluster, config: container_v1.ServerConfig, master: str = ""
+) -> list[str]:
+    """Node versions GKE accepts: the valid node versions, the cluster's channel versions and
+    the control plane's own (master: the control plane's version to check against)."""
+    master = master or cluster.current_master_version
+    offered = [*config.valid_node_versions, master, cluster.current_master_version]
+    channel = _channel(cluster)
+    if channel != _Channel.UNSPECIFIED:
+        offered += _channel_versions(config, channel)
+        offered += _newer_channel_patches(cluster, config, _minor(master))
+    return offered
+
+
+def _listing(offered: Iterable[str]) -> str:
+    ordered = sorted(set(offered), key=versions.parse, reverse=True)
+    if not ordered:
+        return "none"
+    shown = ", ".join(ordered[:_SHOWN])
+    return shown + (f" and {len(ordered) - _SHOWN} older" if len(ordered) > _SHOWN else "")
+
+
+def _resolve(field: str, requested: str, offered: list[str], default: str, what: str) -> str:
+    """An alias ("latest", "1.X", "1.X.Y", "-") as the explicit version GKE would pick from
+    offered; an explicit version unchanged; InvalidArgument when an alias matches nothing."""
+    ordered = sorted(set(offered), key=versions.parse, reverse=True)
+    picked: str | None = None
+    if requested == "-":
+        picked = default or None
+    elif requested == "latest":
+        picked = ordered[0] if ordered else None
+    elif _ALIAS.match(requested):
+        if requested in ordered:
+            return requested
+        wanted = versions.parse(requested)
+        depth = 3 if requested.count(".") == 2 else 2
+        picked = next((v for v in ordered if versions.parse(v)[:depth] == wanted[:depth]), None)
+    else:
+        return requested  # an explicit version: checked against the offered list later
+    if picked is None:
+        raise InvalidArgument(
+            field,
+            f"{requested!r} matches no version GKE offers for {what}; valid: "
+            f"{_listing(ordered)} (or an alias: latest, 1.X, 1.X.Y, -)",
+        )
+    return picked
+
+
+def resolve_control_plane(
     cluster: container_v1.Cluster,
-    *,
-    minor: bool,
-    node: bool,
-    now: datetime,
-) -> None:
-    windows = cluster.maintenance_policy.window.maintenance_exclusions
-    for name in sorted(windows):
-        window = windows[name]
-        start = _as_datetime(window.start_time) if "start_time" in window else None
-        end = _as_datetime(window.end_time) if "end_time" in window else None
-        if start is not None and now < start:
-            continue
-        if end is not None and now >= end:
-            continue
-        scope = (
-            int(window.maintenance_exclusion_options.scope)
-            if "maintenance_exclusion_options" in window
-            else int(_Scope.NO_UPGRADES)
-        )
-        if scope == _Scope.NO_UPGRADES:
-            blocked = True
-        elif scope == _Scope.NO_MINOR_UPGRADES:
-            blocked = minor
-        elif scope == _Scope.NO_MINOR_OR_NODE_UPGRADES:
-            blocked = minor or node
-        else:
-            blocked = True
-        if not blocked:
-            continue
-        scope_name = _Scope(scope).name if scope in (0, 1, 2) else str(scope)
-        until = end.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if end else "no end date"
-        raise FailedPrecondition(
-            f"cluster {cluster_id} is inside maintenance exclusion {name!r} "
-            f"(scope {scope_name}, until {until}); the upgrade is retryable after it ends "
-            "(or remove the exclusion from the cluster's maintenancePolicy)"
-        )
+    config: container_v1.ServerConfig,
+    requested: str,
+    field: str = "version",
+) -> str:
+    """The explicit control-plane version GKE would upgrade to for requested."""
+    channel = _channel(cluster)
+    default = (
+        _channel_default(config, channel)
+        if channel != _Channel.UNSPECIFIED
+        else str(config.default_cluster_version)
+    )
+    return _resolve(
+        field, requested, offered_master_versions(cluster, config), default, "control planes"
+    )
+
+
+def resolve_node_pool(
+    cluster: container_v1.Cluster,
+    config: container_v1.ServerConfig,
+    requested: str,
+    master: str = "",
+    field: str = "version",
+) -> str:
+    """The explicit node version GKE would upgrade to for requested ("-": the control plane's
+    version; aliases pick among offered node versions not newer than the control plane)."""
+    master = master or cluster.current_master_version
+    offered = [
+        v
+        for v in offered_node_versions(cluster, config, master)
+        if not versions.is_newer(v, master)
+    ]
+    return _resolve(field, requested, offered, master, "node pools")
+
+
+def _not_offered(
+    version: str, what: str, location: str, where: str, cluster_id: str, offered: Iterable[str]
+) -> Refusal:
+    return Refusal(
+        f"version: {version} is not offered by GKE for {what} in {location}{where} "
+        f"(cluster {cluster_id}); offered: {_listing(offered)}",
+        reason=Reason.VERSION_NOT_OFFERED,
+    )
 
 
 def check_control_plane(
@@ -124,46 +240,53 @@ def check_control_plane(
     version: str,
     config: container_v1.ServerConfig,
     location: str,
-    *,
-    respect_exclusions: bool = True,
-    now: datetime | None = None,
 ) -> None:
-    """Refuses a control-plane upgrade of cluster to version that GKE (or policy) would refuse.
+    """Raises the Refusal GKE would answer to a control-plane upgrade to (explicit) version.
 
     The caller has handled version == current (nothing to do).
     """
     current = cluster.current_master_version
-    if versions.is_newer(current, version):
-        raise FailedPrecondition(
+    now, new = _minor(current), _minor(version)
+    if versions.is_newer(current, version) and new != now:
+        raise Refusal(
             f"version: {version} is older than the control plane of cluster {cluster_id} "
-            f"({current}); GKE does not downgrade control planes"
+            f"({current}); GKE does not downgrade control planes to an earlier minor version "
+            "(only to an earlier patch of the same minor)",
+            reason=Reason.DOWNGRADE_NOT_SUPPORTED,
         )
-    if _minor(version)[0] == _minor(current)[0] and _minor(version)[1] > _minor(current)[1] + 1:
-        raise FailedPrecondition(
+    if new[0] == now[0] and new[1] > now[1] + 1:
+        raise Refusal(
             f"version: {version} skips a minor version from the control plane's {current} "
             f"(cluster {cluster_id}); GKE upgrades control planes one minor version at a time, "
-            "so add an intermediate version"
+            "so add an intermediate version",
+            reason=Reason.MINOR_VERSION_SKIP,
         )
     offered = offered_master_versions(cluster, config)
-    if version not in offered:
+    newer = _newer_channel_patches(cluster, config, now) if new == now else []
+    if version not in offered and version not in newer:
         channel = _channel(cluster)
         where = (
-            f"in the {_channel_name(channel)} release channel"
+            f" in the {_channel_name(channel)} release channel"
             if channel != _Channel.UNSPECIFIED
-            else "without a release channel"
+            else " without a release channel"
         )
-        raise FailedPrecondition(
-            f"version: {version} is not offered by GKE for control planes in {location} "
-            f"{where} (cluster {cluster_id}); offered: {_listing(offered)}"
+        raise _not_offered(
+            version, "control planes", location, where, cluster_id, [*offered, *newer]
         )
-    if respect_exclusions:
-        _exclusion_blocks(
-            cluster_id,
-            cluster,
-            minor=_minor(version) != _minor(current),
-            node=False,
-            now=now or datetime.now(UTC),
-        )
+    if not is_autopilot(cluster):
+        for pool in cluster.node_pools:
+            if pool.version and _behind(pool.version, version) > MAX_NODE_MINOR_SKEW:
+                raise Refusal(
+                    f"version: {version} would leave node pool {pool.name} of cluster "
+                    f"{cluster_id} ({pool.version}) more than {MAX_NODE_MINOR_SKEW} minor "
+                    "versions behind its control plane; upgrade the node pool first",
+                    reason=NODE_POOL_TOO_FAR_BEHIND,
+                )
+
+
+def _behind(node: str, master: str) -> int:
+    """How many minor versions node is behind master (same major assumed, as in Kubernetes 1)."""
+    return _minor(master)[1] - _minor(node)[1]
 
 
 def check_node_pool(
@@ -173,38 +296,78 @@ def check_node_pool(
     version: str,
     config: container_v1.ServerConfig,
     location: str,
-    *,
-    respect_exclusions: bool = True,
-    now: datetime | None = None,
+    master: str = "",
 ) -> None:
-    """Refuses a node-pool upgrade that GKE (or policy) would refuse.
+    """Raises the Refusal GKE (or the plugin's no-downgrade rule) would answer to a node-pool
+    upgrade to (explicit) version, against the control plane at master (default: current).
 
     The caller has handled version == the pool's current version (nothing to do).
     """
-    master = cluster.current_master_version
+    master = master or cluster.current_master_version
+    if is_autopilot(cluster):
+        raise autopilot_refusal(cluster_id)
     if versions.is_newer(version, master):
-        raise FailedPrecondition(
+        raise Refusal(
             f"version: {version} is newer than the control plane of cluster {cluster_id} "
             f"({master}); node pool {pool.name} cannot pass its control plane: upgrade the "
-            "control plane first"
+            "control plane first",
+            reason=Reason.NODE_POOL_AHEAD_OF_CONTROL_PLANE,
+        )
+    if _behind(version, master) > MAX_NODE_MINOR_SKEW:
+        raise Refusal(
+            f"version: {version} is more than {MAX_NODE_MINOR_SKEW} minor versions behind the "
+            f"control plane of cluster {cluster_id} ({master}); choose a node version of "
+            f"minor {_minor(master)[0]}.{_minor(master)[1] - MAX_NODE_MINOR_SKEW} or newer",
+            reason=NODE_POOL_TOO_FAR_BEHIND,
         )
     if versions.is_newer(pool.version, version):
-        raise FailedPrecondition(
+        raise Refusal(
             f"version: {version} is older than node pool {pool.name} of cluster {cluster_id} "
             f"({pool.version}); the plugin does not downgrade node pools (use GKE's "
-            "rollback for an upgrade in progress)"
+            "rollback for an upgrade in progress)",
+            reason=Reason.DOWNGRADE_NOT_SUPPORTED,
         )
-    offered = offered_node_versions(cluster, config)
+    offered = offered_node_versions(cluster, config, master)
     if version not in offered:
-        raise FailedPrecondition(
-            f"version: {version} is not offered by GKE for node pools in {location} "
-            f"(cluster {cluster_id}); offered: {_listing(offered)}"
+        raise _not_offered(version, "node pools", location, "", cluster_id, offered)
+
+
+def exclusion_refusal(
+    cluster_id: str,
+    cluster: container_v1.Cluster,
+    *,
+    minor: bool,
+    node: bool,
+    now: datetime | None = None,
+) -> Refusal | None:
+    """The refusal for an upgrade inside an active exclusion whose scope covers it (used only
+    with upgrades.respectMaintenanceExclusions: GKE itself lets manual upgrades through)."""
+    moment = now or datetime.now(UTC)
+    windows = cluster.maintenance_policy.window.maintenance_exclusions
+    for name in sorted(windows):
+        window = windows[name]
+        start = as_datetime(window.start_time) if "start_time" in window else None
+        end = as_datetime(window.end_time) if "end_time" in window else None
+        if (start is not None and moment < start) or (end is not None and moment >= end):
+            continue
+        scope = exclusion_scope(window)
+        if scope == _Scope.NO_MINOR_UPGRADES:
+            blocked = minor
+        elif scope == _Scope.NO_MINOR_OR_NODE_UPGRADES:
+            blocked = minor or node
+        else:
+            blocked = True  # NO_UPGRADES, and any scope this plugin does not know
+        if not blocked:
+            continue
+        scope_name = _Scope(scope).name if scope in (0, 1, 2) else str(scope)
+        until = end.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if end else "no end date"
+        return Refusal(
+            f"cluster {cluster_id} is inside maintenance exclusion {name!r} "
+            f"(scope {scope_name}, until {until}) and upgrades.respectMaintenanceExclusions is "
+            "set; the upgrade is retryable after it ends (or set the option to false: GKE "
+            "itself lets manual upgrades through exclusions)",
+            reason=Reason.MAINTENANCE_EXCLUSION,
+            retry_after=float(int((end - moment).total_seconds()) + 1) if end else None,
+            retryable=True,
         )
-    if respect_exclusions:
-        _exclusion_blocks(
-            cluster_id,
-            cluster,
-            minor=_minor(version) != _minor(pool.version),
-            node=True,
-            now=now or datetime.now(UTC),
-        )
+    return None

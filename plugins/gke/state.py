@@ -38,6 +38,7 @@ class Binding:
     node_pool: str
     version: str
     adopted: bool = False  # an in-flight GKE operation found, not started by this request
+    requested: str = ""  # the version as asked when it was an alias ("1.29", "latest")
 
 
 class PluginState:

@@ -10,20 +10,21 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol
 
 from google.cloud import compute_v1
 
-from plugins.gke.api import ComputeBusy, GkeApi
+from plugins.gke.api import ComputeBusy, GkeApi, JsonObject
 from plugins.gke.config import BackendServiceRef, TrafficConfig
 from plugins.gke.ids import group_key
 from plugins.gke.state import PluginState
-from plugins.sdk.errors import FailedPrecondition, PluginError, Unavailable
+from plugins.sdk.errors import FailedPrecondition, NotFound, PluginError, Unavailable
 
 __all__ = [
     "DRAIN_MARKER",
     "BackendServiceTraffic",
     "NoTraffic",
+    "ServiceState",
     "Stopping",
     "Traffic",
     "TrafficError",
@@ -50,11 +51,20 @@ class Stopping(Exception):
     """The plugin is stopping: the work is left in flight, to resume after a restart."""
 
 
+class ServiceState(NamedTuple):
+    """A cluster's service state: in service or not, and why it cannot serve when known
+    (problem: e.g. its backend service is gone; the cluster then counts as unavailable)."""
+
+    in_service: bool
+    problem: str = ""
+
+
 class Traffic(Protocol):
     """How a cluster is taken out of and put back into service."""
 
-    def in_service(self, cluster_ids: list[str]) -> dict[str, bool]:
-        """Each cluster's service state now."""
+    def in_service(self, cluster_ids: list[str]) -> dict[str, ServiceState]:
+        """Each cluster's service state now; never fails for the whole list because of one
+        missing backend service."""
         ...
 
     def needs_out(self, cluster_id: str) -> bool:
@@ -87,9 +97,9 @@ class NoTraffic:
     def __init__(self, state: PluginState) -> None:
         self._state = state
 
-    def in_service(self, cluster_ids: list[str]) -> dict[str, bool]:
+    def in_service(self, cluster_ids: list[str]) -> dict[str, ServiceState]:
         out = self._state.out_of_service()
-        return {c: c not in out for c in cluster_ids}
+        return {c: ServiceState(c not in out) for c in cluster_ids}
 
     def needs_out(self, cluster_id: str) -> bool:
         return cluster_id not in self._state.out_of_service()
@@ -104,8 +114,11 @@ class NoTraffic:
         self._state.set_out_of_service(cluster_id, False)
 
 
-def _scaler(backend: compute_v1.Backend) -> float:
-    return float(backend.capacity_scaler) if "capacity_scaler" in backend else _DEFAULT_SCALER
+Backend = dict[str, Any]
+
+
+def _scaler(backend: Backend) -> float:
+    return float(backend.get("capacityScaler", _DEFAULT_SCALER))
 
 
 def _with_marker(description: str, previous: float) -> str:
@@ -125,8 +138,29 @@ def _marker_value(description: str) -> float | None:
     return value if 0 < value <= 1 else None
 
 
+def _service_path(ref: BackendServiceRef) -> str:
+    return f"projects/{ref.project}/global/backendServices/{ref.name}"
+
+
+def _owner(service: JsonObject, backends: list[Backend]) -> str:
+    """Who manages the backend service (compute's orchestrationInfo.resourceUri), if anyone."""
+    for holder in (service, *backends):
+        info = holder.get("orchestrationInfo")
+        if isinstance(info, dict):
+            return str(info.get("resourceUri") or "another controller")
+    return ""
+
+
 class BackendServiceTraffic:
-    """Mode backendServices: capacityScaler 0 on the cluster's backends drains it."""
+    """Mode backendServices: capacityScaler 0 on the cluster's backends drains it.
+
+    Backend services are read and written as compute's JSON: a patch sends `backends` (the
+    whole list, as JSON merge patch requires) exactly as read except for the changed
+    capacityScaler and description, plus the fingerprint; so fields newer than the pinned
+    client survive. Compute's own rules are checked first (capacityScaler 0 is refused on a
+    service with a single backend; a service owned by a controller is refused), and each change
+    is read back after compute reports it done.
+    """
 
     immediate = False
 
@@ -145,46 +179,112 @@ class BackendServiceTraffic:
         self._max_poll = max_poll_seconds
         self._locks = {(s.project, s.name): threading.Lock() for s in services}
 
-    def _backends_of(
-        self, cluster_id: str, service: compute_v1.BackendService
-    ) -> list[compute_v1.Backend]:
+    def _backends_of(self, cluster_id: str, service: JsonObject) -> list[Backend]:
         groups = self._groups.get(cluster_id, set())
-        return [b for b in service.backends if group_key(b.group) in groups]
+        return [
+            b for b in service.get("backends", []) if group_key(str(b.get("group", ""))) in groups
+        ]
 
-    def _scalers(self, cluster_id: str) -> list[float]:
+    def _read_all(self) -> tuple[dict[BackendServiceRef, JsonObject], list[BackendServiceRef]]:
+        """(services that answered, services compute does not know): a 404 for one service
+        (deleted, or a regional service configured as global) is not an error of the others."""
+        found: dict[BackendServiceRef, JsonObject] = {}
+        missing: list[BackendServiceRef] = []
+        for ref in self._services:
+            try:
+                found[ref] = self._api.get_backend_service(ref.project, ref.name)
+            except NotFound:
+                missing.append(ref)
+        return found, missing
+
+    def _unplaced(
+        self, cluster_id: str, services: Mapping[BackendServiceRef, JsonObject]
+    ) -> list[str]:
+        """The cluster's configured groups found in none of the services."""
+        seen = {
+            group_key(str(b.get("group", "")))
+            for service in services.values()
+            for b in service.get("backends", [])
+        }
+        return sorted(self._groups.get(cluster_id, set()) - seen)
+
+    @staticmethod
+    def _missing_problem(missing: list[BackendServiceRef], unplaced: list[str]) -> str:
+        names = ", ".join(_service_path(ref) for ref in missing)
+        return (
+            f"backend service {names} not found in compute (deleted, or a regional backend "
+            f"service: only global ones are supported); the cluster's group "
+            f"{', '.join(unplaced)} is in no configured backend service, so its traffic "
+            "cannot be known or drained; fix traffic.backendServices / traffic.backends"
+        )
+
+    def in_service(self, cluster_ids: list[str]) -> dict[str, ServiceState]:
+        services, missing = self._read_all()
+        result: dict[str, ServiceState] = {}
+        for cluster_id in cluster_ids:
+            unplaced = self._unplaced(cluster_id, services) if missing else []
+            if unplaced:
+                result[cluster_id] = ServiceState(False, self._missing_problem(missing, unplaced))
+                continue
+            scalers = [
+                _scaler(b) for s in services.values() for b in self._backends_of(cluster_id, s)
+            ]
+            # Partly drained counts as out: the availability floor must not count it.
+            result[cluster_id] = ServiceState(all(value > 0 for value in scalers))
+        return result
+
+    def _plan(self, cluster_id: str, draining: bool) -> list[float]:
+        """The scalers of the cluster's backends; FailedPrecondition when it cannot be drained
+        or restored (no groups, a missing service holding them, compute's single-backend rule,
+        a controller-owned service)."""
         if cluster_id not in self._groups:
             raise FailedPrecondition(
                 f"traffic.backends: cluster {cluster_id} has no backend groups configured; add "
                 "its instance group or NEG URLs to drain it"
             )
-        found: list[float] = []
-        for ref in self._services:
-            service = self._api.get_backend_service(ref.project, ref.name)
-            found.extend(_scaler(b) for b in self._backends_of(cluster_id, service))
-        if not found:
-            names = ", ".join(
-                f"projects/{s.project}/global/backendServices/{s.name}" for s in self._services
+        services, missing = self._read_all()
+        unplaced = self._unplaced(cluster_id, services) if missing else []
+        if unplaced:
+            raise FailedPrecondition(
+                f"cluster {cluster_id}: {self._missing_problem(missing, unplaced)}"
             )
+        found: list[float] = []
+        for ref, service in services.items():
+            mine = self._backends_of(cluster_id, service)
+            if not mine:
+                continue
+            owner = _owner(service, mine)
+            if owner:
+                raise FailedPrecondition(
+                    f"traffic.backendServices: {_service_path(ref)} is managed by {owner} "
+                    "(compute orchestrationInfo); its controller owns capacityScaler and "
+                    "would undo a drain (a multi-cluster Gateway does). Shift traffic with the "
+                    "HTTPRoute's backendRefs weights instead, and remove this service from "
+                    "traffic.backendServices (or use traffic.mode none)"
+                )
+            if draining and len(service.get("backends", [])) == 1 and _scaler(mine[0]) > 0:
+                # Compute API reference, Backend.capacityScaler: "You cannot configure a
+                # setting of 0 when there is only one backend attached to the backend service."
+                raise FailedPrecondition(
+                    f"cluster {cluster_id} is the only backend of {_service_path(ref)}; compute "
+                    "refuses capacityScaler 0 on a service with a single backend, and draining "
+                    "it would drop all of the service's traffic. Add another cluster's backend "
+                    "to the service first, or leave this service out of traffic.backendServices"
+                )
+            found.extend(_scaler(b) for b in mine)
+        if not found:
+            names = ", ".join(_service_path(ref) for ref in self._services)
             raise FailedPrecondition(
                 f"traffic.backends: none of cluster {cluster_id}'s groups is a backend of "
                 f"{names}; check the group URLs"
             )
         return found
 
-    def in_service(self, cluster_ids: list[str]) -> dict[str, bool]:
-        services = [self._api.get_backend_service(s.project, s.name) for s in self._services]
-        result: dict[str, bool] = {}
-        for cluster_id in cluster_ids:
-            scalers = [_scaler(b) for s in services for b in self._backends_of(cluster_id, s)]
-            # Partly drained counts as out: the availability floor must not count it.
-            result[cluster_id] = all(value > 0 for value in scalers)
-        return result
-
     def needs_out(self, cluster_id: str) -> bool:
-        return any(value > 0 for value in self._scalers(cluster_id))
+        return any(value > 0 for value in self._plan(cluster_id, draining=True))
 
     def needs_in(self, cluster_id: str) -> bool:
-        return any(value == 0 for value in self._scalers(cluster_id))
+        return any(value == 0 for value in self._plan(cluster_id, draining=False))
 
     def service_out(self, cluster_id: str, request_id: str, progress: Progress) -> None:
         self._each_service(cluster_id, request_id, "out", progress)
@@ -205,18 +305,27 @@ class BackendServiceTraffic:
         if self._stop.wait(seconds):
             raise Stopping
 
+    def _read(self, ref: BackendServiceRef) -> JsonObject | None:
+        try:
+            return self._api.get_backend_service(ref.project, ref.name)
+        except NotFound:
+            return None  # _plan accepted it: the cluster's groups are all in other services
+
     def _patch_one(
         self, cluster_id: str, request_id: str, direction: str, ref: BackendServiceRef
     ) -> None:
         for attempt in range(_PATCH_ATTEMPTS):
             if self._stop.is_set():
                 raise Stopping
-            service = self._api.get_backend_service(ref.project, ref.name)
+            service = self._read(ref)
+            if service is None:
+                return
             groups = self._groups.get(cluster_id, set())
             changed = False
-            backends: list[compute_v1.Backend] = []
-            for backend in service.backends:
-                if group_key(backend.group) in groups:
+            backends: list[Backend] = []
+            for raw in service.get("backends", []):
+                backend = dict(raw)  # every field as read, newer ones included
+                if group_key(str(backend.get("group", ""))) in groups:
                     changed |= _drain(backend) if direction == "out" else _restore(backend)
                 backends.append(backend)
             if not changed:
@@ -231,17 +340,43 @@ class BackendServiceTraffic:
             )
             try:
                 op = self._api.patch_backends(
-                    ref.project, ref.name, backends, service.fingerprint, compute_request
+                    ref.project,
+                    ref.name,
+                    backends,
+                    str(service.get("fingerprint", "")),
+                    compute_request,
                 )
-            except ComputeBusy:
+            except ComputeBusy:  # 412 conditionNotMet (stale fingerprint), resourceNotReady
                 self._pause(min(0.2 * 2**attempt, 3.0))
                 continue
             self._wait(ref, op)
+            self._verify(cluster_id, direction, ref)
             return
         raise Unavailable(
-            f"backend service projects/{ref.project}/global/backendServices/{ref.name} kept "
-            "changing under the plugin; retry"
+            f"backend service {_service_path(ref)} kept changing under the plugin; retry"
         )
+
+    def _verify(self, cluster_id: str, direction: str, ref: BackendServiceRef) -> None:
+        """Reads the service again: the change must still be there (a controller that owns the
+        service without saying so in orchestrationInfo silently undoes it)."""
+        service = self._read(ref)
+        if service is None:
+            raise TrafficError(
+                f"backend service {_service_path(ref)} disappeared right after the change"
+            )
+        wrong = [
+            f"{b.get('group')} at {_scaler(b):g}"
+            for b in self._backends_of(cluster_id, service)
+            if (_scaler(b) > 0) == (direction == "out")
+        ]
+        if wrong:
+            raise TrafficError(
+                f"backend service {_service_path(ref)} was changed back right after the "
+                f"{'drain' if direction == 'out' else 'restore'} ({', '.join(wrong)}): "
+                "something else owns its capacityScaler (e.g. a multi-cluster Gateway "
+                "controller); shift traffic with HTTPRoute weights instead, or leave this "
+                "service out of traffic.backendServices"
+            )
 
     def _wait(self, ref: BackendServiceRef, op: compute_v1.Operation) -> None:
         deadline = time.monotonic() + _COMPUTE_OP_TIMEOUT
@@ -267,21 +402,22 @@ class BackendServiceTraffic:
             )
 
 
-def _drain(backend: compute_v1.Backend) -> bool:
+def _drain(backend: Backend) -> bool:
     value = _scaler(backend)
     if value == 0:
         return False
-    backend.description = _with_marker(backend.description, value)
-    backend.capacity_scaler = 0.0
+    backend["description"] = _with_marker(str(backend.get("description", "")), value)
+    backend["capacityScaler"] = 0.0
     return True
 
 
-def _restore(backend: compute_v1.Backend) -> bool:
+def _restore(backend: Backend) -> bool:
     if _scaler(backend) > 0:
         return False
-    previous = _marker_value(backend.description)
-    backend.capacity_scaler = previous if previous is not None else _DEFAULT_SCALER
-    backend.description = _MARKER.sub("", backend.description)
+    description = str(backend.get("description", ""))
+    previous = _marker_value(description)
+    backend["capacityScaler"] = previous if previous is not None else _DEFAULT_SCALER
+    backend["description"] = _MARKER.sub("", description)
     return True
 
 

@@ -24,7 +24,8 @@ def test_a_minimal_configuration_gets_safe_defaults() -> None:
     assert config.traffic.mode == "none"
     assert config.api.credentials == "default" and config.api.container_endpoint == ""
     assert config.operations.poll_seconds == 5.0 and config.operations.state_file == ""
-    assert config.upgrades.respect_maintenance_exclusions
+    # GKE lets manual upgrades through exclusions: refusing them is opt-in.
+    assert not config.upgrades.respect_maintenance_exclusions
 
 
 def test_a_full_configuration_parses() -> None:

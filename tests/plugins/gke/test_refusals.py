@@ -154,11 +154,33 @@ def _fleet_with_exclusion(
     return frozen, running.client
 
 
-def test_an_upgrade_inside_a_no_upgrades_exclusion_is_refused_as_retryable(
+RESPECT = {"upgrades": {"respectMaintenanceExclusions": True}}
+
+
+def test_by_default_manual_upgrades_go_through_an_exclusion_as_in_gke(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    # The usual set-up: a long NO_MINOR_OR_NODE_UPGRADES exclusion keeps GKE's own upgrades
+    # from racing the orchestrator; manual upgrades go through it (GKE docs: exclusions
+    # forbid automatic maintenance only).
+    frozen, client = _fleet_with_exclusion(
+        emulator,
+        start_plugin,
+        _exclusion("NO_MINOR_OR_NODE_UPGRADES", -timedelta(hours=1), timedelta(days=180)),
+    )
+    op = client.upgrade_control_plane("minor", frozen, NEW)
+    assert wait_terminal(client, op.id).state == cluster_pb2.OPERATION_STATE_SUCCEEDED
+    pool = client.upgrade_node_pool("np", frozen, "default-pool", NEW)
+    assert wait_terminal(client, pool.id).state == cluster_pb2.OPERATION_STATE_SUCCEEDED
+    assert emulator.cluster(frozen)["currentMasterVersion"] == NEW
+    assert emulator.cluster(frozen)["nodePools"][0]["version"] == NEW
+
+
+def test_an_upgrade_inside_a_no_upgrades_exclusion_is_refused_as_retryable_when_opted_in(
     emulator: GkeEmulator, start_plugin: StartPlugin
 ) -> None:
     frozen, client = _fleet_with_exclusion(
-        emulator, start_plugin, _exclusion(None, -timedelta(hours=1), timedelta(days=2))
+        emulator, start_plugin, _exclusion(None, -timedelta(hours=1), timedelta(days=2)), **RESPECT
     )
     message = _refused(
         lambda: client.upgrade_control_plane("cp", frozen, PATCH),
@@ -175,13 +197,14 @@ def test_an_upgrade_inside_a_no_upgrades_exclusion_is_refused_as_retryable(
     _no_upgrade_calls(emulator)
 
 
-def test_exclusion_scopes_block_only_what_they_name(
+def test_exclusion_scopes_block_only_what_they_name_when_opted_in(
     emulator: GkeEmulator, start_plugin: StartPlugin
 ) -> None:
     frozen, client = _fleet_with_exclusion(
         emulator,
         start_plugin,
         _exclusion("NO_MINOR_OR_NODE_UPGRADES", -timedelta(hours=1), timedelta(days=2)),
+        **RESPECT,
     )
     # A minor control-plane upgrade and any node upgrade are blocked; a patch is not.
     _refused(
@@ -197,24 +220,14 @@ def test_exclusion_scopes_block_only_what_they_name(
     assert emulator.calls("UpdateMaster") == 1 and emulator.calls("UpdateNodePool") == 0
 
 
-def test_an_exclusion_in_the_past_or_switched_off_does_not_block(
-    emulator: GkeEmulator, start_plugin: StartPlugin
-) -> None:
-    frozen, client = _fleet_with_exclusion(
-        emulator, start_plugin, _exclusion(None, -timedelta(days=3), -timedelta(days=1))
-    )
-    op = client.upgrade_control_plane("cp", frozen, PATCH)
-    assert wait_terminal(client, op.id).state == cluster_pb2.OPERATION_STATE_SUCCEEDED
-
-
-def test_exclusions_can_be_ignored_by_configuration(
+def test_an_exclusion_in_the_past_does_not_block_even_when_opted_in(
     emulator: GkeEmulator, start_plugin: StartPlugin
 ) -> None:
     frozen, client = _fleet_with_exclusion(
         emulator,
         start_plugin,
-        _exclusion("NO_UPGRADES", -timedelta(hours=1), timedelta(days=2)),
-        upgrades={"respectMaintenanceExclusions": False},
+        _exclusion(None, -timedelta(days=3), -timedelta(days=1)),
+        **RESPECT,
     )
     op = client.upgrade_control_plane("cp", frozen, PATCH)
     assert wait_terminal(client, op.id).state == cluster_pb2.OPERATION_STATE_SUCCEEDED

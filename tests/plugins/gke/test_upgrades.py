@@ -13,6 +13,7 @@ from plugins.sdk.client import PluginCallError
 from tests.plugins.gke.conftest import NAMES, StartPlugin
 from tests.plugins.gke.support import (
     NEW,
+    NEWER,
     OLD,
     cluster_id,
     plugin_config,
@@ -230,14 +231,33 @@ def test_a_plugin_restart_mid_operation_resumes_without_a_second_update_master(
     assert emulator.cluster(C1)["currentMasterVersion"] == NEW
 
 
-def test_an_adopted_operation_that_reaches_another_version_fails(
+def test_an_adopted_auto_upgrade_that_lands_past_the_requested_version_succeeds(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    # A release channel's auto-upgrade may land past the requested version; the orchestrator
+    # accepts a cluster whose version meets the target, so the adopted operation does too.
+    emulator.set_timing("UPGRADE_MASTER", pending=0.1, running=0.8)
+    client = start_plugin().client
+    emulator.start_foreign_operation(C1, "UPGRADE_MASTER", NEWER)
+    adopted = client.upgrade_control_plane("cp", C1, NEW)
+    final = wait_terminal(client, adopted.id)
+    assert (final.state, final.target_version, final.request_id) == (
+        _S.OPERATION_STATE_SUCCEEDED,
+        NEW,
+        "cp",
+    )
+    assert emulator.cluster(C1)["currentMasterVersion"] == NEWER
+    assert emulator.calls("UpdateMaster") == 0
+
+
+def test_an_adopted_operation_that_stops_short_of_the_requested_version_fails(
     emulator: GkeEmulator, start_plugin: StartPlugin
 ) -> None:
     emulator.set_timing("UPGRADE_MASTER", pending=0.1, running=0.8)
     client = start_plugin().client
-    emulator.start_foreign_operation(C1, "UPGRADE_MASTER", "1.29.3-gke.1093000")
-    adopted = client.upgrade_control_plane("cp", C1, NEW)
+    emulator.start_foreign_operation(C1, "UPGRADE_MASTER", NEW)
+    adopted = client.upgrade_control_plane("cp", C1, NEWER)
     final = wait_terminal(client, adopted.id)
     assert (final.state, final.error_code) == (_S.OPERATION_STATE_FAILED, "TARGET_NOT_REACHED")
-    assert "1.29.3-gke.1093000" in final.error_message
+    assert NEW in final.error_message and NEWER in final.error_message
     assert emulator.calls("UpdateMaster") == 0

@@ -1,0 +1,108 @@
+"""PreflightUpgrade for GKE: whether an upgrade to the given versions would be accepted now,
+never (GetServerConfig, GKE's skew and downgrade rules, Autopilot node pools), or later (an
+operation runs on the cluster; the opt-in maintenance-exclusion policy), without calling any
+mutating GKE method."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from google.cloud import container_v1
+
+from fleetupgrade.plugin.v1 import cluster_pb2
+from plugins.gke.operations import Mirrored
+from plugins.gke.policy import (
+    Refusal,
+    autopilot_refusal,
+    check_control_plane,
+    check_node_pool,
+    exclusion_refusal,
+    is_autopilot,
+    resolve_control_plane,
+    resolve_node_pool,
+)
+from plugins.sdk import versions
+from plugins.sdk.errors import NotFound, Reason
+from plugins.sdk.preflight import accepted, refused_later, verdict_of
+
+__all__ = ["BUSY_RETRY_SECONDS", "busy_verdict", "judge", "verdict"]
+
+BUSY_RETRY_SECONDS = 60
+"""Asking again after this long may help when an operation runs (GKE gives no end estimate)."""
+
+
+def verdict(refusal: Refusal | None) -> cluster_pb2.PreflightUpgradeResponse:
+    """The response for a refusal (None: ACCEPTED); retryable refusals are REFUSED_LATER."""
+    return accepted() if refusal is None else verdict_of(refusal)
+
+
+def busy_verdict(
+    cluster_id: str, running: Sequence[Mirrored]
+) -> cluster_pb2.PreflightUpgradeResponse | None:
+    """REFUSED_LATER naming every operation running on the cluster (GKE runs one cluster
+    operation at a time and answers others "Cluster is running incompatible operation")."""
+    if not running:
+        return None
+    names = "; ".join(f"{info.op_id} ({info.what})" for info in running)
+    return refused_later(
+        Reason.CLUSTER_BUSY,
+        f"cluster {cluster_id} has GKE operation(s) in flight: {names}; GKE refuses another "
+        "until they end",
+        BUSY_RETRY_SECONDS,
+    )
+
+
+def judge(
+    cluster_id: str,
+    cluster: container_v1.Cluster,
+    config: container_v1.ServerConfig,
+    location: str,
+    control_plane_version: str,
+    node_pool_versions: Mapping[str, str],
+    *,
+    respect_exclusions: bool,
+    now: datetime | None = None,
+) -> Refusal | None:
+    """The first refusal GKE's rules give for the upgrade, never-refusals before later ones;
+    None when it would be accepted. Aliases are resolved (InvalidArgument naming the field
+    when one matches nothing; NotFound for an unknown pool). Node pools are judged against
+    the target control plane, as the control plane is upgraded first."""
+    current = cluster.current_master_version
+    master = current
+    minor = False
+    if control_plane_version:
+        master = resolve_control_plane(
+            cluster, config, control_plane_version, field="control_plane_version"
+        )
+        if master != current:
+            try:
+                check_control_plane(cluster_id, cluster, master, config, location)
+            except Refusal as refusal:
+                return refusal
+            minor = versions.parse(master)[:2] != versions.parse(current)[:2]
+    nodes = False
+    pools = {pool.name: pool for pool in cluster.node_pools}
+    for name in sorted(node_pool_versions):
+        field = f"node_pool_versions[{name}]"
+        if is_autopilot(cluster):
+            return autopilot_refusal(cluster_id, field)
+        pool = pools.get(name)
+        if pool is None:
+            raise NotFound(
+                f"{field}: cluster {cluster_id} has no node pool {name!r}; its pools: "
+                f"{', '.join(sorted(pools)) or 'none'}",
+                reason=Reason.NODE_POOL_NOT_FOUND,
+            )
+        wanted = resolve_node_pool(cluster, config, node_pool_versions[name], master, field)
+        if wanted == pool.version:
+            continue
+        try:
+            check_node_pool(cluster_id, cluster, pool, wanted, config, location, master)
+        except Refusal as refusal:
+            return refusal
+        nodes = True
+        minor = minor or versions.parse(wanted)[:2] != versions.parse(pool.version)[:2]
+    if respect_exclusions and (master != current or nodes):
+        return exclusion_refusal(cluster_id, cluster, minor=minor, node=nodes, now=now)
+    return None
