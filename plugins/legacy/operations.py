@@ -2,12 +2,13 @@
 poller that turns the upstream's GetOperationStatus into our operations' states and watches.
 
 A mutation goes: same request_id seen → that operation; unknown cluster → NOT_FOUND; another
-operation in flight → ABORTED naming it; nothing to do → SUCCEEDED at once; else the intent is
-written to the state file, the upstream is called, and the upstream's (type, operationID) is
-written next to our operation. A bridge that stops between the call and that write finds the
-intent without an upstream id when it starts again; it never calls again for it (the original
-cannot tell a repeat from a new request) but waits for the cluster to reach the target, then
-fails the operation as OUTCOME_UNKNOWN.
+operation in flight → ABORTED naming it; nothing to do → SUCCEEDED at once; else the request is
+written to the state file, the upstream is called, its (type, operationID) is written next to
+it, and the operation starts in the SDK's OperationStore (journaled with --state). A bridge
+that stops between writing the request and learning the upstream's answer finds the request
+without an upstream id when it starts again; it never calls again for it (the original cannot
+tell a repeat from a new request) but follows the cluster: SUCCEEDED once the cluster is as
+asked, FAILED as OUTCOME_UNKNOWN when it is not within the grace period.
 """
 
 from __future__ import annotations
@@ -17,17 +18,23 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
-from google.protobuf import timestamp_pb2
 
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.legacy._gen import plugin_pb2
 from plugins.legacy.inventory import Inventory, Observed
-from plugins.legacy.state import BridgeState, UpstreamRef
+from plugins.legacy.state import Pending, SentState, UpstreamRef
 from plugins.legacy.upstream import UpstreamError
-from plugins.sdk.errors import Conflict, NotFound, PluginError, Reason, Unavailable
+from plugins.sdk.errors import (
+    Conflict,
+    InvalidArgument,
+    NotFound,
+    PluginError,
+    Reason,
+    Unavailable,
+)
 from plugins.sdk.operations import TERMINAL_STATES, OperationStore, kind_name
 
 __all__ = ["Ask", "BridgeOperations", "Operations", "Poller"]
@@ -43,7 +50,7 @@ _FAILED = cluster_pb2.OPERATION_STATE_FAILED
 class Ask:
     """What one mutating request asks for."""
 
-    kind: _K.ValueType
+    kind: int  # an OperationKind
     cluster_id: str
     node_pool: str = ""
     version: str = ""
@@ -65,28 +72,12 @@ class Ask:
 
 
 class BridgeOperations(OperationStore):
-    """The SDK's OperationStore, plus what a restart needs: ids known before the operation
-    starts, and operations put back as they were recorded."""
+    """The SDK's OperationStore, plus the id an operation will get before it starts (the
+    bridge writes it to its state file before calling the upstream)."""
 
     def id_for(self, request_id: str) -> str:
         """The id the operation of request_id gets (the same in every process)."""
         return self._new_id(request_id)
-
-    def restore(self, op: cluster_pb2.Operation) -> None:
-        """Puts back a recorded operation without publishing it."""
-        with self._lock:
-            clone = cluster_pb2.Operation()
-            clone.CopyFrom(op)
-            self._ops[op.id] = clone
-            self._by_request[op.request_id] = op.id
-            if op.state not in TERMINAL_STATES:
-                self._in_flight[op.cluster_id] = op.id
-
-
-def _now() -> timestamp_pb2.Timestamp:
-    stamp = timestamp_pb2.Timestamp()
-    stamp.GetCurrentTime()
-    return stamp
 
 
 class Operations:
@@ -95,7 +86,7 @@ class Operations:
     def __init__(
         self,
         inventory: Inventory,
-        state: BridgeState,
+        state: SentState,
         store: BridgeOperations,
         *,
         unknown_grace: float = 60.0,
@@ -111,28 +102,60 @@ class Operations:
         self._claims: dict[str, tuple[str, str]] = {}  # cluster → (request_id, op id) calling
         self._waiting: dict[str, float] = {}  # op id → when its upstream state became unknown
         self._upstream_down = False
-        for record in state.records():
-            store.restore(record.operation)
-            if record.upstream is None and record.operation.state not in TERMINAL_STATES:
-                self._waiting[record.operation.id] = clock()
+        self._recover()
+
+    def _recover(self) -> None:
+        """Matches what the state file says was sent with the operations the store reloaded."""
+        for pending in self._state.all():
+            op = self.store.lookup(pending.request_id)
+            if op is not None and op.state in TERMINAL_STATES:
+                self._state.drop(pending.op_id)  # ended before the record was dropped
+                continue
+            if op is None:  # stopped after the call, before the operation was recorded
+                try:
+                    op = self._adopt(pending)
+                except PluginError as exc:
+                    _LOG.error("cannot resume a request sent upstream: %s", exc.message)
+                    continue
+            if pending.upstream is None:
+                self._waiting[op.id] = self._clock()
+        for op in self.store.recovered_in_flight():
+            if self._state.get(op.id) is None:  # no record of what was sent: follow the cluster
+                self._waiting.setdefault(op.id, self._clock())
+
+    def _adopt(self, pending: Pending) -> cluster_pb2.Operation:
+        """Starts (in the store) the operation of a request the upstream may already run."""
+        ask = Ask(pending.kind, pending.cluster_id, pending.node_pool, pending.version)
+        op, _ = self._start(pending.request_id, ask, pending.op_id, _RUNNING)
+        if pending.upstream is None:
+            self._waiting.setdefault(op.id, self._clock())
+        return op
 
     # -- mutations -------------------------------------------------------------------------
 
     def mutate(self, request_id: str, ask: Ask) -> cluster_pb2.Operation:
         """The operation of this request: the one it started before, or a new one."""
-        existing = self.store.lookup(request_id)
-        if existing is not None:
+        if self.store.lookup(request_id) is not None:
             return self._same(request_id, ask)
         self._inventory.require(ask.cluster_id)
         op_id = self.store.id_for(request_id)
         with self._claim(ask, request_id, op_id):
             if self.store.lookup(request_id) is not None:
                 return self._same(request_id, ask)
+            sent = self._state.get(op_id)
+            if sent is not None:  # sent before, but the store could not record it then
+                if Ask(sent.kind, sent.cluster_id, sent.node_pool, sent.version) != ask:
+                    raise InvalidArgument(
+                        "request_id",
+                        f"reused for a different request (it was sent for cluster "
+                        f"{sent.cluster_id}); choose a new request_id per change",
+                        reason=Reason.REQUEST_ID_REUSED,
+                    )
+                return self._adopt(sent)
             self.store.ensure_free(ask.cluster_id)
             observed = self._observe(ask)
             if ask.reached(observed):
                 op, _ = self._start(request_id, ask, op_id, _SUCCEEDED)
-                self._state.put(op, None)
                 return op
             return self._call(request_id, ask, op_id)
 
@@ -194,22 +217,13 @@ class Operations:
         return observed
 
     def _call(self, request_id: str, ask: Ask, op_id: str) -> cluster_pb2.Operation:
-        intent = cluster_pb2.Operation(
-            id=op_id,
-            kind=ask.kind,
-            cluster_id=ask.cluster_id,
-            node_pool=ask.node_pool,
-            target_version=ask.version,
-            state=cluster_pb2.OPERATION_STATE_PENDING,
-            request_id=request_id,
-        )
-        intent.start_time.CopyFrom(_now())
-        self._state.put(intent, None)  # written before the call (Unavailable: nothing sent)
+        pending = Pending(request_id, op_id, ask.kind, ask.cluster_id, ask.node_pool, ask.version)
+        self._state.put(pending)  # written before the call (Unavailable: nothing sent)
         try:
             answer = self._send(ask)
         except UpstreamError as exc:
             if not exc.ambiguous:
-                self._state.drop(op_id)
+                self._state.drop(op_id)  # refused or not reached: a retry may send it again
                 raise exc.to_plugin_error(ask.subject()) from None
             # The upstream may have started it: never call again for this request; follow
             # the cluster instead.
@@ -217,13 +231,10 @@ class Operations:
                 "upstream call outcome unknown; following the cluster",
                 extra={"fields": {"operation": op_id, "error": str(exc)}},
             )
-            op, _ = self._start(request_id, ask, op_id, _RUNNING)
-            self._waiting[op_id] = self._clock()
-            self._save(op)
-            return op
+            return self._adopt(pending)
         ref = UpstreamRef(answer.type, answer.operationID)
+        self._state.put(replace(pending, upstream=ref), must=False)
         op, _ = self._start(request_id, ask, op_id, _RUNNING)
-        self._state.put(op, ref)
         _LOG.info(
             "operation started",
             extra={
@@ -278,7 +289,8 @@ class Operations:
             self._note_upstream(None)
 
     def _poll(self, op: cluster_pb2.Operation) -> None:
-        ref = self._state.upstream_of(op.id)
+        sent = self._state.get(op.id)
+        ref = sent.upstream if sent is not None else None
         ask = Ask(op.kind, op.cluster_id, op.node_pool, op.target_version)
         if ref is None:
             self._follow_unknown(op, ask, "OUTCOME_UNKNOWN", self._outcome_message(op))
@@ -326,7 +338,7 @@ class Operations:
     def _finish(self, op_id: str, state: int, code: str = "", text: str = "") -> None:
         self._waiting.pop(op_id, None)
         op = self.store.update(op_id, state=state, error_code=code, error_message=text)
-        self._save(op)
+        self._state.drop(op_id)
         _LOG.info(
             "operation finished",
             extra={
@@ -337,13 +349,6 @@ class Operations:
                 }
             },
         )
-
-    def _save(self, op: cluster_pb2.Operation) -> None:
-        try:
-            self._state.put(op, None)
-        except Unavailable as exc:
-            # Kept in memory; after a restart the operation is polled again from the file.
-            _LOG.error("state file not written: %s", exc.message)
 
     def _note_upstream(self, error: Exception | None) -> None:
         down = error is not None

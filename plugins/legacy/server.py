@@ -15,7 +15,7 @@ from fleetupgrade.plugin.v1 import identity_pb2
 from plugins.legacy.backend import LegacyBackend
 from plugins.legacy.inventory import Inventory, load_clusters_file
 from plugins.legacy.operations import BridgeOperations, Operations, Poller
-from plugins.legacy.state import BridgeState
+from plugins.legacy.state import SUFFIX, SentState
 from plugins.legacy.upstream import Upstream, UpstreamError
 from plugins.sdk.cli import parse_plugin_args, plugin_parser, run_plugin
 from plugins.sdk.client import ClientTLS
@@ -60,14 +60,15 @@ class LegacyBridge:
             options.upstream, options.upstream_tls, timeout=options.upstream_timeout
         )
         self._closers.append(self.upstream.close)
-        self.store = BridgeOperations("legacy")
-        self._closers.append(self.store.close)
         try:
+            state_file = options.state_file
+            sent = SentState(state_file + SUFFIX if state_file else None, options.upstream)
+            self.store = BridgeOperations("legacy", state_path=state_file)
+            self._closers.append(self.store.close)
             self.inventory = Inventory(options.clusters, self.upstream, self.store.in_flight)
             self._closers.append(self.inventory.close)
-            state = BridgeState(options.state_file, options.upstream)
             self.operations = Operations(
-                self.inventory, state, self.store, unknown_grace=options.unknown_grace
+                self.inventory, sent, self.store, unknown_grace=options.unknown_grace
             )
             capabilities = [
                 _Cap.PLUGIN_CAPABILITY_CLUSTER_INVENTORY,
@@ -75,7 +76,7 @@ class LegacyBridge:
                 _Cap.PLUGIN_CAPABILITY_UPGRADE_CONTROL_PLANE,
                 _Cap.PLUGIN_CAPABILITY_UPGRADE_NODE_POOL,
             ]
-            if state.durable:
+            if self.store.durable:
                 capabilities.append(_Cap.PLUGIN_CAPABILITY_DURABLE_OPERATIONS)
             identity = StaticIdentity(
                 PLUGIN_NAME,
@@ -85,7 +86,7 @@ class LegacyBridge:
                 manifest={
                     "upstream": options.upstream,
                     "clusters": str(len(self.inventory.ids)),
-                    "durable": str(state.durable).lower(),
+                    "durable": str(self.store.durable).lower(),
                 },
             )
             servicers = PluginServicers(
@@ -128,6 +129,9 @@ class LegacyBridge:
 
     def stop(self, grace: float = 1.0) -> None:
         """Stops serving (in-flight RPCs get grace seconds), polling and the upstream channel."""
+        if self.poller is not None:  # first: nothing changes after the journal closes
+            self.poller.stop()
+            self.poller = None
         self.store.close()  # ends watch streams, so the server stops without waiting for them
         if not self.server.stopped:
             self.server.stop(grace)

@@ -1,9 +1,13 @@
-"""The bridge's durable memory: each of our operations with the upstream's (type, operationID)
-that serves it, in a JSON file rewritten atomically (temp file, fsync, rename) on every change.
+"""The bridge's durable memory of what it sent upstream: for each of our operations in flight,
+the request and the upstream's (type, operationID) that serves it, in a JSON file rewritten
+atomically (temp file, fsync, rename, directory fsync) on every change.
 
-The original plugin protocol has no request ids, so the upstream cannot tell a repeated request
-from a new one; this file is what makes the same request_id return the same operation after
-the bridge restarts. Without a path the state lives in memory only (no DURABLE_OPERATIONS).
+The operations themselves (request-id idempotency, GetOperation, watch revisions) live in the
+SDK's OperationStore and its journal (--state FILE); this file sits next to it
+(FILE.upstream) and holds what the original protocol cannot tell: which upstream operation is
+ours, and which requests were about to be sent when the bridge stopped. A record is written
+before the upstream is called and dropped when its operation ends. Without a path it lives in
+memory only.
 """
 
 from __future__ import annotations
@@ -13,24 +17,20 @@ import logging
 import os
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import json_format
-
-from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.sdk.errors import Unavailable
-from plugins.sdk.operations import TERMINAL_STATES
 
-__all__ = ["MAX_FINISHED", "BridgeState", "Record", "UpstreamRef"]
+__all__ = ["SUFFIX", "Pending", "SentState", "UpstreamRef"]
 
 _LOG = logging.getLogger("plugins.legacy.state")
 _FORMAT = 1
-_KIND = "fleet-plugin-legacy state"
+_KIND = "fleet-plugin-legacy upstream operations"
 
-MAX_FINISHED = 10_000
-"""Finished operations kept (oldest forgotten first); operations in flight are always kept."""
+SUFFIX = ".upstream"
+"""Appended to the --state path to name this file."""
 
 
 @dataclass(frozen=True)
@@ -42,132 +42,112 @@ class UpstreamRef:
 
 
 @dataclass(frozen=True)
-class Record:
-    """One of our operations and the upstream operation behind it (None: not known)."""
+class Pending:
+    """One request sent (or about to be sent) upstream, and its answer once known."""
 
-    operation: cluster_pb2.Operation
-    upstream: UpstreamRef | None
+    request_id: str
+    op_id: str
+    kind: int
+    cluster_id: str
+    node_pool: str = ""
+    version: str = ""
+    upstream: UpstreamRef | None = None
 
 
-def _copy(op: cluster_pb2.Operation) -> cluster_pb2.Operation:
-    clone = cluster_pb2.Operation()
-    clone.CopyFrom(op)
-    return clone
-
-
-class BridgeState:
-    """Records by operation id, in insertion order; safe from any thread."""
+class SentState:
+    """Pending records by operation id; safe from any thread."""
 
     def __init__(self, path: str | None, upstream: str) -> None:
         self._path = Path(path) if path else None
         self._upstream = upstream
         self._lock = threading.Lock()
-        self._records: dict[str, Record] = {}
+        self._records: dict[str, Pending] = {}
         if self._path is not None:
             self._load(self._path)
 
     @property
-    def durable(self) -> bool:
-        """True when the records survive a restart (a state file is set)."""
-        return self._path is not None
+    def path(self) -> Path | None:
+        """Where the records are written (None: memory only)."""
+        return self._path
 
     def _load(self, path: Path) -> None:
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            self._check_writable(path)
             return
         except OSError as exc:
-            raise ValueError(f"--state: cannot read {str(path)!r} ({exc.strerror})") from None
+            raise ValueError(
+                f"--state: cannot use {str(path)!r} ({exc.strerror}); pass a path in a "
+                "writable directory"
+            ) from None
         try:
             data = json.loads(text)
             if data.get("kind") != _KIND or data.get("format") != _FORMAT:
                 raise ValueError(f"kind {data.get('kind')!r} format {data.get('format')!r}")
             for raw in data["operations"]:
-                op = json_format.ParseDict(raw["operation"], cluster_pb2.Operation())
-                ref = raw.get("upstream")
-                upstream = UpstreamRef(ref["type"], ref["operationID"]) if ref else None
-                self._records[op.id] = Record(op, upstream)
-        except (ValueError, TypeError, KeyError, AttributeError, json_format.ParseError) as exc:
+                ref = raw.pop("upstream", None)
+                record = Pending(
+                    **raw, upstream=UpstreamRef(ref["type"], ref["operation_id"]) if ref else None
+                )
+                self._records[record.op_id] = record
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ValueError(
-                f"--state: {str(path)!r} is not a state file of fleet-plugin-legacy ({exc}); "
-                "move it away to start afresh (request ids it held are then forgotten)"
+                f"--state: {str(path)!r} is not a file of fleet-plugin-legacy ({exc}); move it "
+                "away to start afresh (operations in flight are then not followed)"
             ) from None
         if data.get("upstream") != self._upstream:
             _LOG.warning(
-                "state file was written for another upstream; its operation ids are kept",
+                "the state was written for another upstream; its operations are followed there",
                 extra={"fields": {"path": str(path), "was": data.get("upstream")}},
             )
-        _LOG.info(
-            "state loaded", extra={"fields": {"path": str(path), "operations": len(self._records)}}
-        )
 
-    @staticmethod
-    def _check_writable(path: Path) -> None:
-        directory = path.parent
-        if not directory.is_dir() or not os.access(directory, os.W_OK | os.X_OK):
-            raise ValueError(
-                f"--state: cannot create {str(path)!r}: its directory is missing or not "
-                "writable; create it or pass another path"
-            )
-
-    def records(self) -> list[Record]:
-        """Every record, oldest first (copies)."""
+    def get(self, op_id: str) -> Pending | None:
+        """The record of one of our operations, if any."""
         with self._lock:
-            return [Record(_copy(r.operation), r.upstream) for r in self._records.values()]
+            return self._records.get(op_id)
 
-    def upstream_of(self, op_id: str) -> UpstreamRef | None:
-        """The upstream operation behind one of ours, if known."""
+    def all(self) -> list[Pending]:
+        """Every record, oldest first."""
         with self._lock:
-            record = self._records.get(op_id)
-            return None if record is None else record.upstream
+            return list(self._records.values())
 
-    def put(self, op: cluster_pb2.Operation, upstream: UpstreamRef | None) -> None:
-        """Inserts or replaces the record of op and writes the file.
+    def put(self, record: Pending, *, must: bool = True) -> None:
+        """Inserts or replaces a record and writes the file.
 
-        Unavailable when the file cannot be written: the caller must not act on the
-        provider then, since a restart would forget the request.
+        must: raise Unavailable when the file cannot be written (and keep the old record);
+        otherwise keep the new record in memory and log the failure.
         """
         with self._lock:
-            old = self._records.get(op.id)
-            self._records[op.id] = Record(_copy(op), upstream or (old.upstream if old else None))
+            old = self._records.get(record.op_id)
+            self._records[record.op_id] = record
             try:
                 self._save_locked()
-            except Unavailable:
+            except Unavailable as exc:
+                if not must:
+                    _LOG.error("state not written; kept in memory: %s", exc.message)
+                    return
                 if old is None:
-                    del self._records[op.id]
+                    del self._records[record.op_id]
                 else:
-                    self._records[op.id] = old
+                    self._records[record.op_id] = old
                 raise
 
     def drop(self, op_id: str) -> None:
-        """Forgets a record (a request the upstream refused: a retry may start afresh)."""
+        """Forgets a record (its operation ended, or the upstream refused the request)."""
         with self._lock:
-            if self._records.pop(op_id, None) is not None:
+            if self._records.pop(op_id, None) is None:
+                return
+            try:
                 self._save_locked()
+            except Unavailable as exc:
+                _LOG.error("state not written; the record is forgotten in memory: %s", exc.message)
 
     def _save_locked(self) -> None:
-        finished = [k for k, r in self._records.items() if r.operation.state in TERMINAL_STATES]
-        for op_id in finished[: max(0, len(finished) - MAX_FINISHED)]:
-            del self._records[op_id]
         if self._path is None:
             return
-        data: dict[str, Any] = {
-            "kind": _KIND,
-            "format": _FORMAT,
-            "upstream": self._upstream,
-            "operations": [
-                {
-                    "operation": json_format.MessageToDict(r.operation),
-                    "upstream": (
-                        {"type": r.upstream.type, "operationID": r.upstream.operation_id}
-                        if r.upstream
-                        else None
-                    ),
-                }
-                for r in self._records.values()
-            ],
-        }
+        records: list[dict[str, Any]] = [asdict(r) for r in self._records.values()]
+        data = {"kind": _KIND, "format": _FORMAT, "upstream": self._upstream, "operations": records}
         _write_atomically(self._path, json.dumps(data, separators=(",", ":")))
 
 
@@ -195,6 +175,6 @@ def _write_atomically(path: Path, text: str) -> None:
 
 def _unwritable(path: Path, exc: OSError) -> Unavailable:
     return Unavailable(
-        f"cannot write the state file {str(path)!r} ({exc.strerror}); the change was not "
-        "made; make the file's directory writable (or free space), then retry"
+        f"cannot write the state file {str(path)!r} ({exc.strerror}); nothing was sent to "
+        "the upstream plugin; make the directory writable (or free space), then retry"
     )

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from fleetupgrade.plugin.v1 import cluster_pb2, cluster_pb2_grpc, identity_pb2
-from plugins.legacy.state import BridgeState
+from plugins.legacy.state import SUFFIX, Pending, SentState
 from plugins.sdk.client import PluginCallError, PluginClient
 from tests.plugins.legacy.conftest import IDS, NEW, OLD, POOLS, StartBridge, client_of
 from tests.support.kube import wait_for
@@ -223,12 +223,14 @@ def test_the_same_request_id_returns_the_same_operation_after_a_restart_with_sta
         first = client.upgrade_control_plane("durable-1", C0, NEW)
         assert first.state == cluster_pb2.OPERATION_STATE_RUNNING
     first_bridge.stop(0)
-    saved = json.loads(state_file.read_text())
-    (record,) = saved["operations"]
-    assert record["operation"]["id"] == first.id
+    # What was sent upstream sits next to the SDK's operation journal until the operation ends.
+    sent = json.loads(Path(f"{state_file}{SUFFIX}").read_text())
+    (record,) = sent["operations"]
+    assert (record["op_id"], record["request_id"]) == (first.id, "durable-1")
     assert record["upstream"]["type"] == UPGRADE_MASTER
-    assert record["upstream"]["operationID"] in upstream.model.operations
+    assert record["upstream"]["operation_id"] in upstream.model.operations
 
+    sent_path = f"{state_file}{SUFFIX}"
     second_bridge = start_bridge(state_file=str(state_file))
     with client_of(second_bridge) as client:
         again = client.upgrade_control_plane("durable-1", C0, NEW)
@@ -242,6 +244,7 @@ def test_the_same_request_id_returns_the_same_operation_after_a_restart_with_sta
         done = _terminal(client, first.id)
         assert done.state == cluster_pb2.OPERATION_STATE_SUCCEEDED
         assert client.upgrade_control_plane("durable-1", C0, NEW).id == first.id
+        wait_for("the record is dropped", lambda: not SentState(sent_path, "").all())
     assert upstream.model.count(UPGRADE_MASTER, C0) == 1
     assert upstream.model.snapshot(C0).master == NEW
 
@@ -276,19 +279,12 @@ def test_without_state_the_bridge_does_not_declare_durable_operations(
 def test_an_intent_left_by_a_crash_is_never_sent_again_and_fails_as_outcome_unknown(
     upstream: LegacyServer, start_bridge: StartBridge, state_file: Path
 ) -> None:
-    # What a bridge leaves when it stops between writing the intent and the upstream's answer.
+    # What a bridge leaves when it stops between writing the request and the upstream's answer.
     state_file.parent.mkdir()
-    state = BridgeState(str(state_file), upstream.address)
+    sent = SentState(f"{state_file}{SUFFIX}", upstream.address)
     for rid, cid in (("crash-1", C0), ("crash-2", C1)):
-        intent = cluster_pb2.Operation(
-            id=f"legacy-{rid}",
-            kind=cluster_pb2.OPERATION_KIND_SERVICE_OUT,
-            cluster_id=cid,
-            state=cluster_pb2.OPERATION_STATE_PENDING,
-            request_id=rid,
-        )
-        intent.start_time.GetCurrentTime()
-        state.put(intent, None)
+        kind = cluster_pb2.OPERATION_KIND_SERVICE_OUT
+        sent.put(Pending(request_id=rid, op_id=f"legacy-{rid}", kind=kind, cluster_id=cid))
     upstream.model.clusters[C1].service_in = False  # crash-2's call had reached the upstream
     with client_of(start_bridge(state_file=str(state_file), unknown_grace=0.5)) as client:
         unknown = _terminal(client, "legacy-crash-1")
@@ -305,9 +301,10 @@ def test_an_unwritable_state_file_refuses_the_mutation_before_the_upstream_is_ca
 ) -> None:
     state_file.parent.mkdir()
     with client_of(start_bridge(state_file=str(state_file))) as client:
-        state_file.parent.rmdir()  # the state volume went away (chmod does not stop root)
+        blocker = Path(f"{state_file}{SUFFIX}")
+        blocker.mkdir()  # the rename onto it fails (chmod would not stop root)
         refused = _error(lambda: client.service_out("nowrite-1", C0))
-        state_file.parent.mkdir()
+        blocker.rmdir()
         assert refused.code is grpc.StatusCode.UNAVAILABLE
         assert "state file" in refused.message
         op = client.service_out("nowrite-1", C0)
@@ -318,10 +315,13 @@ def test_an_unwritable_state_file_refuses_the_mutation_before_the_upstream_is_ca
 def test_a_state_file_of_something_else_is_refused_at_start(
     start_bridge: StartBridge, tmp_path: Path
 ) -> None:
-    other = tmp_path / "other.json"
-    other.write_text('{"format": 1, "requests": {}}')
-    with pytest.raises(ValueError, match=r"--state: .*not a state file of fleet-plugin-legacy"):
-        start_bridge(state_file=str(other))
+    journal = tmp_path / "other.json"
+    journal.write_text('{"op": 1}\n{}\n')
+    with pytest.raises(ValueError, match=r"state: .*other.json:1 is not an operation journal"):
+        start_bridge(state_file=str(journal))
+    Path(f"{tmp_path / 'fresh.json'}{SUFFIX}").write_text('{"format": 1, "requests": {}}')
+    with pytest.raises(ValueError, match=r"--state: .*is not a file of fleet-plugin-legacy"):
+        start_bridge(state_file=str(tmp_path / "fresh.json"))
 
 
 # -- the upstream misbehaving ------------------------------------------------------------

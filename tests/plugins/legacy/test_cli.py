@@ -135,16 +135,16 @@ def test_the_command_serves_survives_sigkill_with_its_state_and_stops_on_sigterm
         ([], "pass --cluster ID (repeatable) or --clusters-file FILE"),
         (["--cluster", "c1", "--upstream-ca", "/nowhere/ca.pem"], "--upstream-insecure:"),
         (["--clusters-file", "/nowhere/clusters.yaml"], "--clusters-file: cannot read"),
-        (["--cluster", "c1", "--state", "STATE"], "not a state file of fleet-plugin-legacy"),
-        (["--cluster", "c1", "--state", "/nowhere/dir/legacy.json"], "--state: cannot create"),
+        (["--cluster", "c1", "--state", "STATE"], "is not an operation journal record"),
+        (["--cluster", "c1", "--state", "FILE/legacy.json"], "--state: cannot use"),
         (["--cluster", "c1", "--poll-interval", "0"], "--poll-interval: must be positive"),
     ],
     ids=["no-clusters", "insecure-with-ca", "clusters-file", "foreign-state", "state-dir", "poll"],
 )
 def test_bad_input_exits_2_naming_the_flag(tmp_path: Path, extra: list[str], message: str) -> None:
     foreign = tmp_path / "foreign.json"
-    foreign.write_text("[1, 2, 3]")
-    argv = [a.replace("STATE", str(foreign)) for a in extra]
+    foreign.write_text("[1, 2, 3]\n{}\n")
+    argv = [a.replace("STATE", str(foreign)).replace("FILE", str(foreign)) for a in extra]
     result = subprocess.run(
         [
             *COMMAND,
