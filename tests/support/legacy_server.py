@@ -86,6 +86,13 @@ class LegacyModel:
     delay: dict[str, float] = field(default_factory=dict)  # rpc → seconds before it acts
     peers: set[str] = field(default_factory=set)  # client addresses seen (one per connection)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    min_serving: int = -1  # fewest clusters available and in service at once (-1: not yet seen)
+
+    def __post_init__(self) -> None:
+        self.min_serving = self._serving()
+
+    def _serving(self) -> int:
+        return sum(1 for c in self.clusters.values() if c.available and c.service_in)
 
     def tick(self) -> None:
         """Advances every RUNNING operation by one tick; finished ones change their cluster."""
@@ -109,6 +116,7 @@ class LegacyModel:
                 else:
                     cluster.pools[op.node_pool] = op.version
                 op.status = plugin_pb2.DONE
+            self.min_serving = min(self.min_serving, self._serving())
 
     def forget_operations(self) -> None:
         """Drops every operation, as a plugin server restarted without memory would."""
