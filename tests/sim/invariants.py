@@ -1,0 +1,425 @@
+"""The eight safety invariants of DESIGN.md, checked against the model's ground truth.
+
+`Monitor` is called by the model at every plugin call, at every operation's effect and after
+every step of the history (an operation advancing, an adversary action, one reconcile); the
+first broken invariant raises `Violation` naming it. Where the world makes an invariant
+unreachable, the precondition is written next to the check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from orchestrator import api
+from orchestrator.engine import ACTIVE, Call, checks_for
+from orchestrator.fleet import OpKind
+from tests.sim.model import ADVERSARY, Evaluation, MCluster, MOp, UpObj, seconds
+
+if TYPE_CHECKING:
+    from tests.sim.world import World
+
+U = api.UpgradePhase
+#: Slack on every bound: the longest requeue (30 s) twice, plus an operation's tick.
+SLACK = 90
+_STEP_KIND = {
+    U.SERVICING_OUT: "service_out",
+    U.UPGRADING_CONTROL_PLANE: "control_plane",
+    U.UPGRADING_NODE_POOLS: "node_pool",
+    U.SERVICING_IN: "service_in",
+}
+_NOT_LIVE = frozenset(
+    {api.RunPhase.SUCCEEDED, api.RunPhase.FAILED, api.RunPhase.STOPPED, api.RunPhase.INVALID}
+)
+
+
+class Violation(AssertionError):
+    """An invariant broke; `world` carries the history (set by tests.sim.world.simulate)."""
+
+    def __init__(self, invariant: str, message: str) -> None:
+        super().__init__(f"[{invariant}] {message}")
+        self.invariant = invariant
+        self.world: World | None = None
+
+
+class Monitor:
+    """Ground-truth bookkeeping and the checks."""
+
+    def __init__(self, world: World) -> None:
+        self.w = world
+        self.members: dict[str, list[str]] = {}
+        self.up_key: dict[tuple[str, str], str] = {}
+        self.runs_of: dict[str, list[str]] = {}
+        self.evals: dict[tuple[str, str], list[Evaluation]] = {}
+        self.stage_evals: dict[tuple[str, str], list[Evaluation]] = {}
+        self.step_ops: dict[tuple[str, str, str, str, str, int], list[str]] = {}
+        self.seen_ops: set[str] = set()
+        self.floors: dict[str, int] = {}
+        self.grace: dict[str, set[str]] = {}
+        #: Lowest available-and-in-service count seen over each run's clusters.
+        self.min_up: dict[str, int] = {}
+        self.last_change = 0
+        self.calls = 0
+        self.service_ins: dict[str, int] = {}
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    def run_pinned(self, run: str) -> None:
+        ids = []
+        for obj in self.w.api.upgrades_of(run):
+            cid = obj.upgrade.cluster_id
+            ids.append(cid)
+            self.up_key[(run, cid)] = obj.key
+            self.runs_of.setdefault(cid, []).append(run)
+        self.members[run] = ids
+        self.floors[run] = self.w.api.runs[run].spec.required_available_count
+
+    def floor_changed(self, run: str) -> None:
+        """A person raised or lowered the floor of a run in flight.
+
+        Precondition: clusters already out because of us when the floor went up were taken out
+        under the old floor; they count against the new one only once they are back.
+        """
+        new = self.w.api.runs[run].spec.required_available_count
+        if run in self.members and new > self.floors.get(run, new):
+            self.grace[run] = {c for c in self.members[run] if self._cause(c) == "ours"}
+        self.floors[run] = new
+
+    def record(self, e: Evaluation) -> None:
+        if len(e.clusters) == 1:
+            self.evals.setdefault((e.run, e.clusters[0]), []).append(e)
+        self.stage_evals.setdefault((e.run, e.stage), []).append(e)
+
+    def on_write(self, obj: UpObj, old: api.ClusterUpgradeStatus) -> None:
+        if obj.upgrade.status.phase != old.phase:
+            self.last_change = self.w.now
+
+    def spec_version(self, run: str, upgrade: str) -> str:
+        ns = self.w.api.runs[run].namespace
+        return self.w.api.upgrades[f"{ns}/{upgrade}"].upgrade.spec.version
+
+    def _live(self, run: str) -> bool:
+        obj = self.w.api.runs[run]
+        return obj.initialized and obj.status.phase not in _NOT_LIVE
+
+    def _cause(self, cid: str) -> str:
+        """up | ours | adversary: why a cluster is not available-and-in-service."""
+        fleet = self.w.fleet
+        c = fleet.clusters[cid]
+        if fleet.up(c):
+            return "up"
+        if c.deleted or c.adv_down:
+            return "adversary"
+        if not c.in_service and c.out_by == ADVERSARY:
+            return "adversary"
+        op = fleet.ops.get(c.op) if c.op else None
+        if fleet.cp_running(c) and op is not None and op.owner == ADVERSARY:
+            return "adversary"
+        return "ours"
+
+    # -- 1. floor ------------------------------------------------------------------------
+
+    def _floor(self, run: str, when: str) -> None:
+        members = self.members.get(run)
+        if not members:
+            return
+        required = self.w.api.runs[run].spec.required_available_count
+        causes = [self._cause(c) for c in members]
+        up = causes.count("up")
+        self.min_up[run] = min(self.min_up.get(run, up), up)
+        ours = {c for c, why in zip(members, causes, strict=True) if why == "ours"}
+        grace = self.grace.get(run)
+        if grace is not None:
+            grace &= ours
+            if not grace:
+                del self.grace[run]
+        allowed = max(0, len(members) - required) + len(grace or ())
+        if len(ours) > allowed:
+            adversary = causes.count("adversary")
+            raise Violation(
+                "1 floor",
+                f"{when}: run {run}: {len(ours)} of its {len(members)} clusters are out of "
+                f"service or unavailable because of the orchestrator ({sorted(ours)[:8]}), "
+                f"{adversary} because of the world; requiredAvailableCount {required} allows "
+                f"{allowed}; available and in service: {up}",
+            )
+
+    def on_effect(self, op: MOp, c: MCluster) -> None:
+        """Right after an operation took effect: a service-out of ours checks every run."""
+        if op.kind is OpKind.SERVICE_OUT and op.owner != ADVERSARY:
+            for run in self.runs_of.get(c.id, ()):
+                if self._live(run):
+                    self._floor(run, f"service-out of {c.id} by {op.owner} took effect")
+        elif op.kind is OpKind.SERVICE_IN:
+            self.service_ins[c.id] = self.service_ins.get(c.id, 0) + 1
+
+    # -- at every plugin call ------------------------------------------------------------
+
+    def on_preflight(self, replica: str, run: str, cid: str) -> None:
+        if self.w.lease.holder != replica:
+            raise Violation(
+                "8 fenced", f"{replica} asked PreflightUpgrade({cid}) for {run} without the Lease"
+            )
+
+    def on_call(self, replica: str, run: str, call: Call) -> int:
+        """Checks a mutating call as it is issued; returns the attempt on record."""
+        w = self.w
+        self.calls += 1
+        what = f"{call.kind.value} of {call.cluster_id} by {run} ({replica})"
+        if w.lease.holder != replica:
+            raise Violation("8 fenced", f"{what} issued while {w.lease.holder} holds the Lease")
+        obj = w.api.runs[run]
+        up = w.api.upgrades[f"{obj.namespace}/{call.upgrade}"].upgrade
+        st = up.status
+        if st.request_id != call.request_id or st.phase not in ACTIVE:
+            raise Violation(
+                "6 no duplicate mutation",
+                f"{what}: request id {call.request_id} is not the persisted intent "
+                f"(on record: {st.phase} {st.request_id})",
+            )
+        holders = w.api.active.get(call.cluster_id, set())
+        if holders != {run}:
+            raise Violation(
+                "2 one owner",
+                f"{what}: the cluster is held by {sorted(holders)} at the moment of the call",
+            )
+        c = w.fleet.clusters[call.cluster_id]
+        if call.kind is OpKind.SERVICE_OUT:
+            self._refused_before_drained(run, up, what)
+            self._stage_order(run, up, what)
+        elif call.kind in (OpKind.CONTROL_PLANE, OpKind.NODE_POOL):
+            # Precondition: unless someone else put it back in service since our service-out.
+            if c.in_service and not c.deleted and c.adv_in_at < c.last_so_call:
+                raise Violation(
+                    "1 floor",
+                    f"{what}: upgrading a cluster that is in service (never drained): "
+                    "it drops out of the available count unannounced",
+                )
+        elif call.kind is OpKind.SERVICE_IN:
+            self._gate(run, up, what)
+        return st.attempt
+
+    def on_op(self, run: str, up_name: str, call: Call, op: MOp, attempt: int) -> None:
+        """6: a step (run, cluster, kind, pool, target, attempt) starts at most one operation."""
+        if op.id in self.seen_ops or not op.effective:
+            return
+        self.seen_ops.add(op.id)
+        target = op.target
+        key = (run, call.cluster_id, call.kind.value, call.node_pool, target, attempt)
+        ops = self.step_ops.setdefault(key, [])
+        ops.append(op.id)
+        fleet = self.w.fleet
+        live = [i for i in ops if not fleet.ops[i].abandoned]
+        if len(live) > 1:
+            raise Violation(
+                "6 no duplicate mutation",
+                f"step {key} started {len(live)} operations that did work: {live}",
+            )
+
+    def _refused_before_drained(self, run: str, up: object, what: str) -> None:
+        """5. Precondition: the provider declares PREFLIGHT_UPGRADE (else nothing can be asked)."""
+        if not self.w.cfg.preflight:
+            return
+        u = up  # an engine Upgrade
+        spec = u.spec  # type: ignore[attr-defined]
+        c = self.w.fleet.clusters[spec.cluster_id]
+        pools = {name: spec.pool_target(name) for name in c.pools}
+        refused = self.w.fleet.refusal(spec.cluster_id, spec.version, pools)
+        if refused is not None and not c.deleted:
+            raise Violation(
+                "5 refused before drained",
+                f"{what}: the provider refuses {spec.version} for this cluster ({refused[0]}: "
+                f"{refused[1]}) and it is being taken out of service anyway",
+            )
+
+    def _stage_order(self, run: str, up: object, what: str) -> None:
+        """3. No cluster of stage N+1 goes out before stage N completed and passed its checks."""
+        spec = up.spec  # type: ignore[attr-defined]
+        if spec.stage_index == 0:
+            return
+        obj = self.w.api.runs[run]
+        on_failure = (obj.spec.strategy or api.Strategy()).on_failure
+        by_stage: dict[int, list[UpObj]] = {}
+        for o in self.w.api.upgrades_of(run):
+            by_stage.setdefault(o.upgrade.spec.stage_index, []).append(o)
+        for j in range(spec.stage_index):
+            members = by_stage.get(j, [])
+            ends = []
+            for o in members:
+                st = o.upgrade.status
+                done = st.phase in (U.UPGRADED, U.SKIPPED)
+                tolerated = on_failure == api.OnFailure.CONTINUE and (
+                    st.phase == U.FAILED or (st.phase == U.BLOCKED and st.reason == "Refused")
+                )
+                if not (done or tolerated):
+                    raise Violation(
+                        "3 gate",
+                        f"{what}: stage {j} is not complete: {o.upgrade.cluster_id} is "
+                        f"{st.phase} ({st.reason})",
+                    )
+                if st.end_time:
+                    ends.append(seconds(st.end_time))
+            name = obj.stage_names[j] if j < len(obj.stage_names) else ""
+            checks = checks_for(obj.spec, name)
+            if checks is None or not members:
+                continue
+            since = max(ends, default=0)
+            evals = [e for e in self.stage_evals.get((run, name), []) if e.t >= since]
+            need = checks.success_threshold
+            if len(evals) < need or not all(e.passed for e in evals[-need:]):
+                raise Violation(
+                    "3 gate",
+                    f"{what}: stage {name} completed at t={since} but its checks did not pass "
+                    f"{need} time(s) in a row since (evaluations: "
+                    f"{[(e.t, e.passed) for e in evals[-5:]]})",
+                )
+
+    def _gate(self, run: str, up: object, what: str) -> None:
+        """3. Service-in only after successThreshold passing evaluations since the upgrade."""
+        obj = self.w.api.runs[run]
+        spec = up.spec  # type: ignore[attr-defined]
+        st = up.status  # type: ignore[attr-defined]
+        cid = spec.cluster_id
+        fleet = self.w.fleet
+        since = 0
+        for op_id in fleet.by_cluster.get(cid, ()):
+            op = fleet.ops[op_id]
+            if op.owner != run or op.attempt != st.attempt or op.abandoned:
+                continue
+            if op.kind in (OpKind.CONTROL_PLANE, OpKind.NODE_POOL, OpKind.SERVICE_OUT):
+                if op.ended_at is None:
+                    raise Violation(
+                        "3 gate", f"{what}: its {op.kind.value} operation {op.id} is in flight"
+                    )
+                since = max(since, op.ended_at)
+        checks = checks_for(obj.spec, spec.stage)
+        if checks is None:
+            return
+        evals = [e for e in self.evals.get((run, cid), []) if e.t >= since]
+        need = checks.success_threshold
+        if len(evals) < need or not all(e.passed for e in evals[-need:]):
+            raise Violation(
+                "3 gate",
+                f"{what}: service-in without {need} passing evaluation(s) in a row since its "
+                f"upgrade ended at t={since} (evaluations since: "
+                f"{[(e.t, e.passed) for e in evals[-5:]]})",
+            )
+
+    # -- after every step ----------------------------------------------------------------
+
+    def after_step(self, label: str) -> None:
+        w = self.w
+        for run in self.members:
+            if self._live(run):
+                self._floor(run, label)
+        for cid, holders in w.api.active.items():
+            if len(holders) > 1:
+                raise Violation(
+                    "2 one owner", f"after {label}: {cid} is held by {sorted(holders)} at once"
+                )
+        self._stranded(label, final=False)
+
+    def bound(self, run: str, st: api.ClusterUpgradeStatus, stage: str) -> int:
+        obj = self.w.api.runs[run]
+        t = obj.spec.timeouts or api.StepTimeouts()
+        if st.phase == U.VERIFYING:
+            checks = checks_for(obj.spec, stage)
+            extra = 0
+            if checks is not None:
+                extra = int(
+                    (api.parse_duration(checks.timeout) + api.parse_duration(checks.interval))
+                    .total_seconds()
+                )
+            return int(api.parse_duration(t.ready).total_seconds()) + extra
+        field = _STEP_KIND[st.phase]
+        return int(api.parse_duration(getattr(t, field)).total_seconds())
+
+    def _stranded(self, label: str, final: bool) -> None:
+        """4. A cluster we took out is in a bounded active step, or Failed/Blocked with why."""
+        w = self.w
+        for cid in sorted(w.fleet.out_set):
+            c = w.fleet.clusters[cid]
+            if c.in_service or c.deleted or c.out_by in (None, ADVERSARY):
+                continue
+            run = c.out_by
+            key = self.up_key.get((run, cid))
+            if key is None:
+                raise Violation("4 never stranded", f"{cid} is out of service by {run}, unknown")
+            st = w.api.upgrades[key].upgrade.status
+            ok_states = (U.FAILED,) if final else (U.FAILED, U.BLOCKED)
+            if st.phase in ok_states and st.reason:
+                continue
+            if st.phase in ACTIVE and not final:
+                start = seconds(st.step_start_time) if st.step_start_time else None
+                if start is None:
+                    raise Violation(
+                        "4 never stranded",
+                        f"after {label}: {cid} is out of service by {run} in {st.phase} "
+                        "with no step start time (no bound)",
+                    )
+                limit = start + self.bound(run, st, w.api.upgrades[key].upgrade.spec.stage)
+                if w.now <= limit + SLACK:
+                    continue
+                raise Violation(
+                    "4 never stranded",
+                    f"after {label}: {cid} is out of service by {run} in {st.phase} "
+                    f"({st.step}) since t={start}; its bound ended at t={limit}",
+                )
+            raise Violation(
+                "4 never stranded",
+                f"after {label}: {cid} is out of service because of {run} but its "
+                f"ClusterUpgrade is {st.phase} ({st.reason}: {st.message})",
+            )
+
+    # -- at the end ----------------------------------------------------------------------
+
+    def quiet_span(self) -> int:
+        """Simulated seconds the quiet phase may take at most."""
+        return 6 * 3600
+
+    def final(self, settled: bool) -> None:
+        """After the quiet phase: nothing of ours left out unless Failed; runs say why."""
+        w = self.w
+        self._stranded("the quiet phase", final=settled)
+        adversary = w.adversary
+        from tests.sim.adversary import DRIFT
+
+        for run, obj in w.api.runs.items():
+            says = obj.status.message or obj.status.phase == api.RunPhase.INVALID
+            if obj.initialized and not says:
+                raise Violation(
+                    "4 never stranded", f"run {run} ends {obj.status.phase} saying nothing"
+                )
+            if obj.spec.state != api.RunState.RUN:
+                continue
+            for o in w.api.upgrades_of(run):
+                st = o.upgrade.status
+                cid = o.upgrade.cluster_id
+                touched = adversary.touched.get(cid, set())
+                if st.phase == U.FAILED and touched and touched <= DRIFT:
+                    raise Violation(
+                        "7 drift is local",
+                        f"{cid} in {run} ends Failed ({st.reason}: {st.message}) though only "
+                        f"drift touched it ({sorted(touched)})",
+                    )
+            if w.cfg.profile == "drift" and settled:
+                self._drift_liveness(run)
+
+    def _drift_liveness(self, run: str) -> None:
+        """7. Precondition: the floor leaves room (available - required >= 1) after the drift."""
+        w = self.w
+        obj = w.api.runs[run]
+        members = self.members.get(run, [])
+        up = sum(1 for c in members if self._cause(c) == "up")
+        if up - obj.spec.required_available_count < 1:
+            return
+        if obj.status.phase != api.RunPhase.SUCCEEDED:
+            raise Violation(
+                "7 drift is local",
+                f"run {run} ends {obj.status.phase} ({obj.status.message}) with only drift in "
+                "the world and room in the floor",
+            )
+
+
+def short(evals: Sequence[Evaluation]) -> str:
+    return ", ".join(f"{e.t}:{'ok' if e.passed else 'bad'}" for e in evals)

@@ -1,0 +1,528 @@
+"""One simulated history: the model world, the controllers around the real driver, the clock.
+
+The controllers here stand in for the product's UpdateRun and ClusterVersion controllers: they
+pin runs with `orchestrator.initialize`, compute holdings from the store, call
+`orchestrator.driver.RunDriver.step` (the real observe → decide → persist → call pipeline with
+the real `orchestrator.engine.decide`), and write the run's status once, conditionally.
+Preconditions the product's controllers must keep, stated here because the simulation relies on
+them: runs sharing a provider are reconciled one at a time, and holdings are read from the
+apiserver with this replica's own writes visible (read-your-writes).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from orchestrator import api
+from orchestrator.conditions import format_time
+from orchestrator.driver import CallError, RunDriver, WriteConflict
+from orchestrator.engine import ACTIVE
+from orchestrator.initialize import pin_upgrades, run_for
+from tests.sim.adversary import Adversary
+from tests.sim.invariants import Monitor, Violation
+from tests.sim.model import (
+    Crash,
+    CvObj,
+    Lease,
+    LostWrite,
+    MCluster,
+    ModelApiServer,
+    ModelChecker,
+    ModelFence,
+    ModelFleet,
+    ModelProvider,
+    MPool,
+    RunObj,
+    StoreClient,
+    at,
+)
+
+ENDPOINT = "sim-plugin:9000"
+BASE = ("1.28.2", "1.28.7")
+OLD = "1.27.9"  # two minors behind 1.29: the provider refuses a skip
+TARGETS = ("1.29.3", "1.29.5")
+OFFERED = ("1.29.3", "1.29.5", "1.30.1")
+RINGS = ("canary", "early", "main")
+TEAMS = ("blue", "green", "red")
+FINISHED = frozenset({api.RunPhase.SUCCEEDED, api.RunPhase.STOPPED, api.RunPhase.INVALID})
+CHECKS = {
+    "interval": "10s",
+    "checks": [{"name": "app", "workloads": {"items": [{"namespace": "default", "name": "app"}]}}],
+}
+
+
+@dataclass
+class Owner:
+    """Who asks for rollouts: a ClusterVersion, or a person applying UpdateRuns directly."""
+
+    namespace: str
+    name: str
+    kind: str  # "cv" | "run"
+    spec: api.ClusterVersionSpec
+
+
+@dataclass
+class Config:
+    """Everything a history is made of, drawn from its seed."""
+
+    seed: int
+    clusters: int = 10
+    pools_max: int = 2
+    old_fraction: float = 0.1
+    owners: int = 1
+    overlap: bool = False
+    preflight: bool = True
+    replicas: int = 2
+    shared_driver: bool = False
+    profile: str = "noisy"  # calm | noisy | hostile | drift | none
+    active_seconds: int = 1800
+    short_timeouts: bool = True
+    health: bool = True
+    stages: bool = True
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @staticmethod
+    def draw(seed: int) -> Config:
+        rng = random.Random(seed * 7919 + 1)
+        roll = rng.random()
+        if roll < 0.004:
+            n = rng.choice((500, 2000))
+        elif roll < 0.06:
+            n = rng.randint(41, 120)
+        else:
+            n = rng.randint(5, 40)
+        big = n > 120
+        profile = rng.choices(("calm", "noisy", "hostile", "drift"), (3, 4, 3, 1))[0]
+        return Config(
+            seed=seed,
+            clusters=n,
+            pools_max=1 if big else rng.randint(0, 2),
+            old_fraction=rng.choice((0.0, 0.0, 0.05, 0.15)),
+            owners=1 if profile == "drift" or big else rng.choice((1, 1, 2, 2, 3)),
+            overlap=rng.random() < 0.7,
+            preflight=rng.random() < 0.9,
+            replicas=1 if big else rng.choice((1, 2, 2)),
+            shared_driver=rng.random() < 0.3,
+            profile="calm" if big else profile,
+            active_seconds=600 if big else rng.choice((900, 1800, 2700)),
+            short_timeouts=rng.random() < 0.7,
+            health=rng.random() < 0.7,
+            stages=rng.random() < 0.7,
+        )
+
+
+class Replica:
+    """One orchestrator process: its drivers (and their preflight caches) and its store client."""
+
+    def __init__(self, world: World, name: str) -> None:
+        self.world = world
+        self.name = name
+        self.fence = ModelFence(world.lease, name)
+        self.provider = ModelProvider(
+            world.fleet, world.adversary, world.monitor, name, world.cfg.preflight
+        )
+        self.store = StoreClient(world.api, world.adversary)
+        self.drivers: dict[str, RunDriver] = {}
+
+    def crash(self) -> None:
+        """The process dies and restarts: memory gone, everything resumes from the store."""
+        self.drivers.clear()
+        self.store.rvs.clear()
+
+    def driver(self, run: RunObj) -> RunDriver:
+        key = "*" if self.world.cfg.shared_driver else run.key
+        drv = self.drivers.get(key)
+        if drv is None:
+            drv = RunDriver(
+                provider=self.provider,
+                store=self.store.view(run.namespace),
+                checker=ModelChecker(
+                    self.world.fleet, self.world.adversary, self.world.monitor.record, run.key
+                ),
+                fence=self.fence,
+            )
+            self.drivers[key] = drv
+        # One driver may serve several runs (shared_driver): point it at this run's namespace
+        # and health log (the preflight cache is the driver's own memory).
+        drv.store = self.store.view(run.namespace)
+        drv.checker = ModelChecker(
+            self.world.fleet, self.world.adversary, self.world.monitor.record, run.key
+        )
+        return drv
+
+
+class World:
+    """A seeded history: build, run the active phase with the adversary, then a quiet phase."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.rng = random.Random(cfg.seed)
+        self.now = 0
+        self.history: list[str] = []
+        self.fleet = ModelFleet(self._clusters(), OFFERED)
+        self.api = ModelApiServer()
+        self.lease = Lease("r0")
+        self.monitor = Monitor(self)
+        self.adversary = Adversary(self, cfg.profile)
+        self.fleet.fate = self.adversary.fate
+        self.fleet.on_effect = self.monitor.on_effect
+        self.api.on_write = self.monitor.on_write
+        self.lease.on_flip = lambda holder: self.log(f"lease → {holder}")
+        self.replicas = [Replica(self, f"r{i}") for i in range(cfg.replicas)]
+        self.due: dict[str, int] = {}
+        self.owners: list[Owner] = []
+        self.timeouts = (
+            api.StepTimeouts(
+                service_out="2m", control_plane="15m", node_pool="15m", service_in="2m", ready="5m"
+            )
+            if cfg.short_timeouts
+            else None
+        )
+        self.run_counter = 0
+        for i in range(cfg.owners):
+            self.add_owner(i)
+
+    # -- building ------------------------------------------------------------------------
+
+    def _clusters(self) -> list[MCluster]:
+        out = []
+        for i in range(self.cfg.clusters):
+            old = self.rng.random() < self.cfg.old_fraction
+            version = OLD if old else self.rng.choice(BASE)
+            pools = {
+                f"pool-{p}": MPool(f"pool-{p}", version)
+                for p in range(self.rng.randint(0, self.cfg.pools_max))
+            }
+            labels = {"ring": self.rng.choice(RINGS), "team": self.rng.choice(TEAMS)}
+            out.append(MCluster(f"c{i:04d}", version, pools, labels))
+        return out
+
+    def draw_spec(self, team: str, members: list[str]) -> api.ClusterVersionSpec:
+        """A ClusterVersion-shaped spec over members (listed) or a team's selector stages."""
+        rng = self.rng
+        target = rng.choice(TARGETS)
+        body: dict[str, object] = {
+            "opsEndpoint": {"endpoint": ENDPOINT, "insecure": True},
+        }
+        stages: list[dict[str, object]] = []
+        if self.cfg.stages and rng.random() < 0.8:
+            rings = list(RINGS)
+            if rng.random() < 0.5:
+                body["version"] = target
+                for ring in rings:
+                    stage: dict[str, object] = {
+                        "name": ring,
+                        "selector": {"matchLabels": {"ring": ring, "team": team}},
+                    }
+                    stages.append(stage)
+                size = sum(
+                    1
+                    for c in self.fleet.clusters.values()
+                    if c.labels.get("team") == team and not c.deleted
+                )
+            else:
+                body["clusters"] = [{"id": cid, "version": target} for cid in members]
+                by_ring: dict[str, list[str]] = {}
+                for cid in members:
+                    by_ring.setdefault(self.fleet.clusters[cid].labels["ring"], []).append(cid)
+                for ring in rings:
+                    if by_ring.get(ring):
+                        stages.append({"name": ring, "clusters": by_ring[ring]})
+                size = len(members)
+            for stage in stages:
+                if rng.random() < 0.5:
+                    stage["maxConcurrency"] = rng.choice((1, 2, 3, 5, 30, "25%", "50%"))
+                if self.cfg.health and rng.random() < 0.5:
+                    stage["healthChecks"] = self._checks()
+        else:
+            body["clusters"] = [{"id": cid, "version": target} for cid in members]
+            size = len(members)
+        strategy: dict[str, object] = {}
+        if stages:
+            strategy["stages"] = stages
+        if rng.random() < 0.7:
+            strategy["maxConcurrency"] = rng.choice((1, 2, 3, 5, 10, 30, "10%", "25%", "50%"))
+        strategy["onFailure"] = rng.choice(("Halt", "Continue"))
+        body["strategy"] = strategy
+        if self.cfg.health and rng.random() < 0.6:
+            body["healthChecks"] = self._checks()
+        top = max(1, size - 1)
+        body["requiredAvailableCount"] = rng.randint(max(1, size // 2), top)
+        return api.ClusterVersionSpec.model_validate(body)
+
+    def _checks(self) -> dict[str, object]:
+        rng = self.rng
+        return {
+            **CHECKS,
+            "interval": rng.choice(("5s", "10s", "30s")),
+            "successThreshold": rng.randint(1, 3),
+            "failureThreshold": rng.randint(2, 4),
+            "timeout": rng.choice(("2m", "5m")),
+        }
+
+    def add_owner(self, i: int, kind: str | None = None) -> Owner:
+        """A ClusterVersion or a direct UpdateRun over a (maybe overlapping) set of clusters."""
+        rng = self.rng
+        ids = sorted(c.id for c in self.fleet.clusters.values() if not c.deleted)
+        team = TEAMS[i % len(TEAMS)] if not self.cfg.overlap else rng.choice(TEAMS[:2])
+        if self.cfg.overlap or (len(self.owners) == 0 and self.cfg.owners == 1):
+            k = max(2, int(len(ids) * rng.uniform(0.5, 1.0)))
+            members = sorted(rng.sample(ids, min(k, len(ids))))
+        else:
+            members = ids[i :: max(1, self.cfg.owners)]
+        members = members or ids[:2]
+        spec = self.draw_spec(team, members)
+        kind = kind or ("cv" if rng.random() < 0.6 else "run")
+        owner = Owner(f"ns-{i}", f"{kind}-{i}", kind, spec)
+        self.owners.append(owner)
+        if kind == "cv":
+            key = f"{owner.namespace}/{owner.name}"
+            self.api.cvs[key] = CvObj(key, owner.namespace, owner.name, spec)
+            self.log(f"create ClusterVersion {key}")
+        else:
+            self.create_direct_run(owner)
+        return owner
+
+    def create_direct_run(self, owner: Owner) -> str:
+        self.run_counter += 1
+        name = f"{owner.name}-r{self.run_counter}"
+        s = owner.spec
+        spec = api.UpdateRunSpec(
+            required_available_count=s.required_available_count,
+            ops_endpoint=s.ops_endpoint,
+            version=s.version,
+            clusters=s.clusters,
+            strategy=s.strategy,
+            health_checks=s.health_checks,
+            timeouts=self.timeouts,
+        )
+        return self._create_run(owner.namespace, name, spec, "", None)
+
+    def _create_run(
+        self,
+        ns: str,
+        name: str,
+        spec: api.UpdateRunSpec,
+        cv: str,
+        source: api.ClusterVersionSpec | None,
+    ) -> str:
+        key = f"{ns}/{name}"
+        obj = RunObj(
+            key=key,
+            namespace=ns,
+            name=name,
+            uid=f"uid-{ns}-{name}",
+            spec=spec,
+            status=api.UpdateRunStatus(phase=api.RunPhase.INITIALIZING),
+            rv=0,
+            cv=cv,
+            source=source,
+        )
+        self.api.create_run(obj)
+        self.due[key] = self.now
+        self.log(f"create UpdateRun {key}")
+        return key
+
+    # -- logging -------------------------------------------------------------------------
+
+    def log(self, text: str) -> None:
+        self.history.append(f"t={self.now:>6} {text}")
+
+    # -- controllers ---------------------------------------------------------------------
+
+    def reconcile_cvs(self) -> None:
+        """The ClusterVersion → UpdateRun rule: a changed spec starts a new run, stops the old."""
+        for cv in list(self.api.cvs.values()):
+            name, spec = run_for(cv.name, cv.generation, cv.spec, self.timeouts)
+            key = f"{cv.namespace}/{name}"
+            if key not in self.api.runs:
+                self._create_run(cv.namespace, name, spec, cv.key, cv.spec)
+            current = self.api.runs[key]
+            if current.spec.required_available_count != cv.spec.required_available_count:
+                self.api.update_run(
+                    key,
+                    spec=current.spec.model_copy(
+                        update={"required_available_count": cv.spec.required_available_count}
+                    ),
+                )
+                self.monitor.floor_changed(key)
+                self.due[key] = self.now
+            for other in list(self.api.runs.values()):
+                if other.cv == cv.key and other.key != key and other.spec.state == api.RunState.RUN:
+                    self.api.update_run(
+                        other.key, spec=other.spec.model_copy(update={"state": api.RunState.STOP})
+                    )
+                    self.due[other.key] = self.now
+                    self.log(f"stop UpdateRun {other.key} (superseded by {key})")
+
+    def reconcile_run(self, rep: Replica, key: str) -> None:
+        run = rep.store.read_run(key)
+        now = at(self.now)
+        rep.provider.run = key
+        if not run.initialized:
+            self._initialize(rep, run)
+            return
+        upgrades = rep.store.read_upgrades(key)
+        held_by: dict[str, str] = {}
+        for u in upgrades.values():
+            others = self.api.active.get(u.cluster_id, set()) - {key}
+            if others:
+                held_by[u.cluster_id] = sorted(others)[0]
+        drv = rep.driver(run)
+        approved = frozenset(run.stage_names)
+        result = drv.step(
+            key=key,
+            uid=run.uid,
+            spec=run.spec,
+            upgrades=upgrades,
+            stages=run.status.stages or [],
+            held_by=held_by,
+            now=now,
+            approved=approved,
+            retry=run.retry,
+            skip=run.skip,
+        )
+        d = result.decision
+        if d.calls or d.changed:
+            self.log(
+                f"{rep.name} {key}: {len(d.changed)} written, "
+                + ", ".join(f"{c.kind.value} {c.cluster_id}" for c in d.calls[:6])
+                + (" …" if len(d.calls) > 6 else "")
+                + (" (fenced)" if result.fenced else "")
+                + (f" ({result.conflicts} conflicts)" if result.conflicts else "")
+            )
+        if not result.conflicts and (d.retried or d.skipped):
+            self.api.update_run(key, retry=run.retry - d.retried, skip=run.skip - d.skipped)
+            run = rep.store.read_run(key)
+        old = run.status
+        finished = d.phase in (
+            api.RunPhase.SUCCEEDED,
+            api.RunPhase.FAILED,
+            api.RunPhase.STOPPED,
+        )
+        status = old.model_copy(
+            update={
+                "phase": d.phase,
+                "message": d.message,
+                "current_stage": d.current_stage,
+                "counts": d.counts,
+                "stages": d.stages,
+                "end_time": (old.end_time or format_time(now)) if finished else None,
+            }
+        )
+        if status != old:
+            self.adversary.run_write_fault(key)
+            rep.store.write_run_status(key, status)
+            if status.phase != old.phase:
+                self.log(f"{key}: {old.phase} → {status.phase}: {d.message}")
+        wait = 30.0 if result.requeue_after is None else result.requeue_after
+        self.due[key] = self.now + int(min(30.0, max(1.0, wait)))
+
+    def _initialize(self, rep: Replica, run: RunObj) -> None:
+        """Pin once: every ClusterUpgrade created at start, from the inventory of that moment."""
+        self.adversary.rpc("ListClusters", "")
+        pinned = pin_upgrades(run.name, run.spec, self.fleet.inventory(), source=run.source)
+        if isinstance(pinned, list):
+            self.api.update_run(run.key, initialized=True)
+            self.api.runs[run.key].status = api.UpdateRunStatus(
+                phase=api.RunPhase.INVALID, message="; ".join(str(p) for p in pinned)[:300]
+            )
+            self.log(f"{run.key}: Invalid: {pinned[0]}")
+            return
+        self.api.create_upgrades(run, pinned.upgrades)
+        self.api.update_run(run.key, initialized=True, stage_names=list(pinned.stage_names))
+        self.api.runs[run.key].status = api.UpdateRunStatus(
+            phase=api.RunPhase.PROGRESSING,
+            cluster_set_digest=pinned.digest,
+            start_time=format_time(at(self.now)),
+        )
+        self.monitor.run_pinned(run.key)
+        self.log(f"{run.key}: pinned {len(pinned.upgrades)} clusters")
+        self.due[run.key] = self.now
+
+    # -- the clock -----------------------------------------------------------------------
+
+    def _next_time(self, horizon: int) -> int:
+        times = [horizon]
+        if self.due:
+            times.append(min(self.due.values()))
+        ev = self.fleet.next_event()
+        if ev is not None:
+            times.append(ev)
+        nxt = self.adversary.next_action()
+        if nxt is not None:
+            times.append(nxt)
+        return max(self.now + 1, min(times))
+
+    def _due_runs(self) -> Iterator[str]:
+        for key in sorted(k for k, t in self.due.items() if t <= self.now):
+            run = self.api.runs[key]
+            if run.status.phase in FINISHED and run.initialized:
+                del self.due[key]
+                continue
+            yield key
+
+    def iterate(self, active: bool, horizon: int) -> None:
+        self.now = self._next_time(horizon)
+        self.fleet.tick(self.now)
+        self.monitor.after_step("operations advanced")
+        if active:
+            self.adversary.act()
+            self.monitor.after_step("adversary acted")
+        self.reconcile_cvs()
+        for key in list(self._due_runs()):
+            rep = self.adversary.pick_replica() if active else self._leader()
+            try:
+                self.reconcile_run(rep, key)
+            except Crash as err:
+                self.log(f"{rep.name} crashed: {err}")
+                rep.crash()
+                self.due[key] = self.now + 1
+            except (LostWrite, WriteConflict, CallError) as err:
+                self.log(f"{rep.name} {key}: pass aborted: {type(err).__name__}: {err}")
+                self.due[key] = self.now + 2
+            self.monitor.after_step(f"{rep.name} reconciled {key}")
+
+    def _leader(self) -> Replica:
+        return next(r for r in self.replicas if r.name == self.lease.holder)
+
+    def run(self) -> None:
+        """The whole history; raises Violation at the first broken invariant."""
+        self.reconcile_cvs()
+        while self.now < self.cfg.active_seconds:
+            self.iterate(True, self.cfg.active_seconds)
+        self.adversary.quiet()
+        self.log("adversary quiet")
+        if self.lease.holder not in {r.name for r in self.replicas}:
+            self.lease.move(self.replicas[0].name)
+        self.monitor.after_step("adversary quiet")
+        limit = self.now + self.monitor.quiet_span()
+        while self.now < limit and not self._settled():
+            self.iterate(False, limit)
+        self.monitor.final(self._settled())
+
+    def _settled(self) -> bool:
+        for run in self.api.runs.values():
+            if not run.initialized or run.status.phase not in FINISHED | {
+                api.RunPhase.FAILED,
+                api.RunPhase.HALTED,
+            }:
+                return False
+            if any(o.upgrade.status.phase in ACTIVE for o in self.api.upgrades_of(run.key)):
+                return False
+        return not self.fleet.in_flight or all(
+            self.fleet.ops[i].end is None for i in self.fleet.in_flight
+        )
+
+
+def simulate(seed: int, cfg: Config | None = None) -> World:
+    """Run one seeded history; raises Violation (with the history attached)."""
+    world = World(cfg or Config.draw(seed))
+    try:
+        world.run()
+    except Violation as err:
+        err.world = world
+        raise
+    return world
