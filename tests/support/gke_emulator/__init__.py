@@ -25,6 +25,7 @@ from google.protobuf import json_format
 
 from tests.support.gke_emulator._http import EmulatorServer
 from tests.support.gke_emulator._model import (
+    NEWER_BACKEND_FIELDS,
     ApiError,
     ClusterStatus,
     ComputeFault,
@@ -38,6 +39,7 @@ from tests.support.gke_emulator._model import (
 )
 
 __all__ = [
+    "NEWER_BACKEND_FIELDS",
     "ApiError",
     "GkeEmulator",
     "OpTiming",
@@ -127,9 +129,12 @@ class GkeEmulator:
         labels: Mapping[str, str] | None = None,
         channel: str = "",
         exclusions: Iterable[Mapping[str, Any]] = (),
+        autopilot: bool = False,
+        window: Mapping[str, Any] | None = None,
     ) -> str:
         """Adds a cluster; node_pools items: name, version, imageType, nodes, upgradeSettings,
-        status; exclusions items: name, start, end (datetimes), scope."""
+        status; exclusions items: name, start, end (datetimes), scope; window: {"daily":
+        "HH:MM"} or {"start", "end", "recurrence"}; autopilot: an Autopilot cluster."""
         project, location, name = split_cluster_id(cluster_id)
         cluster = build_cluster(
             name,
@@ -140,6 +145,8 @@ class GkeEmulator:
             labels=labels,
             channel=channel,
             exclusions=exclusions,
+            autopilot=autopilot,
+            window=window,
         )
         self.state.add_cluster(cluster, project, location)
         return cluster_id
@@ -152,10 +159,43 @@ class GkeEmulator:
             cluster.status_message = message
 
     def add_backend_service(
-        self, project: str, name: str, backends: Iterable[Mapping[str, Any]]
+        self,
+        project: str,
+        name: str,
+        backends: Iterable[Mapping[str, Any]],
+        *,
+        owner: str = "",
+        controlled: bool = False,
     ) -> None:
-        """A global backend service; backends items in compute JSON (group, capacityScaler...)."""
-        self.state.add_backend_service(project, build_backend_service(name, backends))
+        """A global backend service; backends items in compute JSON (group, capacityScaler...,
+        and fields newer than the pinned client, see NEWER_BACKEND_FIELDS); owner: the
+        orchestrationInfo.resourceUri of the controller that manages it (it then reverts every
+        capacityScaler change, as does controlled=True without saying so)."""
+        items = [dict(b) for b in backends]
+        extras = {
+            str(b.get("group", "")): {k: b.pop(k) for k in list(b) if k in NEWER_BACKEND_FIELDS}
+            for b in items
+        }
+        service = build_backend_service(name, items)
+        if owner:
+            service.orchestration_info.resource_uri = owner
+        self.state.add_backend_service(
+            project,
+            service,
+            {g: e for g, e in extras.items() if e},
+            controlled=controlled or bool(owner),
+        )
+
+    def remove_backend_service(self, project: str, name: str) -> None:
+        """Deletes a backend service (compute then answers 404 for it)."""
+        with self.state.lock:
+            del self.state.backend_services[(project, name)]
+
+    def miss_zones(self, zones: Iterable[str], times: int = 1) -> None:
+        """The next `times` ListOperations answers cannot reach these zones: their operations
+        are left out and the zones named in missingZones."""
+        with self.state.lock:
+            self.state.missing_zones.extend(set(zones) for _ in range(times))
 
     def fail_next_upgrade(
         self, op_type: str, cluster_id: str, message: str, *, code: int = 13, times: int = 1
@@ -185,12 +225,21 @@ class GkeEmulator:
             self.state.http_faults.clear()
 
     def start_foreign_operation(
-        self, cluster_id: str, op_type: str, target: str, node_pool: str = ""
+        self,
+        cluster_id: str,
+        op_type: str,
+        target: str,
+        node_pool: str = "",
+        *,
+        node: str = "",
+        concurrent: bool = False,
     ) -> str:
-        """Starts an operation nobody asked the API for (an auto-upgrade); returns its name."""
+        """Starts an operation nobody asked the API for (an auto-upgrade; with node, an
+        auto-repair of that node, target ""); returns its id. concurrent: beside a running
+        operation (GKE's own maintenance may overlap)."""
         project, location, name = split_cluster_id(cluster_id)
         op = self.state.start_foreign_operation(
-            OpType[op_type], project, location, name, node_pool, target
+            OpType[op_type], project, location, name, node_pool, target, node, concurrent
         )
         return f"projects/{project}/locations/{location}/operations/{op.name}"
 
@@ -234,9 +283,8 @@ class GkeEmulator:
             return found
 
     def backend_service(self, project: str, name: str) -> dict[str, Any]:
-        """The backend service as compute answers it (JSON)."""
-        with self.state.lock:
-            return dict(json_format.MessageToDict(self.state.backend_service(project, name)))
+        """The backend service as compute answers it (JSON, newer fields included)."""
+        return self.state.backend_service_json(project, name)
 
     def capacity(self, project: str, name: str, group: str) -> float | None:
         """The capacityScaler of the backend whose group ends with `group`, if any."""

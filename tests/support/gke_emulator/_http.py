@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from google.cloud import compute_v1, container_v1
+from google.cloud import container_v1
 from google.protobuf import json_format
 
 from tests.support.gke_emulator._model import ApiError, EmulatorState
@@ -34,7 +34,6 @@ CancelOperationRequest = container_v1.CancelOperationRequest.pb()
 ListClustersResponse = container_v1.ListClustersResponse.pb()
 ListNodePoolsResponse = container_v1.ListNodePoolsResponse.pb()
 ListOperationsResponse = container_v1.ListOperationsResponse.pb()
-BackendService = compute_v1.BackendService.pb()
 
 Handler = Callable[["_Request"], Any]
 
@@ -46,6 +45,16 @@ class _Request:
         self.groups = groups
         self.query = query
         self.body = body
+
+    def json(self) -> dict[str, Any]:
+        """The body as a JSON object (400 when it is not one)."""
+        try:
+            data = json.loads(self.body or b"{}")
+        except ValueError as exc:
+            raise ApiError(400, f"Invalid JSON payload received. {exc}") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "Invalid JSON payload received: not an object.")
+        return data
 
     def parse(self, message: Any) -> Any:
         """The body parsed strictly into message (unknown fields are a 400, as in GKE)."""
@@ -146,16 +155,14 @@ class EmulatorServer:
             "GET",
             rf"{_COMPUTE}/backendServices/{_SEG}",
             "compute.backendServices.get",
-            lambda q: s.backend_service(*q.groups),
+            lambda q: RawJson(s.backend_service_json(*q.groups)),
         )
         r(
             "PATCH",
             rf"{_COMPUTE}/backendServices/{_SEG}",
             "compute.backendServices.patch",
-            lambda q: s.patch_backend_service(
-                *q.groups,
-                q.parse(BackendService()),
-                (q.query.get("requestId") or [""])[0],
+            lambda q: s.patch_backend_service_json(
+                *q.groups, q.json(), (q.query.get("requestId") or [""])[0]
             ),
         )
         r(
@@ -210,7 +217,16 @@ class EmulatorServer:
         http.wfile.write(data)
 
 
+class RawJson:
+    """An answer already in JSON form (compute resources with fields the client may not know)."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+
 def _to_json(message: Any, numeric: bool) -> str:
+    if isinstance(message, RawJson):
+        return json.dumps(message.data)
     return json_format.MessageToJson(message, use_integers_for_enums=numeric)
 
 
@@ -222,6 +238,8 @@ def _error_body(err: ApiError, compute: bool) -> str:
         ]
     else:
         error["status"] = err.status
+        if err.reason:  # GKE v1 errors carry the legacy errors[] list as well
+            error["errors"] = [{"message": err.message, "domain": "global", "reason": err.reason}]
     return json.dumps({"error": error})
 
 
@@ -240,7 +258,8 @@ def _list_pools(state: EmulatorState, request: _Request) -> Any:
 def _list_ops(state: EmulatorState, request: _Request) -> Any:
     project, location = request.groups
     with state.lock:
-        return ListOperationsResponse(operations=state.list_operations(project, location))
+        operations, missing = state.list_operations(project, location)
+        return ListOperationsResponse(operations=operations, missing_zones=missing)
 
 
 def _cancel(state: EmulatorState, request: _Request) -> None:

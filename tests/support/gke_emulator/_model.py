@@ -25,6 +25,13 @@ from google.cloud import compute_v1, container_v1
 from google.protobuf import json_format
 
 from plugins.sdk import versions
+from tests.support.gke_emulator._versions import (
+    VersionError,
+    check_master,
+    check_node,
+    master_target,
+    node_target,
+)
 
 __all__ = [
     "ApiError",
@@ -135,6 +142,7 @@ class _ComputeOp:
     created: float
     seconds: float
     fault: ComputeFault | None
+    extras: dict[str, dict[str, Any]] | None = None  # newer-than-client fields per group
 
 
 @dataclass
@@ -170,6 +178,12 @@ class EmulatorState:
     upgrade_faults: list[UpgradeFault] = field(default_factory=list)
     compute_faults: list[ComputeFault] = field(default_factory=list)
     http_faults: dict[str, list[ApiError]] = field(default_factory=dict)
+    missing_zones: list[set[str]] = field(default_factory=list)  # per ListOperations answer
+    # Backend fields compute knows but the pinned google-cloud-compute client does not (compute
+    # keeps adding Backend fields: customMetrics, trafficDuration, orchestrationInfo were all
+    # newer than older clients); kept per backend group, served and patched as JSON.
+    backend_extras: dict[tuple[str, str], dict[str, dict[str, Any]]] = field(default_factory=dict)
+    controlled: set[tuple[str, str]] = field(default_factory=set)  # a controller reverts
     _serial: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     # ----------------------------------------------------------------- set-up (test side)
@@ -199,8 +213,23 @@ class EmulatorState:
         with self.lock:
             self.server_configs[(project, location)] = config
 
-    def add_backend_service(self, project: str, service: Any) -> None:
+    def add_backend_service(
+        self,
+        project: str,
+        service: Any,
+        extras: Mapping[str, Mapping[str, Any]] | None = None,
+        *,
+        controlled: bool = False,
+    ) -> None:
+        """A backend service; extras: newer-than-client fields per backend group; controlled:
+        a controller owns it and reverts every capacityScaler change (as a multi-cluster
+        Gateway controller reconciles the backend services it manages)."""
         with self.lock:
+            self.backend_extras[(project, service.name)] = {
+                group: dict(fields) for group, fields in (extras or {}).items()
+            }
+            if controlled:
+                self.controlled.add((project, service.name))
             service.kind = "compute#backendService"
             service.id = next(self._serial) + 4000000000000000000
             service.self_link = (
@@ -279,15 +308,22 @@ class EmulatorState:
                 )
             return op.pb
 
-    def list_operations(self, project: str, location: str) -> list[Any]:
+    def list_operations(self, project: str, location: str) -> tuple[list[Any], list[str]]:
+        """(operations, missingZones). ListOperations documents no order: they come newest
+        first here, so a client that assumes any order is caught. Zones made unreachable with
+        miss_zones are left out and named in missingZones, as GKE does."""
         with self.lock:
             self.advance()
+            missing = sorted(self.missing_zones.pop(0)) if self.missing_zones else []
             found = [
                 op
                 for op in self.operations.values()
-                if op.project == project and location in ("-", op.location)
+                if op.project == project
+                and location in ("-", op.location)
+                and not any(op.location == z or op.location.startswith(z + "-") for z in missing)
             ]
-            return [op.pb for op in sorted(found, key=lambda o: o.created)]
+            ordered = sorted(found, key=lambda o: o.created, reverse=True)
+            return [op.pb for op in ordered], missing
 
     def backend_service(self, project: str, name: str) -> Any:
         with self.lock:
@@ -324,24 +360,11 @@ class EmulatorState:
             if not wanted:
                 raise ApiError(400, "Master version must be specified.")
             config = self.server_config(project, location)
-            offered = _master_versions(config, cluster)
-            target = _resolve(wanted, offered, default=_default_master(config, cluster))
-            if target is None:
-                raise ApiError(400, f'Master version "{wanted}" is unsupported.')
-            current = cluster.current_master_version
-            if versions.is_newer(current, target):
-                raise ApiError(
-                    400,
-                    f'Master version "{target}" is older than the current master version '
-                    f'"{current}"; downgrades are not supported.',
-                )
-            cur, new = versions.parse(current), versions.parse(target)
-            if new.major == cur.major and new.minor > cur.minor + 1:
-                raise ApiError(
-                    400,
-                    f"Master cannot be upgraded from {current} to {target}: upgrade one minor "
-                    "version at a time.",
-                )
+            try:
+                target = master_target(config, cluster, wanted)
+                check_master(cluster, target)
+            except VersionError as exc:
+                raise ApiError(400, str(exc)) from None
             return self._start(OpType.UPGRADE_MASTER, project, location, cluster, "", target)
 
     def update_node_pool(
@@ -356,21 +379,12 @@ class EmulatorState:
             wanted = request.node_version
             if not wanted:
                 raise ApiError(400, "Node version must be specified.")
-            master = cluster.current_master_version
             config = self.server_config(project, location)
-            offered = sorted(
-                {*config.valid_node_versions, master}, key=versions.parse, reverse=True
-            )
-            offered = [v for v in offered if not versions.is_newer(v, master)]
-            target = _resolve(wanted, offered, default=master)
-            if target is None:
-                if versions.is_newer(wanted, master):
-                    raise ApiError(
-                        400,
-                        f'Node version "{wanted}" must not be newer than the master version '
-                        f'"{master}".',
-                    )
-                raise ApiError(400, f'Node version "{wanted}" is unsupported.')
+            try:
+                target = node_target(config, cluster, wanted)
+                check_node(cluster, target)
+            except VersionError as exc:
+                raise ApiError(400, str(exc)) from None
             if request.HasField("upgrade_settings"):
                 pool.upgrade_settings.CopyFrom(request.upgrade_settings)
             pool.config.image_type = request.image_type
@@ -391,15 +405,63 @@ class EmulatorState:
             self.advance()
 
     def start_foreign_operation(
-        self, op_type: int, project: str, location: str, name: str, pool: str, target: str
+        self,
+        op_type: int,
+        project: str,
+        location: str,
+        name: str,
+        pool: str,
+        target: str,
+        node: str = "",
+        concurrent: bool = False,
     ) -> Any:
-        """An operation nobody asked the API for (e.g. an auto-upgrade)."""
+        """An operation nobody asked the API for (an auto-upgrade; with node, a node
+        auto-repair whose targetLink ends in /nodePools/NP/node/N). GKE's own maintenance can
+        run beside another operation (concurrent: several RUNNING on one cluster)."""
         with self.lock:
             cluster = self.cluster(project, location, name)
-            self._refuse_if_busy(project, location, name)
-            return self._start(op_type, project, location, cluster, pool, target)
+            if not concurrent:
+                self._refuse_if_busy(project, location, name)
+            return self._start(op_type, project, location, cluster, pool, target, node)
 
-    def patch_backend_service(self, project: str, name: str, patch: Any, request_id: str) -> Any:
+    def backend_service_json(self, project: str, name: str) -> dict[str, Any]:
+        """GET as compute answers it: the known fields plus each backend's newer fields."""
+        with self.lock:
+            data = dict(json_format.MessageToDict(self.backend_service(project, name)))
+            extras = self.backend_extras.get((project, name), {})
+            for backend in data.get("backends", []):
+                backend.update(extras.get(str(backend.get("group", "")), {}))
+            return data
+
+    def patch_backend_service_json(
+        self, project: str, name: str, body: dict[str, Any], request_id: str
+    ) -> Any:
+        """PATCH with JSON merge patch semantics: a `backends` list replaces the old one
+        whole, newer fields included (a backend sent without them loses them). Unknown fields
+        are a 400, as in compute."""
+        extras: dict[str, dict[str, Any]] | None = None
+        if "backends" in body:
+            extras = {}
+            for backend in body["backends"]:
+                if isinstance(backend, dict):
+                    newer = {k: backend.pop(k) for k in list(backend) if k in NEWER_BACKEND_FIELDS}
+                    if newer:
+                        extras[str(backend.get("group", ""))] = newer
+        patch = BackendService()
+        try:
+            json_format.ParseDict(body, patch, ignore_unknown_fields=False)
+        except json_format.ParseError as exc:
+            raise ApiError(400, f"Invalid JSON payload received. {exc}", reason="invalid") from None
+        return self.patch_backend_service(project, name, patch, request_id, extras)
+
+    def patch_backend_service(
+        self,
+        project: str,
+        name: str,
+        patch: Any,
+        request_id: str,
+        extras: dict[str, dict[str, Any]] | None = None,
+    ) -> Any:
         with self.lock:
             service = self.backend_service(project, name)
             if request_id:
@@ -433,6 +495,18 @@ class EmulatorState:
                             f": '{value:g}'. Must be 0 or between 0.1 and 1.0.",
                             reason="invalid",
                         )
+            if patch.backends and len(patch.backends) == 1:
+                only = patch.backends[0]
+                if only.HasField("capacity_scaler") and only.capacity_scaler == 0:
+                    # Compute API reference, Backend.capacityScaler: "You cannot configure a
+                    # setting of 0 when there is only one backend attached to the backend
+                    # service."
+                    raise ApiError(
+                        400,
+                        "Invalid value for field 'resource.backends[0].capacityScaler': '0'. "
+                        "Cannot set capacityScaler to 0 when there is only one backend.",
+                        reason="invalid",
+                    )
             merged = BackendService()
             merged.CopyFrom(service)
             for descriptor, value in patch.ListFields():
@@ -463,7 +537,7 @@ class EmulatorState:
                 self_link=f"{COMPUTE_BASE}/projects/{project}/global/operations/{op_name}",
             )
             self.compute_ops[(project, op_name)] = _ComputeOp(
-                pb, project, name, merged, now, self.compute_op_seconds, fault
+                pb, project, name, merged, now, self.compute_op_seconds, fault, extras
             )
             if request_id:
                 self.compute_request_ids[(project, request_id)] = op_name
@@ -484,12 +558,16 @@ class EmulatorState:
                     self._advance_compute(cop, now)
 
     def _refuse_if_busy(self, project: str, location: str, name: str) -> None:
-        for op in self.operations.values():
+        # GKE serializes cluster operations: a second one gets HTTP 400, status
+        # FAILED_PRECONDITION, reason failedPrecondition, naming the running operation (any
+        # kind, node-level repairs included); GKE names one even when several run.
+        for op in sorted(self.operations.values(), key=lambda o: o.created):
             if op.key == (project, location, name) and op.pb.status != OpStatus.DONE:
                 raise ApiError(
                     400,
                     f"Cluster is running incompatible operation {op.pb.name}.",
                     "FAILED_PRECONDITION",
+                    reason="failedPrecondition",
                 )
 
     def _take_upgrade_fault(self, op_type: int, cluster_id: str) -> UpgradeFault | None:
@@ -507,11 +585,20 @@ class EmulatorState:
         return None
 
     def _start(
-        self, op_type: int, project: str, location: str, cluster: Any, pool: str, target: str
+        self,
+        op_type: int,
+        project: str,
+        location: str,
+        cluster: Any,
+        pool: str,
+        target: str,
+        node: str = "",
     ) -> Any:
         name = f"operation-{int(time.time() * 1000)}-{os.urandom(4).hex()}"
         link = f"{CONTAINER_BASE}/{_link_path(self.project_number(project), location)}"
         target_link = f"{link}/clusters/{cluster.name}" + (f"/nodePools/{pool}" if pool else "")
+        if node:
+            target_link += f"/node/{node}"
         pb = GkeOperation(
             name=name,
             zone=location,
@@ -580,7 +667,7 @@ class EmulatorState:
         op.pb.end_time = _rfc3339()
         if error is None:
             self._progress(op, 1.0)
-            if cluster is not None and not op.applied:
+            if cluster is not None and not op.applied and op.target:  # repairs keep versions
                 if op.pool and pool is not None:
                     pool.version = op.target
                 elif not op.pool:
@@ -611,9 +698,21 @@ class EmulatorState:
             op.pb.http_error_status_code = 500
             op.pb.http_error_message = "INTERNAL SERVER ERROR"
             return
+        key = (op.project, op.service)
+        if key in self.controlled:
+            # The owning controller reconciles right away: capacity scalers back as they were.
+            before = {b.group: b for b in self.backend_services[key].backends}
+            for backend in op.patched.backends:
+                if backend.group in before:
+                    backend.capacity_scaler = before[backend.group].capacity_scaler
         op.patched.fingerprint = _fingerprint()
-        self.backend_services[(op.project, op.service)] = op.patched
+        self.backend_services[key] = op.patched
+        if op.extras is not None:
+            self.backend_extras[key] = op.extras
 
+
+NEWER_BACKEND_FIELDS = frozenset({"futureBalancingHint"})
+"""Stands for any Backend field compute has that the pinned client does not know yet."""
 
 _C_DONE = compute_v1.Operation.Status.DONE.value
 _C_RUNNING = compute_v1.Operation.Status.RUNNING.value
@@ -640,42 +739,6 @@ def _refresh_node_version(cluster: Any) -> None:
         cluster.current_node_version = min(pools, key=versions.parse)
 
 
-def _master_versions(config: Any, cluster: Any) -> list[str]:
-    channel = cluster.release_channel.channel
-    if channel != Channel.UNSPECIFIED:
-        for entry in config.channels:
-            if entry.channel == channel:
-                return list(entry.valid_versions)
-        return []
-    return list(config.valid_master_versions)
-
-
-def _default_master(config: Any, cluster: Any) -> str:
-    channel = cluster.release_channel.channel
-    if channel != Channel.UNSPECIFIED:
-        for entry in config.channels:
-            if entry.channel == channel:
-                return str(entry.default_version)
-    return str(config.default_cluster_version)
-
-
-def _resolve(wanted: str, offered: Sequence[str], default: str) -> str | None:
-    """GKE's version aliases: "-" default, "latest", "1.X", "1.X.Y", or an exact version."""
-    ordered = sorted(offered, key=versions.parse, reverse=True)
-    if wanted == "-":
-        return default or None
-    if wanted == "latest":
-        return ordered[0] if ordered else None
-    if wanted in offered:
-        return wanted
-    if re.fullmatch(r"\d+\.\d+(\.\d+)?", wanted):
-        prefix = wanted + ("." if wanted.count(".") == 1 else "-")
-        for candidate in ordered:
-            if candidate.startswith(prefix):
-                return candidate
-    return None
-
-
 # ------------------------------------------------------------------ builders for tests
 
 
@@ -689,8 +752,11 @@ def build_cluster(
     labels: Mapping[str, str] | None = None,
     channel: str = "",
     exclusions: Iterable[Mapping[str, Any]] = (),
+    autopilot: bool = False,
+    window: Mapping[str, Any] | None = None,
 ) -> Any:
-    """A Cluster message from plain values (pools: name, version, imageType, nodes, upgrade)."""
+    """A Cluster message from plain values (pools: name, version, imageType, nodes, upgrade;
+    window: {"daily": "03:00"} or {"start", "end" (datetimes), "recurrence" (RRULE)})."""
     cluster = Cluster(
         name=name,
         initial_cluster_version=master_version,
@@ -717,12 +783,25 @@ def build_cluster(
         upgrade = spec.get("upgradeSettings", {"maxSurge": 1, "maxUnavailable": 0})
         json_format.ParseDict(upgrade, pool.upgrade_settings)
     for exclusion in exclusions:
-        window = cluster.maintenance_policy.window.maintenance_exclusions[exclusion["name"]]
-        window.start_time.FromDatetime(exclusion["start"])
-        window.end_time.FromDatetime(exclusion["end"])
+        excluded = cluster.maintenance_policy.window.maintenance_exclusions[exclusion["name"]]
+        excluded.start_time.FromDatetime(exclusion["start"])
+        excluded.end_time.FromDatetime(exclusion["end"])
         if "scope" in exclusion:
-            window.maintenance_exclusion_options.scope = Scope[exclusion["scope"]]
-    if exclusions:
+            excluded.maintenance_exclusion_options.scope = Scope[exclusion["scope"]]
+    if autopilot:
+        # Autopilot clusters are always in a release channel (release-channels docs).
+        cluster.autopilot.enabled = True
+        if not channel:
+            cluster.release_channel.channel = Channel.REGULAR
+    policy = cluster.maintenance_policy.window
+    if window and "daily" in window:
+        policy.daily_maintenance_window.start_time = window["daily"]
+        policy.daily_maintenance_window.duration = "PT4H0M0S"  # output only; GKE picks 4 h
+    elif window:
+        policy.recurring_window.window.start_time.FromDatetime(window["start"])
+        policy.recurring_window.window.end_time.FromDatetime(window["end"])
+        policy.recurring_window.recurrence = window["recurrence"]
+    if exclusions or window:
         cluster.maintenance_policy.resource_version = "e3b0c442"
     return cluster
 
