@@ -594,6 +594,23 @@ def decide(inp: RunInput) -> Decision:
                 message=f"retry requested (attempt {st.attempt + 2})",
             )
             run.retried.add(u.cluster_id)
+            obs = inp.snapshot.clusters.get(u.cluster_id)
+            if st.step and obs is not None and not obs.in_service and not run.holder(u.cluster_id):
+                # Invariant 4: the failed attempt took it out; the retry keeps it (no new
+                # service-out, no budget) and `follow` carries it on from where it stands.
+                run.set(
+                    u,
+                    phase=U.SERVICING_OUT,
+                    step=OpKind.SERVICE_OUT.value,
+                    request_id=request_id(
+                        inp.uid,
+                        u.cluster_id,
+                        OpKind.SERVICE_OUT.value,
+                        u.spec.version,
+                        st.attempt + 1,
+                    ),
+                    step_start_time=run.stamp,
+                )
     for u in inp.upgrades.values():
         if run.status[u.name].phase in ACTIVE:
             run.follow(u)
