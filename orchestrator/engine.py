@@ -672,6 +672,8 @@ def decide(inp: RunInput) -> Decision:
                         run.wake(left.total_seconds())
         elif active_index is None:
             active_index = index
+            # Invariant 3: a stage that is incomplete again (a member retried) verifies anew.
+            health = None
             if n_failed and on_failure == api.OnFailure.HALT:
                 phase = api.StagePhase.FAILED
             elif (
