@@ -445,6 +445,41 @@ class OperationStore:
                 raise NotFound(f"operation {op_id} not found")
             return _copy(op)
 
+    def operations(self) -> list[cluster_pb2.Operation]:
+        """Every stored operation, in the order of their last change (start or end time)."""
+        with self._lock:
+            return [_copy(op) for op in sorted(self._ops.values(), key=_change_time)]
+
+    def forget(self, op_id: str) -> cluster_pb2.Operation:
+        """Drops an operation as if it never existed; returns its last state.
+
+        GetOperation answers NOT_FOUND, its request_id may start a new one, its cluster is
+        free, and no watcher hears of it (a resync no longer replays it). For plugins whose
+        provider loses operations, and for tests of callers facing one that does.
+        """
+        with self._lock:
+            op = self._ops.pop(op_id, None)
+            if op is None:
+                raise NotFound(f"operation {op_id} not found")
+            if self._by_request.get(op.request_id) == op_id:
+                del self._by_request[op.request_id]
+            if self._in_flight.get(op.cluster_id) == op_id:
+                del self._in_flight[op.cluster_id]
+            self._last_revision.pop(op_id, None)
+            self._recovered = [r for r in self._recovered if r.id != op_id]
+            if self._journal is not None:
+                try:
+                    self._journal.write(json.dumps({"forget": op_id}) + "\n")
+                    self._journal.flush()
+                    os.fsync(self._journal.fileno())
+                    self._journal_lines += 1
+                except OSError as exc:
+                    _LOG.error(
+                        "cannot write the operation journal",
+                        extra={"fields": {"path": str(self._state_path), "error": exc.strerror}},
+                    )
+            return op
+
     def lookup(self, request_id: str) -> cluster_pb2.Operation | None:
         """The operation a request_id started, if any (for plugins that call a provider)."""
         with self._lock:
@@ -676,6 +711,8 @@ def _read_journal(path: Path) -> tuple[int, dict[str, cluster_pb2.Operation]]:
                 if not op.id:
                     raise ValueError("operation without id")
                 ops[op.id] = op
+            elif "forget" in entry:
+                ops.pop(str(entry["forget"]), None)
             else:
                 incarnation = max(incarnation, int(entry.get("incarnation", 0)))
         except (ValueError, TypeError, AttributeError, json_format.ParseError) as exc:

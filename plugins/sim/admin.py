@@ -8,6 +8,11 @@ Routes (JSON in and out; no authentication, so bind it to loopback):
                                 "unavailableReason": str}; every key optional
   PUT  /metrics                 fleet-wide metrics, {query: value or null}
   POST /reload                  re-read the --fleet file now
+  POST /clusters/{id}/versions  someone else upgrades the cluster: {"controlPlaneVersion":
+                                str, "nodePools": {name: version}}; every key optional
+  POST /operations/{id}/finish  ends a running (e.g. hung) operation now: {"state":
+                                "SUCCEEDED" | "FAILED", "errorCode": str, "errorMessage": str}
+  POST /operations/{id}/forget  the plugin forgets the operation (GetOperation: NOT_FOUND)
 """
 
 from __future__ import annotations
@@ -18,18 +23,19 @@ import threading
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
+from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
-from plugins.sdk.errors import NotFound
+from plugins.sdk.errors import FailedPrecondition, NotFound
 from plugins.sim.config import ConfigError, WorkloadSpec
 from plugins.sim.fleet import Fleet
 from plugins.sim.monitor import InvariantMonitor
 
-__all__ = ["AdminServer", "HealthChange"]
+__all__ = ["AdminServer", "HealthChange", "OperationEnd", "VersionChange"]
 
 _LOG = logging.getLogger("plugins.sim.admin")
 _MAX_BODY = 16 * 1024 * 1024
@@ -44,6 +50,25 @@ class HealthChange(BaseModel):
     metrics: dict[str, float | None] | None = None
     available: bool | None = None
     unavailable_reason: str = ""
+
+
+class VersionChange(BaseModel):
+    """Body of POST /clusters/{id}/versions (an out-of-band upgrade)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    control_plane_version: str | None = None
+    node_pools: dict[str, str] | None = None
+
+
+class OperationEnd(BaseModel):
+    """Body of POST /operations/{id}/finish."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    state: Literal["SUCCEEDED", "FAILED"]
+    error_code: str = ""
+    error_message: str = ""
 
 
 class _HttpError(Exception):
@@ -127,6 +152,8 @@ def _handler_class(
                 self._send(exc.status, {"error": exc.message})
             except NotFound as exc:
                 self._send(HTTPStatus.NOT_FOUND, {"error": exc.message})
+            except FailedPrecondition as exc:
+                self._send(HTTPStatus.CONFLICT, {"error": exc.message})
             except ValidationError as exc:
                 problems = [
                     f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
@@ -151,9 +178,29 @@ def _handler_class(
                     raise _HttpError(HTTPStatus.CONFLICT, "no --fleet file to reload")
                 reload()
                 self._send(HTTPStatus.OK, {"reloaded": True})
+            elif method == "POST" and path.startswith("/operations/"):
+                op_id, _, action = path[len("/operations/") :].rpartition("/")
+                if action == "forget" and op_id:
+                    op = fleet.forget_operation(unquote(op_id))
+                elif action == "finish" and op_id:
+                    end = OperationEnd.model_validate(self._body())
+                    op = fleet.end_operation(
+                        unquote(op_id),
+                        succeed=end.state == "SUCCEEDED",
+                        error_code=end.error_code,
+                        error_message=end.error_message,
+                    )
+                else:
+                    raise _HttpError(HTTPStatus.NOT_FOUND, f"no route {method} {path}")
+                self._send(HTTPStatus.OK, json_format.MessageToDict(op))
             elif path.startswith("/clusters/"):
                 rest = path[len("/clusters/") :]
-                if method == "GET" and rest:
+                if method == "POST" and rest.endswith("/versions"):
+                    cluster_id = unquote(rest[: -len("/versions")])
+                    drift = VersionChange.model_validate(self._body())
+                    fleet.set_versions(cluster_id, drift.control_plane_version, drift.node_pools)
+                    self._send(HTTPStatus.OK, fleet.health_of(cluster_id))
+                elif method == "GET" and rest:
                     self._send(HTTPStatus.OK, fleet.health_of(unquote(rest)))
                 elif method == "PUT" and rest.endswith("/health"):
                     cluster_id = unquote(rest[: -len("/health")])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,9 +24,15 @@ __all__ = [
     "FailStep",
     "Faults",
     "FleetConfig",
+    "ForgetStep",
     "GenerateSpec",
     "HangRpc",
+    "HangStep",
+    "MaintenanceWindowSpec",
     "NodePoolSpec",
+    "OutOfBandUpgrade",
+    "RefuseVersions",
+    "RpcErrorFault",
     "StepSeconds",
     "UnhealthyAfterUpgrade",
     "WorkloadSpec",
@@ -99,6 +106,33 @@ class NodePoolSpec(_Model):
     version: str
 
 
+class MaintenanceWindowSpec(_Model):
+    """A maintenance window or exclusion the cluster reports (Cluster.maintenance_windows).
+
+    Information only, unless refuseUpgrades: then, while an exclusion is open (one-off
+    windows only), upgrades are refused (FAILED_PRECONDITION, reason MAINTENANCE_EXCLUSION,
+    retryable after its end) and PreflightUpgrade answers REFUSED_LATER.
+    """
+
+    kind: Literal["window", "exclusion"]
+    name: str = ""
+    start: datetime
+    end: datetime
+    recurrence: str = ""  # RFC 5545 RRULE, e.g. FREQ=WEEKLY;BYDAY=SA
+    scope: str = ""  # exclusions: e.g. NO_MINOR_OR_NODE_UPGRADES
+    refuse_upgrades: bool = False
+
+    @model_validator(mode="after")
+    def _ordered(self) -> MaintenanceWindowSpec:
+        if self.start.tzinfo is None or self.end.tzinfo is None:
+            raise ValueError("start/end: write a time zone, e.g. 2026-11-23T02:00:00Z")
+        if self.end <= self.start:
+            raise ValueError("end: must be after start")
+        if self.refuse_upgrades and (self.kind != "exclusion" or self.recurrence):
+            raise ValueError("refuseUpgrades: only for a one-off exclusion (no recurrence)")
+        return self
+
+
 class ClusterSpec(_Model):
     """One cluster's starting state, step durations and health data."""
 
@@ -111,6 +145,7 @@ class ClusterSpec(_Model):
     step_seconds: StepSeconds = StepSeconds()
     workloads: tuple[WorkloadSpec, ...] | None = None  # None: defaults.workloads
     metrics: dict[str, float] | None = None  # None: defaults.metrics
+    maintenance_windows: tuple[MaintenanceWindowSpec, ...] = ()
 
     @model_validator(mode="after")
     def _versions_consistent(self) -> ClusterSpec:
@@ -154,15 +189,95 @@ class GenerateSpec(_Model):
         return self
 
 
-class FailStep(_Model):
-    """Makes a step on the given clusters end FAILED (the first `times` attempts, or always)."""
+class _StepRule(_Model):
+    """Which operations a step fault hits: a step kind on clusters (the first `times`)."""
 
     step: StepKind
     clusters: tuple[str, ...] = Field(min_length=1)
     node_pool: str = ""  # nodePool steps only: just this pool ("" = any)
     times: int | None = Field(default=None, ge=1)
+
+
+class FailStep(_StepRule):
+    """Makes a step on the given clusters end FAILED (the first `times` attempts, or always)."""
+
     error_code: str = ""  # default: UPGRADE_FAILED / SERVICE_OUT_FAILED / SERVICE_IN_FAILED
     message: str = ""
+
+
+class HangStep(_StepRule):
+    """The operation goes RUNNING and never ends (until POST /operations/{id}/finish)."""
+
+
+class ForgetStep(_StepRule):
+    """When the operation would end, the sim forgets it: GetOperation answers NOT_FOUND, no
+    watch hears of it, the cluster is unchanged, and the request_id may start it afresh."""
+
+
+class RefuseVersions(_Model):
+    """Upgrades to these versions are refused (FAILED_PRECONDITION with this reason).
+
+    With retryAfter the refusal is retryable (RetryInfo; PreflightUpgrade REFUSED_LATER),
+    without it final (REFUSED_NEVER), like a version the provider does not offer.
+    """
+
+    versions: tuple[str, ...] = Field(min_length=1)
+    clusters: tuple[str, ...] = ()  # empty: every cluster
+    steps: tuple[Literal["controlPlane", "nodePool"], ...] = ("controlPlane", "nodePool")
+    reason: str = "VERSION_NOT_OFFERED"
+    retry_after: float | None = Field(default=None, ge=0)
+    message: str = ""
+
+    @model_validator(mode="after")
+    def _versions_valid(self) -> RefuseVersions:
+        for index, version in enumerate(self.versions):
+            _check_version(f"versions[{index}]", version)
+        return self
+
+
+RpcCode = Literal[
+    "UNAVAILABLE",
+    "ABORTED",
+    "FAILED_PRECONDITION",
+    "DEADLINE_EXCEEDED",
+    "RESOURCE_EXHAUSTED",
+    "INTERNAL",
+    "NOT_FOUND",
+]
+
+
+class RpcErrorFault(_Model):
+    """Calls of one RPC answer this code (a share `rate` of them, at most `times`).
+
+    reason / retryAfter fill the error details (retryAfter makes it retryable). after (for
+    ServiceOut, ServiceIn, UpgradeControlPlane, UpgradeNodePool only): the request is
+    carried out first and only its answer is lost, so the caller must repeat the request_id.
+    """
+
+    method: str = Field(min_length=1)
+    code: RpcCode
+    rate: float = Field(default=1.0, gt=0, le=1)
+    times: int | None = Field(default=None, ge=1)
+    reason: str = ""  # default: the code's usual reason
+    retry_after: float | None = Field(default=None, ge=0)
+    message: str = ""
+    after: bool = False
+
+
+class OutOfBandUpgrade(_Model):
+    """Someone else upgrades the clusters `after` seconds from load (no operation)."""
+
+    clusters: tuple[str, ...] = Field(min_length=1)
+    after: float = Field(default=0.0, ge=0)
+    control_plane_version: str
+    node_pool_version: str | None = None  # every pool; None: pools unchanged
+
+    @model_validator(mode="after")
+    def _versions_valid(self) -> OutOfBandUpgrade:
+        _check_version("controlPlaneVersion", self.control_plane_version)
+        if self.node_pool_version is not None:
+            _check_version("nodePoolVersion", self.node_pool_version)
+        return self
 
 
 class UnhealthyAfterUpgrade(_Model):
@@ -187,6 +302,8 @@ class HangRpc(_Model):
     seconds: float = Field(gt=0)
     times: int | None = Field(default=None, ge=1)
 
+
+_MUTATING_METHODS = frozenset({"ServiceOut", "ServiceIn", "UpgradeControlPlane", "UpgradeNodePool"})
 
 # The RPCs faults may name: every ClusterService and HealthService method.
 FAULTABLE_METHODS: frozenset[str] = frozenset(
@@ -217,6 +334,11 @@ class Faults(_Model):
     unavailable_rate: float = Field(default=0.0, ge=0, le=1)
     unavailable_methods: tuple[str, ...] = ()  # empty: every Cluster/Health RPC
     hang_rpc: tuple[HangRpc, ...] = ()
+    hang_step: tuple[HangStep, ...] = ()
+    forget_step: tuple[ForgetStep, ...] = ()
+    refuse_versions: tuple[RefuseVersions, ...] = ()
+    rpc_errors: tuple[RpcErrorFault, ...] = ()
+    out_of_band_upgrades: tuple[OutOfBandUpgrade, ...] = ()
 
     @model_validator(mode="after")
     def _methods_exist(self) -> Faults:
@@ -224,6 +346,14 @@ class Faults(_Model):
             _check_method(f"unavailableMethods[{index}]", name)
         for index, hang in enumerate(self.hang_rpc):
             _check_method(f"hangRpc[{index}].method", hang.method)
+        for index, error in enumerate(self.rpc_errors):
+            _check_method(f"rpcErrors[{index}].method", error.method)
+            short = error.method.rstrip("/").rsplit("/", 1)[-1]
+            if error.after and short not in _MUTATING_METHODS:
+                raise ValueError(
+                    f"rpcErrors[{index}].after: only for {', '.join(sorted(_MUTATING_METHODS))}"
+                    "; other RPCs change nothing, so drop after"
+                )
         return self
 
 
@@ -252,8 +382,12 @@ class FleetConfig(_Model):
         faults = self.faults
         groups: list[tuple[str, tuple[Any, ...]]] = [
             ("failStep", faults.fail_step),
+            ("hangStep", faults.hang_step),
+            ("forgetStep", faults.forget_step),
+            ("refuseVersions", faults.refuse_versions),
             ("unhealthyAfterUpgrade", faults.unhealthy_after_upgrade),
             ("availabilityFlaps", faults.availability_flaps),
+            ("outOfBandUpgrades", faults.out_of_band_upgrades),
         ]
         for name, entries in groups:
             for index, entry in enumerate(entries):
@@ -322,6 +456,7 @@ def generate_clusters(spec: GenerateSpec) -> list[ClusterSpec]:
             step_seconds=StepSeconds(),
             workloads=None,
             metrics=None,
+            maintenance_windows=(),
         )
         for i in range(count)
     ]

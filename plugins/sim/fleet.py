@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import random
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
 
 import grpc
 from google.protobuf import timestamp_pb2
 
 from fleetupgrade.plugin.v1 import cluster_pb2, health_pb2
-from plugins.sdk import versions
-from plugins.sdk.errors import FailedPrecondition, NotFound, Unavailable
-from plugins.sdk.operations import OperationStore, kind_name
+from plugins.sdk import preflight, versions
+from plugins.sdk.errors import FailedPrecondition, NotFound, PluginError, Reason, Unavailable
+from plugins.sdk.operations import TERMINAL_STATES, OperationStore, kind_name
 from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
 from plugins.sim.config import (
     DEFAULT_STEP_SECONDS,
@@ -26,6 +30,9 @@ from plugins.sim.config import (
     Defaults,
     FleetConfig,
     HangRpc,
+    MaintenanceWindowSpec,
+    OutOfBandUpgrade,
+    RpcErrorFault,
     StepKind,
     WorkloadSpec,
 )
@@ -64,6 +71,25 @@ _DOWN_UPGRADE = "upgrade"
 _DOWN_FLAP = "flap"
 _DOWN_ADMIN = "admin"
 _FLAP_REASON = "simulated availability flap (fault availabilityFlaps)"
+_METHOD_OF_KIND: dict[int, str] = {
+    _OUT: "ServiceOut",
+    _IN: "ServiceIn",
+    _CP: "UpgradeControlPlane",
+    _NP: "UpgradeNodePool",
+}
+_DEFAULT_REASONS: dict[str, str] = {
+    "UNAVAILABLE": Reason.PROVIDER_UNAVAILABLE,
+    "ABORTED": Reason.OPERATION_IN_FLIGHT,
+    "FAILED_PRECONDITION": Reason.FAILED_PRECONDITION,
+    "DEADLINE_EXCEEDED": "DEADLINE_EXCEEDED",
+    "RESOURCE_EXHAUSTED": "RESOURCE_EXHAUSTED",
+    "INTERNAL": Reason.INTERNAL,
+    "NOT_FOUND": Reason.NOT_FOUND,
+}
+_WINDOW_KINDS = {
+    "window": cluster_pb2.MAINTENANCE_WINDOW_KIND_WINDOW,
+    "exclusion": cluster_pb2.MAINTENANCE_WINDOW_KIND_EXCLUSION,
+}
 _LABEL_CACHE_MAX = 256
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*\}\}")
 
@@ -107,6 +133,7 @@ class _Cluster:
         "pools",
         "response",
         "step_seconds",
+        "windows",
         "workloads",
     )
 
@@ -120,6 +147,7 @@ class _Cluster:
         if not spec.available:
             self.down[_DOWN_ADMIN] = "unavailable in the fleet file"
         self.step_seconds = spec.step_seconds
+        self.windows: tuple[MaintenanceWindowSpec, ...] = spec.maintenance_windows
         self.workloads: dict[tuple[str, str], _Workload] = {}
         self.metrics: dict[str, float] = {}
         self.health_time = _now()
@@ -146,6 +174,15 @@ class _Cluster:
         pb.in_service = self.in_service
         if self.op is not None:
             pb.current_operation.CopyFrom(self.op)
+        for window in self.windows:
+            entry = pb.maintenance_windows.add(
+                kind=_WINDOW_KINDS[window.kind],
+                name=window.name,
+                recurrence=window.recurrence,
+                scope=window.scope,
+            )
+            entry.start_time.FromDatetime(window.start)
+            entry.end_time.FromDatetime(window.end)
         return response
 
 
@@ -158,10 +195,31 @@ class _Run:
     node_pool: str
     version: str
     failure: tuple[str, str] | None  # (error_code, error_message) when it is to fail
+    hang: bool = False  # never ends by itself (fault hangStep)
+    forget: bool = False  # forgotten when it would end (fault forgetStep)
+    ends_at: float = math.inf  # time.monotonic() of its end
+
+
+class _InjectedError(PluginError):
+    """An error the fault rpcErrors answers, with the code it names."""
+
+    def __init__(self, rule: RpcErrorFault, method: str) -> None:
+        message = rule.message or (
+            f"simulated {rule.code} for {method} (fault rpcErrors)"
+            + (": the request was carried out, the answer lost" if rule.after else "")
+        )
+        super().__init__(
+            message,
+            reason=rule.reason or _DEFAULT_REASONS[rule.code],
+            retry_after=rule.retry_after,
+            retryable=rule.retry_after is not None or rule.code == "UNAVAILABLE",
+        )
+        self.code = grpc.StatusCode[rule.code]
 
 
 class RpcFaults:
-    """UNAVAILABLE at a rate and hanging RPCs, checked at the start of each sim RPC."""
+    """UNAVAILABLE at a rate, hanging RPCs and injected error codes, checked at the start of
+    each sim RPC (and, for rpcErrors with after, once a mutation was carried out)."""
 
     def __init__(
         self,
@@ -170,26 +228,50 @@ class RpcFaults:
         hangs: Sequence[HangRpc],
         seed: int | None,
         closing: threading.Event,
+        errors: Sequence[RpcErrorFault] = (),
     ) -> None:
         self._rate = rate
         self._methods = frozenset(_short(m) for m in methods)
         self._hangs = {_short(h.method): h for h in hangs}
         self._hang_left: dict[str, int | None] = {_short(h.method): h.times for h in hangs}
+        self._errors = [(index, _short(rule.method), rule) for index, rule in enumerate(errors)]
+        self._error_left: dict[int, int | None] = {i: r.times for i, _, r in self._errors}
         self._rng = random.Random(seed)
         self._closing = closing
         self._lock = threading.Lock()
-        self.active = rate > 0 or bool(hangs)
+        self.active = rate > 0 or bool(hangs) or any(not r.after for _, _, r in self._errors)
+        self.active_after = any(r.after for _, _, r in self._errors)
 
     def before(self, method: str, context: grpc.ServicerContext) -> None:
         """Hangs and/or raises Unavailable as the faults say (method: e.g. "GetCluster")."""
         hang = self._hangs.get(method)
         if hang is not None and self._take_hang(method):
             self._hang(hang.seconds, context)
+        self._inject(method, after=False)
         if self._rate > 0 and (not self._methods or method in self._methods):
             with self._lock:
                 roll = self._rng.random()
             if roll < self._rate:
                 raise Unavailable("simulated unavailability (fault unavailableRate); retry")
+
+    def after(self, method: str) -> None:
+        """Raises the rpcErrors answer of a mutation already carried out, if one applies."""
+        if self.active_after:
+            self._inject(method, after=True)
+
+    def _inject(self, method: str, after: bool) -> None:
+        for index, name, rule in self._errors:
+            if name != method or rule.after != after:
+                continue
+            with self._lock:
+                left = self._error_left[index]
+                if left is not None and left <= 0:
+                    continue
+                if rule.rate < 1.0 and self._rng.random() >= rule.rate:
+                    continue
+                if left is not None:
+                    self._error_left[index] = left - 1
+            raise _InjectedError(rule, method)
 
     def _take_hang(self, method: str) -> bool:
         with self._lock:
@@ -230,9 +312,10 @@ class Fleet:
         step_seconds: float | None = None,
         seed: int | None = None,
         op_prefix: str = "sim",
+        state_path: str | Path | None = None,
     ) -> None:
         self.monitor = monitor or InvariantMonitor()
-        self.operations = OperationStore(op_prefix)
+        self.operations = OperationStore(op_prefix, state_path=state_path)
         self._lock = threading.RLock()
         self._scheduler = Scheduler()
         self._closing = threading.Event()
@@ -246,10 +329,19 @@ class Fleet:
         self._flap_generation = 0
         self._defaults = Defaults()
         self._fleet_metrics: dict[str, float] = {}
-        self._fail_left: dict[tuple[int, str], int] = {}
+        self._fail_left: dict[tuple[str, int, str], int] = {}
+        self._oob_generation = 0
         self._config = config
         self.rpc_faults = RpcFaults(0.0, (), (), seed, self._closing)
+        # What a journal from an earlier run did to each cluster: SUCCEEDED operations in
+        # the order they ended, applied when the cluster is loaded.
+        self._replay: dict[str, list[cluster_pb2.Operation]] = {}
+        for op in self.operations.operations():
+            if op.state == _SUCCEEDED:
+                self._replay.setdefault(op.cluster_id, []).append(op)
         self.apply_config(config)
+        self._replay.clear()
+        self._resume_recovered()
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -267,11 +359,14 @@ class Fleet:
                 cluster = self._clusters.get(spec.id)
                 if cluster is None:
                     cluster = _Cluster(spec)
+                    for op in self._replay.get(spec.id, ()):
+                        _apply_success(cluster, op.kind, op.node_pool, op.target_version)
                     self._clusters[spec.id] = cluster
                     added.append(cluster.view())
                 else:
                     cluster.labels = dict(spec.labels)
                     cluster.step_seconds = spec.step_seconds
+                    cluster.windows = spec.maintenance_windows
                     cluster.response = None
                 self._load_health(cluster, spec)
             if added:
@@ -286,7 +381,9 @@ class Fleet:
                 faults.hang_rpc,
                 self._seed,
                 self._closing,
+                faults.rpc_errors,
             )
+            self._schedule_out_of_band(faults.out_of_band_upgrades)
         if added:
             self.monitor.add_clusters(added)
 
@@ -328,6 +425,47 @@ class Fleet:
                 delay = flap.period
             self._scheduler.call_later(
                 delay, partial(self._flap, cluster_id, flap, generation, not going_down)
+            )
+
+    def _schedule_out_of_band(self, upgrades: Sequence[OutOfBandUpgrade]) -> None:
+        self._oob_generation += 1
+        generation = self._oob_generation
+        for upgrade in upgrades:
+            self._scheduler.call_later(
+                upgrade.after, partial(self._out_of_band, upgrade, generation)
+            )
+
+    def _out_of_band(self, upgrade: OutOfBandUpgrade, generation: int) -> None:
+        with self._lock:
+            if generation != self._oob_generation or self._closing.is_set():
+                return
+        for cluster_id in upgrade.clusters:
+            pools = None
+            if upgrade.node_pool_version is not None:
+                pools = dict.fromkeys(self._clusters[cluster_id].pools, upgrade.node_pool_version)
+            self.set_versions(cluster_id, upgrade.control_plane_version, pools)
+
+    def _resume_recovered(self) -> None:
+        """Operations a journal left PENDING or RUNNING run again from the start of their
+        step (their failure faults drawn anew); a cluster no longer in the fleet fails them."""
+        for op in self.operations.recovered_in_flight():
+            with self._lock:
+                cluster = self._clusters.get(op.cluster_id)
+                if cluster is None:
+                    self.operations.update(
+                        op.id,
+                        state=_FAILED,
+                        error_code="CLUSTER_NOT_FOUND",
+                        error_message=f"cluster {op.cluster_id} is no longer in the fleet",
+                    )
+                    continue
+                step = StepKey(op.cluster_id, op.kind, op.node_pool, op.target_version)
+                self.monitor.operation_resumed(step)
+                self._run(cluster, op, _STEP_OF_KIND[op.kind])
+        recovered = self.operations.recovered_in_flight()
+        if recovered:
+            _LOG.info(
+                "resumed operations from the journal", extra={"fields": {"count": len(recovered)}}
             )
 
     def close(self) -> None:
@@ -458,22 +596,51 @@ class Fleet:
             op, _ = start(initial_state=_SUCCEEDED if nothing_to_do else _PENDING)
             step = StepKey(cluster_id, kind, pool, version)
             self.monitor.operation_started(step, in_flight=not nothing_to_do)
-            if nothing_to_do:
-                return op
-            step_kind = _STEP_OF_KIND[kind]
-            run = _Run(
-                cluster_id, kind, pool, version, self._take_failure(cluster, step_kind, pool)
-            )
-            self._runs[op.id] = run
-            self._change(cluster, lambda c: setattr(c, "op", op))
-            duration = self._duration(cluster, step_kind)
-            self._scheduler.call_later(0.1 * duration, partial(self._advance, op.id, 10))
-            self._scheduler.call_later(0.55 * duration, partial(self._advance, op.id, 55))
-            self._scheduler.call_later(duration, partial(self._finish, op.id))
-            return op
+            if not nothing_to_do:
+                self._run(cluster, op, _STEP_OF_KIND[kind])
+        self.rpc_faults.after(_METHOD_OF_KIND[kind])
+        return op
 
-    def _check(self, cluster: _Cluster, kind: int, pool: str, version: str) -> bool:
-        """Raises what the provider would refuse; True when the request has nothing to do."""
+    def _run(self, cluster: _Cluster, op: cluster_pb2.Operation, step_kind: StepKind) -> None:
+        """Schedules op's progress and end (or its hang / forgetting, as the faults say)."""
+        pool = op.node_pool
+        run = _Run(
+            cluster.cluster_id,
+            op.kind,
+            pool,
+            op.target_version,
+            self._take_failure(cluster, step_kind, pool),
+            hang=self._take_rule(
+                "hangStep", self._config.faults.hang_step, cluster, step_kind, pool
+            )
+            is not None,
+            forget=self._take_rule(
+                "forgetStep", self._config.faults.forget_step, cluster, step_kind, pool
+            )
+            is not None,
+        )
+        self._runs[op.id] = run
+        self._change(cluster, lambda c: setattr(c, "op", op))
+        duration = self._duration(cluster, step_kind)
+        self._scheduler.call_later(0.1 * duration, partial(self._advance, op.id, 10))
+        self._scheduler.call_later(0.55 * duration, partial(self._advance, op.id, 55))
+        if not run.hang:
+            run.ends_at = time.monotonic() + duration
+            self._scheduler.call_later(duration, partial(self._finish, op.id))
+
+    def _check(
+        self,
+        cluster: _Cluster,
+        kind: int,
+        pool: str,
+        version: str,
+        control_plane: str | None = None,
+    ) -> bool:
+        """Raises what the provider would refuse; True when the request has nothing to do.
+
+        control_plane: the control-plane version a node pool is judged against (default:
+        the cluster's current one; preflight passes the target).
+        """
         cid = cluster.cluster_id
         if kind == _OUT:
             return not cluster.in_service
@@ -487,44 +654,128 @@ class Fleet:
             if order < 0:
                 raise FailedPrecondition(
                     f"cluster {cid}: control plane is at {current}; downgrading it to "
-                    f"{version} is not supported"
+                    f"{version} is not supported",
+                    reason=Reason.DOWNGRADE_NOT_SUPPORTED,
                 )
             now, then = versions.parse(current), versions.parse(version)
             if then.major != now.major or then.minor > now.minor + 1:
                 raise FailedPrecondition(
                     f"cluster {cid}: control plane is at {current}; upgrade one minor version "
-                    f"at a time (next: {now.major}.{now.minor + 1})"
+                    f"at a time (next: {now.major}.{now.minor + 1})",
+                    reason=Reason.MINOR_VERSION_SKIP,
                 )
+            self._check_refusals(cluster, "controlPlane", version)
             return False
         entry = cluster.pools.get(pool)
         if entry is None:
             names = ", ".join(cluster.pools) or "none"
-            raise NotFound(f"cluster {cid} has no node pool {pool!r} (node pools: {names})")
-        if versions.is_newer(version, cluster.cp_version):
+            raise NotFound(
+                f"cluster {cid} has no node pool {pool!r} (node pools: {names})",
+                reason=Reason.NODE_POOL_NOT_FOUND,
+            )
+        control_plane = control_plane or cluster.cp_version
+        if versions.is_newer(version, control_plane):
             raise FailedPrecondition(
                 f"cluster {cid}: node pool {pool} cannot be newer than the control plane "
-                f"({cluster.cp_version}); upgrade the control plane to {version} first"
+                f"({control_plane}); upgrade the control plane to {version} first",
+                reason=Reason.NODE_POOL_AHEAD_OF_CONTROL_PLANE,
             )
-        return versions.compare(version, entry.version) == 0
+        if versions.compare(version, entry.version) == 0:
+            return True
+        self._check_refusals(cluster, "nodePool", version)
+        return False
 
-    def _take_failure(self, cluster: _Cluster, step: StepKind, pool: str) -> tuple[str, str] | None:
-        for index, rule in enumerate(self._config.faults.fail_step):
-            if rule.step != step or cluster.cluster_id not in rule.clusters:
+    def _check_refusals(self, cluster: _Cluster, step: StepKind, version: str) -> None:
+        """The fault refuseVersions and enforced maintenance exclusions, for an upgrade."""
+        cid = cluster.cluster_id
+        for rule in self._config.faults.refuse_versions:
+            if step not in rule.steps or (rule.clusters and cid not in rule.clusters):
                 continue
-            if rule.node_pool and rule.node_pool != pool:
+            if any(versions.compare(version, v) == 0 for v in rule.versions):
+                raise FailedPrecondition(
+                    rule.message
+                    or f"cluster {cid}: version {version} is refused ({rule.reason}; fault "
+                    "refuseVersions)",
+                    reason=rule.reason,
+                    retry_after=rule.retry_after,
+                )
+        now = datetime.now(UTC)
+        for window in cluster.windows:
+            if window.refuse_upgrades and window.start <= now < window.end:
+                raise FailedPrecondition(
+                    f"cluster {cid}: maintenance exclusion {window.name or '(unnamed)'} is open "
+                    f"until {window.end.isoformat()}; upgrades are refused until then",
+                    reason=Reason.MAINTENANCE_EXCLUSION,
+                    retry_after=(window.end - now).total_seconds(),
+                )
+
+    def preflight_upgrade(
+        self, cluster_id: str, control_plane_version: str, node_pool_versions: Mapping[str, str]
+    ) -> cluster_pb2.PreflightUpgradeResponse:
+        """Whether UpgradeControlPlane / UpgradeNodePool would accept these targets now.
+
+        The same rules as the mutations (_check), node pools judged against the
+        control-plane target; a cluster with an operation in flight is REFUSED_LATER
+        (CLUSTER_BUSY, retry after the operation's expected end). Starts nothing.
+        """
+        with self._lock:
+            cluster = self._get(cluster_id)
+
+            def check() -> None:
+                control_plane = cluster.cp_version
+                if control_plane_version:
+                    self._check(cluster, _CP, "", control_plane_version)
+                    if versions.is_newer(control_plane_version, control_plane):
+                        control_plane = control_plane_version
+                for name, version in sorted(node_pool_versions.items()):
+                    self._check(cluster, _NP, name, version, control_plane)
+                busy = self.operations.in_flight(cluster_id)
+                if busy is not None:
+                    run = self._runs.get(busy.id)
+                    left = run.ends_at - time.monotonic() if run is not None else math.inf
+                    raise FailedPrecondition(
+                        f"cluster {cluster_id} has operation {busy.id} "
+                        f"({kind_name(busy.kind)}) in flight; ask again when it ends",
+                        reason=Reason.CLUSTER_BUSY,
+                        retry_after=max(0.0, left) if math.isfinite(left) else 0.0,
+                    )
+
+            return preflight.verdict_of_check(check)
+
+    def _take_rule(
+        self, group: str, rules: Sequence[object], cluster: _Cluster, step: StepKind, pool: str
+    ) -> int | None:
+        """The index of the first rule of a step-fault group that hits this operation now
+        (counting it against the rule's times), or None."""
+        for index, rule in enumerate(rules):
+            if getattr(rule, "step", None) != step or cluster.cluster_id not in getattr(
+                rule, "clusters", ()
+            ):
                 continue
-            if rule.times is not None:
-                key = (index, cluster.cluster_id)
-                left = self._fail_left.get(key, rule.times)
+            node_pool = getattr(rule, "node_pool", "")
+            if node_pool and node_pool != pool:
+                continue
+            times = getattr(rule, "times", None)
+            if times is not None:
+                key = (group, index, cluster.cluster_id)
+                left = self._fail_left.get(key, times)
                 if left <= 0:
                     continue
                 self._fail_left[key] = left - 1
-            what = kind_name(_KIND_OF_STEP[step]) + (f" of node pool {pool}" if pool else "")
-            message = rule.message or (
-                f"simulated failure: {what} on cluster {cluster.cluster_id} failed (fault failStep)"
-            )
-            return (rule.error_code or _ERROR_CODES[step], message)
+            return index
         return None
+
+    def _take_failure(self, cluster: _Cluster, step: StepKind, pool: str) -> tuple[str, str] | None:
+        rules = self._config.faults.fail_step
+        index = self._take_rule("failStep", rules, cluster, step, pool)
+        if index is None:
+            return None
+        rule = rules[index]
+        what = kind_name(_KIND_OF_STEP[step]) + (f" of node pool {pool}" if pool else "")
+        message = rule.message or (
+            f"simulated failure: {what} on cluster {cluster.cluster_id} failed (fault failStep)"
+        )
+        return (rule.error_code or _ERROR_CODES[step], message)
 
     def _duration(self, cluster: _Cluster, step: StepKind) -> float:
         seconds = cluster.step_seconds.get(step)
@@ -563,17 +814,28 @@ class Fleet:
 
             self._change(cluster, _running)
 
-    def _finish(self, op_id: str) -> None:
+    def _finish(
+        self, op_id: str, outcome: tuple[int, str, str] | None = None, forget: bool | None = None
+    ) -> None:
+        """Ends a running operation as its run says (or as outcome: state, code, message)."""
         with self._lock:
             run = self._runs.pop(op_id, None)
             if run is None:
                 return
             cluster = self._clusters[run.cluster_id]
-            succeeded = run.failure is None
-            if run.failure is None:
+            forgotten = run.forget if forget is None else forget
+            if outcome is not None:
+                state, code, message = outcome
+            elif run.failure is not None:
+                state, (code, message) = _FAILED, run.failure
+            else:
+                state, code, message = _SUCCEEDED, "", ""
+            succeeded = state == _SUCCEEDED and not forgotten
+            if forgotten:
+                self.operations.forget(op_id)
+            elif state == _SUCCEEDED:
                 self.operations.update(op_id, state=_SUCCEEDED)
             else:
-                code, message = run.failure
                 self.operations.update(op_id, state=_FAILED, error_code=code, error_message=message)
 
             def _ended(c: _Cluster) -> None:
@@ -581,21 +843,82 @@ class Fleet:
                 c.down.pop(_DOWN_UPGRADE, None)
                 if run.kind == _NP:
                     c.pools[run.node_pool].status = _READY
-                if not succeeded:
-                    return
-                if run.kind == _OUT:
-                    c.in_service = False
-                elif run.kind == _IN:
-                    c.in_service = True
-                elif run.kind == _CP:
-                    c.cp_version = run.version
-                    self._after_upgrade(c)
-                elif run.kind == _NP:
-                    c.pools[run.node_pool].version = run.version
+                if succeeded:
+                    _apply_success(c, run.kind, run.node_pool, run.version)
+                    if run.kind == _CP:
+                        self._after_upgrade(c)
 
             self._change(cluster, _ended)
             step = StepKey(run.cluster_id, run.kind, run.node_pool, run.version)
             self.monitor.operation_ended(step, succeeded)
+
+    # -- adversary (admin endpoint, faults) ------------------------------------------------
+
+    def end_operation(
+        self, op_id: str, *, succeed: bool, error_code: str = "", error_message: str = ""
+    ) -> cluster_pb2.Operation:
+        """Ends a running (e.g. hung) operation now: SUCCEEDED with its effect, or FAILED."""
+        with self._lock:
+            if op_id not in self._runs:
+                op = self.operations.get(op_id)  # NotFound when unknown
+                if op.state in TERMINAL_STATES:
+                    return op
+                raise FailedPrecondition(f"operation {op_id} is not running in this sim")
+            outcome = (
+                (_SUCCEEDED, "", "")
+                if succeed
+                else (
+                    _FAILED,
+                    error_code or "OPERATION_ENDED_BY_ADMIN",
+                    error_message or "ended as FAILED through the admin endpoint",
+                )
+            )
+            self._finish(op_id, outcome, forget=False)
+            return self.operations.get(op_id)
+
+    def forget_operation(self, op_id: str) -> cluster_pb2.Operation:
+        """The plugin forgets the operation (GetOperation: NOT_FOUND); a running one stops
+        without changing its cluster."""
+        with self._lock:
+            if op_id in self._runs:
+                op = self.operations.get(op_id)
+                self._finish(op_id, forget=True)
+                return op
+            return self.operations.forget(op_id)
+
+    def set_versions(
+        self,
+        cluster_id: str,
+        control_plane_version: str | None = None,
+        node_pool_versions: Mapping[str, str] | None = None,
+    ) -> None:
+        """Someone else changes the cluster's versions (no operation, no rules): drift."""
+        for name, value in [("controlPlaneVersion", control_plane_version)] + [
+            (f"nodePools.{p}", v) for p, v in (node_pool_versions or {}).items()
+        ]:
+            if value is not None:
+                try:
+                    versions.parse(value)
+                except ValueError:
+                    raise FailedPrecondition(
+                        f"{name}: {value!r} is not a version; write it like 1.29.4"
+                    ) from None
+        with self._lock:
+            cluster = self._get(cluster_id)
+            unknown = sorted(set(node_pool_versions or {}) - set(cluster.pools))
+            if unknown:
+                raise NotFound(
+                    f"cluster {cluster_id} has no node pool {unknown[0]!r} "
+                    f"(node pools: {', '.join(cluster.pools) or 'none'})"
+                )
+
+            def _drift(c: _Cluster) -> None:
+                if control_plane_version is not None:
+                    c.cp_version = control_plane_version
+                for pool, version in (node_pool_versions or {}).items():
+                    c.pools[pool].version = version
+
+            self._change(cluster, _drift)
 
     def _after_upgrade(self, cluster: _Cluster) -> None:
         for rule in self._config.faults.unhealthy_after_upgrade:
@@ -725,6 +1048,18 @@ class Fleet:
 
 
 _KIND_OF_STEP: dict[StepKind, int] = {step: kind for kind, step in _STEP_OF_KIND.items()}
+
+
+def _apply_success(cluster: _Cluster, kind: int, pool: str, version: str) -> None:
+    """What a SUCCEEDED operation did to its cluster."""
+    if kind == _OUT:
+        cluster.in_service = False
+    elif kind == _IN:
+        cluster.in_service = True
+    elif kind == _CP:
+        cluster.cp_version = version
+    elif kind == _NP and pool in cluster.pools:
+        cluster.pools[pool].version = version
 
 
 def _workload(spec: WorkloadSpec) -> _Workload:

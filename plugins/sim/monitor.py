@@ -188,6 +188,14 @@ class InvariantMonitor:
         self._changed()
         return duplicate
 
+    def operation_resumed(self, step: StepKey) -> None:
+        """Counts an operation an earlier process left in flight (from the journal) as in
+        flight again; it is not a new mutation."""
+        with self._lock:
+            self._in_flight += 1
+            self._sequence += 1
+        self._changed()
+
     def operation_ended(self, step: StepKey, succeeded: bool) -> None:
         """Counts the end of an operation that was in flight."""
         with self._lock:

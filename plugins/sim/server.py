@@ -52,6 +52,11 @@ class SimOptions:
     reload_interval: float = 1.0  # seconds between mtime checks of fleet_file; 0: on request only
     registry: CollectorRegistry | None = None  # where to export fleet_sim_* gauges
     max_workers: int = 32
+    state_dir: str | None = None  # journal operations here (DURABLE_OPERATIONS); None: memory
+
+
+STATE_FILE = "operations.jsonl"
+"""The operation journal's name inside --state-dir."""
 
 
 class Simulator:
@@ -63,9 +68,22 @@ class Simulator:
         self.monitor = InvariantMonitor(
             options.target_version, window_seconds=options.mutator_window_seconds
         )
-        self.fleet = Fleet(
-            config, monitor=self.monitor, step_seconds=options.step_seconds, seed=options.seed
-        )
+        state_path = Path(options.state_dir) / STATE_FILE if options.state_dir else None
+        try:
+            self.fleet = Fleet(
+                config,
+                monitor=self.monitor,
+                step_seconds=options.step_seconds,
+                seed=options.seed,
+                state_path=state_path,
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"--state-dir: cannot use {options.state_dir!r} ({exc.strerror}); pass a "
+                "writable directory"
+            ) from None
+        except ValueError as exc:
+            raise ConfigError(f"--state-dir: {exc}") from None
         self._writer: MonitorFileWriter | None = None
         self._collector: MonitorCollector | None = None
         self.admin: AdminServer | None = None
@@ -80,11 +98,10 @@ class Simulator:
                 self._collector = MonitorCollector(self.monitor)
                 options.registry.register(self._collector)
             source = options.fleet_file or f"generated:{self.fleet.cluster_count}"
-            servicers = sim_servicers(
-                self.fleet,
-                package_version(),
-                {"fleet": source, "clusters": str(self.fleet.cluster_count)},
-            )
+            manifest = {"fleet": source, "clusters": str(self.fleet.cluster_count)}
+            if state_path is not None:
+                manifest["state"] = str(state_path)
+            servicers = sim_servicers(self.fleet, package_version(), manifest)
             self.server: PluginServer = serve(
                 options.listen,
                 servicers,
@@ -231,6 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="mutating calls of two callers within S seconds count as concurrent (default 5)",
     )
     parser.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help=f"journal operations in DIR/{STATE_FILE} so they survive a restart (declares "
+        "PLUGIN_CAPABILITY_DURABLE_OPERATIONS); default: in memory only",
+    )
+    parser.add_argument(
         "--reload-interval",
         type=float,
         default=1.0,
@@ -261,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             mutator_window_seconds=args.mutator_window_seconds,
             reload_interval=args.reload_interval,
             registry=REGISTRY,
+            state_dir=args.state_dir,
         )
 
     def ready(sim: Simulator) -> None:

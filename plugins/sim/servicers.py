@@ -21,14 +21,21 @@ CAPABILITIES: tuple[identity_pb2.PluginCapability.ValueType, ...] = (
     identity_pb2.PLUGIN_CAPABILITY_UPGRADE_NODE_POOL,
     identity_pb2.PLUGIN_CAPABILITY_CHECK_WORKLOADS,
     identity_pb2.PLUGIN_CAPABILITY_QUERY_METRIC,
+    identity_pb2.PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE,
 )
-"""What the sim serves: everything but gates."""
+"""What the sim serves: everything but gates (and durability, which needs a state dir)."""
 
 
 def sim_servicers(fleet: Fleet, version: str, manifest: Mapping[str, str]) -> PluginServicers:
-    """The sim's servicers: always ready; the fleet file's RPC faults apply before every call."""
+    """The sim's servicers: always ready; the fleet file's RPC faults apply before every call.
+
+    PLUGIN_CAPABILITY_DURABLE_OPERATIONS is declared when the fleet journals its operations.
+    """
+    capabilities = list(CAPABILITIES)
+    if fleet.operations.durable:
+        capabilities.append(identity_pb2.PLUGIN_CAPABILITY_DURABLE_OPERATIONS)
     return PluginServicers(
-        identity=StaticIdentity(PLUGIN_NAME, version, CAPABILITIES, manifest=manifest),
+        identity=StaticIdentity(PLUGIN_NAME, version, capabilities, manifest=manifest),
         cluster=ClusterServicer(fleet, before=fleet.before_rpc),
         health=HealthServicer(fleet, before=fleet.before_rpc),
     )

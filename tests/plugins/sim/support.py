@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +50,18 @@ def small_fleet(count: int = 3, step: float = 0.05, **extra: Any) -> dict[str, A
     }
     data.update(extra)
     return data
+
+
+def admin_request(url: str, method: str, body: Any = None) -> tuple[int, Any]:
+    """One JSON request to the sim's admin endpoint: (HTTP status, decoded body)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
 
 
 def wait_until(predicate: Callable[[], T | None], timeout: float = 10.0, what: str = "") -> T:

@@ -250,7 +250,7 @@ def test_list_clusters_shows_state_changes(start_sim: StartSim) -> None:
     assert not listed["c2"].in_service and listed["c1"].in_service
 
 
-def test_identity_declares_everything_but_gates(start_sim: StartSim) -> None:
+def test_identity_declares_everything_but_gates_and_durability(start_sim: StartSim) -> None:
     from fleetupgrade.plugin.v1 import identity_pb2
 
     run = start_sim(small_fleet())
@@ -265,6 +265,7 @@ def test_identity_declares_everything_but_gates(start_sim: StartSim) -> None:
             identity_pb2.PLUGIN_CAPABILITY_UPGRADE_NODE_POOL,
             identity_pb2.PLUGIN_CAPABILITY_CHECK_WORKLOADS,
             identity_pb2.PLUGIN_CAPABILITY_QUERY_METRIC,
+            identity_pb2.PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE,
         }
     )
     assert run.client.probe().ready

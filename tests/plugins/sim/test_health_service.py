@@ -3,10 +3,7 @@ while the sim runs (admin endpoint, fleet file reload)."""
 
 from __future__ import annotations
 
-import json
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +14,7 @@ import yaml
 from fleetupgrade.plugin.v1 import health_pb2
 from plugins.sdk.client import PluginCallError
 from tests.plugins.sim.conftest import StartSim
-from tests.plugins.sim.support import RunningSim, small_fleet, wait_until
+from tests.plugins.sim.support import RunningSim, admin_request, small_fleet, wait_until
 
 HEALTHY = health_pb2.WORKLOAD_HEALTH_HEALTHY
 UNHEALTHY = health_pb2.WORKLOAD_HEALTH_UNHEALTHY
@@ -48,15 +45,7 @@ def _workload(name: str, kind: str = "", replicas: int = 0) -> health_pb2.Worklo
     )
 
 
-def _request(url: str, method: str, body: Any = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+_request = admin_request
 
 
 def test_check_workloads_verdicts(start_sim: StartSim) -> None:
