@@ -149,7 +149,6 @@ def cluster_version_crd() -> dict[str, Any]:
     spec = structural_schema(api.ClusterVersionSpec)
     status = _without_defaults(structural_schema(api.ClusterVersionStatus))  # we write it whole
     _list_map(spec, ["clusters"], "id")
-    _list_map(status, ["clusters"], "id")
     _list_map(status, ["stages"], "name")
     _list_map(status, ["conditions"], "type")
     spec["properties"]["strategy"]["properties"]["stages"]["maxItems"] = 64
