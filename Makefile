@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: crds venv tools proto proto-check lint typecheck buf-lint buf-breaking pytest test demo bench control-plane clean
+.PHONY: crds test-tools venv tools proto proto-check lint typecheck buf-lint buf-breaking pytest test demo bench control-plane clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,7 +50,10 @@ buf-breaking: $(BUF)
 control-plane:
 	scripts/dev-control-plane up
 
-pytest: venv
+test-tools:
+	scripts/ensure-test-tools
+
+pytest: venv test-tools
 	$(PY) -m pytest
 
 test: tools lint typecheck buf-lint buf-breaking pytest
