@@ -214,10 +214,18 @@ class GkeEmulator:
             )
 
     def fail_http(
-        self, method: str, code: int, message: str, status: str = "", times: int = 1
+        self,
+        method: str,
+        code: int,
+        message: str,
+        status: str = "",
+        times: int = 1,
+        *,
+        reason: str = "",
     ) -> None:
-        """The next calls of method (e.g. "ListClusters", "UpdateMaster") answer an HTTP error."""
-        self.state.fail_http(method, ApiError(code, message, status), times)
+        """The next calls of method (e.g. "ListClusters", "UpdateMaster") answer an HTTP error
+        (reason: the errors[].reason Google adds, e.g. failedPrecondition)."""
+        self.state.fail_http(method, ApiError(code, message, status, reason=reason), times)
 
     def clear_http_faults(self) -> None:
         """Forgets every pending fail_http."""
