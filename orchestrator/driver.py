@@ -23,6 +23,7 @@ from orchestrator.engine import (
     ACTIVE,
     Call,
     Decision,
+    Floor,
     Preflight,
     RunInput,
     Upgrade,
@@ -139,9 +140,17 @@ class RunDriver:
         approved: frozenset[str] = frozenset(),
         retry: frozenset[str] = frozenset(),
         skip: frozenset[str] = frozenset(),
+        floors: Sequence[Floor] = (),
     ) -> StepResult:
-        """Observe, decide, persist intents, then call; returns the decision taken."""
-        snapshot = self.provider.snapshot([u.cluster_id for u in upgrades.values()])
+        """Observe, decide, persist intents, then call; returns the decision taken.
+
+        floors: the other live runs on this provider sharing clusters with this one; their
+        members are observed too, and held_by must name their holders.
+        """
+        ids = [u.cluster_id for u in upgrades.values()]
+        own = set(ids)
+        ids += sorted({cid for f in floors for cid in f.members} - own)
+        snapshot = self.provider.snapshot(ids)
         upgrades, health_changed = self._evaluate_clusters(spec, upgrades, snapshot, now)
         stages = self._evaluate_stages(spec, upgrades, stages, snapshot, now)
         inp = RunInput(
@@ -158,6 +167,7 @@ class RunDriver:
             approved_stages=approved,
             retry_clusters=retry,
             skip_clusters=skip,
+            floors=floors,
         )
         decision = decide(inp)
         if decision.preflight_needed and self.fence.held():

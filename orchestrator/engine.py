@@ -39,6 +39,7 @@ __all__ = [
     "PREFLIGHT_TTL",
     "Call",
     "Decision",
+    "Floor",
     "Preflight",
     "RunInput",
     "Upgrade",
@@ -126,6 +127,15 @@ class Call:
 
 
 @dataclass(frozen=True)
+class Floor:
+    """Another live run on the provider that shares clusters with this one: its floor holds too."""
+
+    run: str
+    members: frozenset[str]
+    required: int
+
+
+@dataclass(frozen=True)
 class RunInput:
     """Everything one decision reads."""
 
@@ -144,6 +154,9 @@ class RunInput:
     approved_stages: frozenset[str] = frozenset()
     retry_clusters: frozenset[str] = frozenset()
     skip_clusters: frozenset[str] = frozenset()
+    #: Invariant 1 across runs: a service-out of a cluster shared with another live run keeps
+    #: that run's floor too. The snapshot and held_by must cover the members of these runs.
+    floors: Sequence[Floor] = ()
 
 
 @dataclass
@@ -547,7 +560,21 @@ class _Run:
             for u in self.inp.upgrades.values()
             if u.cluster_id != cid and not self.down(u.cluster_id, held, own)
         )
-        return free >= self.inp.spec.required_available_count
+        if free < self.inp.spec.required_available_count:
+            return False
+        return all(
+            sum(1 for x in f.members if x != cid and not self.down(x, held, own)) >= f.required
+            for f in self.inp.floors
+            if cid in f.members
+        )
+
+    def floor_budgets(self) -> list[int]:
+        """Admissions each other run's floor allows now (over that run's clusters)."""
+        held = self.own_held()
+        return [
+            sum(1 for cid in f.members if not self.down(cid, held)) - f.required
+            for f in self.inp.floors
+        ]
 
 
 def checks_for(spec: api.UpdateRunSpec, stage: str) -> api.HealthChecks | None:
@@ -722,6 +749,7 @@ def decide(inp: RunInput) -> Decision:
         limit = _limit(value, len(members))
         in_flight = sum(1 for s in run.status.values() if s.phase in ACTIVE)
         budget = run.budget()
+        floor_budgets = run.floor_budgets()
         started = False
         waiting_budget = False
         for u in members:
@@ -789,13 +817,16 @@ def decide(inp: RunInput) -> Decision:
             if in_flight >= limit:
                 break
             cost = 1 if obs.available else 0
-            if cost > budget:
+            shared = [i for i, f in enumerate(inp.floors) if cost and u.cluster_id in f.members]
+            if cost > budget or any(floor_budgets[i] < cost for i in shared):
                 waiting_budget = True
                 continue
             pre = inp.preflight.get(u.cluster_id)
             if inp.preflight_supported and (pre is None or inp.now - pre.at > PREFLIGHT_TTL):
                 run.preflight_needed.append(u.cluster_id)
                 budget -= cost
+                for i in shared:
+                    floor_budgets[i] -= cost
                 in_flight += 1
                 continue
             if pre is not None and pre.verdict == Verdict.REFUSED_NEVER:
@@ -817,6 +848,8 @@ def decide(inp: RunInput) -> Decision:
                 run.wake(pre.retry_after or 30.0)
                 continue
             budget -= cost
+            for i in shared:
+                floor_budgets[i] -= cost
             in_flight += 1
             started = True
             run.issue(u, OpKind.SERVICE_OUT)
