@@ -106,6 +106,19 @@ class UpdateRunController:
     endpoints: dict[tuple[str, str], str] = field(default_factory=dict)
     uids: set[str] = field(default_factory=set)
     _preflight: dict[tuple[str, str], dict[str, Preflight]] = field(default_factory=dict)
+    #: Parsed ClusterUpgrades by (namespace, name): re-parsed only when resourceVersion moves,
+    #: so a reconcile costs work for what changed, not for the whole run.
+    _parsed: dict[tuple[str, str], tuple[str, Upgrade]] = field(default_factory=dict)
+
+    def _parse(self, namespace: str, obj: Mapping[str, Any]) -> Upgrade:
+        key = (namespace, obj["metadata"]["name"])
+        rv = str(obj["metadata"].get("resourceVersion", ""))
+        known = self._parsed.get(key)
+        if known is not None and known[0] == rv:
+            return known[1]
+        upgrade = upgrade_from_obj(obj)
+        self._parsed[key] = (rv, upgrade)
+        return upgrade
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """One step of one run; returns seconds to requeue after (None: wait for a change)."""
@@ -114,6 +127,12 @@ class UpdateRunController:
         except NotFound:
             self.endpoints.pop((namespace, name), None)
             self._preflight.pop((namespace, name), None)
+            prefix = f"{name}-"
+            self._parsed = {
+                k: v
+                for k, v in self._parsed.items()
+                if not (k[0] == namespace and k[1].startswith(prefix))
+            }
             return None
         meta = obj["metadata"]
         gen = int(meta.get("generation", 1))
@@ -307,7 +326,7 @@ class UpdateRunController:
         total = status.counts.total if status.counts else 0
         if len(children) < total:
             return 1.0  # the cache has not caught up with our own creations yet
-        upgrades = {n: upgrade_from_obj(o) for n, o in children.items()}
+        upgrades = {n: self._parse(ns, o) for n, o in children.items()}
         held_by = self._held_by(spec.ops_endpoint.endpoint, ns, name)
         try:
             provider.learn(
