@@ -506,11 +506,13 @@ class _Run:
         st = self.status[u.name]
         start = st.step_start_time or self.stamp
         if self.now - parse_time(start) > self.timeout_of(kind):
-            self.fail(
+            # Invariant 7: drift is recorded on this cluster's upgrade; the run goes on.
+            self.set(
                 u,
-                "ClusterGone",
-                f"{st.step}: cluster left the plugin's inventory mid-upgrade and did not "
-                "come back in time",
+                phase=U.SKIPPED,
+                reason="ClusterGone",
+                message=f"{st.step}: cluster left the plugin's inventory mid-upgrade and did "
+                "not come back in time; if it returns, check whether it is in service",
             )
             return
         self.set(
