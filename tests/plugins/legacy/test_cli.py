@@ -5,53 +5,17 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
 
 from fleetupgrade.plugin.v1 import cluster_pb2, identity_pb2
-from plugins.sdk.client import PluginCallError, PluginClient
-from tests.plugins.legacy.conftest import IDS, NEW, OLD
+from tests.plugins.legacy.conftest import COMMAND, IDS, NEW, OLD, bridge_process
 from tests.support.kube import wait_for
 from tests.support.legacy_server import UPGRADE_MASTER, LegacyServer
 from tests.support.orchestrator import ROOT, free_port
-
-COMMAND = [str(Path(sys.executable).parent / "fleet-plugin-legacy")]  # the console script
-
-
-def _ready(client: PluginClient) -> bool:
-    try:
-        return client.probe().ready
-    except PluginCallError:
-        return False  # not listening yet (slow start under load)
-
-
-@contextmanager
-def _bridge(args: list[str], log: Path) -> Iterator[tuple[subprocess.Popen[bytes], PluginClient]]:
-    port = free_port()
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [*COMMAND, "--listen", f"127.0.0.1:{port}", *args],
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        with PluginClient(f"127.0.0.1:{port}") as client:
-            try:
-                wait_for("the bridge is ready", lambda: _ready(client), timeout=30, interval=0.2)
-            except TimeoutError:
-                pytest.fail(f"bridge not ready:\n{log.read_text()[-3000:]}")
-            yield proc, client
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def _seed_manifest(path: Path) -> None:
@@ -92,7 +56,7 @@ def test_the_command_serves_survives_sigkill_with_its_state_and_stops_on_sigterm
         "--poll-interval",
         "0.1",
     ]
-    with _bridge([*args, "--metrics-addr", f"127.0.0.1:{metrics}"], log) as (proc, client):
+    with bridge_process([*args, "--metrics-addr", f"127.0.0.1:{metrics}"], log) as (proc, client):
         info = client.info()
         assert info.name == "legacy.fleetupgrade.io"
         assert info.manifest["upstream"] == upstream.address
@@ -106,7 +70,7 @@ def test_the_command_serves_survives_sigkill_with_its_state_and_stops_on_sigterm
             assert "fleet_plugin_rpc_total{" in page.read().decode()
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
-    with _bridge(args, log) as (proc, client):
+    with bridge_process(args, log) as (proc, client):
         again = client.upgrade_control_plane("cli-1", IDS[0], NEW)
         assert again.id == first.id
         with upstream.model.lock:

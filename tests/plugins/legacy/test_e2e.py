@@ -1,14 +1,20 @@
 """End to end: a seed-shaped ClusterVersion of the original operator converges through the
 bridge, with the real orchestrator on the real local apiserver, against an original-protocol
-plugin server; each step reaches the upstream once and the floor holds."""
+plugin server; each step reaches the upstream once and the floor holds, also when the bridge
+process is SIGKILLed mid-rollout and restarted with its --state."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
+import pytest
+
+from fleetupgrade.plugin.v1 import cluster_pb2
 from orchestrator import api
 from plugins.legacy import BridgeOptions, LegacyBridge
-from tests.plugins.legacy.conftest import OLD, POOLS
+from plugins.legacy.state import SUFFIX, SentState
+from tests.plugins.legacy.conftest import OLD, POOLS, bridge_process
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.legacy_server import (
     SERVICE_IN,
@@ -19,7 +25,7 @@ from tests.support.legacy_server import (
     legacy_fleet,
     legacy_server,
 )
-from tests.support.orchestrator import CV, OrchestratorProcess
+from tests.support.orchestrator import CV, OrchestratorProcess, free_port
 
 NEW = "1.29.1"
 IDS = [f"projects/demo/locations/europe-west1/clusters/web-{i}" for i in range(4)]
@@ -92,6 +98,10 @@ def test_a_seed_cluster_version_converges_through_the_bridge(
             bridge.stop(0)
         assert code == 0, "SIGTERM must end the orchestrator cleanly"
     assert status["summary"]["upToDate"] == len(IDS)
+    _each_step_once_and_the_floor_held(upstream)
+
+
+def _each_step_once_and_the_floor_held(upstream: LegacyServer) -> None:
     # One upstream call per step and cluster, in the original's order: no duplicate mutation.
     for cid in IDS:
         steps = [(s.type, s.node_pool) for s in upstream.model.started if s.cluster_id == cid]
@@ -101,3 +111,80 @@ def test_a_seed_cluster_version_converges_through_the_bridge(
         ), steps
         assert steps[1] == (UPGRADE_MASTER, ""), "the control plane goes before the node pools"
     assert upstream.model.min_serving >= REQUIRED
+
+
+def test_the_rollout_converges_when_the_bridge_is_killed_and_restarted_mid_rollout(
+    control_plane: KubeCluster, namespace: str, tmp_path: Path
+) -> None:
+    # Operations take about a second upstream, so the kill lands while one is in flight.
+    with legacy_server(legacy_fleet(IDS, OLD, POOLS), ticks=20, tick_seconds=0.05) as upstream:
+        port, log = free_port(), tmp_path / "bridge.log"
+        state = tmp_path / "bridge" / "legacy.json"
+        args = [
+            "--upstream",
+            upstream.address,
+            "--upstream-insecure",
+            *(a for cid in IDS for a in ("--cluster", cid)),
+            "--state",
+            str(state),
+            "--poll-interval",
+            "0.1",
+        ]
+        orchestrator = OrchestratorProcess(
+            control_plane.kubeconfig, namespace, tmp_path / "orchestrator.log"
+        ).start()
+        try:
+            cvs = CV(control_plane, namespace)
+            with bridge_process(args, log, port) as (proc, _):
+                cvs.create(_seed_cluster_version(f"127.0.0.1:{port}"))
+                wait_for(
+                    "an operation is in flight upstream after a few steps",
+                    lambda: len(upstream.model.started) >= 3 and upstream.model.running(),
+                    timeout=120,
+                    interval=0.05,
+                )
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=10)
+            killed_at = len(upstream.model.started)
+            (sent,) = SentState(f"{state}{SUFFIX}", upstream.address).all()
+            # The upstream finishes it while the bridge is down.
+            wait_for("the upstream finishes", lambda: upstream.model.running() == 0, timeout=30)
+            with bridge_process(args, log, port) as (_, client):
+                resumed = wait_for(
+                    "the restarted bridge learns the end from the upstream",
+                    lambda: (
+                        (op := client.get_operation(sent.op_id)).state
+                        == cluster_pb2.OPERATION_STATE_SUCCEEDED
+                        and op
+                    ),
+                    timeout=30,
+                )
+                assert resumed.request_id == sent.request_id
+                assert len(upstream.model.started) == killed_at, "nothing was sent again"
+                try:
+                    wait_for(
+                        "every cluster upgraded and back in service",
+                        lambda: _converged(upstream),
+                        timeout=60,  # about 25 s when the orchestrator follows
+                        interval=0.2,
+                    )
+                except TimeoutError:
+                    # The orchestrator (being rewritten) follows operations only through
+                    # WatchOperations(include_in_flight): one that ended while the stream was
+                    # down is never re-read with GetOperation nor replayed with
+                    # since_revision, so its ClusterUpgrade waits forever.
+                    pytest.xfail(
+                        f"orchestrator never learns that operation {sent.op_id} ended while its "
+                        f"watch was down: {cvs.status('web').get('conditions')}"
+                    )
+                wait_for(
+                    "the ClusterVersion completes",
+                    lambda: cvs.phase_is("web", "Completed"),
+                    timeout=60,
+                    interval=0.2,
+                )
+        finally:
+            code = orchestrator.stop()
+        assert code == 0, "SIGTERM must end the orchestrator cleanly"
+    assert 3 <= killed_at < 5 * len(IDS)
+    _each_step_once_and_the_floor_held(upstream)
