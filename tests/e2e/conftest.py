@@ -90,8 +90,14 @@ def cluster_version(
 
 
 def metric_checks(
-    query: str, max_value: float, *, interval: str = "300ms", success: int = 2, failure: int = 2,
-    timeout: str = "30s", endpoint: str | None = None,
+    query: str,
+    max_value: float,
+    *,
+    interval: str = "300ms",
+    success: int = 2,
+    failure: int = 2,
+    timeout: str = "30s",
+    endpoint: str | None = None,
 ) -> dict[str, Any]:
     """A healthChecks block with one plugin QueryMetric check (the sim's HealthService)."""
     provider: dict[str, Any] = {"type": "plugin"}

@@ -66,7 +66,7 @@ def test_no_cluster_is_serviced_in_without_passing_checks_at_scale(
         # Out of service it stays: the gate never let it back in.
         assert fleet.cluster(cid)["inService"] is False, cid
     m = fleet.monitor()
-    # 30 clusters × (service-out, control plane, two node pools); not one service-in.
+    # 30 clusters x (service-out, control plane, two node pools); not one service-in.
     assert m["mutations_total"] == 30 * 4, m
     assert m["available_in_service"] == 10 and m["min_available_in_service"] == 10, m
     assert m["duplicate_mutations"] == 0
