@@ -39,10 +39,11 @@ def populate(
     *,
     backend_scalers: dict[str, float] | None = None,
     pools: tuple[str, ...] = ("default-pool", "workers"),
+    web: bool = True,
 ) -> list[str]:
     """The emulated fleet: clusters at OLD with node pools, GetServerConfig offering OFFERED,
-    and a global backend service "web" with one NEG per cluster (capacityScaler 1.0 unless
-    backend_scalers says otherwise)."""
+    and (web) a global backend service "web" with one NEG per cluster (capacityScaler 1.0
+    unless backend_scalers says otherwise)."""
     emulator.set_server_config(
         PROJECT, LOCATION, master_versions=OFFERED, channels={"REGULAR": [OLD, NEW]}
     )
@@ -74,6 +75,8 @@ def populate(
             )
         )
     scalers = backend_scalers or {}
+    if not web:
+        return ids
     emulator.add_backend_service(
         PROJECT,
         "web",

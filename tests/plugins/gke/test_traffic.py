@@ -171,3 +171,137 @@ def test_a_restart_mid_drain_resumes_the_same_compute_operation(tmp_path: Path) 
         # The repeat carried the same compute requestId: one compute operation, not two.
         assert len(emu.state.compute_ops) == 1
         assert emu.capacity(PROJECT, "web", "neg-c1") == 0.0
+
+
+# ----------------------------------------------------- compute's rules, checked against it
+
+
+def test_a_missing_backend_service_marks_only_its_clusters_and_never_breaks_the_inventory(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    # c3 is also served through "edge" by a second NEG; "edge" then disappears (deleted, or
+    # it is a regional backend service: a global GET answers 404 either way).
+    edge = "projects/p/zones/l-a/networkEndpointGroups/neg-c3-edge"
+    emulator.add_backend_service(
+        PROJECT, "edge", [{"group": edge}, {"group": NEG.format("c4") + "-edge"}]
+    )
+    config = plugin_config(emulator, NAMES)
+    config["traffic"]["backendServices"].append({"project": PROJECT, "name": "edge"})
+    config["traffic"]["backends"][cluster_id("c3")].append(edge)
+    client = start_plugin(config).client
+    assert all(c.available and c.in_service for c in client.list_clusters())
+    emulator.remove_backend_service(PROJECT, "edge")
+    listed = {c.id: c for c in client.list_clusters()}
+    c3 = listed.pop(cluster_id("c3"))
+    assert not c3.available and not c3.in_service
+    assert "projects/p/global/backendServices/edge not found" in c3.unavailable_reason
+    assert "regional" in c3.unavailable_reason and "neg-c3-edge" in c3.unavailable_reason
+    assert all(c.available and c.in_service for c in listed.values())
+    assert client.get_cluster(cluster_id("c3")).unavailable_reason == c3.unavailable_reason
+    with pytest.raises(PluginCallError) as err:
+        client.service_out("out-c3", cluster_id("c3"))
+    assert err.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert "backendServices/edge not found" in err.value.message
+    # The others still drain through the services that exist.
+    assert wait_terminal(client, client.service_out("out-c1", C1).id).state == (
+        _S.OPERATION_STATE_SUCCEEDED
+    )
+    assert emulator.capacity(PROJECT, "web", "neg-c1") == 0.0
+
+
+def test_draining_the_only_backend_of_a_service_is_refused_up_front(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    emulator.add_backend_service(PROJECT, "solo", [{"group": NEG.format("c1")}])
+    config = plugin_config(emulator, NAMES)
+    config["traffic"]["backendServices"].append({"project": PROJECT, "name": "solo"})
+    client = start_plugin(config).client
+    with pytest.raises(PluginCallError) as err:
+        client.service_out("out", C1)
+    assert err.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert "only backend of projects/p/global/backendServices/solo" in err.value.message
+    assert "single backend" in err.value.message
+    assert emulator.calls("compute.backendServices.patch") == 0
+    assert emulator.capacity(PROJECT, "web", "neg-c1") == 1.0
+    assert emulator.capacity(PROJECT, "solo", "neg-c1") == 1.0
+
+
+def test_a_drain_keeps_backend_fields_newer_than_the_pinned_client() -> None:
+    with GkeEmulator(compute_op_seconds=0.1) as emu:
+        populate(emu, NAMES, web=False)
+        emu.add_backend_service(
+            PROJECT,
+            "web",
+            [{"group": NEG.format(n), "futureBalancingHint": f"hint-{n}"} for n in NAMES],
+        )
+        with running_plugin(plugin_config(emu, NAMES)) as plugin:
+            client = plugin.client
+            out = wait_terminal(client, client.service_out("out", C1).id)
+            assert out.state == _S.OPERATION_STATE_SUCCEEDED
+            back = wait_terminal(client, client.service_in("in", C1).id)
+            assert back.state == _S.OPERATION_STATE_SUCCEEDED
+        hints = {
+            str(b["group"]).rsplit("/", 1)[1]: b.get("futureBalancingHint")
+            for b in emu.backend_service(PROJECT, "web")["backends"]
+        }
+        assert hints == {f"neg-{n}": f"hint-{n}" for n in NAMES}
+        assert emu.capacity(PROJECT, "web", "neg-c1") == 1.0
+        # What went over the wire: only backends (as read) and the fingerprint guard.
+        bodies = emu.requests("compute.backendServices.patch")
+        assert [sorted(body) for body in bodies] == [["backends", "fingerprint"]] * 2
+
+
+def test_a_stale_fingerprint_is_re_read_and_retried(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    client = start_plugin().client
+    emulator.fail_http(
+        "compute.backendServices.patch",
+        412,
+        "Invalid fingerprint: pass the backend service's current fingerprint.",
+        reason="conditionNotMet",
+    )
+    out = wait_terminal(client, client.service_out("out", C1).id)
+    assert out.state == _S.OPERATION_STATE_SUCCEEDED
+    assert emulator.capacity(PROJECT, "web", "neg-c1") == 0.0
+    assert emulator.calls("compute.backendServices.patch") == 2
+    assert emulator.calls("compute.backendServices.get") >= 3  # plan, read, re-read, verify
+
+
+def test_a_backend_service_owned_by_a_controller_is_refused_with_what_to_do_instead() -> None:
+    with GkeEmulator() as emu:
+        populate(emu, NAMES, web=False)
+        emu.add_backend_service(
+            PROJECT,
+            "web",
+            [{"group": NEG.format(n)} for n in NAMES],
+            owner="https://gkehub.googleapis.com/v1/projects/p/locations/global/memberships/hub",
+        )
+        with running_plugin(plugin_config(emu, NAMES)) as plugin:
+            with pytest.raises(PluginCallError) as err:
+                plugin.client.service_out("out", C1)
+            assert err.value.code is grpc.StatusCode.FAILED_PRECONDITION
+            for needle in ("is managed by https://gkehub", "HTTPRoute", "traffic.backendServices"):
+                assert needle in err.value.message, err.value.message
+        assert emu.calls("compute.backendServices.patch") == 0
+
+
+def test_a_drain_undone_by_a_controller_is_read_back_and_fails() -> None:
+    # A controller that owns the service without saying so in orchestrationInfo reconciles
+    # capacityScaler back: the re-read after compute's DONE shows it.
+    with GkeEmulator(compute_op_seconds=0.1) as emu:
+        populate(emu, NAMES, web=False)
+        emu.add_backend_service(
+            PROJECT, "web", [{"group": NEG.format(n)} for n in NAMES], controlled=True
+        )
+        with running_plugin(plugin_config(emu, NAMES)) as plugin:
+            client = plugin.client
+            failed = wait_terminal(client, client.service_out("out", C1).id)
+            assert (failed.state, failed.error_code) == (
+                _S.OPERATION_STATE_FAILED,
+                "SERVICE_OUT_FAILED",
+            )
+            assert "changed back right after the drain" in failed.error_message
+            assert "HTTPRoute" in failed.error_message
+            assert client.get_cluster(C1).in_service  # the truth: it still takes traffic
+        assert emu.capacity(PROJECT, "web", "neg-c1") == 1.0
