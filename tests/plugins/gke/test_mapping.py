@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from google.cloud import container_v1
 
 from fleetupgrade.plugin.v1 import cluster_pb2
-from plugins.gke.ids import group_key, parse_cluster_id, parse_operation_id, parse_target_link
-from plugins.gke.operations import contract_state, describe, progress_percent
+from plugins.gke.ids import (
+    Target,
+    group_key,
+    parse_cluster_id,
+    parse_operation_id,
+    parse_target,
+    parse_target_link,
+)
+from plugins.gke.operations import by_start, contract_state, describe, progress_percent
+from plugins.gke.windows import maintenance_windows
 
 _Status = container_v1.Operation.Status
 _S = cluster_pb2
@@ -104,3 +114,61 @@ def test_ids_and_group_urls() -> None:
     assert group_key(f"https://www.googleapis.com/compute/v1/{short}") == short
     assert group_key(f"https://compute.googleapis.com/compute/v1/{short}/") == short
     assert group_key(short) == short
+
+
+def test_node_level_target_links_of_repairs() -> None:
+    base = "https://container.googleapis.com/v1/projects/123456789012/zones/us-central1-a"
+    link = f"{base}/clusters/c1/nodePools/np/node/gke-c1-np-4f2a"
+    assert parse_target(link) == Target("us-central1-a", "c1", "np", "gke-c1-np-4f2a")
+    assert parse_target_link(link) == ("us-central1-a", "c1", "np")
+    repair = _op(
+        name="operation-7",
+        zone="us-central1-a",
+        operation_type=container_v1.Operation.Type.AUTO_REPAIR_NODES,
+        status=_Status.RUNNING,
+        target_link=link,
+    )
+    info = describe(repair, "p")
+    assert info is not None
+    # In flight on the cluster (it blocks other operations), but not a pool upgrade.
+    assert (info.cluster, info.node_pool, info.node, info.kind, info.in_flight) == (
+        "c1",
+        "np",
+        "gke-c1-np-4f2a",
+        0,
+        True,
+    )
+    assert info.what == "AUTO_REPAIR_NODES of node gke-c1-np-4f2a in pool np"
+
+
+def test_operations_are_ordered_by_start_time_whatever_the_listing_order() -> None:
+    ops = [
+        _op(name="b", start_time="2026-01-01T10:00:00.5Z"),
+        _op(name="a", start_time="2026-01-01T09:59:59.999999999Z"),
+        _op(name="c", start_time="2026-01-01T10:00:00Z"),
+    ]
+    assert [op.name for op in by_start(ops)] == ["a", "c", "b"]
+
+
+@pytest.mark.parametrize(
+    ("now", "start"),
+    [
+        (datetime(2026, 3, 2, 1, 0, tzinfo=UTC), datetime(2026, 3, 2, 3, 30, tzinfo=UTC)),
+        (datetime(2026, 3, 2, 5, 0, tzinfo=UTC), datetime(2026, 3, 2, 3, 30, tzinfo=UTC)),
+        (datetime(2026, 3, 2, 8, 0, tzinfo=UTC), datetime(2026, 3, 3, 3, 30, tzinfo=UTC)),
+    ],
+    ids=["before-today", "inside-today", "after-today"],
+)
+def test_a_daily_window_is_reported_as_its_current_or_next_occurrence(
+    now: datetime, start: datetime
+) -> None:
+    cluster = container_v1.Cluster(
+        maintenance_policy={
+            "window": {"daily_maintenance_window": {"start_time": "03:30", "duration": "PT4H"}}
+        }
+    )
+    (window,) = maintenance_windows(cluster, now)
+    assert window.kind == _S.MAINTENANCE_WINDOW_KIND_WINDOW
+    assert window.recurrence == "FREQ=DAILY"
+    assert window.start_time.ToDatetime(tzinfo=UTC) == start
+    assert window.end_time.ToDatetime(tzinfo=UTC) == start + timedelta(hours=4)
