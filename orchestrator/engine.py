@@ -75,6 +75,8 @@ _STEP_PHASE = {
 MAX_REASKS = 2
 #: How long an ACCEPTED preflight verdict stands.
 PREFLIGHT_TTL = timedelta(seconds=60)
+#: How often a step in flight is looked at again even without news from the watch.
+STEP_POLL_SECONDS = 10.0
 #: How often to look again at a cluster waiting for availability or readiness.
 POLL_SECONDS = 2.0
 
@@ -426,13 +428,15 @@ class _Run:
             if self.timed_out(u, kind):
                 return
             reasks = st.reasks
-            if st.operation_id:  # seen before, now unknown to the plugin: forgotten
+            forgotten = (st.request_id or "") in self.inp.snapshot.forgotten
+            if forgotten or st.operation_id:  # seen before, now unknown to the plugin
                 if reasks >= MAX_REASKS:
                     self.fail(
                         u,
                         "OperationLost",
-                        f"{st.step}: the plugin forgot operation {st.operation_id} "
-                        f"{reasks + 1} times; re-asking cannot help",
+                        f"{st.step}: the plugin forgot operation "
+                        f"{st.operation_id or st.request_id} {reasks + 1} times; "
+                        "re-asking cannot help",
                     )
                     return
                 reasks += 1
@@ -440,7 +444,8 @@ class _Run:
                     u,
                     reasks=reasks,
                     operation_id=None,
-                    message=f"{st.step}: operation {st.operation_id} unknown to the plugin; "
+                    message=f"{st.step}: operation {st.operation_id or st.request_id} unknown "
+                    "to the plugin; "
                     f"asked again with the same request id ({reasks}/{MAX_REASKS})",
                 )
             # Invariant 1: a service-out that is issued again passes admission again.
@@ -467,7 +472,9 @@ class _Run:
                 )
             )
             return
-        if op.id != st.operation_id:
+        if op.id != st.operation_id and (u.name in self.changed or op.state.terminal):
+            # Recorded along with a write that happens anyway: progress alone costs no write
+            # (at most two API writes per cluster step).
             self.set(u, operation_id=op.id)
         if not op.state.terminal:
             self.timed_out(u, kind)
@@ -499,7 +506,7 @@ class _Run:
         if left < timedelta(0):
             self.fail(u, "StepTimedOut", f"{st.step} did not finish within {bound}")
             return True
-        self.wake(max(1.0, min(left.total_seconds(), 60.0)))
+        self.wake(max(1.0, min(left.total_seconds(), STEP_POLL_SECONDS)))
         return False
 
     def gone(self, u: Upgrade, kind: OpKind | None) -> None:

@@ -77,6 +77,8 @@ class Snapshot:
     clusters: Mapping[str, ClusterObs]
     #: Latest known state of operations, by request id (from WatchOperations / GetOperation).
     operations: Mapping[str, OpObs] = field(default_factory=dict)
+    #: Request ids whose operation the plugin answered NOT_FOUND for (it forgot them).
+    forgotten: frozenset[str] = frozenset()
 
 
 def apply_succeeded(cluster: ClusterObs, op: OpObs) -> ClusterObs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -35,6 +36,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+#: An operation the watch showed running, gone from the inventory, unheard of for this long,
+#: is asked about once with GetOperation.
+STALE_SECONDS = 5.0
 
 _KIND = {
     cluster_pb2.OPERATION_KIND_SERVICE_OUT: OpKind.SERVICE_OUT,
@@ -150,6 +154,7 @@ class OperationTracker:
     def __init__(self, on_terminal: Callable[[str, OpObs], None]) -> None:
         self._ops: dict[str, OpObs] = {}
         self._by_request: dict[str, OpObs] = {}
+        self._seen: dict[str, float] = {}  # op id → monotonic time of its last update
         self._streams: dict[int, _Stream] = {}
         self._on_terminal = on_terminal
         self._lock = threading.Lock()
@@ -176,13 +181,29 @@ class OperationTracker:
             if old is not None and old.state.terminal:
                 return False
             self._ops[op.id] = op
+            self._seen[op.id] = time.monotonic()
             if op.request_id:
                 self._by_request[op.request_id] = op
             if len(self._ops) > self.MAX_OPERATIONS:
                 for key in list(self._ops)[: self.MAX_OPERATIONS // 2]:
                     dropped = self._ops.pop(key)
+                    self._seen.pop(key, None)
                     self._by_request.pop(dropped.request_id, None)
             return op.state.terminal
+
+    def age(self, op_id: str) -> float:
+        """Seconds since the operation's last update (infinite when unknown)."""
+        with self._lock:
+            seen = self._seen.get(op_id)
+        return float("inf") if seen is None else time.monotonic() - seen
+
+    def forget(self, op_id: str) -> None:
+        """Drop an operation the plugin no longer knows."""
+        with self._lock:
+            op = self._ops.pop(op_id, None)
+            self._seen.pop(op_id, None)
+            if op is not None and self._by_request.get(op.request_id) is op:
+                del self._by_request[op.request_id]
 
     def follow(self, client: PluginClient) -> None:
         """Start the watch stream of a client, once."""
@@ -261,6 +282,7 @@ class GrpcProvider:
     clock: Callable[[], datetime]
     on_operation: Callable[[OpObs], None] = field(default=lambda op: None)
     _inventory: dict[str, ClusterObs] | None = None
+    _forgotten: frozenset[str] = frozenset()
 
     @property
     def supports_preflight(self) -> bool:
@@ -278,22 +300,48 @@ class GrpcProvider:
         return self._inventory
 
     def snapshot(self, cluster_ids: Sequence[str]) -> Snapshot:
-        """Inventory and the latest operation states, by request id."""
-        return Snapshot(self.inventory(), self.tracker.by_request())
+        """Inventory, the latest operation states by request id, and what the plugin forgot."""
+        return Snapshot(self.inventory(), self.tracker.by_request(), self._forgotten)
 
-    def learn(self, operation_ids: Sequence[str]) -> None:
-        """Ask once about operations recorded on upgrades but unseen by the watch (restarts)."""
-        for op_id in operation_ids:
-            if self.tracker.get(op_id) is not None:
+    def learn(self, steps: Sequence[tuple[str, str, str]]) -> None:
+        """Catch up on the operations of steps in flight: (request id, operation id, cluster).
+
+        Asks GetOperation once for an operation recorded on an upgrade but unseen by the watch
+        (a restart), and for one the watch last showed running while the inventory no longer
+        does, after STALE_SECONDS without news (a watch that missed its end). NOT_FOUND means
+        the plugin forgot it: the engine re-asks with the same request id, a bounded number of
+        times.
+        """
+        forgotten: set[str] = set()
+        inventory = self.inventory()
+        by_request = self.tracker.by_request()
+        for request_id, recorded_id, cluster_id in steps:
+            known = by_request.get(request_id)
+            if known is not None:
+                if known.state.terminal:
+                    continue
+                cluster = inventory.get(cluster_id)
+                current = cluster.current_operation if cluster is not None else None
+                if current is not None and current.id == known.id:
+                    continue
+                if self.tracker.age(known.id) < STALE_SECONDS:
+                    continue
+                op_id = known.id
+            elif not recorded_id or self.tracker.get(recorded_id) is not None:
                 continue
+            else:
+                op_id = recorded_id
             try:
                 op = op_from_pb(self.client.get_operation(op_id))
             except PluginCallError as err:
                 if err.code == grpc.StatusCode.NOT_FOUND:
-                    continue  # forgotten: the engine re-asks with the same request id
+                    forgotten.add(request_id)
+                    self.tracker.forget(op_id)
+                    continue
                 raise call_error(err) from err
             if self.tracker.put(op):
                 self.on_operation(op)
+        self._forgotten = frozenset(forgotten)
 
     def preflight(self, cluster_id: str, version: str, pools: Mapping[str, str]) -> Preflight:
         """PreflightUpgrade, as the engine's answer."""

@@ -331,9 +331,9 @@ class UpdateRunController:
         try:
             provider.learn(
                 [
-                    u.status.operation_id
+                    (u.status.request_id, u.status.operation_id or "", u.cluster_id)
                     for u in upgrades.values()
-                    if u.status.phase in ACTIVE and u.status.operation_id
+                    if u.status.phase in ACTIVE and u.status.request_id
                 ]
             )
         except CallError as err:
