@@ -3,6 +3,7 @@ GetClusterStatus and shown as the contract's Cluster (paged, in id order)."""
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -170,7 +171,7 @@ class Inventory:
             for cid in self._ids
             if all(self._labels[cid].get(k) == v for k, v in match_labels.items())
         ]
-        rest = [cid for cid in ids if cid > after] if after else ids
+        rest = ids[bisect.bisect_right(ids, after) :] if after else ids
         page_ids = rest[:size]
         readings = list(self._pool.map(self._read, page_ids))
         transport = next((e for _, e in readings if e is not None and e.code in _TRANSPORT), None)
