@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from orchestrator import api
 from orchestrator.cache import ObjectCache
-from orchestrator.conditions import set_condition
+from orchestrator.conditions import get_condition, set_condition
 from orchestrator.initialize import run_for
 from orchestrator.kube import Conflict, KubeClient, KubeError, NotFound
 from orchestrator.validate import Problem, parse_spec, validate_spec
@@ -261,7 +261,9 @@ class ClusterVersionController:
         )
         conds = list(status.conditions or [])
         done = phase == api.RolloutPhase.COMPLETED
-        conds = set_condition(conds, "Ready", done, phase.value, message, gen, now)
+        # An invalid run says so with the same reason as an invalid ClusterVersion spec.
+        ready_reason = "InvalidSpec" if phase == api.RolloutPhase.INVALID else phase.value
+        conds = set_condition(conds, "Ready", done, ready_reason, message, gen, now)
         conds = set_condition(
             conds,
             "Progressing",
@@ -271,15 +273,23 @@ class ClusterVersionController:
             gen,
             now,
         )
-        conds = set_condition(
-            conds,
-            "Degraded",
-            counts.failed > 0,
-            "ClusterFailed" if counts.failed else "AsExpected",
-            f"{counts.failed} cluster(s) failed" if counts.failed else "no failures",
-            gen,
-            now,
-        )
+        # The run's own Degraded (plugin unreachable, TLS or Secret trouble) comes first: it is
+        # what stops the run; failed clusters are the other way a rollout is degraded.
+        run_degraded = get_condition(run_status.conditions, "Degraded")
+        if run_degraded is not None and run_degraded.status == "True":
+            conds = set_condition(
+                conds, "Degraded", True, run_degraded.reason, run_degraded.message, gen, now
+            )
+        else:
+            conds = set_condition(
+                conds,
+                "Degraded",
+                counts.failed > 0,
+                "ClusterFailed" if counts.failed else "AsExpected",
+                f"{counts.failed} cluster(s) failed" if counts.failed else "no failures",
+                gen,
+                now,
+            )
         new = status.model_copy(
             update={
                 "observed_generation": gen,
