@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -152,15 +153,27 @@ def test_failed_upgrade_halts_and_touches_nothing_else(
         cvs = CV(control_plane, namespace)
         cvs.create(cluster_version("fleet", sim.address, ids, 3))
         status = wait_for("rollout halts", lambda: cvs.phase_is("fleet", "Halted"), timeout=60)
-        failed = [c for c in status["clusters"] if c["phase"] == "Failed"]
-        assert [c["id"] for c in failed] == ["cluster-00"]
-        assert "etcd quorum lost during upgrade" in failed[0]["message"]
+        failed = cvs.failed("fleet")
+        assert list(failed) == ["cluster-00"]
+        assert failed["cluster-00"]["reason"] == "OperationFailed"
+        assert "etcd quorum lost during upgrade" in failed["cluster-00"]["message"]
         ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-        assert ready["reason"] == "ClusterFailed" and "cluster-00" in ready["message"]
+        assert ready["status"] == "False" and ready["reason"] == "Halted"
+        assert "cluster-00" in ready["message"] and "etcd quorum lost" in ready["message"]
+        degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+        assert degraded["status"] == "True" and degraded["reason"] == "ClusterFailed"
+        run = cvs.current_run("fleet")
+        assert run is not None and run["status"]["phase"] == "Halted"
         time.sleep(1.5)  # give a misbehaving controller the chance to touch another cluster
         m = monitor(sim)
         assert m["mutations_total"] == 2  # serviceOut + the failed controlPlane of cluster-00
         assert m["clusters_by_version"] == {OLD: 4}
+        others = {
+            cid: (o.get("status") or {}).get("phase", "Pending")
+            for cid, o in cvs.upgrades("fleet").items()
+            if cid != "cluster-00"
+        }
+        assert others == dict.fromkeys(["cluster-01", "cluster-02", "cluster-03"], "Pending")
 
 
 def test_invalid_spec_is_marked_and_nothing_is_mutated(
@@ -240,30 +253,38 @@ def test_events_record_each_cluster_transition(
             interval=0.2,
         )
 
-        def upgraded_events() -> list[Any]:
-            items = core.list_namespaced_event(namespace).items
+        upgrades = cvs.upgrades("fleet")
+        by_name = {o["metadata"]["name"]: cid for cid, o in upgrades.items()}
+
+        def events() -> list[Any]:
             return [
-                e for e in items if e.reason == "Upgraded" and e.involved_object.name == "fleet"
+                e
+                for e in core.list_namespaced_event(namespace).items
+                if e.involved_object.kind == api.CLUSTER_UPGRADE_KIND
+                and e.involved_object.name in by_name
             ]
 
-        events = wait_for(
+        wait_for(
             "an Upgraded event per cluster",
-            lambda: len(upgraded_events()) >= 3 and upgraded_events(),
+            lambda: len([e for e in events() if e.reason == "Upgraded"]) >= 3,
             timeout=30,
         )
-        assert sorted(e.message.split(":")[0] for e in events) == [
-            "cluster-00",
-            "cluster-01",
-            "cluster-02",
-        ]
-        reasons = {e.reason for e in core.list_namespaced_event(namespace).items}
-        assert {
+        # One event per transition, on each cluster's own ClusterUpgrade (event times have
+        # one-second resolution, so the order is not asserted; each transition appears once).
+        lifecycle = {
             "ServicingOut",
             "UpgradingControlPlane",
             "UpgradingNodePools",
             "ServicingIn",
             "Upgraded",
-        } <= reasons
+        }
+        for name, cid in by_name.items():
+            mine = [e for e in events() if e.involved_object.name == name]
+            reasons = Counter(e.reason for e in mine)
+            assert set(reasons) - {"Verifying"} == lifecycle, (cid, reasons)
+            assert max(reasons.values()) == 1, (cid, reasons)
+            assert all(e.type == "Normal" for e in mine)
+            assert all(e.involved_object.uid == upgrades[cid]["metadata"]["uid"] for e in mine)
 
 
 def test_retry_annotation_resumes_a_halted_rollout(
@@ -304,6 +325,11 @@ def test_retry_annotation_resumes_a_halted_rollout(
         )
         annotations = cvs.get("fleet")["metadata"].get("annotations") or {}
         assert api.ANNOTATION_RETRY_CLUSTERS not in annotations  # consumed
+        run = cvs.current_run("fleet")
+        assert run is not None
+        assert api.ANNOTATION_RETRY_CLUSTERS not in (run["metadata"].get("annotations") or {})
+        retried = cvs.upgrade("fleet", "cluster-00")["status"]
+        assert retried["phase"] == "Upgraded" and retried["attempt"] == 1
         m = monitor(sim)
         assert m["clusters_at_target"] == 3 and m["duplicate_mutations"] == 0
         assert m["operations_failed"] == 1
@@ -332,15 +358,15 @@ def test_a_retry_that_fails_again_is_not_retried_again(
         )
 
         def failed_again() -> dict[str, Any] | None:
-            status = cvs.status("fleet")
-            entry = next((c for c in status.get("clusters") or [] if c["id"] == "cluster-00"), {})
-            return status if entry.get("phase") == "Failed" and entry.get("attempt") == 1 else None
+            entry = cvs.failed("fleet").get("cluster-00") or {}
+            return entry if entry.get("attempt") == 1 else None
 
         wait_for("the retry fails again", failed_again, timeout=60, interval=0.1)
         time.sleep(2)  # room for a wrong second retry
         status = cvs.status("fleet")
-        entry = next(c for c in status["clusters"] if c["id"] == "cluster-00")
-        assert entry["attempt"] == 1 and status["phase"] == "Halted"
+        entry = cvs.upgrade("fleet", "cluster-00")["status"]
+        assert entry["phase"] == "Failed" and entry["attempt"] == 1
+        assert status["phase"] == "Halted"
         assert monitor(sim)["operations_failed"] == 2
         annotations = cvs.get("fleet")["metadata"].get("annotations") or {}
         assert api.ANNOTATION_RETRY_CLUSTERS not in annotations

@@ -151,3 +151,42 @@ class CV:
     def phase_is(self, name: str, *phases: str) -> dict[str, Any] | None:
         status = self.status(name)
         return status if status.get("phase") in phases else None
+
+    def current_run(self, name: str) -> dict[str, Any] | None:
+        """The UpdateRun the ClusterVersion's status names as current (None before it has one)."""
+        run = self.status(name).get("currentRun")
+        if not run:
+            return None
+        return dict(
+            self.api.get_namespaced_custom_object(
+                api.GROUP, api.VERSION, self.ns, api.UPDATE_RUN_PLURAL, run
+            )
+        )
+
+    def run_upgrades(self, run: str) -> dict[str, dict[str, Any]]:
+        """The ClusterUpgrades of an UpdateRun, by cluster id."""
+        items = self.api.list_namespaced_custom_object(
+            api.GROUP,
+            api.VERSION,
+            self.ns,
+            api.CLUSTER_UPGRADE_PLURAL,
+            label_selector=f"{api.LABEL_RUN}={run}",
+        )["items"]
+        return {o["spec"]["clusterId"]: dict(o) for o in items}
+
+    def upgrades(self, name: str) -> dict[str, dict[str, Any]]:
+        """The ClusterUpgrades of the ClusterVersion's current run, by cluster id ({} before)."""
+        run = self.status(name).get("currentRun")
+        return self.run_upgrades(run) if run else {}
+
+    def upgrade(self, name: str, cluster_id: str) -> dict[str, Any]:
+        """One cluster's ClusterUpgrade in the ClusterVersion's current run."""
+        return self.upgrades(name)[cluster_id]
+
+    def failed(self, name: str) -> dict[str, dict[str, Any]]:
+        """Cluster id → status of each Failed ClusterUpgrade of the current run."""
+        return {
+            cid: o.get("status") or {}
+            for cid, o in self.upgrades(name).items()
+            if (o.get("status") or {}).get("phase") == api.UpgradePhase.FAILED.value
+        }
