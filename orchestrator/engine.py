@@ -825,8 +825,10 @@ def decide(inp: RunInput) -> Decision:
                 continue
             if in_flight >= limit:
                 break
-            cost = 1 if obs.available else 0
-            shared = [i for i, f in enumerate(inp.floors) if cost and u.cluster_id in f.members]
+            # Invariant 1: an unavailable cluster costs budget too. It is down already, but once
+            # taken out it stays down when it recovers, and then the floor must still hold.
+            cost = 1
+            shared = [i for i, f in enumerate(inp.floors) if u.cluster_id in f.members]
             if cost > budget or any(floor_budgets[i] < cost for i in shared):
                 waiting_budget = True
                 continue
