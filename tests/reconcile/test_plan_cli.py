@@ -57,6 +57,62 @@ def test_plan_prints_waves_under_the_budget_and_mutates_nothing(tmp_path: Path) 
         assert monitor(sim)["mutations_total"] == 0
 
 
+def test_plan_finishes_for_a_spec_with_health_checks(tmp_path: Path) -> None:
+    checks = {
+        "interval": "30s",
+        "successThreshold": 3,
+        "failureThreshold": 2,
+        "timeout": "10m",
+        "checks": [
+            {
+                "name": "ratio",
+                "metric": {
+                    # Never queried: the what-if assumes every evaluation passes.
+                    "provider": {"type": "prometheus", "address": "http://127.0.0.1:1"},
+                    "query": 'up{cluster="{{ cluster }}"}',
+                    "thresholdRange": {"min": 1},
+                },
+            }
+        ],
+    }
+    with simulated_fleet(tmp_path, fleet(10), NEW) as sim:
+        body = cluster_version(
+            "fleet",
+            sim.address,
+            [f"cluster-{i:02d}" for i in range(10)],
+            7,
+            healthChecks=checks,
+            strategy={
+                "stages": [
+                    {"name": "canary", "selector": {"matchLabels": {"stage": "canary"}}},
+                    {
+                        "name": "main",
+                        "selector": {"matchLabels": {"stage": "main"}},
+                        "soakTime": "10m",
+                    },
+                ]
+            },
+        )
+        path = tmp_path / "cv.yaml"
+        path.write_text(yaml.safe_dump(body))
+        out = run_plan(path, "--step-seconds", "60", "--traffic-seconds", "10")
+        assert out.returncode == 0, out.stderr
+        text = out.stdout
+        waves = re.findall(r"wave \d+ at \+(\S+): (\d+) cluster", text)
+        # A cluster: 10 + 60 + 60 + 60 s, then 3 passes 30 s apart (first at once: +60 s),
+        # then 10 s service-in = 260 s. The canary stage's boundary checks add 60 s more
+        # (320 s); main's soak and checks do not apply after the last stage.
+        assert waves == [
+            ("0h00m00s", "2"),
+            ("0h05m20s", "3"),
+            ("0h09m40s", "3"),
+            ("0h14m00s", "2"),
+        ]
+        assert "lowest available in service: 7" in text
+        assert "estimated time: 0h18m20s (Succeeded)" in text
+        assert monitor(sim)["mutations_total"] == 0
+
+
 def test_plan_rejects_an_invalid_file_naming_the_field(tmp_path: Path) -> None:
     body = cluster_version("fleet", "127.0.0.1:1", ["a", "a"], 1)
     path = tmp_path / "cv.yaml"
