@@ -6,18 +6,19 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client import CollectorRegistry
 
 from fleetupgrade.plugin.v1 import cluster_pb2, identity_pb2
 from plugins.sdk import errors, validate
 from plugins.sdk.client import ClientTLS, PluginClient
 from plugins.sdk.conformance import run_conformance
-from plugins.sdk.server import PluginServer, PluginServicers, ServerTLS
+from plugins.sdk.server import PluginServer, PluginServicers, ServerTLS, serve
 from tests.contract.conftest import StartServer
 from tests.support.certs import TestPKI
 from tests.support.echo_plugin import ALL_CAPABILITIES, EchoCluster, echo_servicers
@@ -43,6 +44,7 @@ def _run_kit(
     tls: ClientTLS | None = None,
     cluster: str | None = None,
     timeout: float = 30.0,
+    restart: Callable[[], None] | None = None,
 ) -> KitResult:
     report = tmp_path / f"kit-{len(list(tmp_path.iterdir()))}.xml"
     code = run_conformance(
@@ -51,6 +53,7 @@ def _run_kit(
         cluster,
         timeout=timeout,
         pytest_args=["-q", f"--junitxml={report}", *pytest_args],
+        restart=restart,
     )
     result = KitResult(code=code, passed=[], failed=[], skipped={})
     for case in ET.parse(report).getroot().iter("testcase"):
@@ -71,15 +74,57 @@ def _echo(clusters: int = 4, **kwargs: object) -> tuple[PluginServicers, EchoClu
     return servicers, servicers.cluster
 
 
+class _Restartable:
+    """An echo plugin on a fixed port; restart() stops it and serves a fresh one there, as
+    a restarted process would (operations survive only through the state_path journal)."""
+
+    def __init__(self, registry: CollectorRegistry, state_path: str | None, clusters: int) -> None:
+        self._registry = registry
+        self._state_path = state_path
+        self._clusters = clusters
+        self._port = 0
+        self.server = self._serve()
+
+    def _serve(self) -> PluginServer:
+        self.servicers, self.cluster = _echo(self._clusters, state_path=self._state_path)
+        server = serve(
+            f"127.0.0.1:{self._port}", self.servicers, plugin_name="echo", registry=self._registry
+        )
+        self._port = server.port
+        return server
+
+    def restart(self) -> None:
+        self.stop()
+        self.server = self._serve()
+
+    def stop(self) -> None:
+        self.cluster.store.close()
+        self.server.stop(grace=0)
+
+
+@pytest.fixture
+def restartable(registry: CollectorRegistry) -> Iterator[Callable[..., _Restartable]]:
+    started: list[_Restartable] = []
+
+    def start(state_path: str | None, clusters: int = 4) -> _Restartable:
+        plugin = _Restartable(registry, state_path, clusters)
+        started.append(plugin)
+        return plugin
+
+    yield start
+    for plugin in started:
+        plugin.stop()
+
+
 # -- a conformant plugin passes ------------------------------------------------------------
 
 
 def test_the_echo_plugin_passes_every_check_and_is_left_as_found(
-    start_server: StartServer, tmp_path: Path
+    restartable: Callable[..., _Restartable], tmp_path: Path
 ) -> None:
-    servicers, _ = _echo(clusters=5)
-    server = start_server(servicers)
-    result = _run_kit(server, tmp_path)
+    plugin = restartable(str(tmp_path / "state" / "ops.jsonl"), clusters=5)
+    server = plugin.server
+    result = _run_kit(server, tmp_path, restart=plugin.restart)
     assert result.code == 0, result.failed
     assert result.failed == []
     assert result.skipped == {}
@@ -184,6 +229,53 @@ class _SilentWatch(EchoCluster):
         yield from ()
 
 
+class _PreflightStarts(EchoCluster):
+    def PreflightUpgrade(
+        self, request: cluster_pb2.PreflightUpgradeRequest, context: grpc.ServicerContext
+    ) -> cluster_pb2.PreflightUpgradeResponse:
+        self.ServiceOut(
+            cluster_pb2.ServiceOutRequest(request_id="sneaky-drain", cluster_id=request.cluster_id),
+            context,
+        )
+        return super().PreflightUpgrade(request, context)
+
+
+class _PreflightVague(EchoCluster):
+    def PreflightUpgrade(
+        self, request: cluster_pb2.PreflightUpgradeRequest, context: grpc.ServicerContext
+    ) -> cluster_pb2.PreflightUpgradeResponse:
+        answer = super().PreflightUpgrade(request, context)
+        answer.reason_code = ""
+        return answer
+
+
+class _NoReplay(EchoCluster):
+    def WatchOperations(
+        self, request: cluster_pb2.WatchOperationsRequest, context: grpc.ServicerContext
+    ) -> Iterator[cluster_pb2.WatchOperationsResponse]:
+        yield from self.store.changes(request.cluster_ids, request.include_in_flight, context, 0)
+
+
+class _NoResync(EchoCluster):
+    def WatchOperations(
+        self, request: cluster_pb2.WatchOperationsRequest, context: grpc.ServicerContext
+    ) -> Iterator[cluster_pb2.WatchOperationsResponse]:
+        for response in super().WatchOperations(request, context):
+            response.resync = False
+            yield response
+
+
+class _BareErrors(EchoCluster):
+    def GetCluster(
+        self, request: cluster_pb2.GetClusterRequest, context: grpc.ServicerContext
+    ) -> cluster_pb2.GetClusterResponse:
+        try:
+            return super().GetCluster(request, context)
+        except errors.NotFound as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, exc.message)
+            raise
+
+
 class _FindsEverything(EchoCluster):
     def GetCluster(
         self, request: cluster_pb2.GetClusterRequest, context: grpc.ServicerContext
@@ -230,6 +322,23 @@ class _FindsEverything(EchoCluster):
             "test_operation_is_idempotent_reaches_a_terminal_state_and_is_watched",
         ),
         (_FindsEverything, "get_cluster_unknown", "test_get_cluster_unknown_id_is_not_found"),
+        (_PreflightStarts, "preflight_changes", "test_preflight_changes_nothing"),
+        (
+            _PreflightVague,
+            "impossible_target",
+            "test_an_impossible_target_is_refused_with_a_reason",
+        ),
+        (
+            _NoReplay,
+            "resumed_watch",
+            "test_a_resumed_watch_replays_the_changes_after_its_revision",
+        ),
+        (
+            _NoResync,
+            "cannot_be_replayed",
+            "test_a_revision_that_cannot_be_replayed_answers_resync[ancient]",
+        ),
+        (_BareErrors, "carries_error_info", "test_not_found_carries_error_info"),
     ],
     ids=[
         "declares-but-refuses",
@@ -239,6 +348,11 @@ class _FindsEverything(EchoCluster):
         "vague-errors",
         "silent-watch",
         "finds-everything",
+        "preflight-starts-an-operation",
+        "preflight-refuses-without-reason",
+        "watch-ignores-since-revision",
+        "watch-never-resyncs",
+        "errors-without-details",
     ],
 )
 def test_a_broken_plugin_fails_the_check_it_breaks(
@@ -253,6 +367,25 @@ def test_a_broken_plugin_fails_the_check_it_breaks(
     result = _run_kit(start_server(servicers), tmp_path, "-k", select, timeout=3.0)
     assert result.code != 0
     assert failing in result.failed, result
+
+
+def test_a_plugin_declaring_durability_that_forgets_on_restart_fails(
+    restartable: Callable[..., _Restartable], tmp_path: Path
+) -> None:
+    plugin = restartable(None)  # DURABLE_OPERATIONS declared, operations kept in memory
+    result = _run_kit(plugin.server, tmp_path, "-k", "survive", restart=plugin.restart)
+    assert result.code != 0
+    assert result.failed == ["test_operations_and_request_ids_survive_a_restart"], result
+
+
+def test_without_a_restart_hook_durability_is_checked_in_part_and_said_so(
+    start_server: StartServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    servicers, _ = _echo()
+    result = _run_kit(start_server(servicers), tmp_path, "-k", "survive")
+    assert result.code == 0
+    assert result.passed == ["test_operations_and_request_ids_survive_a_restart"]
+    assert "no restart hook was given" in capsys.readouterr().out
 
 
 def test_a_capability_not_declared_must_answer_unimplemented(

@@ -164,6 +164,11 @@ class EchoCluster(cluster_pb2_grpc.ClusterServiceServicer):
         elif kind == cluster_pb2.OPERATION_KIND_SERVICE_IN:
             done = cluster.in_service
         elif kind == cluster_pb2.OPERATION_KIND_UPGRADE_CONTROL_PLANE:
+            if versions.is_newer(cluster.control_plane_version, version):
+                raise FailedPrecondition(
+                    f"control plane {cluster.control_plane_version} cannot go back to {version}",
+                    reason=Reason.DOWNGRADE_NOT_SUPPORTED,
+                )
             done = cluster.control_plane_version == version
         else:
             pools = {p.name: p for p in cluster.node_pools}
@@ -290,6 +295,11 @@ class EchoCluster(cluster_pb2_grpc.ClusterServiceServicer):
         if request.control_plane_version:
             validate.check_version("control_plane_version", request.control_plane_version)
         control_plane = request.control_plane_version or cluster.control_plane_version
+        if versions.is_newer(cluster.control_plane_version, control_plane):
+            return preflight.refused_never(
+                Reason.DOWNGRADE_NOT_SUPPORTED,
+                f"control plane {cluster.control_plane_version} cannot go back to {control_plane}",
+            )
         pools = {p.name for p in cluster.node_pools}
         for name, version in sorted(request.node_pool_versions.items()):
             validate.check_version(f"node_pool_versions[{name}]", version)
@@ -404,12 +414,16 @@ def echo_servicers(
     *,
     op_seconds: float = 0.3,
     capabilities: frozenset[int] = ALL_CAPABILITIES,
+    state_path: str | None = None,
 ) -> PluginServicers:
-    """A full echo plugin: clusters echo-000.., every service, the given capabilities."""
+    """A full echo plugin: clusters echo-000.., every service, the given capabilities.
+
+    state_path journals its operations (the clusters themselves always start afresh).
+    """
     fleet = EchoFleet.generate(clusters)
     return PluginServicers(
         identity=EchoIdentity(capabilities),
-        cluster=EchoCluster(fleet, OperationStore("echo"), op_seconds),
+        cluster=EchoCluster(fleet, OperationStore("echo", state_path=state_path), op_seconds),
         health=EchoHealth(),
         gate=EchoGate(),
     )

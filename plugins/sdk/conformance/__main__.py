@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from plugins.sdk.client import ClientTLS
 from plugins.sdk.conformance.runner import run_conformance
+from plugins.sdk.conformance.target import restart_command
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S",
         help="seconds an operation may take to finish (default %(default)s)",
     )
+    parser.add_argument(
+        "--restart-command",
+        metavar="CMD",
+        help="shell command that restarts the plugin on the same endpoint; with it the kit "
+        "checks that a plugin declaring DURABLE_OPERATIONS keeps its operations",
+    )
     parser.add_argument("pytest_args", nargs="*", help=argparse.SUPPRESS)
     return parser
 
@@ -55,7 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             server_name=args.tls_server_name,
         )
     return run_conformance(
-        args.endpoint, tls, args.cluster, timeout=args.timeout, pytest_args=args.pytest_args
+        args.endpoint,
+        tls,
+        args.cluster,
+        timeout=args.timeout,
+        pytest_args=args.pytest_args,
+        restart=restart_command(args.restart_command) if args.restart_command else None,
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -27,19 +27,24 @@ def run_conformance(
     *,
     timeout: float = 120.0,
     pytest_args: Sequence[str] = (),
+    restart: Callable[[], None] | None = None,
 ) -> int:
     """Checks the plugin at endpoint against the contract; 0 when every check passed.
 
     cluster names the cluster the mutating checks use (default: the first listed one); they
     only make changes that the kit undoes (service-out then service-in) or that have nothing
     to do (an upgrade to the current version). timeout bounds each operation's run time.
-    pytest_args are passed on (e.g. ["-k", "inventory", "-v"]).
+    pytest_args are passed on (e.g. ["-k", "inventory", "-v"]). restart restarts the plugin
+    on the same endpoint, for the durability checks (without it they check what they can
+    without a restart).
     """
     if not endpoint:
         raise ValueError("endpoint: must not be empty; pass the plugin's HOST:PORT")
     if timeout <= 0:
         raise ValueError("timeout: must be positive seconds")
-    target = ConformanceTarget(endpoint=endpoint, tls=tls, cluster=cluster, timeout=timeout)
+    target = ConformanceTarget(
+        endpoint=endpoint, tls=tls, cluster=cluster, timeout=timeout, restart=restart
+    )
     with tempfile.TemporaryDirectory(prefix="fleet-conformance-") as tmp:
         ini = Path(tmp) / "pytest.ini"
         ini.write_text(_INI)

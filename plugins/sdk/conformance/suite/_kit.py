@@ -6,8 +6,9 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 import grpc
 import pytest
@@ -19,6 +20,7 @@ __all__ = [
     "TERMINAL",
     "UNKNOWN_ID",
     "WATCH_SETTLE_SECONDS",
+    "ChangeRecorder",
     "Mutation",
     "OperationRecorder",
     "choose_mutation",
@@ -40,6 +42,16 @@ WATCH_SETTLE_SECONDS = 0.5
 The contract has no acknowledgement that a watch is registered; this is a settling delay,
 never an assertion.
 """
+
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class _Cancellable(Protocol[T_co]):
+    def __iter__(self) -> Iterator[T_co]: ...
+
+    def cancel(self) -> None: ...
 
 
 def new_request_id() -> str:
@@ -89,28 +101,27 @@ def wait_terminal(client: PluginClient, op_id: str, timeout: float) -> cluster_p
         interval = min(interval * 2, 0.5)
 
 
-class OperationRecorder:
-    """Reads a WatchOperations stream in a thread and keeps every update it delivers."""
+class _Recorder(Generic[T]):
+    """Reads a stream in a thread and keeps every item it delivers."""
 
-    def __init__(self, client: PluginClient, cluster_ids: list[str]) -> None:
-        self._watch = client.watch_operations(cluster_ids, include_in_flight=True)
-        self._queue: queue.Queue[cluster_pb2.Operation | BaseException] = queue.Queue()
-        self.updates: list[cluster_pb2.Operation] = []
+    def __init__(self, watch: _Cancellable[T], settle: bool = True) -> None:
+        self._watch = watch
+        self._queue: queue.Queue[T | BaseException] = queue.Queue()
+        self.updates: list[T] = []
         self._thread = threading.Thread(target=self._read, name="conformance-watch", daemon=True)
         self._thread.start()
-        time.sleep(WATCH_SETTLE_SECONDS)
+        if settle:
+            time.sleep(WATCH_SETTLE_SECONDS)
 
     def _read(self) -> None:
         try:
-            for op in self._watch:
-                self._queue.put(op)
+            for item in self._watch:
+                self._queue.put(item)
         except PluginCallError as exc:
             self._queue.put(exc)
 
-    def wait_for(
-        self, predicate: Callable[[cluster_pb2.Operation], bool], timeout: float, what: str
-    ) -> cluster_pb2.Operation:
-        """The first delivered update matching predicate; fails when none comes in time."""
+    def wait_for(self, predicate: Callable[[T], bool], timeout: float, what: str) -> T:
+        """The first delivered item matching predicate; fails when none comes in time."""
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -126,10 +137,44 @@ class OperationRecorder:
             if predicate(item):
                 return item
 
+    def collect(self, seconds: float) -> list[T]:
+        """Every item delivered within the next seconds (kept in updates too)."""
+        deadline = time.monotonic() + seconds
+        got: list[T] = []
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                item = self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if isinstance(item, BaseException):
+                pytest.fail(f"WatchOperations failed: {item}")
+            self.updates.append(item)
+            got.append(item)
+        return got
+
     def close(self) -> None:
         """Cancels the stream."""
         self._watch.cancel()
         self._thread.join(timeout=5)
+
+
+class OperationRecorder(_Recorder[cluster_pb2.Operation]):
+    """Reads a WatchOperations stream in a thread and keeps every operation it delivers."""
+
+    def __init__(self, client: PluginClient, cluster_ids: list[str]) -> None:
+        super().__init__(client.watch_operations(cluster_ids, include_in_flight=True))
+
+
+class ChangeRecorder(_Recorder[cluster_pb2.WatchOperationsResponse]):
+    """Reads a WatchOperations stream (responses with revision and resync) in a thread."""
+
+    def __init__(
+        self, client: PluginClient, cluster_ids: list[str], since_revision: int = 0
+    ) -> None:
+        watch = client.watch_operation_changes(
+            cluster_ids, since_revision=since_revision, include_in_flight=True
+        )
+        super().__init__(watch, settle=since_revision == 0)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,12 @@ import pytest
 
 from fleetupgrade.plugin.v1 import cluster_pb2, identity_pb2
 from plugins.sdk.client import PluginCallError, PluginClient
+from plugins.sdk.conformance.suite._kit import (
+    Mutation,
+    choose_mutation,
+    new_request_id,
+    wait_terminal,
+)
 from plugins.sdk.conformance.target import TARGET_KEY, ConformanceTarget
 
 CALLER = "fleet-conformance-kit"
@@ -65,3 +71,33 @@ def cluster(
     if identity_pb2.PLUGIN_CAPABILITY_CLUSTER_INVENTORY not in capabilities:
         pytest.skip("needs the cluster's state, and the plugin cannot read clusters")
     return client.get_cluster(cluster_id)
+
+
+@pytest.fixture
+def mutation(
+    client: PluginClient,
+    capabilities: frozenset[int],
+    cluster: cluster_pb2.Cluster,
+    target: ConformanceTarget,
+) -> Iterator[Mutation]:
+    """A harmless mutation of the test cluster; whatever it changed is undone afterwards."""
+    if cluster.HasField("current_operation"):
+        wait_terminal(client, cluster.current_operation.id, target.timeout)
+        cluster = client.get_cluster(cluster.id)
+    chosen = choose_mutation(client, capabilities, cluster)
+    if chosen is None:
+        pytest.skip("no mutation the kit can make without changing the cluster for good")
+    yield chosen
+    if chosen.undo is not None:
+        busy = client.get_cluster(cluster.id)
+        if busy.HasField("current_operation"):
+            wait_terminal(client, busy.current_operation.id, target.timeout)
+            busy = client.get_cluster(cluster.id)
+        if busy.in_service == cluster.in_service:
+            return  # the check undid its change itself (or made none)
+        undo = chosen.undo(new_request_id())
+        done = wait_terminal(client, undo.id, target.timeout)
+        assert done.state == cluster_pb2.OPERATION_STATE_SUCCEEDED, (
+            f"could not restore cluster {cluster.id}: operation {done.id} "
+            f"{cluster_pb2.OperationState.Name(done.state)} {done.error_code} {done.error_message}"
+        )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -15,7 +15,6 @@ from plugins.sdk.conformance.suite._kit import (
     UNKNOWN_ID,
     Mutation,
     OperationRecorder,
-    choose_mutation,
     expect_error,
     new_request_id,
     require_rpc,
@@ -129,33 +128,6 @@ def test_get_operation_empty_id_is_invalid_argument(client: PluginClient) -> Non
     )
 
 
-@pytest.fixture
-def mutation(
-    client: PluginClient,
-    capabilities: frozenset[int],
-    cluster: cluster_pb2.Cluster,
-    target: ConformanceTarget,
-) -> Iterator[Mutation]:
-    """A harmless mutation of the test cluster; whatever it changed is undone afterwards."""
-    if cluster.HasField("current_operation"):
-        wait_terminal(client, cluster.current_operation.id, target.timeout)
-        cluster = client.get_cluster(cluster.id)
-    chosen = choose_mutation(client, capabilities, cluster)
-    if chosen is None:
-        pytest.skip("no mutation the kit can make without changing the cluster for good")
-    yield chosen
-    if chosen.undo is not None:
-        busy = client.get_cluster(cluster.id)
-        if busy.HasField("current_operation"):
-            wait_terminal(client, busy.current_operation.id, target.timeout)
-        undo = chosen.undo(new_request_id())
-        done = wait_terminal(client, undo.id, target.timeout)
-        assert done.state == cluster_pb2.OPERATION_STATE_SUCCEEDED, (
-            f"could not restore cluster {cluster.id}: operation {done.id} "
-            f"{_State.Name(done.state)} {done.error_code} {done.error_message}"
-        )
-
-
 def _check_operation(
     op: cluster_pb2.Operation, mutation: Mutation, cluster_id: str, request_id: str
 ) -> None:
@@ -230,6 +202,13 @@ def test_conflicting_request_is_aborted_naming_the_operation(
         )
         assert first.id in exc.message, (
             f"the ABORTED message {exc.message!r} does not name operation {first.id}"
+        )
+        assert exc.reason == "OPERATION_IN_FLIGHT", (
+            f"the ABORTED answer's ErrorInfo reason is {exc.reason!r}; expected OPERATION_IN_FLIGHT"
+        )
+        assert exc.operation_id == first.id, (
+            f"the ABORTED answer names operation {exc.operation_id!r} in its details, not "
+            f"{first.id} (ErrorInfo metadata operation_id)"
         )
         wait_terminal(client, first.id, target.timeout)
         return
