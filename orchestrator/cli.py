@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
         "--metrics-addr",
         type=_addr,
         default=("0.0.0.0", 8080),
-        help="serve Prometheus metrics here (default :8080)",
+        help="serve /metrics, /healthz and /readyz here (default :8080)",
     )
     run.add_argument(
         "--enable-leader-election",
@@ -124,13 +124,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from prometheus_client import start_http_server  # noqa: PLC0415
-
     from orchestrator.controller import Controller  # noqa: PLC0415
     from orchestrator.driver import Fence  # noqa: PLC0415
     from orchestrator.gates import GateLoop, PluginEndpoint, parse_plugin_flag  # noqa: PLC0415
     from orchestrator.kube import KubeClient  # noqa: PLC0415
     from orchestrator.leader import LeaderElector  # noqa: PLC0415
+    from orchestrator.probes import Probes, serve  # noqa: PLC0415
     from orchestrator.runs import AlwaysLeader  # noqa: PLC0415
     from plugins.sdk.client import ClientTLS  # noqa: PLC0415
 
@@ -145,9 +144,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"fleet-orchestrator: {err}", file=sys.stderr)
         return 2
     metrics = Metrics()
+    probes = Probes()
     host, port = args.metrics_addr
-    start_http_server(port, addr=host, registry=metrics.registry)
-    log.info("metrics on %s:%d", host, port)
+    serve(host, port, metrics.registry, probes)
+    log.info("metrics, /healthz and /readyz on %s:%d", host, port)
     kube = KubeClient(args.kubeconfig)
     stop = threading.Event()
     lost = threading.Event()
@@ -164,6 +164,7 @@ def _run(args: argparse.Namespace) -> int:
         elector = LeaderElector(
             kube, args.leader_election_namespace, args.leader_election_id, identity
         )
+        probes.role = "standby"
         if not elector.acquire(stop):
             return 0
 
@@ -173,6 +174,7 @@ def _run(args: argparse.Namespace) -> int:
 
         elector.keep(stop, on_lost)
         fence = elector
+    probes.role = "leader"
     controller = Controller(
         kube,
         metrics,
@@ -182,6 +184,7 @@ def _run(args: argparse.Namespace) -> int:
         fence=fence,
         history=args.run_history,
         stop=stop,
+        probes=probes,
     )
     tls = None
     if args.plugin_tls_ca or args.plugin_tls_cert:

@@ -19,6 +19,7 @@ from orchestrator.driver import Fence
 from orchestrator.fleet import OpObs
 from orchestrator.kube import KubeClient, KubeError
 from orchestrator.metrics import Metrics
+from orchestrator.probes import Probes
 from orchestrator.provider import OperationTracker, PluginPool
 from orchestrator.runs import AlwaysLeader, UpdateRunController
 from orchestrator.secrets import TLSResolver
@@ -83,6 +84,7 @@ class Controller:
     history: int = DEFAULT_HISTORY
     queue: WorkQueue = field(default_factory=WorkQueue)
     stop: threading.Event = field(default_factory=threading.Event)
+    probes: Probes = field(default_factory=Probes)
 
     def __post_init__(self) -> None:
         self.pool = PluginPool(self.metrics, self.caller)
@@ -127,6 +129,11 @@ class Controller:
         ]
         for thread in threads:
             thread.start()
+        watchers = threads[:3]
+        self.probes.liveness = lambda: next(
+            (f"the {t.name} thread died" for t in watchers if not t.is_alive()), ""
+        )
+        self.probes.readiness = lambda: "" if self.ready() else "caches not synced yet"
         for cache in (self.upgrades, self.runs, self.cvs):  # holdings need the whole picture
             while not cache.synced.wait(0.5):
                 if self.stop.is_set():
@@ -134,6 +141,7 @@ class Controller:
         self._resync()
         try:
             while not self.stop.is_set():
+                self.probes.beat()
                 key = self.queue.get(timeout=0.5)
                 if key is not None and self.fence.held():
                     self._process(key)
