@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
 
@@ -220,6 +220,17 @@ class RunDriver:
                     result.requeue_after = 0.0
         if decision.calls and result.calls_made:
             result.requeue_after = _min(result.requeue_after, 1.0)
+        if result.conflicts and decision.phase in _FINAL:
+            # Invariant 4: a decision not wholly on record cannot finish the run (a cluster
+            # whose write conflicted may still be out of service); look again at once.
+            result.decision = replace(
+                decision,
+                phase=api.RunPhase.STOPPING
+                if decision.phase == api.RunPhase.STOPPED
+                else api.RunPhase.PROGRESSING,
+                message=f"{decision.message} (a write conflicted; looking again)",
+            )
+            result.requeue_after = 0.0
         return result
 
     @staticmethod
@@ -282,6 +293,9 @@ class RunDriver:
             results = self.checker.evaluate(checks, members, st.name)
             out[i] = st.model_copy(update={"health": record(st.health, results, now)})
         return out
+
+
+_FINAL = frozenset({api.RunPhase.SUCCEEDED, api.RunPhase.FAILED, api.RunPhase.STOPPED})
 
 
 def _min(a: float | None, b: float | None) -> float | None:
