@@ -73,6 +73,16 @@ class Monitor:
             self.runs_of.setdefault(cid, []).append(run)
         self.members[run] = ids
         self.floors[run] = self.w.api.runs[run].spec.required_available_count
+        self._grant_grace(run)
+
+    def _grant_grace(self, run: str) -> None:
+        """Precondition of the floor: what was out (or on its way out) because of us when a run
+        was pinned or its floor raised was decided before that floor bound anyone; it counts
+        against the floor once it is back and free."""
+        active = self.w.api.active
+        grace = {c for c in self.members[run] if self._cause(c) == "ours" or active.get(c)}
+        if grace:
+            self.grace[run] = grace
 
     def floor_changed(self, run: str) -> None:
         """A person raised or lowered the floor of a run in flight.
@@ -82,7 +92,7 @@ class Monitor:
         """
         new = self.w.api.runs[run].spec.required_available_count
         if run in self.members and new > self.floors.get(run, new):
-            self.grace[run] = {c for c in self.members[run] if self._cause(c) == "ours"}
+            self._grant_grace(run)
         self.floors[run] = new
 
     def record(self, e: Evaluation) -> None:
@@ -130,10 +140,15 @@ class Monitor:
         ours = {c for c, why in zip(members, causes, strict=True) if why == "ours"}
         grace = self.grace.get(run)
         if grace is not None:
-            grace &= ours
+            active = self.w.api.active
+            grace -= {
+                c
+                for c, why in zip(members, causes, strict=True)
+                if why == "up" and not active.get(c)
+            }
             if not grace:
                 del self.grace[run]
-        allowed = max(0, len(members) - required) + len(grace or ())
+        allowed = max(0, len(members) - required) + len(ours & (grace or set()))
         if len(ours) > allowed:
             adversary = causes.count("adversary")
             raise Violation(
@@ -327,8 +342,9 @@ class Monitor:
             extra = 0
             if checks is not None:
                 extra = int(
-                    (api.parse_duration(checks.timeout) + api.parse_duration(checks.interval))
-                    .total_seconds()
+                    (
+                        api.parse_duration(checks.timeout) + api.parse_duration(checks.interval)
+                    ).total_seconds()
                 )
             return int(api.parse_duration(t.ready).total_seconds()) + extra
         field = _STEP_KIND[st.phase]
@@ -348,6 +364,10 @@ class Monitor:
             st = w.api.upgrades[key].upgrade.status
             ok_states = (U.FAILED,) if final else (U.FAILED, U.BLOCKED)
             if st.phase in ok_states and st.reason:
+                continue
+            if st.phase == U.SKIPPED and st.reason == "ClusterGone":
+                # Precondition: the world removed the cluster from the inventory while it was
+                # out; its upgrade says so, and what happens if it returns is a person's call.
                 continue
             if st.phase in ACTIVE and not final:
                 start = seconds(st.step_start_time) if st.step_start_time else None

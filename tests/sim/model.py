@@ -174,6 +174,7 @@ class ModelFleet:
     def snapshot(self, cluster_ids: Sequence[str]) -> Snapshot:
         clusters: dict[str, ClusterObs] = {}
         operations: dict[str, OpObs] = {}
+        forgotten: set[str] = set()
         for cid in cluster_ids:
             o = self.obs(cid)
             if o is None:
@@ -183,7 +184,10 @@ class ModelFleet:
                 op = self.ops[op_id]
                 if not op.forgotten:
                     operations[op.request_id] = op.obs()
-        return Snapshot(clusters, operations)
+                elif op.request_id not in self.by_rid:
+                    # What orchestrator.provider learns from GetOperation → NOT_FOUND.
+                    forgotten.add(op.request_id)
+        return Snapshot(clusters, operations, frozenset(forgotten))
 
     def inventory(self) -> dict[str, ClusterObs]:
         out = {}
@@ -195,9 +199,7 @@ class ModelFleet:
 
     # -- the contract's rules ---------------------------------------------------------------
 
-    def refusal(
-        self, cid: str, version: str, pools: Mapping[str, str]
-    ) -> tuple[str, str] | None:
+    def refusal(self, cid: str, version: str, pools: Mapping[str, str]) -> tuple[str, str] | None:
         """(reason code, message) when an upgrade to these versions will never be accepted."""
         c = self.clusters[cid]
         if version and versions.compare(version, c.cp) != 0:
@@ -266,9 +268,7 @@ class ModelFleet:
         if c is None or c.deleted:
             raise CallError("NOT_FOUND", f"cluster {cid} not found", False)
         if c.op is not None:
-            raise CallError(
-                "ABORTED", f"cluster {cid} runs operation {c.op}; one at a time", True
-            )
+            raise CallError("ABORTED", f"cluster {cid} runs operation {c.op}; one at a time", True)
         nothing = False
         if kind is OpKind.SERVICE_OUT:
             nothing = not c.in_service

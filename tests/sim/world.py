@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from orchestrator import api
 from orchestrator.conditions import format_time
 from orchestrator.driver import CallError, RunDriver, WriteConflict
-from orchestrator.engine import ACTIVE
+from orchestrator.engine import ACTIVE, Floor
 from orchestrator.initialize import pin_upgrades, run_for
 from tests.sim.adversary import Adversary
 from tests.sim.invariants import Monitor, Violation
@@ -47,6 +47,11 @@ OFFERED = ("1.29.3", "1.29.5", "1.30.1")
 RINGS = ("canary", "early", "main")
 TEAMS = ("blue", "green", "red")
 FINISHED = frozenset({api.RunPhase.SUCCEEDED, api.RunPhase.STOPPED, api.RunPhase.INVALID})
+#: Simulated seconds without a phase change after which a quiet world counts as settled
+#: (longer than any wait between two phase changes: health checks time out within 5m).
+QUIET_SETTLE = 900
+#: Runs whose floor no longer binds anyone.
+NOT_LIVE = FINISHED | {api.RunPhase.FAILED}
 CHECKS = {
     "interval": "10s",
     "checks": [{"name": "app", "workloads": {"items": [{"namespace": "default", "name": "app"}]}}],
@@ -99,7 +104,7 @@ class Config:
             seed=seed,
             clusters=n,
             pools_max=1 if big else rng.randint(0, 2),
-            old_fraction=rng.choice((0.0, 0.0, 0.05, 0.15)),
+            old_fraction=0.0 if profile == "drift" else rng.choice((0.0, 0.0, 0.05, 0.15)),
             owners=1 if profile == "drift" or big else rng.choice((1, 1, 2, 2, 3)),
             overlap=rng.random() < 0.7,
             preflight=rng.random() < 0.9,
@@ -181,6 +186,7 @@ class World:
             else None
         )
         self.run_counter = 0
+        self._members: dict[str, frozenset[str]] = {}
         for i in range(cfg.owners):
             self.add_owner(i)
 
@@ -365,11 +371,19 @@ class World:
             self._initialize(rep, run)
             return
         upgrades = rep.store.read_upgrades(key)
+        own = {u.cluster_id for u in upgrades.values()}
+        floors = []
+        for other in self.api.runs.values():
+            if other.key == key or not other.initialized or other.status.phase in NOT_LIVE:
+                continue
+            members = self.members(other.key)
+            if not members.isdisjoint(own):
+                floors.append(Floor(other.key, members, other.spec.required_available_count))
         held_by: dict[str, str] = {}
-        for u in upgrades.values():
-            others = self.api.active.get(u.cluster_id, set()) - {key}
+        for cid in own.union(*(f.members for f in floors)):
+            others = self.api.active.get(cid, set()) - {key}
             if others:
-                held_by[u.cluster_id] = sorted(others)[0]
+                held_by[cid] = sorted(others)[0]
         drv = rep.driver(run)
         approved = frozenset(run.stage_names)
         result = drv.step(
@@ -383,6 +397,7 @@ class World:
             approved=approved,
             retry=run.retry,
             skip=run.skip,
+            floors=floors,
         )
         d = result.decision
         if d.calls or d.changed:
@@ -419,6 +434,14 @@ class World:
                 self.log(f"{key}: {old.phase} → {status.phase}: {d.message}")
         wait = 30.0 if result.requeue_after is None else result.requeue_after
         self.due[key] = self.now + int(min(30.0, max(1.0, wait)))
+
+    def members(self, run: str) -> frozenset[str]:
+        """The pinned cluster ids of a run (read from its ClusterUpgrades; they never change)."""
+        found = self._members.get(run)
+        if found is None:
+            found = frozenset(o.upgrade.cluster_id for o in self.api.upgrades_of(run))
+            self._members[run] = found
+        return found
 
     def _initialize(self, rep: Replica, run: RunObj) -> None:
         """Pin once: every ClusterUpgrade created at start, from the inventory of that moment."""
@@ -504,17 +527,16 @@ class World:
         self.monitor.final(self._settled())
 
     def _settled(self) -> bool:
+        """Nothing in flight, and no cluster changed phase for a while (the runs are finished
+        or wait for something only a person or the world can change: they say what)."""
         for run in self.api.runs.values():
-            if not run.initialized or run.status.phase not in FINISHED | {
-                api.RunPhase.FAILED,
-                api.RunPhase.HALTED,
-            }:
+            if not run.initialized:
                 return False
+            if run.status.phase in FINISHED:
+                continue
             if any(o.upgrade.status.phase in ACTIVE for o in self.api.upgrades_of(run.key)):
                 return False
-        return not self.fleet.in_flight or all(
-            self.fleet.ops[i].end is None for i in self.fleet.in_flight
-        )
+        return self.now - self.monitor.last_change >= QUIET_SETTLE
 
 
 def simulate(seed: int, cfg: Config | None = None) -> World:
