@@ -56,8 +56,12 @@ class LegacyBridge:
         self.options = options
         self.poller: Poller | None = None
         self._closers: list[Callable[[], None]] = []
+        registry = options.registry if options.registry is not None else REGISTRY
         self.upstream = Upstream(
-            options.upstream, options.upstream_tls, timeout=options.upstream_timeout
+            options.upstream,
+            options.upstream_tls,
+            timeout=options.upstream_timeout,
+            registry=registry,
         )
         self._closers.append(self.upstream.close)
         try:
@@ -100,7 +104,7 @@ class LegacyBridge:
                 tls=options.tls,
                 max_workers=options.max_workers,
                 plugin_name="legacy",
-                registry=options.registry if options.registry is not None else REGISTRY,
+                registry=registry,
             )
         except BaseException:
             self._close_parts()

@@ -4,16 +4,20 @@ deadlines, retries of reads only, and upstream errors turned into the contract's
 from __future__ import annotations
 
 import json
+import threading
+import time
+import weakref
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import empty_pb2
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 from plugins.legacy._gen import plugin_pb2, plugin_pb2_grpc
 from plugins.sdk.client import ClientTLS
 from plugins.sdk.errors import FailedPrecondition, NotFound, PluginError, Unavailable
 
-__all__ = ["SERVICE", "Upstream", "UpstreamError"]
+__all__ = ["SERVICE", "Upstream", "UpstreamError", "UpstreamMetrics"]
 
 SERVICE: str = plugin_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name
 """The original service's full name on the wire ("plugin.Cluster")."""
@@ -61,6 +65,41 @@ _REFUSED = frozenset(
 R = TypeVar("R")
 
 
+class UpstreamMetrics:
+    """Calls to the upstream plugin by RPC and status code, and their latency (the original
+    operator counted its plugin calls too)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.calls = Counter(
+            "fleet_legacy_upstream_calls_total",
+            "Calls from the legacy bridge to the original plugin server, by RPC and code.",
+            ("rpc", "code"),
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "fleet_legacy_upstream_call_duration_seconds",
+            "Time of a call from the legacy bridge to the original plugin server.",
+            ("rpc",),
+            registry=registry,
+        )
+
+    @classmethod
+    def of(cls, registry: CollectorRegistry) -> UpstreamMetrics:
+        """The registry's metrics, created once (safe to call many times)."""
+        with _METRICS_LOCK:
+            metrics = _METRICS.get(registry)
+            if metrics is None:
+                metrics = cls(registry)
+                _METRICS[registry] = metrics
+            return metrics
+
+
+_METRICS: weakref.WeakKeyDictionary[CollectorRegistry, UpstreamMetrics] = (
+    weakref.WeakKeyDictionary()
+)
+_METRICS_LOCK = threading.Lock()
+
+
 class UpstreamError(Exception):
     """An RPC to the upstream plugin failed; code and details as the upstream answered."""
 
@@ -102,7 +141,12 @@ class Upstream:
     operator dialled a new connection per call). Every method raises UpstreamError."""
 
     def __init__(
-        self, endpoint: str, tls: ClientTLS | None = None, *, timeout: float = 8.0
+        self,
+        endpoint: str,
+        tls: ClientTLS | None = None,
+        *,
+        timeout: float = 8.0,
+        registry: CollectorRegistry = REGISTRY,
     ) -> None:
         if not endpoint:
             raise ValueError("--upstream: must not be empty; pass the plugin's HOST:PORT")
@@ -110,6 +154,7 @@ class Upstream:
             raise ValueError("--upstream-timeout: must be positive seconds")
         self.endpoint = endpoint
         self.timeout = timeout
+        self._metrics = UpstreamMetrics.of(registry)
         options: list[tuple[str, Any]] = [
             ("grpc.enable_retries", 1),
             ("grpc.service_config", _SERVICE_CONFIG),
@@ -126,10 +171,16 @@ class Upstream:
         self._stub = plugin_pb2_grpc.ClusterStub(self._channel)
 
     def _call(self, rpc: str, method: grpc.UnaryUnaryMultiCallable[Any, R], request: Any) -> R:
+        start = time.perf_counter()
+        code = grpc.StatusCode.OK
         try:
             return method(request, timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise UpstreamError(self.endpoint, rpc, exc.code(), exc.details() or "") from None
+            code = exc.code()
+            raise UpstreamError(self.endpoint, rpc, code, exc.details() or "") from None
+        finally:
+            self._metrics.calls.labels(rpc, code.name).inc()
+            self._metrics.duration.labels(rpc).observe(time.perf_counter() - start)
 
     def health_check(self) -> None:
         """Answers when the upstream plugin is ready."""

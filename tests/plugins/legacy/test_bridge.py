@@ -386,3 +386,31 @@ def test_a_call_that_times_out_is_not_repeated_and_succeeds_when_the_cluster_get
         assert client.service_out("slow-1", C0).id == op.id
         assert _terminal(client, op.id).state == cluster_pb2.OPERATION_STATE_SUCCEEDED
     assert upstream.model.count(SERVICE_OUT, C0) == 1
+
+
+def test_a_watch_resumed_after_a_restart_is_told_to_resync_and_sees_the_end(
+    upstream: LegacyServer, start_bridge: StartBridge, state_file: Path
+) -> None:
+    upstream.model.ticks_per_operation = 10_000
+    first_bridge = start_bridge(state_file=str(state_file))
+    with client_of(first_bridge) as client:
+        watch = client.watch_operation_changes([C0])
+        changes = iter(watch)
+        op = client.service_out("resume-1", C0)
+        seen = next(changes)
+        assert (seen.operation.id, seen.resync) == (op.id, False) and seen.revision > 0
+        watch.cancel()
+    first_bridge.stop(0)
+    with client_of(start_bridge(state_file=str(state_file))) as client:
+        watch = client.watch_operation_changes([C0], since_revision=seen.revision)
+        changes = iter(watch)
+        replayed = next(changes)  # another incarnation: its revisions cannot be replayed
+        assert replayed.resync is True and replayed.operation.id == op.id
+        assert replayed.revision > seen.revision
+        with upstream.model.lock:
+            for upstream_op in upstream.model.operations.values():
+                upstream_op.ticks_left = 1
+        end = next(c for c in changes if c.operation.state in TERMINAL)
+        watch.cancel()
+    assert end.operation.id == op.id and end.resync is False
+    assert end.operation.state == cluster_pb2.OPERATION_STATE_SUCCEEDED

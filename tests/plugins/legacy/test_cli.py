@@ -67,7 +67,10 @@ def test_the_command_serves_survives_sigkill_with_its_state_and_stops_on_sigterm
         assert [c.id for c in client.list_clusters()] == sorted(IDS)
         first = client.upgrade_control_plane("cli-1", IDS[0], NEW)
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as page:
-            assert "fleet_plugin_rpc_total{" in page.read().decode()
+            text = page.read().decode()
+        assert "fleet_plugin_rpc_total{" in text
+        assert 'fleet_legacy_upstream_calls_total{code="OK",rpc="UpgradeMaster"} 1.0' in text
+        assert 'fleet_legacy_upstream_calls_total{code="OK",rpc="GetVersion"}' in text
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
     with bridge_process(args, log) as (proc, client):
