@@ -712,6 +712,21 @@ def decide(inp: RunInput) -> Decision:
             health = None
             if n_failed and on_failure == api.OnFailure.HALT:
                 phase = api.StagePhase.FAILED
+            elif n_never and n_done + n_never == len(members):
+                # Invariant 5: all that is left of the stage is refused by the provider, which
+                # waiting cannot change (onFailure Halt): the run halts and says why.
+                phase = api.StagePhase.FAILED
+                halted = True
+                first = next(
+                    u
+                    for u in members
+                    if run.status[u.name].phase == U.BLOCKED
+                    and run.status[u.name].reason == "Refused"
+                )
+                blocked = (
+                    f"{n_never} cluster(s) blocked; {first.cluster_id}: "
+                    f"{run.status[first.name].message}"
+                )
             elif (
                 spec_stage is not None
                 and spec_stage.approval == api.Approval.MANUAL
