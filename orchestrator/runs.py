@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,7 +24,7 @@ from orchestrator.cache import ObjectCache
 from orchestrator.conditions import format_time, get_condition, set_condition
 from orchestrator.driver import CallError, Fence, RunDriver, WriteConflict
 from orchestrator.engine import ACTIVE, Preflight, Upgrade
-from orchestrator.fleet import OpObs, OpState
+from orchestrator.fleet import ClusterObs, OpObs, OpState
 from orchestrator.initialize import pin_upgrades, run_name
 from orchestrator.kube import Conflict, KubeClient, KubeError, NotFound
 from orchestrator.metrics import Metrics
@@ -87,6 +87,27 @@ class _KubeStore:
         self.writes += 1
         self.objects[upgrade.name] = new
         self.cache.put(new)
+
+
+@dataclass
+class _CountedChecker:
+    """The driver's `Checker`: the Analyzer, with every evaluation counted in the metrics."""
+
+    analyzer: Analyzer
+    metrics: Metrics
+    namespace: str
+    run: str
+
+    def evaluate(
+        self, checks: api.HealthChecks, clusters: Sequence[ClusterObs], stage: str
+    ) -> list[api.CheckResult]:
+        results = self.analyzer.evaluate(checks, clusters, stage)
+        for r in results:
+            outcome = "passed" if r.passed else "failed"
+            self.metrics.health_checks.labels(self.namespace, self.run, r.name, outcome).inc()
+            if r.value is not None:
+                self.metrics.health_value.labels(self.namespace, self.run, r.name).set(r.value)
+        return results
 
 
 @dataclass
@@ -349,7 +370,7 @@ class UpdateRunController:
         driver = RunDriver(
             provider,
             store,
-            analyzer,
+            _CountedChecker(analyzer, self.metrics, ns, name),
             self.fence,
             self._preflight.setdefault((ns, name), {}),
         )
