@@ -69,10 +69,11 @@ def prom_check(url: str, name: str = "success-ratio") -> dict[str, Any]:
     }
 
 
-def counter(text: str, check: str, result: str) -> float:
+def counter(text: str, run: str, check: str, result: str) -> float:
+    """A health-check counter of one UpdateRun (the metrics are labelled by run)."""
     pattern = (
-        rf'multicluster_controller_health_check_total\{{check="{re.escape(check)}",name="fleet",'
-        rf'namespace="[^"]+",result="{result}"\}} ([0-9.e+]+)'
+        rf'multicluster_controller_health_check_total\{{check="{re.escape(check)}",'
+        rf'name="{re.escape(run)}",namespace="[^"]+",result="{result}"\}} ([0-9.e+]+)'
     )
     found = re.search(pattern, text)
     return float(found.group(1)) if found else 0.0
@@ -100,10 +101,16 @@ def test_healthy_app_proceeds_after_exactly_success_threshold_passes(
             interval=0.2,
         )
         text = orchestrator.metrics()
-        assert counter(text, "success-ratio", "passed") == 3 * 3  # successThreshold per cluster
-        assert counter(text, "success-ratio", "failed") == 0
+        run = cvs.status("fleet")["currentRun"]
+        # successThreshold per cluster
+        assert counter(text, run, "success-ratio", "passed") == 3 * 3
+        assert counter(text, run, "success-ratio", "failed") == 0
         assert 'multicluster_controller_health_check_value{check="success-ratio"' in text
         assert monitor(sim)["clusters_at_target"] == 3
+        for cid, up in cvs.upgrades("fleet").items():  # the health state stays on each cluster
+            health = up["status"]["health"]
+            assert up["status"]["phase"] == "Upgraded", cid
+            assert health["passes"] == 3 and health["failures"] == 0, (cid, health)
 
 
 def test_unhealthy_after_upgrade_halts_at_that_cluster(
@@ -129,13 +136,14 @@ def test_unhealthy_after_upgrade_halts_at_that_cluster(
             interval=0.02,
         )
         app.set("cluster-00", 0.42)
-        status = wait_for(
-            "rollout halts", lambda: cvs.phase_is("fleet", "Halted"), timeout=90, interval=0.2
-        )
-        failed = [c for c in status["clusters"] if c["phase"] == "Failed"]
-        assert [c["id"] for c in failed] == ["cluster-00"]
-        assert "success-ratio" in failed[0]["message"]
-        assert "0.42" in failed[0]["message"] and "[0.95, ∞]" in failed[0]["message"]
+        wait_for("rollout halts", lambda: cvs.phase_is("fleet", "Halted"), timeout=90, interval=0.2)
+        failed = cvs.failed("fleet")
+        assert list(failed) == ["cluster-00"]
+        assert failed["cluster-00"]["reason"] == "HealthCheckFailed"
+        message = failed["cluster-00"]["message"]
+        assert "success-ratio" in message
+        assert "0.42" in message and "[0.95, ∞]" in message
+        assert failed["cluster-00"]["health"]["failures"] == 2  # failureThreshold
         m = monitor(sim)
         assert m["mutations_total"] == 4  # serviceOut, control plane, two pools; no serviceIn
         assert m["available_in_service"] == 2  # cluster-00 stays out of service
@@ -156,11 +164,12 @@ def test_prometheus_down_counts_as_failure_with_a_reason(
                 healthChecks=checks(prom_check(closed)),
             )
         )
-        status = wait_for(
-            "rollout halts", lambda: cvs.phase_is("fleet", "Halted"), timeout=90, interval=0.2
-        )
-        failed = next(c for c in status["clusters"] if c["phase"] == "Failed")
-        assert "prometheus unreachable" in failed["message"]
+        wait_for("rollout halts", lambda: cvs.phase_is("fleet", "Halted"), timeout=90, interval=0.2)
+        failed = cvs.failed("fleet")
+        assert len(failed) == 1
+        (entry,) = failed.values()
+        assert entry["reason"] == "HealthCheckFailed"
+        assert "prometheus unreachable" in entry["message"]
         assert orchestrator.proc is not None and orchestrator.proc.poll() is None
         assert monitor(sim)["mutations_total"] == 4
 
@@ -197,13 +206,15 @@ def test_two_providers_both_required(
         status = wait_for(
             "rollout halts", lambda: cvs.phase_is("fleet", "Halted"), timeout=120, interval=0.2
         )
-        failed = [c for c in status["clusters"] if c["phase"] == "Failed"]
-        assert [c["id"] for c in failed] == ["cluster-01"]
-        assert "error-rate" in failed[0]["message"] and "0.2" in failed[0]["message"]
+        failed = cvs.failed("fleet")
+        assert list(failed) == ["cluster-01"]
+        message = failed["cluster-01"]["message"]
+        assert "error-rate" in message and "0.2" in message
         text = orchestrator.metrics()
-        assert counter(text, "success-ratio", "passed") >= 3  # cluster-00 passed both
-        assert counter(text, "error-rate", "passed") == 3
-        assert counter(text, "error-rate", "failed") == 2
+        run = status["currentRun"]
+        assert counter(text, run, "success-ratio", "passed") >= 3  # cluster-00 passed both
+        assert counter(text, run, "error-rate", "passed") == 3
+        assert counter(text, run, "error-rate", "failed") == 2
 
 
 def test_bad_health_checks_are_invalid_before_any_mutation(
