@@ -23,7 +23,7 @@ from plugins.gke.policy import (
     resolve_node_pool,
 )
 from plugins.sdk import versions
-from plugins.sdk.errors import NotFound, Reason
+from plugins.sdk.errors import InvalidArgument, NotFound, Reason
 from plugins.sdk.preflight import accepted, refused_later, verdict_of
 
 __all__ = ["BUSY_RETRY_SECONDS", "busy_verdict", "judge", "verdict"]
@@ -65,9 +65,37 @@ def judge(
     now: datetime | None = None,
 ) -> Refusal | None:
     """The first refusal GKE's rules give for the upgrade, never-refusals before later ones;
-    None when it would be accepted. Aliases are resolved (InvalidArgument naming the field
-    when one matches nothing; NotFound for an unknown pool). Node pools are judged against
-    the target control plane, as the control plane is upgraded first."""
+    None when it would be accepted. Aliases are resolved (one that matches nothing is
+    VERSION_NOT_OFFERED naming the field and the valid versions; NotFound for an unknown pool).
+    Node pools are judged against the target control plane, as it is upgraded first."""
+    try:
+        return _judge(
+            cluster_id,
+            cluster,
+            config,
+            location,
+            control_plane_version,
+            node_pool_versions,
+            respect_exclusions=respect_exclusions,
+            now=now,
+        )
+    except InvalidArgument as exc:
+        # An alias that matches no version GKE offers: never accepted as asked (an upgrade RPC
+        # answers it INVALID_ARGUMENT, as GKE does; a verdict is more use to a preflight).
+        return Refusal(exc.message, reason=Reason.VERSION_NOT_OFFERED)
+
+
+def _judge(
+    cluster_id: str,
+    cluster: container_v1.Cluster,
+    config: container_v1.ServerConfig,
+    location: str,
+    control_plane_version: str,
+    node_pool_versions: Mapping[str, str],
+    *,
+    respect_exclusions: bool,
+    now: datetime | None,
+) -> Refusal | None:
     current = cluster.current_master_version
     master = current
     minor = False

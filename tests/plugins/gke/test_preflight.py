@@ -174,7 +174,7 @@ def test_an_exclusion_is_information_unless_the_plugin_is_told_to_respect_it(
     )
 
 
-def test_unknown_clusters_pools_and_aliases_are_errors_not_verdicts(
+def test_unknown_clusters_and_pools_are_errors_and_unknown_aliases_refused_never(
     emulator: GkeEmulator, start_plugin: StartPlugin
 ) -> None:
     client = start_plugin(mode="none").client
@@ -185,12 +185,14 @@ def test_unknown_clusters_pools_and_aliases_are_errors_not_verdicts(
             grpc.StatusCode.NOT_FOUND,
             "node_pool_versions[gpu]",
         ),
-        (
-            lambda: client.preflight_upgrade(C1, "1.31"),
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "control_plane_version: '1.31' matches no version",
-        ),
     ):
         with pytest.raises(PluginCallError) as err:
             call()
         assert err.value.code is code and needle in err.value.message, err.value.message
+    # An alias GKE cannot resolve is a verdict: never accepted as asked.
+    never = client.preflight_upgrade(C1, "1.31")
+    assert (never.verdict, never.reason_code) == (
+        _S.PREFLIGHT_VERDICT_REFUSED_NEVER,
+        "VERSION_NOT_OFFERED",
+    )
+    assert "control_plane_version: '1.31' matches no version" in never.message
