@@ -235,6 +235,10 @@ class Operations:
         ref = UpstreamRef(answer.type, answer.operationID)
         self._state.put(replace(pending, upstream=ref), must=False)
         op, _ = self._start(request_id, ask, op_id, _RUNNING)
+        if not ref.operation_id:
+            # Done at once, nothing to follow (the original operator read an empty
+            # operationID as nothing in flight): the cluster's state tells the end.
+            self._waiting.setdefault(op_id, self._clock())
         _LOG.info(
             "operation started",
             extra={
@@ -294,6 +298,16 @@ class Operations:
         ask = Ask(op.kind, op.cluster_id, op.node_pool, op.target_version)
         if ref is None:
             self._follow_unknown(op, ask, "OUTCOME_UNKNOWN", self._outcome_message(op))
+            return
+        if not ref.operation_id:
+            self._follow_unknown(
+                op,
+                ask,
+                "NOT_AS_ASKED",
+                f"the upstream plugin answered {ref.type} without an operation id (done at "
+                f"once) but the cluster was not as asked within {self._grace:g} s; check the "
+                "cluster, then retry with a new request_id",
+            )
             return
         status = self._upstream.get_operation_status(op.cluster_id, ref.operation_id, ref.type)
         if status == plugin_pb2.RUNNING:

@@ -85,6 +85,7 @@ class LegacyModel:
     refuse: dict[str, grpc.StatusCode] = field(default_factory=dict)  # rpc → code, every call
     delay: dict[str, float] = field(default_factory=dict)  # rpc → seconds before it acts
     peers: set[str] = field(default_factory=set)  # client addresses seen (one per connection)
+    synchronous: set[str] = field(default_factory=set)  # types done at once, no operationID
     lock: threading.Lock = field(default_factory=threading.Lock)
     min_serving: int = -1  # fewest clusters available and in service at once (-1: not yet seen)
 
@@ -106,17 +107,20 @@ class LegacyModel:
                 if op.fail:
                     op.status = plugin_pb2.FAILED
                     continue
-                cluster = self.clusters[op.cluster_id]
-                if op.type == SERVICE_IN:
-                    cluster.service_in = True
-                elif op.type == SERVICE_OUT:
-                    cluster.service_in = False
-                elif op.type == UPGRADE_MASTER:
-                    cluster.master = op.version
-                else:
-                    cluster.pools[op.node_pool] = op.version
-                op.status = plugin_pb2.DONE
+                self._apply(op)
             self.min_serving = min(self.min_serving, self._serving())
+
+    def _apply(self, op: LegacyOperation) -> None:
+        cluster = self.clusters[op.cluster_id]
+        if op.type == SERVICE_IN:
+            cluster.service_in = True
+        elif op.type == SERVICE_OUT:
+            cluster.service_in = False
+        elif op.type == UPGRADE_MASTER:
+            cluster.master = op.version
+        else:
+            cluster.pools[op.node_pool] = op.version
+        op.status = plugin_pb2.DONE
 
     def forget_operations(self) -> None:
         """Drops every operation, as a plugin server restarted without memory would."""
@@ -162,8 +166,15 @@ class LegacyModel:
                 fail=(op_type, cluster_id) in self.fail_types,
             )
             self.fail_types.discard((op_type, cluster_id))
-            self.operations[op.id] = op
             self.started.append(Started(op_type, cluster_id, node_pool, version))
+            if op_type in self.synchronous:
+                # Done before answering, with no operation to follow: the original controller
+                # treats an empty operationID as nothing in flight (Reconcile checks
+                # Status.OperationID != "").
+                self._apply(op)
+                self.min_serving = min(self.min_serving, self._serving())
+                return plugin_pb2.Operation(type=op.type)
+            self.operations[op.id] = op
             return plugin_pb2.Operation(type=op.type, operationID=op.id)
 
 

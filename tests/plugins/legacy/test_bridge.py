@@ -414,3 +414,18 @@ def test_a_watch_resumed_after_a_restart_is_told_to_resync_and_sees_the_end(
         watch.cancel()
     assert end.operation.id == op.id and end.resync is False
     assert end.operation.state == cluster_pb2.OPERATION_STATE_SUCCEEDED
+
+
+def test_an_upstream_that_acts_at_once_without_an_operation_id_is_followed_by_the_cluster(
+    upstream: LegacyServer, start_bridge: StartBridge
+) -> None:
+    upstream.model.synchronous = {SERVICE_OUT, SERVICE_IN}
+    with client_of(start_bridge()) as client:
+        out = client.service_out("sync-1", C0)
+        assert out.state == cluster_pb2.OPERATION_STATE_RUNNING
+        assert _terminal(client, out.id).state == cluster_pb2.OPERATION_STATE_SUCCEEDED
+        assert client.get_cluster(C0).in_service is False
+        back = client.service_in("sync-2", C0)
+        assert _terminal(client, back.id).state == cluster_pb2.OPERATION_STATE_SUCCEEDED
+    assert upstream.model.count(SERVICE_OUT, C0) == upstream.model.count(SERVICE_IN, C0) == 1
+    assert upstream.model.snapshot(C0).service_in is True
