@@ -22,7 +22,7 @@ import grpc
 from google.protobuf import json_format, timestamp_pb2
 
 from fleetupgrade.plugin.v1 import cluster_pb2
-from plugins.sdk.errors import Conflict, InvalidArgument, NotFound, Unavailable
+from plugins.sdk.errors import Conflict, InvalidArgument, NotFound, Reason, Unavailable
 
 __all__ = [
     "DEFAULT_RETENTION",
@@ -355,6 +355,7 @@ class OperationStore:
                         "request_id",
                         f"reused for a different request (it started operation {existing.id} "
                         f"on cluster {existing.cluster_id}); choose a new request_id per change",
+                        reason=Reason.REQUEST_ID_REUSED,
                     )
                 return _copy(existing), False
             self._raise_if_busy_locked(cluster_id)
@@ -409,7 +410,7 @@ class OperationStore:
         with self._lock:
             op = self._ops.get(op_id)
             if op is None:
-                raise NotFound(f"operation {op_id} not found")
+                raise NotFound(f"operation {op_id} not found", reason=Reason.OPERATION_NOT_FOUND)
             if op.state in TERMINAL_STATES:
                 return _copy(op)
             changed = False
@@ -442,7 +443,7 @@ class OperationStore:
         with self._lock:
             op = self._ops.get(op_id)
             if op is None:
-                raise NotFound(f"operation {op_id} not found")
+                raise NotFound(f"operation {op_id} not found", reason=Reason.OPERATION_NOT_FOUND)
             return _copy(op)
 
     def operations(self) -> list[cluster_pb2.Operation]:
@@ -460,7 +461,7 @@ class OperationStore:
         with self._lock:
             op = self._ops.pop(op_id, None)
             if op is None:
-                raise NotFound(f"operation {op_id} not found")
+                raise NotFound(f"operation {op_id} not found", reason=Reason.OPERATION_NOT_FOUND)
             if self._by_request.get(op.request_id) == op_id:
                 del self._by_request[op.request_id]
             if self._in_flight.get(op.cluster_id) == op_id:

@@ -484,7 +484,7 @@ class Fleet:
     def _get(self, cluster_id: str) -> _Cluster:
         cluster = self._clusters.get(cluster_id)
         if cluster is None:
-            raise NotFound(f"cluster {cluster_id} not found")
+            raise NotFound(f"cluster {cluster_id} not found", reason=Reason.CLUSTER_NOT_FOUND)
         return cluster
 
     def _response(self, cluster: _Cluster) -> cluster_pb2.GetClusterResponse:

@@ -38,9 +38,13 @@ def test_the_twenty_cluster_example() -> None:
 
 
 def test_the_faults_example_uses_every_fault() -> None:
-    faults = load_fleet_file(EXAMPLES / "faults.yaml").faults
+    config = load_fleet_file(EXAMPLES / "faults.yaml")
+    faults = config.faults
     assert faults.fail_step and faults.unhealthy_after_upgrade and faults.availability_flaps
     assert faults.unavailable_rate > 0 and faults.hang_rpc
+    unused = [name for name in type(faults).model_fields if not getattr(faults, name)]
+    assert unused == ["unavailable_methods"]  # empty on purpose: every RPC may be UNAVAILABLE
+    assert any(c.maintenance_windows for c in config.clusters)
 
 
 def test_generated_fleet_of_ten_thousand() -> None:
