@@ -99,7 +99,12 @@ def _recurring_maintenance(
     first = date(day.year, day.month, day.day) if day.year else date(1970, 1, 1)
     clock = window.window_start_time
     start = datetime(first.year, first.month, first.day, clock.hours, clock.minutes, tzinfo=UTC)
-    length = timedelta(seconds=window.window_duration.seconds)
+    duration: object = window.window_duration  # proto-plus answers a Duration as a timedelta
+    length = (
+        duration
+        if isinstance(duration, timedelta)
+        else timedelta(seconds=getattr(duration, "seconds", 0))
+    )
     return cluster_pb2.MaintenanceWindow(
         kind=cluster_pb2.MAINTENANCE_WINDOW_KIND_WINDOW,
         start_time=_stamp(start),

@@ -172,3 +172,26 @@ def test_a_daily_window_is_reported_as_its_current_or_next_occurrence(
     assert window.recurrence == "FREQ=DAILY"
     assert window.start_time.ToDatetime(tzinfo=UTC) == start
     assert window.end_time.ToDatetime(tzinfo=UTC) == start + timedelta(hours=4)
+
+
+def test_a_recurring_maintenance_window_keeps_its_rrule() -> None:
+    cluster = container_v1.Cluster(
+        maintenance_policy={
+            "window": {
+                "recurring_maintenance_window": {
+                    "delay_until": {"year": 2026, "month": 2, "day": 1},
+                    "window_start_time": {"hours": 2, "minutes": 30},
+                    "window_duration": {"seconds": 30 * 3600},
+                    "recurrence": "FREQ=WEEKLY;BYDAY=SU",
+                }
+            }
+        }
+    )
+    (window,) = maintenance_windows(cluster)
+    start = datetime(2026, 2, 1, 2, 30, tzinfo=UTC)
+    assert (window.kind, window.recurrence) == (
+        _S.MAINTENANCE_WINDOW_KIND_WINDOW,
+        "FREQ=WEEKLY;BYDAY=SU",
+    )
+    assert window.start_time.ToDatetime(tzinfo=UTC) == start
+    assert window.end_time.ToDatetime(tzinfo=UTC) == start + timedelta(hours=30)
