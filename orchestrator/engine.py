@@ -448,6 +448,17 @@ class _Run:
                     "to the plugin; "
                     f"asked again with the same request id ({reasks}/{MAX_REASKS})",
                 )
+            if kind is OpKind.SERVICE_OUT and not needs_upgrade(obs, u.spec):
+                # Invariants 5 and 7: upgraded elsewhere before our service-out took effect.
+                self.set(
+                    u,
+                    phase=U.SKIPPED,
+                    step=None,
+                    step_start_time=None,
+                    reason="AtTarget",
+                    message=f"already at or past target ({obs.control_plane_version})",
+                )
+                return
             # Invariant 1: a service-out that is issued again passes admission again.
             if kind is OpKind.SERVICE_OUT and not self.budget_allows(u.cluster_id, own=u.name):
                 self.set(
