@@ -324,10 +324,15 @@ class _Run:
                 )
             return
         if obs.in_service and needs_upgrade(obs, spec):
-            # Back in service yet short of target (someone serviced it in): start over.
+            # Back in service yet short of target (someone serviced it in): start over, as a
+            # new attempt (invariant 6: this attempt's service-out request id is spent; asked
+            # again, the plugin would answer with the old, succeeded operation).
             self.set(
                 u,
                 phase=U.PENDING,
+                attempt=self.status[u.name].attempt + 1,
+                reasks=0,
+                health=None,
                 step=None,
                 request_id=None,
                 operation_id=None,
