@@ -293,6 +293,7 @@ class Adversary:
             c.cp = "1.30.1"
             for p in c.pools.values():
                 p.version = "1.30.1"
+            c.touch()
             self.touch(cid, "oob-bump")
             self.world.log(f"adversary: {cid} upgraded out of band to 1.30.1")
 

@@ -74,6 +74,7 @@ class Monitor:
         self.members[run] = ids
         self.floors[run] = self.w.api.runs[run].spec.required_available_count
         self._grant_grace(run)
+        self._floor(run, f"run {run} pinned")
 
     def _grant_grace(self, run: str) -> None:
         """Precondition of the floor: what was out (or on its way out) because of us when a run
@@ -322,9 +323,12 @@ class Monitor:
 
     # -- after every step ----------------------------------------------------------------
 
-    def after_step(self, label: str) -> None:
+    def after_step(self, label: str, world_changed: bool = False) -> None:
+        """Invariants 1, 2 and 4 after one step. A reconcile changes no cluster (its calls
+        take effect as operations advance), so the floor is re-counted after world steps,
+        at every service-out's effect, and when a run is pinned."""
         w = self.w
-        for run in self.members:
+        for run in self.members if world_changed else ():
             if self._live(run):
                 self._floor(run, label)
         for cid, holders in w.api.active.items():

@@ -14,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import api
+from orchestrator.conditions import parse_time
 from orchestrator.driver import CallError, WriteConflict
 from orchestrator.engine import ACTIVE, Call, Preflight, Upgrade, Verdict
 from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, PoolObs, Snapshot
@@ -36,10 +38,9 @@ def at(t: int) -> datetime:
     return EPOCH + timedelta(seconds=t)
 
 
+@lru_cache(maxsize=65536)
 def seconds(stamp: str) -> int:
     """Simulated second of a metav1.Time / MicroTime string."""
-    from orchestrator.conditions import parse_time
-
     return int((parse_time(stamp) - EPOCH).total_seconds())
 
 
@@ -77,6 +78,17 @@ class MCluster:
     #: Simulated second of our last service-out call, and of the adversary's last service-in.
     last_so_call: int = -1
     adv_in_at: int = -1
+    #: The observation, built once per change (any attribute set clears it; pool and
+    #: operation changes call touch()).
+    cache: ClusterObs | None = field(default=None, compare=False, repr=False)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        if name != "cache":
+            object.__setattr__(self, "cache", None)
+
+    def touch(self) -> None:
+        self.cache = None
 
 
 @dataclass
@@ -154,13 +166,15 @@ class ModelFleet:
         c = self.clusters.get(cid)
         if c is None or c.deleted:
             return None
+        if c.cache is not None:
+            return c.cache
         op = self.ops.get(c.op) if c.op else None
         reason = ""
         if c.adv_down:
             reason = c.down_reason or "unreachable"
         elif self.cp_running(c):
             reason = "control plane upgrading"
-        return ClusterObs(
+        c.cache = ClusterObs(
             id=c.id,
             control_plane_version=c.cp,
             node_pools=tuple(PoolObs(p.name, p.version, p.ready) for p in c.pools.values()),
@@ -170,6 +184,7 @@ class ModelFleet:
             in_service=c.in_service,
             current_operation=op.obs() if op is not None else None,
         )
+        return c.cache
 
     def snapshot(self, cluster_ids: Sequence[str]) -> Snapshot:
         clusters: dict[str, ClusterObs] = {}
@@ -341,12 +356,14 @@ class ModelFleet:
             c = self.clusters[op.cluster_id]
             if op.state == OpState.PENDING and now >= op.start + 1:
                 op.state = OpState.RUNNING
+                c.touch()
                 if op.kind is OpKind.NODE_POOL and op.pool in c.pools:
                     c.pools[op.pool].ready = False
             if op.state == OpState.RUNNING and op.end is not None and now >= op.end:
                 self._finish(op, c)
 
     def _finish(self, op: MOp, c: MCluster) -> None:
+        c.touch()
         self.in_flight.discard(op.id)
         op.ended_at = self.now
         if c.op == op.id:
@@ -388,6 +405,7 @@ class ModelFleet:
             op.ended_at = self.now
             op.state = OpState.FAILED
             c = self.clusters[op.cluster_id]
+            c.touch()
             if c.op == op_id:
                 c.op = None
             if op.kind is OpKind.NODE_POOL and op.pool in c.pools:

@@ -48,8 +48,9 @@ RINGS = ("canary", "early", "main")
 TEAMS = ("blue", "green", "red")
 FINISHED = frozenset({api.RunPhase.SUCCEEDED, api.RunPhase.STOPPED, api.RunPhase.INVALID})
 #: Simulated seconds without a phase change after which a quiet world counts as settled
-#: (longer than any wait between two phase changes: health checks time out within 5m).
-QUIET_SETTLE = 900
+#: (longer than any wait between two phase changes: health checks time out within 5m, a
+#: stage's checks pass or fail within 5m of its last member finishing).
+QUIET_SETTLE = 420
 #: Runs whose floor no longer binds anyone.
 NOT_LIVE = FINISHED | {api.RunPhase.FAILED}
 CHECKS = {
@@ -111,7 +112,7 @@ class Config:
             replicas=1 if big else rng.choice((1, 2, 2)),
             shared_driver=rng.random() < 0.3,
             profile="calm" if big else profile,
-            active_seconds=600 if big else rng.choice((900, 1800, 2700)),
+            active_seconds=600 if big else rng.choice((600, 900, 1200, 1800)),
             short_timeouts=rng.random() < 0.7,
             health=rng.random() < 0.7,
             stages=rng.random() < 0.7,
@@ -187,6 +188,7 @@ class World:
         )
         self.run_counter = 0
         self._members: dict[str, frozenset[str]] = {}
+        self._wanted: dict[tuple[str, int], tuple[str, api.UpdateRunSpec]] = {}
         for i in range(cfg.owners):
             self.add_owner(i)
 
@@ -341,7 +343,11 @@ class World:
     def reconcile_cvs(self) -> None:
         """The ClusterVersion → UpdateRun rule: a changed spec starts a new run, stops the old."""
         for cv in list(self.api.cvs.values()):
-            name, spec = run_for(cv.name, cv.generation, cv.spec, self.timeouts)
+            wanted = self._wanted.get((cv.key, cv.generation))
+            if wanted is None:
+                wanted = run_for(cv.name, cv.generation, cv.spec, self.timeouts)
+                self._wanted[(cv.key, cv.generation)] = wanted
+            name, spec = wanted
             key = f"{cv.namespace}/{name}"
             if key not in self.api.runs:
                 self._create_run(cv.namespace, name, spec, cv.key, cv.spec)
@@ -490,10 +496,10 @@ class World:
     def iterate(self, active: bool, horizon: int) -> None:
         self.now = self._next_time(horizon)
         self.fleet.tick(self.now)
-        self.monitor.after_step("operations advanced")
+        self.monitor.after_step("operations advanced", world_changed=True)
         if active:
             self.adversary.act()
-            self.monitor.after_step("adversary acted")
+            self.monitor.after_step("adversary acted", world_changed=True)
         self.reconcile_cvs()
         for key in list(self._due_runs()):
             rep = self.adversary.pick_replica() if active else self._leader()
