@@ -108,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--approve-all", action="store_true", help="assume manual stages get approved")
 
+    sub.add_parser("version", help="print the version of this build")
     sub.add_parser("crd", help="print the CRDs (ClusterVersion, UpdateRun, ClusterUpgrade) as YAML")
     return parser
 
@@ -120,6 +121,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "plan":
         return _plan(args)
+    if args.command == "version":
+        from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+        try:
+            print(version("fleet-upgrade-orchestrator"))
+        except PackageNotFoundError:
+            print("unknown (not installed as a package)")
+        return 0
     return _run(args)
 
 

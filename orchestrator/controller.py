@@ -108,6 +108,7 @@ class Controller:
             self.upgrades,
             TLSResolver(self.kube),
             fence=self.fence,
+            runs=self.runs,
             emit_event=self._queue_event,
         )
         self.cv_controller = ClusterVersionController(

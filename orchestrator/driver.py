@@ -13,10 +13,12 @@ adapters in orchestrator.runs) and the adversarial simulation (tests/sim) run th
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from orchestrator import api
 from orchestrator.engine import (
@@ -48,6 +50,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class WriteConflict(Exception):
@@ -126,6 +129,9 @@ class RunDriver:
     fence: Fence
     #: Preflight answers kept between passes (cluster id → answer), per driver.
     preflight_cache: dict[str, Preflight] = field(default_factory=dict)
+    #: Writes and calls made at once (1: in order, as the simulation replays them).
+    parallelism: int = 1
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def step(
         self,
@@ -182,42 +188,42 @@ class RunDriver:
         result = StepResult(decision, requeue_after=decision.requeue_after)
         # Record intents (and health progress) before any call: a crash after this write
         # resumes with the same request ids; a crash before it never called.
-        written: set[str] = set()
         to_write = dict(health_changed)
         to_write.update(decision.changed)
-        for name, status in to_write.items():
-            try:
-                self.store.write_upgrade_status(upgrades[name], status)
-            except WriteConflict:
-                result.conflicts += 1
-                result.requeue_after = 0.0
-                break
-            written.add(name)
-        for call in decision.calls:
-            if call.upgrade not in written and call.upgrade in decision.changed:
-                continue  # its intent is not on record: do not act on it
-            if result.conflicts and call.upgrade not in written:
-                continue
+        written = self._write_all(upgrades, to_write, result)
+        calls = [
+            c
+            for c in decision.calls
+            # A call whose intent is not on record is not made.
+            if c.upgrade in written or (c.upgrade not in decision.changed and not result.conflicts)
+        ]
+
+        def act(call: Call) -> None:
             if not self.fence.held():
                 result.fenced = True
-                break
+                return
             u = upgrades[call.upgrade]
             status = decision.changed.get(call.upgrade, u.status)
             try:
                 self.provider.call(call)
-                result.calls_made += 1
+                with self._lock:
+                    result.calls_made += 1
             except CallError as err:
                 new, wait = call_failed(status, call, err.code, err.retryable, err.message, now)
                 if err.retry_after:
                     wait = err.retry_after
+                conflicted = False
                 try:
                     self.store.write_upgrade_status(with_status(u, status), new)
                 except WriteConflict:
-                    result.conflicts += 1
-                if wait is not None:
-                    result.requeue_after = _min(result.requeue_after, wait)
-                else:
-                    result.requeue_after = 0.0
+                    conflicted = True
+                with self._lock:
+                    result.conflicts += conflicted
+                    result.requeue_after = _min(
+                        result.requeue_after, wait if wait is not None else 0.0
+                    )
+
+        self._each(act, calls)
         if decision.calls and result.calls_made:
             result.requeue_after = _min(result.requeue_after, 1.0)
         if result.conflicts and decision.phase in _FINAL:
@@ -232,6 +238,41 @@ class RunDriver:
             )
             result.requeue_after = 0.0
         return result
+
+    def _write_all(
+        self,
+        upgrades: Mapping[str, Upgrade],
+        to_write: Mapping[str, api.ClusterUpgradeStatus],
+        result: StepResult,
+    ) -> set[str]:
+        """Write every changed status; the names whose write took effect."""
+        written: set[str] = set()
+
+        def write(name: str) -> None:
+            if self.parallelism == 1 and result.conflicts:
+                return  # sequential: stop at the first conflict (the rest waits a pass)
+            try:
+                self.store.write_upgrade_status(upgrades[name], to_write[name])
+            except WriteConflict:
+                with self._lock:
+                    result.conflicts += 1
+                    result.requeue_after = 0.0
+                return
+            with self._lock:
+                written.add(name)
+
+        self._each(write, list(to_write))
+        return written
+
+    def _each(self, fn: Callable[[T], None], items: Sequence[T]) -> None:
+        """fn over items: in order, or on `parallelism` threads (the product's API latency)."""
+        if self.parallelism <= 1 or len(items) <= 1:
+            for item in items:
+                fn(item)
+            return
+        with ThreadPoolExecutor(max_workers=min(self.parallelism, len(items))) as pool:
+            for _ in pool.map(fn, items):
+                pass
 
     @staticmethod
     def _pools(snapshot: Snapshot, cid: str) -> Sequence[PoolObs]:

@@ -88,7 +88,7 @@ class KubeClient:
             except config.ConfigException:
                 cfg = client.Configuration()
                 config.load_kube_config(client_configuration=cfg)
-        cfg.connection_pool_maxsize = 8
+        cfg.connection_pool_maxsize = 16  # parallel writes of one reconcile + watches
         self._api = client.ApiClient(cfg)
         self._custom = client.CustomObjectsApi(self._api)
         self._core = client.CoreV1Api(self._api)

@@ -23,7 +23,7 @@ from orchestrator.analysis import Analyzer
 from orchestrator.cache import ObjectCache
 from orchestrator.conditions import format_time, get_condition, set_condition
 from orchestrator.driver import CallError, Fence, RunDriver, WriteConflict
-from orchestrator.engine import ACTIVE, Preflight, Upgrade
+from orchestrator.engine import ACTIVE, Floor, Preflight, Upgrade
 from orchestrator.fleet import ClusterObs, OpObs, OpState
 from orchestrator.initialize import pin_upgrades, run_name
 from orchestrator.kube import Conflict, KubeClient, KubeError, NotFound
@@ -36,6 +36,8 @@ __all__ = ["AlwaysLeader", "UpdateRunController", "upgrade_from_obj"]
 
 log = logging.getLogger(__name__)
 U = api.UpgradePhase
+#: ClusterUpgrade writes and plugin calls made at once by one reconcile (API latency, not CPU).
+WRITE_PARALLELISM = 8
 FINISHED = frozenset({api.RunPhase.SUCCEEDED, api.RunPhase.FAILED, api.RunPhase.STOPPED})
 
 
@@ -121,6 +123,8 @@ class UpdateRunController:
     upgrades: ObjectCache
     tls: TLSResolver
     fence: Fence = field(default_factory=AlwaysLeader)
+    #: UpdateRuns (for the floors of other runs sharing clusters), when the controller has them.
+    runs: ObjectCache | None = None
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     emit_event: Callable[[dict[str, Any], str, str, bool], None] | None = None
     #: Run key → plugin endpoint (so an operation's end wakes the runs that use it).
@@ -348,7 +352,9 @@ class UpdateRunController:
         if len(children) < total:
             return 1.0  # the cache has not caught up with our own creations yet
         upgrades = {n: self._parse(ns, o) for n, o in children.items()}
-        held_by = self._held_by(spec.ops_endpoint.endpoint, ns, name)
+        held_by, floors = self._neighbours(
+            spec.ops_endpoint.endpoint, ns, name, {u.cluster_id for u in upgrades.values()}
+        )
         try:
             provider.learn(
                 [
@@ -373,6 +379,7 @@ class UpdateRunController:
             _CountedChecker(analyzer, self.metrics, ns, name),
             self.fence,
             self._preflight.setdefault((ns, name), {}),
+            parallelism=WRITE_PARALLELISM,
         )
         annotations = meta.get("annotations") or {}
         try:
@@ -387,6 +394,7 @@ class UpdateRunController:
                 approved=_csv(annotations.get(api.ANNOTATION_APPROVE_STAGES)),
                 retry=_csv(annotations.get(api.ANNOTATION_RETRY_CLUSTERS)),
                 skip=_csv(annotations.get(api.ANNOTATION_SKIP_CLUSTERS)),
+                floors=floors,
             )
         except CallError as err:
             return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
@@ -445,20 +453,34 @@ class UpdateRunController:
             return None
         return result.requeue_after
 
-    def _held_by(self, provider: str, ns: str, name: str) -> dict[str, str]:
-        """Clusters of this provider held by other runs (any namespace): id → "ns/run"."""
-        out: dict[str, str] = {}
+    def _neighbours(
+        self, provider: str, ns: str, name: str, own: set[str]
+    ) -> tuple[dict[str, str], list[Floor]]:
+        """Across namespaces, for this provider: the clusters other runs hold (id → "ns/run"),
+        and the floors of the other live runs that share clusters with this one."""
+        held: dict[str, str] = {}
+        members: dict[tuple[str, str], set[str]] = {}
         active = {p.value for p in ACTIVE}
         for o in self.upgrades.items():
             m = o["metadata"]
             run = (m.get("labels") or {}).get(api.LABEL_RUN, "")
-            if (m["namespace"], run) == (ns, name):
+            key = (m["namespace"], run)
+            if key == (ns, name) or o["spec"].get("provider") != provider:
                 continue
-            if o["spec"].get("provider") != provider:
-                continue
+            cid = o["spec"]["clusterId"]
+            members.setdefault(key, set()).add(cid)
             if (o.get("status") or {}).get("phase") in active:
-                out[o["spec"]["clusterId"]] = f"{m['namespace']}/{run}"
-        return out
+                held[cid] = f"{key[0]}/{run}"
+        floors: list[Floor] = []
+        for (rns, run), cids in sorted(members.items()):
+            if not cids & own:
+                continue
+            obj = self.runs.get(rns, run) if self.runs is not None else None
+            if obj is None or (obj.get("status") or {}).get("phase") in {p.value for p in FINISHED}:
+                continue
+            required = int((obj.get("spec") or {}).get("requiredAvailableCount", 1))
+            floors.append(Floor(f"{rns}/{run}", frozenset(cids), required))
+        return held, floors
 
     def _consume(self, obj: dict[str, Any], key: str, upgrades: Mapping[str, Upgrade]) -> None:
         """Remove the ids a people-annotation named: each is acted on once, then consumed."""
