@@ -3,6 +3,8 @@ watches (revisions, a bounded change log) and, optionally, a journal that surviv
 
 from __future__ import annotations
 
+import base64
+import binascii
 import collections
 import contextlib
 import fcntl
@@ -19,7 +21,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import grpc
-from google.protobuf import json_format, timestamp_pb2
+from google.protobuf import timestamp_pb2
+from google.protobuf.message import DecodeError
 
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.sdk.errors import Conflict, InvalidArgument, NotFound, Reason, Unavailable
@@ -671,7 +674,15 @@ def _by_revision(change: tuple[int, cluster_pb2.Operation]) -> tuple[int, str]:
 
 
 def _record(op: cluster_pb2.Operation) -> str:
-    return json.dumps({"op": json_format.MessageToDict(op)}, separators=(",", ":")) + "\n"
+    """One journal line: the operation as protobuf (base64), with its id, cluster and state
+    readable beside it (for people; loading reads only "pb")."""
+    entry = {
+        "id": op.id,
+        "cluster": op.cluster_id,
+        "state": cluster_pb2.OperationState.Name(op.state),
+        "pb": base64.b64encode(op.SerializeToString()).decode("ascii"),
+    }
+    return json.dumps(entry, separators=(",", ":")) + "\n"
 
 
 def _change_time(op: cluster_pb2.Operation) -> tuple[int, int, str]:
@@ -707,8 +718,8 @@ def _read_journal(path: Path) -> tuple[int, dict[str, cluster_pb2.Operation]]:
             continue
         try:
             entry: Any = json.loads(line)
-            if "op" in entry:
-                op = json_format.ParseDict(entry["op"], cluster_pb2.Operation())
+            if "pb" in entry:
+                op = cluster_pb2.Operation.FromString(base64.b64decode(entry["pb"], validate=True))
                 if not op.id:
                     raise ValueError("operation without id")
                 ops[op.id] = op
@@ -716,7 +727,7 @@ def _read_journal(path: Path) -> tuple[int, dict[str, cluster_pb2.Operation]]:
                 ops.pop(str(entry["forget"]), None)
             else:
                 incarnation = max(incarnation, int(entry.get("incarnation", 0)))
-        except (ValueError, TypeError, AttributeError, json_format.ParseError) as exc:
+        except (ValueError, TypeError, AttributeError, binascii.Error, DecodeError) as exc:
             if number == len(lines):
                 _LOG.warning("dropping a torn last line of the operation journal %s", path)
                 continue

@@ -207,7 +207,7 @@ def test_a_torn_last_line_is_dropped_and_a_broken_middle_line_is_refused(tmp_pat
     op_id = _run_op(store, "a", "c1")
     store.close()
     with path.open("a") as journal:
-        journal.write('{"op": {"id": "half')
+        journal.write('{"id": "half')
     reloaded = OperationStore(state_path=path)
     assert reloaded.get(op_id).state == SUCCEEDED
     reloaded.close()
@@ -233,10 +233,10 @@ def test_the_journal_is_compacted_to_one_record_per_operation(tmp_path: Path) ->
         _run_op(store, f"r{i}", f"c{i % 7}")
     store.close()
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    ops = [r for r in records if "op" in r]
+    ops = [r for r in records if "pb" in r]
     # 1,200 changes were written; compaction kept the file near one record per operation.
     assert len(ops) < 2 * 400 + 1
-    assert len({r["op"]["id"] for r in ops}) == 400
+    assert len({r["id"] for r in ops}) == 400
     reloaded = OperationStore(state_path=path)
     assert reloaded.lookup("r399") is not None
     reloaded.close()
