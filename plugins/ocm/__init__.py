@@ -1,7 +1,9 @@
-"""Open Cluster Management plugin: ManagedCluster inventory, taint service-out, curated upgrades."""
+"""Open Cluster Management plugin: ManagedCluster inventory, taint service-out, upgrades, over one
+or several hubs."""
 
 from plugins.ocm.config import ConfigError, OcmConfig, load_config, parse_config
 from plugins.ocm.fleet import OcmFleet
+from plugins.ocm.hubs import OcmHubs
 from plugins.ocm.server import OcmOptions, OcmPlugin, main
 from plugins.ocm.servicers import CAPABILITIES, PLUGIN_NAME
 
@@ -11,6 +13,7 @@ __all__ = [
     "ConfigError",
     "OcmConfig",
     "OcmFleet",
+    "OcmHubs",
     "OcmOptions",
     "OcmPlugin",
     "load_config",

@@ -21,6 +21,7 @@ __all__ = [
     "ClusterCuratorConfig",
     "ConfigError",
     "FeedbackMatch",
+    "HubConfig",
     "JsonPathRule",
     "ManifestWorkConfig",
     "OcmConfig",
@@ -251,6 +252,23 @@ class WorkloadsConfig(_Model):
         return name
 
 
+class HubConfig(_Model):
+    """One OCM hub the plugin fronts: a name (the HUB of HUB/CLUSTER ids) and its kubeconfig."""
+
+    name: str
+    kubeconfig: str = Field(min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _name_shape(cls, name: str) -> str:
+        if len(name) > 63 or not _DNS_LABEL.match(name):
+            raise ValueError(
+                f"{name!r} is not a hub name; use a DNS label (lowercase letters, digits, '-'), "
+                "e.g. tenant-a: cluster ids become <name>/<cluster>"
+            )
+        return name
+
+
 class OcmConfig(_Model):
     """The whole configuration file of fleet-plugin-ocm."""
 
@@ -262,6 +280,16 @@ class OcmConfig(_Model):
     workloads: WorkloadsConfig = WorkloadsConfig()
     cluster_claim_label_prefix: str = "clusterclaim/"
     version_source: str = "kubernetes"
+    hubs: tuple[HubConfig, ...] = ()
+
+    @field_validator("hubs")
+    @classmethod
+    def _hub_names_unique(cls, hubs: tuple[HubConfig, ...]) -> tuple[HubConfig, ...]:
+        names = [hub.name for hub in hubs]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"hub names must be unique; {repeated} repeat")
+        return hubs
 
     @field_validator("monitor_timeout", mode="before")
     @classmethod

@@ -1,9 +1,11 @@
-"""The OCM fleet: inventory from watch caches, taint service-out, upgrades and workload health.
+"""One OCM hub's fleet: inventory from watch caches, taint service-out, upgrades, health.
 
-OcmFleet is what the gRPC servicers call. It keeps ManagedClusters (and the ClusterCurators
-and ManifestWorks it drives) in watch caches, starts operations through the SDK's
-OperationStore, and follows them from a thread that re-reads the caches whenever they change.
-A restarted plugin re-adopts the upgrades it started from the annotations on their objects.
+OcmFleet serves the clusters of one hub (OcmHubs, in hubs.py, routes the contract's calls to
+the right one). It keeps ManagedClusters (and the ClusterCurators and ManifestWorks it drives)
+in watch caches, starts operations through an OperationStore shared by every hub, and follows
+them from a thread that re-reads the caches whenever they change. Every operation is recorded
+in the operation ledger on its ManagedCluster (ledger.py); a restarted plugin reads the ledgers
+and the annotations on the upgrade objects back before it answers.
 """
 
 from __future__ import annotations
@@ -11,12 +13,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-
-import grpc
 
 from fleetupgrade.plugin.v1 import cluster_pb2, health_pb2
 from plugins.ocm import curator, inventory, work
@@ -26,6 +26,7 @@ from plugins.ocm.hub import (
     MANAGED_CLUSTERS,
     MANIFEST_WORKS,
 )
+from plugins.ocm.ledger import ANNOTATION_OPERATIONS, Record, read_ledger, with_record
 from plugins.ocm.objects import (
     ANNOTATION_OPERATION_ID,
     ANNOTATION_REQUEST_ID,
@@ -34,6 +35,7 @@ from plugins.ocm.objects import (
     MANAGED_SELECTOR,
     Verdict,
     annotations_of,
+    format_time,
     parse_time,
     timed_out,
     version_reached,
@@ -41,15 +43,15 @@ from plugins.ocm.objects import (
 from plugins.sdk import versions
 from plugins.sdk.errors import (
     FailedPrecondition,
-    InvalidArgument,
     NotFound,
+    Reason,
     Unavailable,
     Unimplemented,
 )
 from plugins.sdk.kube import Kube, KubeConflict, KubeError, KubeNotFound, Resource
 from plugins.sdk.kubecache import Informer
 from plugins.sdk.operations import OperationStore
-from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
+from plugins.sdk.preflight import accepted, refused_later, refused_never
 
 __all__ = ["OcmFleet", "operation_id_for"]
 
@@ -80,17 +82,37 @@ class _Followed:
     seen: bool = False
 
 
-def _hub_unavailable(action: str, exc: KubeError) -> Unavailable:
-    return Unavailable(f"hub: cannot {action}: {exc.message}; retry")
+MANAGED_CLUSTER_INFOS = Resource(
+    "internal.open-cluster-management.io",
+    "v1beta1",
+    "managedclusterinfos",
+    "ManagedClusterInfo",
+    True,
+)
+"""ManagedClusterInfo (ACM's foundation; in the cluster namespace, named after the cluster)."""
 
 
 class OcmFleet:
-    """The fleet on one OCM hub, as the contract sees it."""
+    """The fleet on one OCM hub, as the contract sees it.
 
-    def __init__(self, cfg: OcmConfig, hub: Kube) -> None:
+    name: the hub's name (in messages); prefix: what cluster ids carry before the
+    ManagedCluster name ("" for a single hub, "<hub>/" with several).
+    """
+
+    def __init__(
+        self,
+        cfg: OcmConfig,
+        hub: Kube,
+        *,
+        store: OperationStore | None = None,
+        name: str = "hub",
+        prefix: str = "",
+    ) -> None:
         self.cfg = cfg
+        self.name = name
+        self.prefix = prefix
         self._hub = hub
-        self._store = OperationStore(id_prefix="ocm")
+        self._store = store if store is not None else OperationStore(id_prefix="ocm")
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._clusters = self._informer(MANAGED_CLUSTERS)
@@ -141,15 +163,10 @@ class OcmFleet:
         """Ends watch streams and threads and releases the hub connection."""
         self._stop.set()
         self._wake.set()
-        self._store.close()
         self._hub.close()
         for informer in self._informers:
             informer.stop()
         self._thread.join(timeout=2)
-
-    def close_streams(self) -> None:
-        """Ends open WatchOperations streams (a server stop callback)."""
-        self._store.close()
 
     def readiness(self) -> tuple[bool, str]:
         """(ready, why not): every cache listed and its watch healthy."""
@@ -161,143 +178,233 @@ class OcmFleet:
                 return False, f"{informer.resource} watch failing: {informer.last_error}"
         return True, ""
 
-    # -- helpers -----------------------------------------------------------------------------
+    @property
+    def synced(self) -> bool:
+        """True once every cache has listed the hub once."""
+        return all(informer.synced for informer in self._informers)
 
-    def _lock_for(self, cluster_id: str) -> threading.Lock:
+    @property
+    def adopted(self) -> bool:
+        """True once the operations recorded on the hub are back in the store."""
+        return self._adopted
+
+    # -- ids and helpers ---------------------------------------------------------------------
+
+    def qualified(self, name: str) -> str:
+        """The cluster id of a ManagedCluster name (the hub prefix added)."""
+        return self.prefix + name
+
+    def _local(self, cluster_id: str) -> str:
+        return cluster_id.removeprefix(self.prefix)
+
+    def _lock_for(self, cluster: str) -> threading.Lock:
         with self._locks_guard:
-            return self._locks.setdefault(cluster_id, threading.Lock())
+            return self._locks.setdefault(cluster, threading.Lock())
 
     def _require_synced(self) -> None:
         for informer in self._informers:
             if not informer.synced:
                 reason = informer.last_error or "the first list is in progress"
-                raise Unavailable(f"hub: {informer.resource} not listed yet ({reason}); retry")
-        self._adopt_once()
+                raise Unavailable(
+                    f"hub {self.name}: {informer.resource} not listed yet ({reason}); retry"
+                )
+        self.adopt()
 
-    def _managed_cluster(self, cluster_id: str) -> dict[str, Any]:
-        cached = self._clusters.get("", cluster_id)
+    def _require_reachable(self) -> None:
+        """Unavailable when the hub's ManagedCluster watch is failing (the hub is unreachable)."""
+        self._require_synced()
+        if not self._clusters.healthy:
+            raise Unavailable(
+                f"hub {self.name} unreachable ({self._clusters.last_error}); retry with backoff"
+            )
+
+    def _managed_cluster(self, cluster: str) -> dict[str, Any]:
+        cached = self._clusters.get("", cluster)
         if cached is None:
-            raise NotFound(f"cluster {cluster_id} not found: no ManagedCluster of that name")
+            raise NotFound(
+                f"cluster {self.qualified(cluster)} not found: no ManagedCluster {cluster} "
+                f"on hub {self.name}",
+                reason=Reason.CLUSTER_NOT_FOUND,
+            )
         return cached.obj
 
     def _version(self, obj: Mapping[str, Any]) -> str:
         return inventory.cluster_version(obj, self.cfg.version_source)
 
+    def _hub_unavailable(self, action: str, exc: KubeError) -> Unavailable:
+        return Unavailable(f"hub {self.name}: cannot {action}: {exc.message}; retry")
+
     # -- inventory ---------------------------------------------------------------------------
 
-    def list_clusters(
-        self, page_size: int, page_token: str, match_labels: Mapping[str, str]
-    ) -> cluster_pb2.ListClustersResponse:
-        """One page of the inventory, ordered by id, served from the watch cache."""
-        size = check_page_size(page_size)
-        after = decode_page_token(page_token)
+    def clusters(self, match_labels: Mapping[str, str]) -> list[cluster_pb2.Cluster]:
+        """Every ManagedCluster whose labels (and claims) match, from the watch cache."""
         self._require_synced()
-        matching = []
+        found = []
         for cached in self._clusters.items():
             labels = inventory.labels_of(cached.obj, self.cfg.cluster_claim_label_prefix)
             if all(labels.get(k) == v for k, v in match_labels.items()):
-                matching.append(cached.obj)
-        page = [obj for obj in matching if obj["metadata"]["name"] > after][:size]
-        clusters = [self._to_cluster(obj) for obj in page]
-        last = len(page) == size and any(
-            obj["metadata"]["name"] > page[-1]["metadata"]["name"] for obj in matching
-        )
-        return cluster_pb2.ListClustersResponse(
-            clusters=clusters,
-            next_page_token=encode_page_token(page[-1]["metadata"]["name"]) if last else "",
-            total_size=len(matching),
-        )
+                found.append(self._to_cluster(cached.obj))
+        return found
 
-    def get_cluster(self, cluster_id: str) -> cluster_pb2.GetClusterResponse:
+    def get_cluster(self, cluster: str) -> cluster_pb2.Cluster:
         """One cluster from the watch cache."""
         self._require_synced()
-        return cluster_pb2.GetClusterResponse(
-            cluster=self._to_cluster(self._managed_cluster(cluster_id))
-        )
+        return self._to_cluster(self._managed_cluster(cluster))
 
     def _to_cluster(self, obj: Mapping[str, Any]) -> cluster_pb2.Cluster:
-        current = self._store.in_flight(str(obj["metadata"]["name"]))
-        return inventory.to_cluster(obj, self.cfg, current)
+        name = str(obj["metadata"]["name"])
+        current = self._store.in_flight(self.qualified(name))
+        found = inventory.to_cluster(obj, self.cfg, current)
+        found.id = self.qualified(name)
+        if not self._clusters.healthy:
+            # The last state seen, from a hub that does not answer now: not available.
+            found.available = False
+            found.unavailable_reason = (
+                f"hub {self.name} unreachable ({self._clusters.last_error}); last known state"
+            )
+        return found
 
     # -- service-out / service-in ------------------------------------------------------------
 
-    def service_out(self, request_id: str, cluster_id: str, caller: str) -> cluster_pb2.Operation:
+    def service_out(self, request_id: str, cluster: str) -> cluster_pb2.Operation:
         """Adds our NoSelect taint; the operation succeeds when the cache shows it."""
-        return self._taint_operation(request_id, cluster_id, _SERVICE_OUT)
+        return self._taint_operation(request_id, cluster, _SERVICE_OUT)
 
-    def service_in(self, request_id: str, cluster_id: str, caller: str) -> cluster_pb2.Operation:
+    def service_in(self, request_id: str, cluster: str) -> cluster_pb2.Operation:
         """Removes our taint (never another); the operation succeeds when the cache shows it."""
-        return self._taint_operation(request_id, cluster_id, _SERVICE_IN)
+        return self._taint_operation(request_id, cluster, _SERVICE_IN)
 
-    def _taint_operation(
-        self, request_id: str, cluster_id: str, kind: int
-    ) -> cluster_pb2.Operation:
-        with self._lock_for(cluster_id):
+    def _taint_operation(self, request_id: str, cluster: str, kind: int) -> cluster_pb2.Operation:
+        cluster_id = self.qualified(cluster)
+        with self._lock_for(cluster):
             self._require_synced()
-            obj = self._managed_cluster(cluster_id)
+            obj = self._managed_cluster(cluster)
             if self._store.lookup(request_id) is not None:
                 return self._store.start(request_id=request_id, kind=kind, cluster_id=cluster_id)[0]
             self._store.ensure_free(cluster_id)
-            tainted = inventory.has_our_taint(obj, self.cfg.taint)
-            if tainted == (kind == _SERVICE_OUT):
-                op, _ = self._store.start(
-                    request_id=request_id,
-                    kind=kind,
-                    cluster_id=cluster_id,
-                    initial_state=_SUCCEEDED,
-                    op_id=operation_id_for(request_id),
-                )
-                return op
-            self._write_taints(cluster_id, add=kind == _SERVICE_OUT)
+            done = inventory.has_our_taint(obj, self.cfg.taint) == (kind == _SERVICE_OUT)
+            state = _SUCCEEDED if done else _RUNNING
+            # Recorded on the hub first (with the taint, in one write), then in the store.
+            self._write_taints(
+                cluster,
+                add=None if done else kind == _SERVICE_OUT,
+                record=self._record(request_id, kind, state),
+            )
             op, _ = self._store.start(
                 request_id=request_id,
                 kind=kind,
                 cluster_id=cluster_id,
-                initial_state=_RUNNING,
+                initial_state=state,
                 op_id=operation_id_for(request_id),
             )
         self._wake.set()
         return op
 
-    def _write_taints(self, cluster_id: str, *, add: bool) -> None:
-        """Read-modify-write of spec.taints, conditional on the resourceVersion read.
+    def _record(self, request_id: str, kind: int, state: int, target: str = "") -> Record:
+        now = format_time(datetime.now(UTC))
+        return Record(
+            request_id=request_id,
+            operation_id=operation_id_for(request_id),
+            kind=kind,
+            state=state,
+            target_version=target,
+            started=now,
+            ended=now if state in (_SUCCEEDED, _FAILED) else "",
+        )
+
+    def _write_taints(self, cluster: str, *, add: bool | None, record: Record | None) -> None:
+        """Read-modify-write of spec.taints and the operation ledger, conditional on the
+        resourceVersion read (add None: the ledger only).
 
         Only our taint is added or removed; every other taint is written back as read. A 409
-        (someone changed the ManagedCluster in between) re-reads and tries again.
+        (someone changed the ManagedCluster in between) re-reads and tries again, and so does
+        the hub webhook's denial of a taint's timeAdded: the webhook runs before the
+        resourceVersion check, so a write from a stale read (a taint removed meanwhile) is
+        denied (400) instead of conflicting.
         """
-        action = "add the service-out taint" if add else "remove the service-out taint"
+        action = {
+            True: "add the service-out taint",
+            False: "remove the service-out taint",
+            None: "record the operation",
+        }[add]
 
         def change(fresh: dict[str, Any]) -> dict[str, Any] | None:
-            taints = list((fresh.get("spec") or {}).get("taints") or [])
-            new = (
-                inventory.with_our_taint(taints, self.cfg.taint, datetime.now(UTC))
-                if add
-                else inventory.without_our_taint(taints, self.cfg.taint)
-            )
-            return None if new is None else {"spec": {"taints": new}}
+            patch: dict[str, Any] = {}
+            if add is not None:
+                taints = list((fresh.get("spec") or {}).get("taints") or [])
+                new = (
+                    inventory.with_our_taint(taints, self.cfg.taint)
+                    if add
+                    else inventory.without_our_taint(taints, self.cfg.taint)
+                )
+                if new is not None:
+                    patch["spec"] = {"taints": new}
+            ledger = with_record(fresh, record) if record is not None else None
+            if ledger is not None:
+                patch["metadata"] = {"annotations": {ANNOTATION_OPERATIONS: ledger}}
+            return patch or None
 
+        written = False
         try:
-            written = self._hub.patch_latest(MANAGED_CLUSTERS, "", cluster_id, change, _RETRIES)
+            for _ in range(_RETRIES):
+                try:
+                    written = self._hub.patch_latest(
+                        MANAGED_CLUSTERS, "", cluster, change, _RETRIES
+                    )
+                    break
+                except KubeError as exc:
+                    if exc.status == 400 and "TimeAdded" in exc.message:
+                        continue
+                    raise
         except KubeNotFound:
             raise NotFound(
-                f"cluster {cluster_id} not found: no ManagedCluster of that name"
+                f"cluster {self.qualified(cluster)} not found: no ManagedCluster {cluster} "
+                f"on hub {self.name}",
+                reason=Reason.CLUSTER_NOT_FOUND,
             ) from None
         except KubeError as exc:
-            raise _hub_unavailable(action, exc) from exc
+            raise self._hub_unavailable(action, exc) from exc
         if not written:
             raise Unavailable(
-                f"hub: ManagedCluster {cluster_id} kept changing while trying to {action}; retry"
+                f"hub {self.name}: ManagedCluster {cluster} kept changing while trying to "
+                f"{action}; retry"
+            )
+
+    def _ledger(self, cluster: str, op: cluster_pb2.Operation) -> None:
+        """Records an operation's new state in its cluster's ledger (best effort: a failure
+        is logged; the upgrade object's annotations still carry the last upgrade)."""
+        try:
+            self._write_taints(cluster, add=None, record=Record.of(op))
+        except (NotFound, Unavailable) as exc:
+            _LOG.warning(
+                "could not record the operation on the hub",
+                extra={"fields": {"operation": op.id, "error": exc.message}},
             )
 
     # -- upgrades ----------------------------------------------------------------------------
 
+    def _upgrade_refusal(self, cluster: str, obj: Mapping[str, Any], version: str) -> None:
+        """Raises what UpgradeControlPlane would refuse (downgrade) before anything is written."""
+        current = self._version(obj)
+        try:
+            downgrade = versions.is_downgrade(current, version)
+        except ValueError:
+            downgrade = False  # no readable version: let the upgrade say what it runs
+        if downgrade:
+            raise FailedPrecondition(
+                f"version: cluster {self.qualified(cluster)} runs {current}, newer than "
+                f"{version}; OCM upgrades never downgrade",
+                reason=Reason.DOWNGRADE_NOT_SUPPORTED,
+            )
+
     def upgrade_control_plane(
-        self, request_id: str, cluster_id: str, version: str, caller: str
+        self, request_id: str, cluster: str, version: str
     ) -> cluster_pb2.Operation:
-        """Starts (or finds) the upgrade by ClusterCurator or ManifestWork (caller: unused)."""
-        with self._lock_for(cluster_id):
+        """Starts (or finds) the upgrade by ClusterCurator or ManifestWork."""
+        cluster_id = self.qualified(cluster)
+        with self._lock_for(cluster):
             self._require_synced()
-            obj = self._managed_cluster(cluster_id)
+            obj = self._managed_cluster(cluster)
             if self._store.lookup(request_id) is not None:
                 return self._store.start(
                     request_id=request_id,
@@ -306,18 +413,14 @@ class OcmFleet:
                     target_version=version,
                 )[0]
             self._store.ensure_free(cluster_id)
-            current = self._version(obj)
+            self._upgrade_refusal(cluster, obj, version)
             op_id = operation_id_for(request_id)
-            try:
-                downgrade = versions.is_downgrade(current, version)
-            except ValueError:
-                downgrade = False  # no readable version: let the upgrade say what it runs
-            if downgrade:
-                raise FailedPrecondition(
-                    f"version: cluster {cluster_id} runs {current}, newer than {version}; "
-                    "OCM upgrades never downgrade"
+            if version_reached(self._version(obj), version):
+                self._write_taints(
+                    cluster,
+                    add=None,
+                    record=self._record(request_id, _UPGRADE, _SUCCEEDED, version),
                 )
-            if version_reached(current, version):
                 return self._store.start(
                     request_id=request_id,
                     kind=_UPGRADE,
@@ -328,9 +431,9 @@ class OcmFleet:
                 )[0]
             now = datetime.now(UTC)
             if self.cfg.upgrade_method == "ClusterCurator":
-                started = self._start_curation(cluster_id, version, request_id, op_id, now)
+                started = self._start_curation(cluster, version, request_id, op_id, now)
             else:
-                started = self._start_work(cluster_id, version, request_id, op_id, now)
+                started = self._start_work(cluster, version, request_id, op_id, now)
             op, created = self._store.start(
                 request_id=request_id,
                 kind=_UPGRADE,
@@ -342,6 +445,7 @@ class OcmFleet:
             if created:
                 with self._followed_lock:
                     self._followed[op.id] = _Followed(started)
+                self._ledger(cluster, op)
         self._wake.set()
         return op
 
@@ -355,7 +459,7 @@ class OcmFleet:
             except KubeNotFound:
                 current = None
             except KubeError as exc:
-                raise _hub_unavailable("read the ClusterCurator", exc) from exc
+                raise self._hub_unavailable("read the ClusterCurator", exc) from exc
             if current is not None:
                 notes = annotations_of(current)
                 if notes.get(ANNOTATION_REQUEST_ID) == request_id:  # ours, from before a restart
@@ -364,7 +468,16 @@ class OcmFleet:
                 if job:
                     raise FailedPrecondition(
                         f"ClusterCurator {cluster}/{cluster} is running curation job {job}; "
-                        "wait until it ends, then retry"
+                        "wait until it ends, then retry",
+                        reason=Reason.CLUSTER_BUSY,
+                        retryable=True,
+                    )
+                step = curator.intermediate_update(current)
+                if step:
+                    raise FailedPrecondition(
+                        f"ClusterCurator {cluster}/{cluster}: spec.upgrade.intermediateUpdate is "
+                        f"{step} (an EUS upgrade): the curator controller ignores every update "
+                        "of it and desiredUpdate cannot change; finish or remove that curator"
                     )
             patch = curator.curator_patch(self.cfg, cluster, version, request_id, op_id, now)
             try:
@@ -372,17 +485,24 @@ class OcmFleet:
                     body = {
                         "apiVersion": f"{CLUSTER_CURATORS.group}/{CLUSTER_CURATORS.version}",
                         "kind": "ClusterCurator",
-                        **{k: v for k, v in patch.items() if k != "status"},
+                        **patch,
                     }
                     self._hub.create(CLUSTER_CURATORS, cluster, body)
-                else:
-                    patch["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                    self._hub.merge_patch(CLUSTER_CURATORS, cluster, cluster, patch)
+                    return now
+                version_read = current["metadata"]["resourceVersion"]
+                if curator.needs_reset(current, version):
+                    # Its own write: the controller drops it (status changed) and starts nothing.
+                    reset = {**curator.RESET_PATCH, "metadata": {"resourceVersion": version_read}}
+                    written = self._hub.merge_patch(CLUSTER_CURATORS, cluster, cluster, reset)
+                    version_read = written["metadata"]["resourceVersion"]
+                # The status untouched: the controller acts on this one.
+                patch["metadata"]["resourceVersion"] = version_read
+                self._hub.merge_patch(CLUSTER_CURATORS, cluster, cluster, patch)
                 return now
             except KubeConflict:
                 continue
             except KubeError as exc:
-                raise _hub_unavailable("write the ClusterCurator", exc) from exc
+                raise self._hub_unavailable("write the ClusterCurator", exc) from exc
         raise Unavailable(f"hub: ClusterCurator {cluster}/{cluster} kept changing; retry")
 
     def _start_work(
@@ -397,7 +517,7 @@ class OcmFleet:
             except KubeNotFound:
                 current = None
             except KubeError as exc:
-                raise _hub_unavailable("read the upgrade ManifestWork", exc) from exc
+                raise self._hub_unavailable("read the upgrade ManifestWork", exc) from exc
             if current is not None:
                 notes = annotations_of(current)
                 if notes.get(ANNOTATION_REQUEST_ID) == request_id:
@@ -422,23 +542,81 @@ class OcmFleet:
             except KubeConflict:
                 continue
             except KubeError as exc:
-                raise _hub_unavailable("write the upgrade ManifestWork", exc) from exc
+                raise self._hub_unavailable("write the upgrade ManifestWork", exc) from exc
         raise Unavailable(f"hub: ManifestWork {cluster}/{mw.name} kept changing; retry")
 
-    # -- operations --------------------------------------------------------------------------
+    # -- operations: adoption after a restart, and the follower -------------------------------
 
-    def get_operation(self, op_id: str) -> cluster_pb2.Operation:
-        """The operation's current state (NotFound for ids this plugin never gave)."""
-        self._require_synced()
-        return self._store.get(op_id)
+    def adopt(self) -> None:
+        """Once, after the caches listed: puts the operations recorded on the hub back in the
+        store (the ledgers, then upgrades our objects carry that no ledger holds yet)."""
+        if self._adopted:
+            return
+        with self._adopt_lock:
+            if self._adopted or not self.synced:
+                return
+            for cached in self._clusters.items():
+                self._restore_ledger(str(cached.obj["metadata"]["name"]), read_ledger(cached.obj))
+            for cluster, obj in self._upgrade_objects():
+                self._adopt_upgrade(cluster, obj)
+            self._adopted = True
 
-    def watch_operations(
-        self, cluster_ids: Sequence[str], include_in_flight: bool, context: grpc.ServicerContext
-    ) -> Iterator[cluster_pb2.Operation]:
-        """Every update of the clusters' operations until the caller cancels."""
-        if include_in_flight:
-            self._require_synced()
-        return self._store.watch(cluster_ids, include_in_flight, context)
+    def _restore_ledger(self, cluster: str, records: Sequence[Record]) -> None:
+        cluster_id = self.qualified(cluster)
+        ordered = [r for r in records if r.state != _RUNNING] + [
+            r for r in records if r.state == _RUNNING
+        ]
+        for record in ordered:
+            if self._store.lookup(record.request_id) is not None:
+                continue
+            running = record.state == _RUNNING
+            if running and self._store.in_flight(cluster_id) is not None:
+                continue  # an older record left RUNNING: the newer one holds the cluster
+            op, _ = self._store.start(
+                request_id=record.request_id,
+                kind=record.kind,
+                cluster_id=cluster_id,
+                target_version=record.target_version,
+                initial_state=_RUNNING if record.state == _FAILED else record.state,
+                op_id=record.operation_id,
+            )
+            if record.state == _FAILED:
+                self._store.update(
+                    op.id,
+                    state=_FAILED,
+                    error_code=record.error_code or "FAILED",
+                    error_message=record.error_message or "failed (recorded on the hub)",
+                )
+            elif running and record.kind == _UPGRADE:
+                started = parse_time(record.started) or datetime.now(UTC)
+                with self._followed_lock:
+                    self._followed[op.id] = _Followed(started, seen=True)
+
+    def _adopt_upgrade(self, cluster: str, obj: Mapping[str, Any]) -> None:
+        notes = annotations_of(obj)
+        request_id = notes.get(ANNOTATION_REQUEST_ID)
+        target = notes.get(ANNOTATION_TARGET_VERSION)
+        cluster_id = self.qualified(cluster)
+        if not request_id or not target or self._store.lookup(request_id) is not None:
+            return
+        if self._store.in_flight(cluster_id) is not None:
+            return
+        started = parse_time(notes.get(ANNOTATION_STARTED_AT)) or datetime.now(UTC)
+        op, _ = self._store.start(
+            request_id=request_id,
+            kind=_UPGRADE,
+            cluster_id=cluster_id,
+            target_version=target,
+            initial_state=_RUNNING,
+            op_id=notes.get(ANNOTATION_OPERATION_ID) or operation_id_for(request_id),
+        )
+        with self._followed_lock:
+            self._followed[op.id] = _Followed(started, seen=True)
+        self._evaluate(op)
+        _LOG.info(
+            "adopted an upgrade started before a restart",
+            extra={"fields": {"cluster": cluster_id, "operation": op.id}},
+        )
 
     def _upgrade_objects(self) -> list[tuple[str, dict[str, Any]]]:
         """(cluster, object) of every upgrade object this plugin drives, from the caches."""
@@ -460,38 +638,8 @@ class OcmFleet:
             cached = self._works.get(cluster, self.cfg.manifest_work.name)
         return None if cached is None else cached.obj
 
-    def _adopt_once(self) -> None:
-        """After a restart: re-creates the operations of the upgrades our objects carry."""
-        if self._adopted:
-            return
-        with self._adopt_lock:
-            if self._adopted:
-                return
-            for cluster, obj in self._upgrade_objects():
-                notes = annotations_of(obj)
-                request_id = notes.get(ANNOTATION_REQUEST_ID)
-                target = notes.get(ANNOTATION_TARGET_VERSION)
-                if not request_id or not target or self._store.lookup(request_id) is not None:
-                    continue
-                if self._store.in_flight(cluster) is not None:
-                    continue
-                started = parse_time(notes.get(ANNOTATION_STARTED_AT)) or datetime.now(UTC)
-                op, _ = self._store.start(
-                    request_id=request_id,
-                    kind=_UPGRADE,
-                    cluster_id=cluster,
-                    target_version=target,
-                    initial_state=_RUNNING,
-                    op_id=notes.get(ANNOTATION_OPERATION_ID) or operation_id_for(request_id),
-                )
-                with self._followed_lock:
-                    self._followed[op.id] = _Followed(started, seen=True)
-                self._evaluate(op)
-                _LOG.info(
-                    "adopted an upgrade started before a restart",
-                    extra={"fields": {"cluster": cluster, "operation": op.id}},
-                )
-            self._adopted = True
+    def _mine(self, op: cluster_pb2.Operation) -> bool:
+        return op.cluster_id.startswith(self.prefix) and "/" not in self._local(op.cluster_id)
 
     def _follow_loop(self) -> None:
         while not self._stop.is_set():
@@ -500,15 +648,17 @@ class OcmFleet:
             if self._stop.is_set():
                 return
             try:
-                if all(informer.synced for informer in self._informers):
-                    self._adopt_once()
+                if self.synced:
+                    self.adopt()
                 for op in self._store.all_in_flight():
-                    self._evaluate(op)
+                    if self._mine(op):
+                        self._evaluate(op)
             except Exception:  # the follower must survive anything one object does to it
                 _LOG.exception("following operations failed; trying again")
 
     def _evaluate(self, op: cluster_pb2.Operation) -> None:
-        cluster = self._clusters.get("", op.cluster_id)
+        cluster_name = self._local(op.cluster_id)
+        cluster = self._clusters.get("", cluster_name)
         if op.kind in (_SERVICE_OUT, _SERVICE_IN):
             if cluster is None:
                 verdict = Verdict(_FAILED, 0, "CLUSTER_GONE", "the ManagedCluster was deleted")
@@ -519,13 +669,15 @@ class OcmFleet:
         else:
             verdict = self._upgrade_verdict(op, cluster.obj if cluster else None)
         if verdict.terminal or verdict.progress:
-            self._store.update(
+            updated = self._store.update(
                 op.id,
                 state=verdict.state,
                 progress=verdict.progress,
                 error_code=verdict.error_code if verdict.state == _FAILED else "",
                 error_message=verdict.message if verdict.state == _FAILED else "",
             )
+            if verdict.terminal and op.kind == _UPGRADE and cluster is not None:
+                self._ledger(cluster_name, updated)  # a taint record needs no end: see adopt
         if verdict.terminal:
             with self._followed_lock:
                 self._followed.pop(op.id, None)
@@ -538,7 +690,7 @@ class OcmFleet:
         now = datetime.now(UTC)
         if cluster is None:
             return Verdict(_FAILED, 0, "CLUSTER_GONE", "the ManagedCluster was deleted")
-        obj = self._upgrade_object(op.cluster_id)
+        obj = self._upgrade_object(self._local(op.cluster_id))
         what = "ClusterCurator" if self._curators is not None else "upgrade ManifestWork"
         ours = obj is not None and annotations_of(obj).get(ANNOTATION_REQUEST_ID) == op.request_id
         if not ours:
@@ -562,43 +714,102 @@ class OcmFleet:
             )
         return work.work_verdict(obj, version, op.target_version, followed.started, now, self.cfg)
 
-    def upgrade_node_pool(
-        self, request_id: str, cluster_id: str, node_pool: str, version: str, caller: str
-    ) -> cluster_pb2.Operation:
+    # -- preflight ---------------------------------------------------------------------------
+
+    def preflight_upgrade(
+        self, cluster: str, version: str, node_pools: Mapping[str, str]
+    ) -> cluster_pb2.PreflightUpgradeResponse:
+        """Whether UpgradeControlPlane to version would start now (nothing is written).
+
+        UNAVAILABLE when the hub does not answer; NOT_FOUND for an unknown cluster.
+        """
+        self._require_reachable()
+        cluster_id = self.qualified(cluster)
+        obj = self._managed_cluster(cluster)
+        if node_pools:
+            return refused_never(
+                "NODE_POOLS_NOT_SUPPORTED",
+                "OCM reports no node pools: upgrade the control plane (the chosen method "
+                "upgrades the whole cluster)",
+            )
+        if not version:
+            return accepted()
+        try:
+            self._upgrade_refusal(cluster, obj, version)
+        except FailedPrecondition as exc:
+            return refused_never(exc.reason, exc.message)
+        busy = self._store.in_flight(cluster_id)
+        if busy is not None:
+            return refused_later(
+                Reason.CLUSTER_BUSY,
+                f"cluster {cluster_id} has operation {busy.id} in flight; ask again when it ends",
+            )
+        if version_reached(self._version(obj), version):
+            return accepted()  # nothing to do: UpgradeControlPlane answers SUCCEEDED at once
+        available, why = inventory.availability(obj)
+        if not available:
+            return refused_later(
+                Reason.CLUSTER_UNAVAILABLE,
+                f"cluster {cluster_id} is not available ({why}); its agents cannot upgrade it",
+            )
+        if self._curators is None:
+            return accepted()
+        return self._curator_preflight(cluster, cluster_id, version)
+
+    def _curator_preflight(
+        self, cluster: str, cluster_id: str, version: str
+    ) -> cluster_pb2.PreflightUpgradeResponse:
+        assert self._curators is not None
+        cached = self._curators.get(cluster, cluster)
+        if cached is not None:
+            job = curator.running_job(cached.obj)
+            if job:
+                return refused_later(
+                    Reason.CLUSTER_BUSY,
+                    f"ClusterCurator {cluster}/{cluster} is running curation job {job}",
+                )
+            step = curator.intermediate_update(cached.obj)
+            if step:
+                return refused_never(
+                    "INTERMEDIATE_UPDATE",
+                    f"ClusterCurator {cluster}/{cluster} carries intermediateUpdate {step}: "
+                    "the curator controller ignores its updates",
+                )
+        try:
+            info: dict[str, Any] | None = self._hub.get(MANAGED_CLUSTER_INFOS, cluster, cluster)
+        except KubeNotFound:
+            info = None
+        except KubeError as exc:
+            if exc.status in (401, 403):
+                info = None  # not readable with this role: the curation decides
+            else:
+                raise self._hub_unavailable("read the ManagedClusterInfo", exc) from exc
+        return curator.curator_preflight(cluster_id, version, self.cfg, info)
+
+    # -- node pools and metrics: not offered -------------------------------------------------
+
+    def upgrade_node_pool(self) -> cluster_pb2.Operation:
         """Not offered (outside the capabilities: the SDK server answers UNIMPLEMENTED first)."""
         raise Unimplemented("UpgradeNodePool: ManagedClusters report no node pools")
 
     # -- health ------------------------------------------------------------------------------
 
     def check_workloads(
-        self, cluster_ids: Sequence[str], workloads: Sequence[health_pb2.Workload]
+        self, clusters: Sequence[str], workloads: Sequence[health_pb2.Workload]
     ) -> list[health_pb2.WorkloadResult]:
         """One verdict per (cluster, workload), from the read-only health ManifestWork."""
-        for index, workload in enumerate(workloads):
-            if workload.kind not in ("", "Deployment"):
-                raise InvalidArgument(
-                    f"workloads[{index}].kind",
-                    f"{workload.kind!r} is not supported; the OCM plugin reads Deployments "
-                    "(leave kind empty or set Deployment)",
-                )
-        limit = self.cfg.workloads.max_workloads
-        wanted = {(w.namespace, w.name) for w in workloads}
-        if len(wanted) > limit:
-            raise InvalidArgument(
-                "workloads",
-                f"at most {limit} distinct workloads per request (workloads.maxWorkloads)",
-            )
         self._require_synced()
-        for cluster_id in cluster_ids:
-            self._managed_cluster(cluster_id)
+        for cluster in clusters:
+            self._managed_cluster(cluster)
         results = []
         name = self.cfg.workloads.manifest_work_name
-        for cluster_id in cluster_ids:
-            cached = self._works.get(cluster_id, name)
+        wanted = {(w.namespace, w.name) for w in workloads}
+        for cluster in clusters:
+            cached = self._works.get(cluster, name)
             have = work.workloads_in(cached.obj if cached else None)
             if not wanted <= have:
-                self._write_health_work(cluster_id, wanted)
-            available = inventory.availability(self._managed_cluster(cluster_id))
+                self._write_health_work(cluster, wanted)
+            available = inventory.availability(self._managed_cluster(cluster))
             for workload in workloads:
                 reading = work.read_workload(
                     cached.obj if cached else None,
@@ -608,7 +819,7 @@ class OcmFleet:
                     workload.min_healthy_replicas,
                 )
                 result = health_pb2.WorkloadResult(
-                    cluster_id=cluster_id,
+                    cluster_id=self.qualified(cluster),
                     workload=workload,
                     health=reading.health,  # type: ignore[arg-type]
                     healthy_replicas=reading.healthy_replicas,
@@ -620,39 +831,33 @@ class OcmFleet:
                 results.append(result)
         return results
 
-    def query_metric(
-        self, query: str, args: Mapping[str, str], cluster_id: str
-    ) -> health_pb2.QueryMetricResponse:
-        """Not offered (outside the capabilities: the SDK server answers UNIMPLEMENTED first)."""
-        raise Unimplemented("QueryMetric: the OCM plugin does not query metrics")
-
-    def _write_health_work(self, cluster_id: str, wanted: set[tuple[str, str]]) -> None:
+    def _write_health_work(self, cluster: str, wanted: set[tuple[str, str]]) -> None:
         """Adds the wanted Deployments to the cluster's health ManifestWork (keeping the others
         while under workloads.maxWorkloads)."""
         name = self.cfg.workloads.manifest_work_name
-        with self._lock_for(cluster_id):
+        with self._lock_for(cluster):
             for _ in range(_RETRIES):
                 try:
-                    current: dict[str, Any] | None = self._hub.get(MANIFEST_WORKS, cluster_id, name)
+                    current: dict[str, Any] | None = self._hub.get(MANIFEST_WORKS, cluster, name)
                 except KubeNotFound:
                     current = None
                 except KubeError as exc:
-                    raise _hub_unavailable("read the health ManifestWork", exc) from exc
+                    raise self._hub_unavailable("read the health ManifestWork", exc) from exc
                 have = work.workloads_in(current)
                 if wanted <= have:
                     return
                 union = have | wanted
                 keep = union if len(union) <= self.cfg.workloads.max_workloads else wanted
-                body = work.health_work(self.cfg.workloads, cluster_id, sorted(keep))
+                body = work.health_work(self.cfg.workloads, cluster, sorted(keep))
                 try:
                     if current is None:
-                        self._hub.create(MANIFEST_WORKS, cluster_id, body)
+                        self._hub.create(MANIFEST_WORKS, cluster, body)
                     else:
                         body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                        self._hub.replace(MANIFEST_WORKS, cluster_id, name, body)
+                        self._hub.replace(MANIFEST_WORKS, cluster, name, body)
                     return
                 except KubeConflict:
                     continue
                 except KubeError as exc:
-                    raise _hub_unavailable("write the health ManifestWork", exc) from exc
-        raise Unavailable(f"hub: ManifestWork {cluster_id}/{name} kept changing; retry")
+                    raise self._hub_unavailable("write the health ManifestWork", exc) from exc
+        raise Unavailable(f"hub {self.name}: ManifestWork {cluster}/{name} kept changing; retry")

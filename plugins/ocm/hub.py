@@ -23,8 +23,17 @@ MANIFEST_WORKS = Resource(
 """ManifestWork (in the cluster's namespace on the hub)."""
 
 
-def connect(kubeconfig: str | None = None) -> Kube:
-    """A client of the OCM hub (kubeconfig; default: in-cluster, then ~/.kube/config)."""
+def connect(kubeconfig: str | None = None, name: str = "", flag: str = "--kubeconfig") -> Kube:
+    """A client of an OCM hub (kubeconfig; default: in-cluster, then ~/.kube/config).
+
+    name: the hub's name in messages ("hub" when there is one); flag: where the kubeconfig
+    was given (configuration errors name it).
+    """
+    label = f"hub {name}" if name else "hub"
     return Kube(
-        kubeconfig, what="hub", fix="pass a readable kubeconfig of the OCM hub", label="hub"
+        kubeconfig,
+        what=label,
+        flag=flag,
+        fix=f"pass a readable kubeconfig of the OCM {label}",
+        label=label,
     )

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.ocm.config import OcmConfig, TaintConfig
-from plugins.ocm.objects import condition, format_time
+from plugins.ocm.objects import condition
 
 __all__ = [
     "AVAILABLE",
@@ -52,17 +51,17 @@ def has_our_taint(obj: Mapping[str, Any], cfg: TaintConfig) -> bool:
     return any(is_our_taint(t, cfg) for t in _taints(obj))
 
 
-def with_our_taint(
-    taints: list[dict[str, Any]], cfg: TaintConfig, now: datetime
-) -> list[dict[str, Any]] | None:
+def with_our_taint(taints: list[dict[str, Any]], cfg: TaintConfig) -> list[dict[str, Any]] | None:
     """The taint list with ours appended; None when ours is there already.
 
-    Every other taint is kept exactly as it is, in its place.
+    Every other taint is kept exactly as it is, in its place (with its timeAdded: the hub's
+    webhook denies a kept taint whose timeAdded changed). Ours carries no timeAdded: the
+    hub's mutating webhook sets it and denies a new taint that brings one
+    (open-cluster-management-io/ocm pkg/registration/webhook/v1/managedcluster_mutating.go).
     """
     if any(is_our_taint(t, cfg) for t in taints):
         return None
-    ours = {"key": cfg.key, "value": cfg.value, "effect": "NoSelect", "timeAdded": format_time(now)}
-    return [*taints, ours]
+    return [*taints, {"key": cfg.key, "value": cfg.value, "effect": "NoSelect"}]
 
 
 def without_our_taint(

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from plugins.ocm.config import OcmConfig, load_config
-from plugins.ocm.fleet import OcmFleet
+from plugins.ocm.config import ConfigError, OcmConfig, load_config
 from plugins.ocm.hub import connect
+from plugins.ocm.hubs import OcmHubs
 from plugins.ocm.servicers import ocm_servicers
 from plugins.sdk.cli import parse_plugin_args, plugin_parser, run_plugin
 from plugins.sdk.identity import package_version
+from plugins.sdk.kube import Kube
 from plugins.sdk.server import (
     PluginServer,
     ServerTLS,
@@ -30,7 +31,8 @@ _SYNC_WAIT = 10.0  # seconds to wait for the first hub list before serving (Prob
 
 @dataclass
 class OcmOptions:
-    """What an OcmPlugin runs: the hub kubeconfig, the configuration and the server settings."""
+    """What an OcmPlugin runs: the hub kubeconfig (or the configuration's hubs), the
+    configuration and the server settings."""
 
     config: OcmConfig
     kubeconfig: str | None = None
@@ -40,23 +42,47 @@ class OcmOptions:
     sync_wait: float = _SYNC_WAIT
 
 
+def _connect_all(options: OcmOptions) -> dict[str, Kube]:
+    """The hub clients by name: the configuration's hubs, or the one --kubeconfig names."""
+    hubs = options.config.hubs
+    if hubs and options.kubeconfig:
+        raise ConfigError(
+            "--kubeconfig and the configuration's hubs both name hubs; give the hubs in one "
+            "place (a single hub: --kubeconfig, several: hubs[])"
+        )
+    if not hubs:
+        return {"hub": connect(options.kubeconfig)}
+    connected: dict[str, Kube] = {}
+    try:
+        for index, hub in enumerate(hubs):
+            connected[hub.name] = connect(
+                hub.kubeconfig, hub.name if len(hubs) > 1 else "", f"hubs[{index}].kubeconfig"
+            )
+    except BaseException:
+        for kube in connected.values():
+            kube.close()
+        raise
+    return connected
+
+
 class OcmPlugin:
-    """A running plugin: the hub caches, the operation follower and the gRPC server."""
+    """A running plugin: the hubs' caches, the operation followers and the gRPC server."""
 
     def __init__(self, options: OcmOptions) -> None:
         self.options = options
-        hub = connect(options.kubeconfig)
-        self.fleet = OcmFleet(options.config, hub)
+        kubes = _connect_all(options)
+        self.fleet = OcmHubs(options.config, kubes)
         self.fleet.start()
         try:
             if not self.fleet.wait_synced(options.sync_wait):
                 _, why = self.fleet.readiness()
                 _LOG.warning("serving before the hub is listed", extra={"fields": {"why": why}})
-            servicers = ocm_servicers(
-                self.fleet,
-                package_version(),
-                {"hub": hub.server, "upgradeMethod": options.config.upgrade_method},
-            )
+            manifest: dict[str, str] = {"upgradeMethod": options.config.upgrade_method}
+            if len(kubes) == 1:
+                manifest["hub"] = next(iter(kubes.values())).server
+            else:
+                manifest["hubs"] = ",".join(f"{n}={k.server}" for n, k in kubes.items())
+            servicers = ocm_servicers(self.fleet, package_version(), manifest)
             self.server: PluginServer = serve(
                 options.listen,
                 servicers,
@@ -92,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--kubeconfig",
         metavar="FILE",
-        help="kubeconfig of the OCM hub (default: in-cluster config, then ~/.kube/config)",
+        help="kubeconfig of the OCM hub (default: in-cluster config, then ~/.kube/config); "
+        "for several hubs list them under hubs in the configuration instead",
     )
     return parser
 

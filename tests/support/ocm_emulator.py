@@ -41,6 +41,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
 from kubernetes.client.rest import ApiException
 
 from tests.support.kube import KubeCluster
@@ -54,11 +55,78 @@ __all__ = [
 
 AVAILABLE = "ManagedClusterConditionAvailable"
 MC = ("cluster.open-cluster-management.io", "v1", "managedclusters")
+MCI = ("internal.open-cluster-management.io", "v1beta1", "managedclusterinfos")
 CURATOR = ("cluster.open-cluster-management.io", "v1beta1", "clustercurators")
 WORK = ("work.open-cluster-management.io", "v1", "manifestworks")
 PLACEMENT = ("cluster.open-cluster-management.io", "v1beta1", "placements")
 TAINT_UNAVAILABLE = "cluster.open-cluster-management.io/unavailable"
 TAINT_UNREACHABLE = "cluster.open-cluster-management.io/unreachable"
+OFFERED = ("1.28.5", "1.29.1", "1.29.4", "1.30.0", "1.30.2", "1.31.0")
+"""Versions the emulated clusters' update service offers (availableUpdates: the newer ones)."""
+
+CHANNELS = ("stable", "fast", "candidate")
+"""Channels the emulated clusters accept (ManagedClusterInfo ocp.desired.channels)."""
+
+MANAGED_CLUSTER_INFO_CRD: dict[str, Any] = {
+    # MINIMAL TEST SCHEMA: ../shared/upstream has no ManagedClusterInfo CRD (it belongs to
+    # stolostron/multicloud-operators-foundation, deploy/foundation/hub/resources/crds/
+    # internal.open-cluster-management.io_managedclusterinfos.yaml). Only what the curator
+    # controller and job read is typed: status.kubeVendor and status.distributionInfo.ocp.
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "managedclusterinfos.internal.open-cluster-management.io"},
+    "spec": {
+        "group": "internal.open-cluster-management.io",
+        "scope": "Namespaced",
+        "names": {
+            "kind": "ManagedClusterInfo",
+            "listKind": "ManagedClusterInfoList",
+            "plural": "managedclusterinfos",
+            "singular": "managedclusterinfo",
+        },
+        "versions": [
+            {
+                "name": "v1beta1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                        "properties": {
+                            "status": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                                "properties": {
+                                    "kubeVendor": {"type": "string"},
+                                    "distributionInfo": {
+                                        "type": "object",
+                                        "properties": {
+                                            "type": {"type": "string"},
+                                            "ocp": {
+                                                "type": "object",
+                                                "x-kubernetes-preserve-unknown-fields": True,
+                                                "properties": {
+                                                    "version": {"type": "string"},
+                                                    "availableUpdates": {
+                                                        "type": "array",
+                                                        "items": {"type": "string"},
+                                                    },
+                                                },
+                                            },
+                                        },
+                                    },
+                                },
+                            }
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
 _WELL_KNOWN_DEPLOYMENT = (
     ("ReadyReplicas", ".status.readyReplicas"),
     ("Replicas", ".status.replicas"),
@@ -78,6 +146,11 @@ def _without_empty_strings(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_empty_strings(v) for v in value]
     return value
+
+
+def _stale_taint_denial(exc: ApiException) -> bool:
+    """The hub webhook's 400 for a taint whose timeAdded it does not accept."""
+    return exc.status == 400 and "not allowed to set TimeAdded" in str(exc.body)
 
 
 def _now() -> str:
@@ -269,6 +342,7 @@ class _Curation:
     target: str
     started: float
     failure: tuple[str, str] | None
+    recorded: bool = False  # the job's first conditions are written
 
 
 @dataclass
@@ -299,6 +373,7 @@ class OcmEmulator:
         version_lag: float = 0.1,
         tick: float = 0.05,
         version_of_upgrade: Callable[[Mapping[str, Any]], str] | None = None,
+        offered: tuple[str, ...] = OFFERED,
     ) -> None:
         self.hub = hub
         self.upgrade_seconds = upgrade_seconds
@@ -317,18 +392,29 @@ class OcmEmulator:
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []
         self.curations_started: dict[str, int] = {}
+        self.curator_events_dropped: dict[str, int] = {}
+        self.offered = tuple(offered)
+        self._offered: dict[str, tuple[str, ...]] = {}
+        self._queue: set[str] = set()
+        self._steps = 0
+        self._watcher: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> OcmEmulator:
         self._thread = threading.Thread(target=self._loop, name="ocm-emulator", daemon=True)
+        self._watcher = threading.Thread(
+            target=self._watch_curators, name="ocm-emulator-curators", daemon=True
+        )
+        self._watcher.start()
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        for thread in (self._thread, self._watcher):
+            if thread is not None:
+                thread.join(timeout=8)
         self._api.close()
 
     def __enter__(self) -> OcmEmulator:
@@ -393,6 +479,48 @@ class OcmEmulator:
             ],
         }
         self._patch_mc_status(name, status)
+        self._write_cluster_info(name, version)
+
+    def _write_cluster_info(self, name: str, version: str) -> None:
+        """The ManagedClusterInfo the foundation agent reports (ACM): vendor, version and the
+        updates the cluster's update service offers (the offered versions newer than it runs)."""
+        with self._lock:
+            offered = self._offered.get(name, self.offered)
+        current = _semver(version)
+        newer = [v for v in offered if current is None or ((_semver(v) or current) > current)]
+        status = {
+            "kubeVendor": "OpenShift",
+            "version": f"v{version}",
+            "distributionInfo": {
+                "type": "OCP",
+                "ocp": {
+                    "version": version,
+                    "availableUpdates": newer,
+                    "desired": {"version": version, "channels": list(CHANNELS)},
+                },
+            },
+        }
+        body = {
+            "apiVersion": f"{MCI[0]}/{MCI[1]}",
+            "kind": "ManagedClusterInfo",
+            "metadata": {"name": name, "namespace": name},
+        }
+        with contextlib.suppress(ApiException):
+            self._custom.create_namespaced_custom_object(MCI[0], MCI[1], name, MCI[2], body)
+        self._custom.patch_namespaced_custom_object_status(
+            MCI[0], MCI[1], name, MCI[2], name, {"status": status}
+        )
+
+    def set_offered(self, name: str, versions: tuple[str, ...]) -> None:
+        """The versions the cluster's update service offers from now on."""
+        with self._lock:
+            self._offered[name] = tuple(versions)
+            version = self._members[name].version
+        self._write_cluster_info(name, version)
+
+    def remove_cluster_info(self, name: str) -> None:
+        """Deletes the cluster's ManagedClusterInfo (a hub without ACM's foundation agent)."""
+        self._custom.delete_namespaced_custom_object(MCI[0], MCI[1], name, MCI[2], name)
 
     def cluster_names(self) -> list[str]:
         """The clusters this emulator registered (and has not removed)."""
@@ -437,13 +565,15 @@ class OcmEmulator:
             name,
             lambda taints: (
                 [t for t in taints if t.get("key") not in (TAINT_UNAVAILABLE, TAINT_UNREACHABLE)]
-                + ([{"key": wanted, "effect": "NoSelect", "timeAdded": _now()}] if wanted else [])
+                # No timeAdded: the hub's mutating webhook sets it (and denies one sent).
+                + ([{"key": wanted, "effect": "NoSelect"}] if wanted else [])
             ),
         )
 
     def add_foreign_taint(self, name: str, taint: Mapping[str, Any]) -> None:
-        """Adds a taint as another tool would (read-modify-write, retrying on 409)."""
-        self._update_taints(name, lambda taints: [*taints, {"timeAdded": _now(), **dict(taint)}])
+        """Adds a taint as another tool would (read-modify-write, retrying on 409); the hub's
+        webhook stamps its timeAdded."""
+        self._update_taints(name, lambda taints: [*taints, dict(taint)])
 
     def fail_next_curation(self, cluster: str, message: str, step: str = "monitor-upgrade") -> None:
         """The next curation of the cluster fails in step with message (curator job semantics)."""
@@ -518,7 +648,10 @@ class OcmEmulator:
                 self._custom.patch_cluster_custom_object(*MC, name, body)
                 return
             except ApiException as exc:
-                if exc.status != 409:
+                # The hub's webhook runs before the resourceVersion check: a write from a stale
+                # read (a taint removed meanwhile, sent back with its timeAdded) is denied (400)
+                # instead of conflicting (409). Both mean: read again.
+                if exc.status != 409 and not _stale_taint_denial(exc):
                     raise
         raise RuntimeError(f"ManagedCluster {name} kept changing")
 
@@ -537,6 +670,8 @@ class OcmEmulator:
         self._patch_mc_status(
             name, {"version": {"kubernetes": f"v{version}"}, "clusterClaims": claims}
         )
+        with contextlib.suppress(ApiException):
+            self._write_cluster_info(name, version)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -549,58 +684,186 @@ class OcmEmulator:
                 if len(self.errors) > 100:
                     del self.errors[:50]
 
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Returns once the curator queue is empty and two more ticks of the loop ran."""
+        with self._lock:
+            start = self._steps
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._steps >= start + 2 and not self._queue:
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the emulator stayed busy for {timeout:.0f}s")
+            self._stop.wait(self.tick)
+
     def _step(self) -> None:
+        try:
+            self._step_once()
+        finally:
+            with self._lock:
+                self._steps += 1
+
+    def _step_once(self) -> None:
         now = time.monotonic()
         for cluster, (when, version) in list(self._pending_versions.items()):
             if now >= when:
                 del self._pending_versions[cluster]
                 self._set_version(cluster, version)
-        for curator in self._custom.list_cluster_custom_object(*CURATOR)["items"]:
+        with self._lock:
+            queued, self._queue = sorted(self._queue), set()
+        for key in queued:
+            with self._conflicts_retried(requeue=key):
+                self._reconcile_curator(key, now)
+        for key in list(self._curations):
             with self._conflicts_retried():
-                self._curate(curator, now)
+                self._run_job(key, now)
         for work in self._custom.list_cluster_custom_object(*WORK)["items"]:
             with self._conflicts_retried():
                 self._work_agent(work, now)
 
     @contextlib.contextmanager
-    def _conflicts_retried(self) -> Iterator[None]:
-        """409 (someone wrote meanwhile) and 404 (deleted) are retried next tick; others logged."""
+    def _conflicts_retried(self, requeue: str = "") -> Iterator[None]:
+        """409 (someone wrote meanwhile) and 404 (deleted) are retried next tick; others logged.
+
+        requeue: a curator key the controller reconciles again (controller-runtime requeues a
+        reconcile that returned an error).
+        """
         try:
             yield
         except ApiException as exc:
             if exc.status not in (404, 409):
                 self.errors.append(f"{exc.status}: {exc.body}")
+            if requeue and exc.status != 404:
+                self._enqueue(requeue)
 
-    # -- the cluster curator (controller + curator job) ----------------------------------------
+    # -- the cluster curator: controller (watch + predicate + reconcile) and curator job -----------
 
-    def _curate(self, curator: dict[str, Any], now: float) -> None:
-        meta = curator["metadata"]
-        key = f"{meta['namespace']}/{meta['name']}"
-        cluster = meta["namespace"]
+    def _watch_curators(self) -> None:
+        """The curator controller's informer: every update event goes through its predicate.
+
+        A real watch (not the poll of the tick loop) so that two writes in quick succession are
+        two events, as controller-runtime sees them. (Re)lists deliver create events, which
+        the predicate lets through (controller-runtime's CreateFunc default).
+        """
+        api = self.hub.api_client()
+        custom = k8s.CustomObjectsApi(api)
+        seen: dict[str, dict[str, Any]] = {}
+        try:
+            while not self._stop.is_set():
+                try:
+                    listed = custom.list_cluster_custom_object(*CURATOR)
+                    version = listed["metadata"]["resourceVersion"]
+                    for item in listed["items"]:
+                        key = _key(item)
+                        if key not in seen:
+                            self._enqueue(key)
+                        seen[key] = item
+                    watcher = k8s_watch.Watch()
+                    for event in watcher.stream(
+                        custom.list_cluster_custom_object,
+                        *CURATOR,
+                        resource_version=version,
+                        timeout_seconds=5,
+                    ):
+                        if self._stop.is_set():
+                            watcher.stop()
+                            break
+                        obj = event["object"]
+                        key = _key(obj)
+                        if event["type"] == "DELETED":
+                            seen.pop(key, None)
+                            continue
+                        old = seen.get(key)
+                        seen[key] = obj
+                        if old is None or curator_update_passes(old, obj):
+                            self._enqueue(key)
+                        else:
+                            with self._lock:
+                                self.curator_events_dropped[key] = (
+                                    self.curator_events_dropped.get(key, 0) + 1
+                                )
+                except ApiException as exc:
+                    if exc.status != 410:
+                        self.errors.append(f"curator watch: {exc.status}")
+                    self._stop.wait(0.2)
+                except Exception as exc:  # keep watching; a dropped stream re-lists
+                    if not self._stop.is_set():
+                        self.errors.append(f"curator watch: {type(exc).__name__}: {exc}")
+                    self._stop.wait(0.2)
+        finally:
+            api.close()
+
+    def _enqueue(self, key: str) -> None:
         with self._lock:
-            member = self._members.get(cluster)
-        if member is None or not member.agent_up:
+            self._queue.add(key)
+
+    def _reconcile_curator(self, key: str, now: float) -> None:
+        """controllers/clustercurator_controller.go Reconcile (the upgrade path), then the job."""
+        namespace, name = key.split("/", 1)
+        try:
+            curator = self._custom.get_namespaced_custom_object(
+                CURATOR[0], CURATOR[1], namespace, CURATOR[2], name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        with self._lock:
+            member = self._members.get(namespace)
+        if member is None:
             return
         spec = curator.get("spec") or {}
-        job = spec.get("curatorJob") or ""
-        running = self._curations.get(key)
-        if spec.get("desiredCuration") == "upgrade" and not job:
-            desired = (spec.get("upgrade") or {}).get("desiredUpdate") or ""
-            if not _need_to_upgrade(curator, member.version):
+        posthook_only = bool((curator.get("operation") or {}).get("retryPosthook"))
+        if (spec.get("curatorJob") or not spec.get("desiredCuration")) and not posthook_only:
+            return  # "No curation to do"
+        if spec.get("desiredCuration") != "upgrade":
+            return  # install / destroy / scale curations are not emulated
+        if not need_to_upgrade(curator, self._cluster_info(namespace)):
+            return
+        # launcher.CreateJob: a Job, then utils.RecordCuratorJobName (spec.curatorJob).
+        job = f"curator-job-{secrets.token_hex(3)}"
+        curator["spec"]["curatorJob"] = job
+        self._replace_curator(curator)  # a 409 requeues the reconcile: nothing started yet
+        with self._lock:
+            failure, member.curation_failure = member.curation_failure, None
+            self.curations_started[namespace] = self.curations_started.get(namespace, 0) + 1
+        target = str((spec.get("upgrade") or {}).get("desiredUpdate") or "")
+        self._curations[key] = _Curation(job, target, now, failure)
+
+    def _run_job(self, key: str, now: float) -> None:
+        """The curator job (cmd/curator/curator.go, upgrade path) one step further."""
+        running = self._curations[key]
+        namespace, name = key.split("/", 1)
+        with self._lock:
+            member = self._members.get(namespace)
+        if member is None:
+            del self._curations[key]
+            return
+        if not member.agent_up:
+            return  # the job's monitor step waits on the cluster
+        try:
+            curator = self._custom.get_namespaced_custom_object(
+                CURATOR[0], CURATOR[1], namespace, CURATOR[2], name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                del self._curations[key]
                 return
-            job = f"curator-job-{secrets.token_hex(3)}"
-            with self._lock:
-                failure, member.curation_failure = member.curation_failure, None
-            curator["spec"]["curatorJob"] = job
-            conds = (curator.get("status") or {}).get("conditions") or []
+            raise
+        spec = curator.get("spec") or {}
+        if spec.get("curatorJob") != running.job:
+            del self._curations[key]  # someone else took the curator over
+            return
+        upgrade = spec.get("upgrade") or {}
+        info = version_info(upgrade)
+        job = running.job
+        conds = (curator.get("status") or {}).get("conditions") or []
+        if not running.recorded:
+            # curatorRun: the job condition False, then the init container's own condition.
             conds = _set_condition(
                 conds,
-                {
-                    "type": "clustercurator-job",
-                    "status": "False",
-                    "reason": "Job_has_finished",
-                    "message": f"{job} DesiredCuration: upgrade",
-                },
+                _job_condition("False", "Job_has_finished", f"{job} DesiredCuration: upgrade"),
             )
             conds = _set_condition(
                 conds,
@@ -613,18 +876,62 @@ class OcmEmulator:
             )
             curator["status"] = {"conditions": conds}
             self._replace_curator(curator)
-            self._curations[key] = _Curation(job, desired, now, failure)
-            self.curations_started[cluster] = self.curations_started.get(cluster, 0) + 1
+            running.recorded = True
             return
-        if running is None or running.job != job:
-            return
+        if running.failure is None:
+            # pkg/jobs/hive/hive.go validateUpgradeVersion: only an offered version upgrades.
+            problem = _validate_upgrade(running.target, upgrade, self._cluster_info(namespace))
+            if problem:
+                running.failure = ("upgrade-cluster", problem)
+                running.started = now - self.upgrade_seconds  # fails at once
         fraction = (now - running.started) / max(self.upgrade_seconds, 1e-6)
-        conds = (curator.get("status") or {}).get("conditions") or []
-        info = (
-            f"{running.target};{(spec.get('upgrade') or {}).get('channel', '')};"
-            f"{(spec.get('upgrade') or {}).get('upstream', '')}"
-        )
+        if running.failure is not None and fraction >= 0.5:
+            step, message = running.failure
+            conds = _set_condition(
+                conds, {"type": step, "status": "True", "reason": "Job_failed", "message": message}
+            )
+            conds = _set_condition(
+                conds,
+                _job_condition(
+                    "True",
+                    "Job_failed",
+                    f"{job} DesiredCuration: upgrade Version ({info}) Failed - {message}",
+                ),
+            )
+            # updateFailingClusterCurator (upgrade): curatorJob and operation cleared,
+            # desiredCuration kept, status kept.
+            curator["spec"].pop("curatorJob", None)
+            curator.pop("operation", None)
+            curator["status"] = {"conditions": conds}
+            self._replace_curator(curator)
+            del self._curations[key]
+            return
+        if fraction >= 1.0:
+            # updateDoneClusterCurator (upgrade): curatorJob, status and operation cleared,
+            # desiredCuration kept; then the job condition recorded. Upstream makes these two
+            # writes; they are one here (the end state is the same).
+            curator["spec"].pop("curatorJob", None)
+            curator.pop("operation", None)
+            curator["status"] = {
+                "conditions": [
+                    {
+                        **_job_condition(
+                            "True",
+                            "Job_has_finished",
+                            f"{job} DesiredCuration: upgrade Version ({info})",
+                        ),
+                        "lastTransitionTime": _now(),
+                    }
+                ]
+            }
+            with self._lock:
+                member.version = running.target  # the member runs it; the hub learns it later
+            self._pending_versions[namespace] = (now + self.version_lag, running.target)
+            self._replace_curator(curator)
+            del self._curations[key]
+            return
         if fraction >= 0.3:
+            percent = min(99, int(fraction * 100))
             conds = _set_condition(
                 conds,
                 {
@@ -634,7 +941,6 @@ class OcmEmulator:
                     "message": "Completed executing init container",
                 },
             )
-            percent = min(99, int(fraction * 100))
             conds = _set_condition(
                 conds,
                 {
@@ -645,46 +951,6 @@ class OcmEmulator:
                     f"{percent}% complete",
                 },
             )
-        if running.failure is not None and fraction >= 0.5:
-            step, message = running.failure
-            conds = _set_condition(
-                conds, {"type": step, "status": "True", "reason": "Job_failed", "message": message}
-            )
-            conds = _set_condition(
-                conds,
-                {
-                    "type": "clustercurator-job",
-                    "status": "True",
-                    "reason": "Job_failed",
-                    "message": f"{job} DesiredCuration: upgrade Version ({info}) "
-                    f"Failed - {message}",
-                },
-            )
-            curator["spec"].pop("curatorJob", None)
-            curator["status"] = {"conditions": conds}
-            self._replace_curator(curator)
-            del self._curations[key]
-            return
-        if fraction >= 1.0:
-            # The job's end: curatorJob and the step conditions cleared, then the job condition.
-            curator["spec"].pop("curatorJob", None)
-            curator["status"] = {
-                "conditions": [
-                    {
-                        "type": "clustercurator-job",
-                        "status": "True",
-                        "reason": "Job_has_finished",
-                        "message": f"{job} DesiredCuration: upgrade Version ({info})",
-                        "lastTransitionTime": _now(),
-                    }
-                ]
-            }
-            with self._lock:
-                member.version = running.target  # the member runs it; the hub learns it later
-            self._pending_versions[cluster] = (now + self.version_lag, running.target)
-            self._replace_curator(curator)
-            del self._curations[key]
-            return
         if conds != (curator.get("status") or {}).get("conditions"):
             curator["status"] = {"conditions": conds}
             self._replace_curator(curator)
@@ -699,6 +965,16 @@ class OcmEmulator:
             meta["name"],
             _without_empty_strings(curator),
         )
+
+    def _cluster_info(self, cluster: str) -> dict[str, Any] | None:
+        try:
+            return dict(
+                self._custom.get_namespaced_custom_object(MCI[0], MCI[1], cluster, MCI[2], cluster)
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     # -- the work agent ------------------------------------------------------------------------
 
@@ -739,7 +1015,10 @@ class OcmEmulator:
                     "type": "StatusFeedbackSynced",
                     "status": "True",
                     "reason": "StatusFeedbackSynced" if values else "NoStatusFeedbackSynced",
-                    "message": "",
+                    # The work agent writes "" here; metav1.Condition requires message and the
+                    # 1.20 test server turns "" into null (a quirk of the test server), so a
+                    # non-empty message stands in.
+                    "message": "Status feedback synced" if values else "No status feedback",
                     "observedGeneration": generation,
                 },
             ]
@@ -855,47 +1134,156 @@ class OcmEmulator:
         return obj, "Apply manifest complete"
 
 
-def _version_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", text.split("-", 1)[0])[:3])
+# -- the cluster curator's rules (stolostron/cluster-curator-controller @ 2a35aed) ---------------
 
 
-def _need_to_upgrade(curator: Mapping[str, Any], member_version: str) -> bool:
-    """The curator controller's NeedToUpgrade, as it reads the last "clustercurator-job".
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
 
-    No job condition: upgrade when desiredUpdate differs from what the cluster runs. A job
-    still running (False): no. The last job failed for these same desiredUpdate;channel;upstream:
-    no (a failed upgrade is not retried until the spec or the status changes). The last job
-    upgraded to an older version or another channel/upstream: yes.
+
+def _job_condition(status: str, reason: str, message: str) -> dict[str, Any]:
+    return {"type": "clustercurator-job", "status": status, "reason": reason, "message": message}
+
+
+def _conditions(obj: Mapping[str, Any]) -> list[Any]:
+    return list((obj.get("status") or {}).get("conditions") or [])
+
+
+def curator_update_passes(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """The controller's update predicate (controllers/clustercurator_controller.go,
+    newClusterCuratorPredicate), in its order: an update whose status changed is dropped
+    unless it clears desiredCuration or curatorJob (the job's own end), and so is any update
+    while the old spec.upgrade.intermediateUpdate is set or while `operation` stays the same.
+    """
+    new_spec, old_spec = new.get("spec") or {}, old.get("spec") or {}
+    if new_spec.get("desiredCuration") == "delete-cluster-namespace":
+        return True
+    new_op, old_op = new.get("operation"), old.get("operation")
+    same_op = (new_op or {}).get("retryPosthook", "") == (old_op or {}).get("retryPosthook", "")
+    if new_op is not None and old_op is not None and same_op:
+        return False
+    if new_op is not None and (new_op or {}).get("retryPosthook"):
+        return True
+    if new_spec.get("desiredCuration", "") != old_spec.get(
+        "desiredCuration", ""
+    ) and not new_spec.get("desiredCuration"):
+        return True
+    if new_spec.get("curatorJob", "") != old_spec.get("curatorJob", "") and not new_spec.get(
+        "curatorJob"
+    ):
+        return True
+    if _conditions(new) != _conditions(old):
+        return False
+    return not (old_spec.get("upgrade") or {}).get("intermediateUpdate")
+
+
+def version_info(upgrade: Mapping[str, Any]) -> str:
+    """pkg/jobs/utils/helpers.go GetCurrentVersionInfo: desired;channel;upstream;type;pools."""
+    pools = ",".join(upgrade.get("nodePoolNames") or [])
+    return (
+        ";".join(
+            str(upgrade.get(k) or "")
+            for k in ("desiredUpdate", "channel", "upstream", "upgradeType")
+        )
+        + f";{pools}"
+    )
+
+
+_SEMVER = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?$")
+
+
+def _semver(text: str) -> tuple[int, int, int, int, str] | None:
+    """blang/semver Make, reduced to ordering: None when it does not parse."""
+    match = _SEMVER.match(text)
+    if match is None:
+        return None
+    major, minor, patch, pre = match.groups()
+    return int(major), int(minor), int(patch), 0 if pre else 1, pre or ""
+
+
+def need_to_upgrade(curator: Mapping[str, Any], cluster_info: Mapping[str, Any] | None) -> bool:
+    """pkg/jobs/utils/helpers.go NeedToUpgrade: whether an upgrade curation launches a job.
+
+    No clustercurator-job condition: yes, unless the ManagedClusterInfo cannot be read or
+    already shows desiredUpdate. A job still running: no. The last job was no upgrade: yes.
+    The last upgrade failed with the same desiredUpdate;channel;upstream (and type, pools):
+    no. Otherwise yes when desiredUpdate is newer than the last job's version, or the channel,
+    upstream, type or pools differ.
     """
     upgrade = (curator.get("spec") or {}).get("upgrade") or {}
     desired = str(upgrade.get("desiredUpdate") or "")
-    channel, upstream = str(upgrade.get("channel") or ""), str(upgrade.get("upstream") or "")
-    job = next(
-        (
-            c
-            for c in (curator.get("status") or {}).get("conditions") or []
-            if c.get("type") == "clustercurator-job"
-        ),
-        None,
-    )
+    job = next((c for c in _conditions(curator) if c.get("type") == "clustercurator-job"), None)
     if job is None:
-        return bool(desired) and desired != member_version
+        if desired:
+            if cluster_info is None:
+                return False  # "Could not determine current cluster version ... skipping"
+            ocp = ((cluster_info.get("status") or {}).get("distributionInfo") or {}).get(
+                "ocp"
+            ) or {}
+            if ocp.get("version") == desired:
+                return False
+        return True
     if job.get("status") == "False":
         return False
     message = str(job.get("message") or "")
     if "upgrade" not in message:
         return True
+    upgrade_type = str(upgrade.get("upgradeType") or "")
+    pools = ",".join(upgrade.get("nodePoolNames") or [])
+    extended = _version_parts(message)
     if "Failed" in message:
-        return f"{desired};{channel};{upstream}" not in message
-    found = re.search(r"Version \(([^;)]*);([^;)]*);([^;)]*)", message)
-    if found is None:
+        basic = f"{desired};{upgrade.get('channel') or ''};{upgrade.get('upstream') or ''}"
+        if basic in message:
+            was_type = extended[3] if extended and len(extended) > 3 else ""
+            was_pools = extended[4] if extended and len(extended) > 4 else ""
+            return not (upgrade_type == was_type and pools == was_pools)
+        return f"Version ({desired})" not in message
+    wanted = _semver(desired or "0.0.0")
+    if wanted is None:
+        return False  # semver.Make fails: the reconcile errors out
+    if extended is None or len(extended) < 3:
         return True
-    done, done_channel, done_upstream = found.groups()
+    done = _semver(extended[0] or "0.0.0")
+    if done is None:
+        return True
+    channel, upstream = str(upgrade.get("channel") or ""), str(upgrade.get("upstream") or "")
     return (
-        _version_tuple(desired) > _version_tuple(done)
-        or (bool(channel) and channel != done_channel)
-        or (bool(upstream) and upstream != done_upstream)
+        wanted > done
+        or (bool(channel) and channel != extended[1])
+        or (bool(upstream) and upstream != extended[2])
+        or upgrade_type != (extended[3] if len(extended) > 3 else "")
+        or pools != (extended[4] if len(extended) > 4 else "")
     )
+
+
+def _version_parts(message: str) -> list[str] | None:
+    """parseVersionInfo / parseExtendedVersionInfo: the ;-separated fields in (...)."""
+    start = message.find("(")
+    if start == -1:
+        return None
+    end = message.find(")", start)
+    if end == -1:
+        return None
+    return message[start + 1 : end].split(";")
+
+
+def _validate_upgrade(
+    desired: str, upgrade: Mapping[str, Any], cluster_info: Mapping[str, Any] | None
+) -> str:
+    """pkg/jobs/hive/hive.go validateUpgradeVersion (no force annotation): the error, or ""."""
+    if cluster_info is None:
+        return f'managedclusterinfos.internal.open-cluster-management.io "{desired}" not found'
+    status = cluster_info.get("status") or {}
+    if status.get("kubeVendor") not in ("OpenShift", "OpenShiftDedicated"):
+        return "Can not upgrade non openshift cluster"
+    ocp = (status.get("distributionInfo") or {}).get("ocp") or {}
+    if desired and desired not in (ocp.get("availableUpdates") or []):
+        return "Provided version is not valid"
+    channel = str(upgrade.get("channel") or "")
+    if channel and channel not in ((ocp.get("desired") or {}).get("channels") or []):
+        return "Provided channel is not valid"
+    return ""
 
 
 def _spec_version(manifest: Mapping[str, Any]) -> str:

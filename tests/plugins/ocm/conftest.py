@@ -1,7 +1,9 @@
-"""Fixtures of the OCM plugin tests: the hub apiserver with OCM's CRDs, the emulator, plugins."""
+"""Fixtures of the OCM plugin tests: hub apiservers with the upstream OCM CRDs and the hub's
+ManagedCluster webhook, the emulator, plugins."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -9,15 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
 from prometheus_client import CollectorRegistry
 
-from devtools.controlplane import REPO_ROOT
 from plugins.ocm import OcmOptions, OcmPlugin, parse_config
 from plugins.sdk.client import PluginClient
-from tests.support.kube import KubeCluster
-from tests.support.ocm_emulator import OcmEmulator
+from tests.plugins.ocm.webhook import managed_cluster_webhook
+from tests.support.kube import KubeCluster, wait_for
+from tests.support.ocm_emulator import MANAGED_CLUSTER_INFO_CRD, MC, OcmEmulator
+from tests.support.upstream import load_upstream_crds
 
-OCM_CRDS = REPO_ROOT / "manifests" / "ocm" / "crds"
+OCM_CRDS = "ocm_*.yaml"
+"""The upstream OCM and ClusterCurator CRDs in ../shared/upstream/crds (SOURCES.md)."""
 OLD, NEW = "1.28.5", "1.29.1"
 
 PLAN_TEMPLATE: dict[str, Any] = {
@@ -70,12 +76,68 @@ def work_config(**extra: Any) -> dict[str, Any]:
     }
 
 
+def _webhook_active(hub: KubeCluster) -> bool:
+    """True once the apiserver calls the webhook: a new taint with timeAdded is denied."""
+    api = hub.api_client()
+    custom = k8s.CustomObjectsApi(api)
+    name = "webhook-probe"
+    try:
+        with contextlib.suppress(ApiException):
+            custom.create_cluster_custom_object(
+                *MC,
+                {
+                    "apiVersion": "cluster.open-cluster-management.io/v1",
+                    "kind": "ManagedCluster",
+                    "metadata": {"name": name},
+                    "spec": {"hubAcceptsClient": True},
+                },
+            )
+        probe = {
+            "key": "probe.example.com/t",
+            "effect": "NoSelect",
+            "timeAdded": "2020-01-01T00:00:00Z",
+        }
+        try:
+            custom.patch_cluster_custom_object(*MC, name, {"spec": {"taints": [probe]}})
+        except ApiException as exc:
+            if exc.status == 400 and "not allowed to set TimeAdded" in str(exc.body):
+                custom.delete_cluster_custom_object(*MC, name)
+                return True
+            raise
+        custom.patch_cluster_custom_object(*MC, name, {"spec": {"taints": None}})
+        return False
+    finally:
+        api.close()
+
+
+def _hub(
+    extra_apiserver: Callable[[str], KubeCluster], name: str, workdir: Path
+) -> Iterator[KubeCluster]:
+    cluster = extra_apiserver(name)
+    cluster.install_crds(*load_upstream_crds(OCM_CRDS), MANAGED_CLUSTER_INFO_CRD)
+    with managed_cluster_webhook(cluster, workdir):
+        wait_for(
+            f"the ManagedCluster webhook of {name} is called", lambda: _webhook_active(cluster)
+        )
+        yield cluster
+
+
 @pytest.fixture(scope="session")
-def hub(extra_apiserver: Callable[[str], KubeCluster]) -> KubeCluster:
-    """The OCM hub: its own apiserver with the minimal OCM CRDs of manifests/ocm/crds."""
-    cluster = extra_apiserver("ocm-hub")
-    cluster.install_crds(OCM_CRDS)
-    return cluster
+def hub(
+    extra_apiserver: Callable[[str], KubeCluster], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KubeCluster]:
+    """The OCM hub: its own apiserver with the upstream OCM CRDs (CEL stripped for 1.20), a
+    minimal ManagedClusterInfo schema (no upstream file here) and the hub's ManagedCluster
+    mutating webhook served over HTTPS (tests/plugins/ocm/webhook.py)."""
+    yield from _hub(extra_apiserver, "ocm-hub", tmp_path_factory.mktemp("ocm-hub-webhook"))
+
+
+@pytest.fixture(scope="session")
+def second_hub(
+    extra_apiserver: Callable[[str], KubeCluster], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KubeCluster]:
+    """Another OCM hub (a kealm virtual hub) set up like `hub`, on its own apiserver."""
+    yield from _hub(extra_apiserver, "ocm-hub-2", tmp_path_factory.mktemp("ocm-hub2-webhook"))
 
 
 @pytest.fixture

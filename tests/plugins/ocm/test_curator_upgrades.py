@@ -179,7 +179,13 @@ def test_user_hooks_on_the_curator_are_kept_and_a_running_curation_is_refused(
     final = _end(plugin, plugin.client.upgrade_control_plane("up-hooked", hooked, NEW).id)
     assert final.state == SUCCEEDED
     upgrade = _curator(hub, hooked)["spec"]["upgrade"]
-    assert {k: upgrade[k] for k in hooks} == hooks
+    # The upstream schema defaults each hook's type to Job.
+    defaulted = {
+        "towerAuthSecret": "toweraccess",
+        "prehook": [{"name": "drain-traffic", "extra_vars": {"region": "eu"}, "type": "Job"}],
+        "posthook": [{"name": "smoke-test", "type": "Job"}],
+    }
+    assert {k: upgrade[k] for k in hooks} == defaulted
     assert upgrade["desiredUpdate"] == NEW
 
 

@@ -46,20 +46,16 @@ def mc(**status: Any) -> dict[str, Any]:
 
 
 def test_adding_our_taint_keeps_every_foreign_taint_in_place() -> None:
-    new = inventory.with_our_taint(list(FOREIGN), OURS, T0)
+    new = inventory.with_our_taint(list(FOREIGN), OURS)
     assert new is not None
     assert new[:3] == FOREIGN
-    assert new[3] == {
-        "key": OURS.key,
-        "value": OURS.value,
-        "effect": "NoSelect",
-        "timeAdded": "2026-01-01T00:00:00Z",
-    }
-    assert inventory.with_our_taint(new, OURS, T0) is None  # already there: nothing to write
+    # No timeAdded: the hub's webhook stamps it and denies a new taint that carries one.
+    assert new[3] == {"key": OURS.key, "value": OURS.value, "effect": "NoSelect"}
+    assert inventory.with_our_taint(new, OURS) is None  # already there: nothing to write
 
 
 def test_removing_removes_only_ours_never_a_same_key_taint_of_someone_else() -> None:
-    tainted = inventory.with_our_taint(list(FOREIGN), OURS, T0)
+    tainted = inventory.with_our_taint(list(FOREIGN), OURS)
     assert tainted is not None
     assert inventory.without_our_taint(tainted, OURS) == FOREIGN
     assert inventory.without_our_taint(list(FOREIGN), OURS) is None  # ours absent: no write
@@ -83,7 +79,7 @@ def test_managed_cluster_maps_to_a_contract_cluster() -> None:
 
 def test_our_taint_means_out_of_service_and_a_foreign_one_does_not() -> None:
     cfg = parse_config(curator_config())
-    ours = inventory.with_our_taint([], OURS, T0)
+    ours = inventory.with_our_taint([], OURS)
     assert not inventory.to_cluster(mc(taints=ours), cfg, None).in_service
     foreign = [{"key": OURS.key, "value": "someone-else", "effect": "NoSelect"}]
     assert inventory.to_cluster(mc(taints=foreign), cfg, None).in_service
@@ -190,14 +186,17 @@ def test_curator_that_never_starts_times_out_after_monitor_timeout() -> None:
     assert late.message.startswith("no result within monitorTimeout (10 min)")
 
 
-def test_curator_patch_asks_for_the_upgrade_and_clears_old_status() -> None:
+def test_curator_patch_asks_for_the_upgrade_and_never_touches_the_status() -> None:
     cfg = parse_config(curator_config(clusterCurator={"channel": "stable-4.15"}))
     patch = curator.curator_patch(cfg, "c1", "1.29.1", "req-1", "ocm-1", T0)
     assert patch["spec"] == {
         "desiredCuration": "upgrade",
         "upgrade": {"desiredUpdate": "1.29.1", "monitorTimeout": 1, "channel": "stable-4.15"},
     }
-    assert patch["status"] is None
+    # The controller's predicate drops an update whose status changed: the spec write never
+    # carries one (RESET_PATCH clears an old status in a write of its own).
+    assert "status" not in patch and "operation" not in patch
+    assert curator.RESET_PATCH == {"status": None, "operation": None}
     notes = patch["metadata"]["annotations"]
     assert notes["fleetupgrade.io/request-id"] == "req-1"
     assert notes["fleetupgrade.io/started-at"] == "2026-01-01T00:00:00Z"
@@ -387,3 +386,43 @@ def test_a_bare_target_is_met_by_the_distributions_build_of_that_release() -> No
     done = curator_obj(cond("clustercurator-job", "True", "Job_has_finished", "job-1 ..."))
     assert curator.curator_verdict(done, "1.29.1+k3s1", "1.29.1", T0, T0, CFG).state == SUCCEEDED
     assert curator.curator_verdict(done, "1.29.0+k3s1", "1.29.1", T0, T0, CFG).state == RUNNING
+
+
+def _done(version: str, failed: bool = False) -> dict[str, Any]:
+    info = f"{version};;;;"
+    message = f"curator-job-1 DesiredCuration: upgrade Version ({info})"
+    if failed:
+        message += " Failed - Provided version is not valid"
+    reason = "Job_failed" if failed else "Job_has_finished"
+    return {"status": {"conditions": [cond("clustercurator-job", "True", reason, message)]}}
+
+
+@pytest.mark.parametrize(
+    ("curator_obj", "target", "reset"),
+    [
+        ({}, "1.29.1", False),  # a new curator
+        (_done("1.28.5"), "1.29.1", False),  # a finished upgrade to an older version
+        (_done("1.29.1"), "1.29.1", True),  # finished at the target: NeedToUpgrade says no
+        (_done("1.30.0"), "1.29.1", True),
+        (_done("1.29.1", failed=True), "1.29.1", True),  # a failure is never retried as is
+        (_done("1.28.5", failed=True), "1.29.1", True),  # its step failures would count
+        ({**_done("1.28.5"), "operation": {}}, "1.29.1", True),  # updates dropped while set
+        (
+            {"status": {"conditions": [cond("Initiated", "True", "WorkflowSupported")]}},
+            "1.29.1",
+            True,
+        ),
+    ],
+)
+def test_the_status_is_cleared_first_unless_it_records_an_older_finished_upgrade(
+    curator_obj: dict[str, Any], target: str, reset: bool
+) -> None:
+    assert curator.needs_reset(curator_obj, target) is reset
+
+
+def test_the_record_of_an_earlier_curation_is_never_read_as_this_one() -> None:
+    earlier = {"metadata": {"name": "c1"}, "spec": {}, **_done("1.28.5")}
+    verdict = curator.curator_verdict(earlier, "1.28.5", "1.29.1", T0, T0, CFG)
+    assert verdict.state == RUNNING and "waiting for the curator to start a job" in verdict.message
+    ours = {"metadata": {"name": "c1"}, "spec": {}, **_done("1.29.1")}
+    assert curator.curator_verdict(ours, "1.29.1", "1.29.1", T0, T0, CFG).state == SUCCEEDED
