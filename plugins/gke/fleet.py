@@ -8,7 +8,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import grpc
@@ -18,6 +17,7 @@ from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.gke.api import ClusterBusy, GkeApi
 from plugins.gke.config import GkeConfig
 from plugins.gke.ids import ClusterRef, OperationRef, parse_cluster_id, parse_operation_id
+from plugins.gke.local import LocalOperations
 from plugins.gke.operations import (
     GkeOperationStore,
     Mirrored,
@@ -38,7 +38,7 @@ from plugins.gke.policy import (
 )
 from plugins.gke.preflight import busy_verdict, judge, verdict
 from plugins.gke.state import Binding, PluginState
-from plugins.gke.traffic import ServiceState, Stopping, Traffic, build_traffic
+from plugins.gke.traffic import ServiceState, Traffic, build_traffic
 from plugins.gke.windows import maintenance_windows
 from plugins.sdk import versions
 from plugins.sdk.errors import Conflict, InvalidArgument, NotFound, PluginError, Unavailable
@@ -95,9 +95,9 @@ class GkeFleet:
         self._known: dict[str, ClusterRef] = dict(self._explicit)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gke-traffic")
+        self.local = LocalOperations(self.store, self.state, self.traffic)
         self._poller: threading.Thread | None = None
-        self._restore_local_operations()
+        self.local.resume()
 
     # --------------------------------------------------------------------- lifecycle
 
@@ -115,7 +115,7 @@ class GkeFleet:
         """Stops polling and running work, ends watch streams, closes the API sessions."""
         self._stop.set()
         self.store.close()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self.local.close()
         if self._poller is not None:
             self._poller.join(timeout=5)
         self.api.close()
@@ -148,16 +148,6 @@ class GkeFleet:
                 self._mirror(self.api.get_operation(op_id), ref.project, force=True)
             except NotFound:
                 _LOG.warning("GKE no longer knows operation %s", op_id)
-
-    def _restore_local_operations(self) -> None:
-        for op in self.state.operations():
-            stored = self.store.record(op)
-            if stored.state not in TERMINAL_STATES and stored.kind in (_OUT, _IN):
-                _LOG.info(
-                    "resuming a service change after restart",
-                    extra={"fields": {"operation": op.id, "cluster": op.cluster_id}},
-                )
-                self._executor.submit(self._run_service, stored.id, stored.kind, stored.cluster_id)
 
     def _lock(self, cluster_id: str) -> threading.Lock:
         with self._locks_guard:
@@ -503,30 +493,6 @@ class GkeFleet:
         )
         return self.store.bind(request_id, op.id, version)
 
-    def _nothing_to_do(
-        self,
-        request_id: str,
-        kind: int,
-        cluster_id: str,
-        node_pool: str = "",
-        version: str = "",
-        requested: str = "",
-    ) -> cluster_pb2.Operation:
-        op, _ = self.store.start(
-            request_id=request_id,
-            kind=kind,
-            cluster_id=cluster_id,
-            node_pool=node_pool,
-            target_version=version,
-            initial_state=cluster_pb2.OPERATION_STATE_SUCCEEDED,
-        )
-        self.state.save_operation(op)
-        if requested:  # a repeat asks with the alias again: remember it
-            self.state.bind(
-                request_id, Binding(op.id, kind, cluster_id, node_pool, version, False, requested)
-            )
-        return op
-
     def upgrade_control_plane(
         self, request_id: str, cluster_id: str, version: str, caller: str
     ) -> cluster_pb2.Operation:
@@ -583,7 +549,9 @@ class GkeFleet:
                 recent = self._recent_done(ref, done, kind, node_pool, request_id)
                 if recent is not None:
                     return self._adopt(request_id, *recent, cluster_id, version, alias)
-                return self._nothing_to_do(request_id, kind, cluster_id, node_pool, version, alias)
+                return self.local.done_at_once(
+                    request_id, kind, cluster_id, node_pool, version, alias
+                )
             if pool is None:
                 check_control_plane(cluster_id, cluster, version, config, ref.location)
             else:
@@ -683,63 +651,7 @@ class GkeFleet:
             self._selected_cluster(ref)
             self._refresh_operations([ref.parent])
             self.store.ensure_free(cluster_id)
-            needed = (
-                self.traffic.needs_out(cluster_id)
-                if kind == _OUT
-                else self.traffic.needs_in(cluster_id)
-            )
-            if not needed:
-                return self._nothing_to_do(request_id, kind, cluster_id)
-            if self.traffic.immediate:
-                self._change_traffic(kind, cluster_id, request_id)
-                return self._nothing_to_do(request_id, kind, cluster_id)
-            op, _ = self.store.start(request_id=request_id, kind=kind, cluster_id=cluster_id)
-            self.state.save_operation(op)
-            self._executor.submit(self._run_service, op.id, kind, cluster_id)
-            return op
-
-    def _change_traffic(self, kind: int, cluster_id: str, request_id: str, op_id: str = "") -> None:
-        def progress(percent: int) -> None:
-            if op_id:
-                self.store.update(op_id, progress=percent)
-
-        if kind == _OUT:
-            self.traffic.service_out(cluster_id, request_id, progress)
-        else:
-            self.traffic.service_in(cluster_id, request_id, progress)
-
-    def _run_service(self, op_id: str, kind: int, cluster_id: str) -> None:
-        op = self.store.get(op_id)
-        code = "SERVICE_OUT_FAILED" if kind == _OUT else "SERVICE_IN_FAILED"
-        try:
-            running = self.store.update(op_id, state=cluster_pb2.OPERATION_STATE_RUNNING)
-            self.state.save_operation(running)
-            self._change_traffic(kind, cluster_id, op.request_id, op_id)
-        except Stopping:
-            _LOG.info(
-                "service change interrupted by shutdown; it resumes after a restart",
-                extra={"fields": {"operation": op_id}},
-            )
-            return
-        except PluginError as exc:
-            final = self.store.update(
-                op_id,
-                state=cluster_pb2.OPERATION_STATE_FAILED,
-                error_code=code,
-                error_message=f"{kind_name(kind)} of {cluster_id} failed: {exc.message}",
-            )
-        except Exception:
-            _LOG.exception("service change failed", extra={"fields": {"operation": op_id}})
-            final = self.store.update(
-                op_id,
-                state=cluster_pb2.OPERATION_STATE_FAILED,
-                error_code=code,
-                error_message=f"{kind_name(kind)} of {cluster_id} failed: internal error "
-                "(see the plugin's log)",
-            )
-        else:
-            final = self.store.update(op_id, state=cluster_pb2.OPERATION_STATE_SUCCEEDED)
-        self.state.save_operation(final)
+            return self.local.service_change(kind, request_id, cluster_id)
 
     # -------------------------------------------------------------------- preflight
 
