@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from plugins.sdk.client import PluginClient
+from plugins.sdk.client import PluginCallError, PluginClient
 from tests.plugins.sim.support import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
@@ -172,3 +173,72 @@ def test_a_bad_fleet_file_exits_2_naming_the_field(tmp_path: Path) -> None:
         f"{fleet}: clusters[0].nodePools[0].version: 1.29.0 is newer than controlPlaneVersion "
         "1.28.5; a node pool cannot be newer than its control plane"
     ) in result.stderr
+
+
+def test_a_durable_sim_passes_the_kit_across_a_real_restart(tmp_path: Path) -> None:
+    """--state-dir journals operations; the kit's --restart-command restarts the process."""
+    port = _free_port()
+    pidfile = tmp_path / "sim.pid"
+    command = " ".join(
+        _sim_command(
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--generate",
+            "3",
+            "--step-seconds",
+            "0.05",
+            "--state-dir",
+            str(tmp_path / "state"),
+        )
+    )
+    log = tmp_path / "sim.log"
+    start = f"cd {REPO} && PYTHONPATH={REPO} {command} >>{log} 2>&1 & echo $! >{pidfile}"
+    restart = tmp_path / "restart.sh"
+    restart.write_text(
+        "set -e\n"
+        f'pid=$(cat {pidfile}); kill -TERM "$pid"\n'
+        f'while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done\n'
+        f"{start}\n"
+    )
+    subprocess.run(["sh", "-c", start], check=True, timeout=30)
+    try:
+        with PluginClient(f"127.0.0.1:{port}") as client:
+            wait_until(lambda: _ready(client), timeout=30, what="the sim to serve")
+        kit = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "plugins.sdk.conformance",
+                "--endpoint",
+                f"127.0.0.1:{port}",
+                "--restart-command",
+                f"sh {restart}",
+                "--timeout",
+                "30",
+                "--",
+                "-v",
+                "-k",
+                "survive or preflight",
+            ],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        assert kit.returncode == 0, kit.stdout[-3000:]
+        assert "test_operations_and_request_ids_survive_a_restart PASSED" in kit.stdout
+        assert "test_preflight_changes_nothing PASSED" in kit.stdout
+        assert "conformance notes" not in kit.stdout  # the restart really ran
+        assert (tmp_path / "state" / "operations.jsonl").stat().st_size > 0
+    finally:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pidfile.read_text()), signal.SIGTERM)
+
+
+def _ready(client: PluginClient) -> bool:
+    try:
+        return client.probe().ready
+    except PluginCallError:
+        return False
