@@ -1,22 +1,21 @@
-"""The GKE fleet behind the contract: inventory from GKE, upgrades as GKE operations (found
-again after a restart, never started twice), refusals before calling, traffic drain."""
+"""The GKE fleet behind the contract: the selected clusters and their inventory, GKE's
+operations mirrored as contract operations (polled, watched), and the RPCs routed to the
+upgrade requests (upgrades.py), the plugin's own operations (local.py) and preflight."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime
 
 import grpc
 from google.cloud import container_v1
 
 from fleetupgrade.plugin.v1 import cluster_pb2
-from plugins.gke.api import ClusterBusy, GkeApi
+from plugins.gke.api import GkeApi
 from plugins.gke.config import GkeConfig
-from plugins.gke.ids import ClusterRef, OperationRef, parse_cluster_id, parse_operation_id
+from plugins.gke.ids import ClusterRef, parse_cluster_id, parse_operation_id
 from plugins.gke.local import LocalOperations
 from plugins.gke.operations import (
     GkeOperationStore,
@@ -28,20 +27,15 @@ from plugins.gke.operations import (
     timestamp,
 )
 from plugins.gke.policy import (
-    autopilot_refusal,
-    check_control_plane,
-    check_node_pool,
-    exclusion_refusal,
     is_autopilot,
-    resolve_control_plane,
-    resolve_node_pool,
 )
 from plugins.gke.preflight import busy_verdict, judge, verdict
 from plugins.gke.state import Binding, PluginState
 from plugins.gke.traffic import ServiceState, Traffic, build_traffic
+from plugins.gke.upgrades import UpgradeRequests
 from plugins.gke.windows import maintenance_windows
 from plugins.sdk import versions
-from plugins.sdk.errors import Conflict, InvalidArgument, NotFound, PluginError, Unavailable
+from plugins.sdk.errors import InvalidArgument, NotFound, PluginError
 from plugins.sdk.operations import TERMINAL_STATES, kind_name
 from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
 
@@ -74,11 +68,6 @@ def _status_name(value: int) -> str:
         return str(value)
 
 
-def _covers(zone: str, location: str) -> bool:
-    """True when a zone GKE could not reach may hold operations of a cluster in location."""
-    return zone == location or zone.startswith(location + "-") or location.startswith(zone + "-")
-
-
 class GkeFleet:
     """Everything the ClusterService servicer needs, over the GKE and compute APIs."""
 
@@ -96,6 +85,7 @@ class GkeFleet:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self.local = LocalOperations(self.store, self.state, self.traffic)
+        self.upgrades = UpgradeRequests(self)
         self._poller: threading.Thread | None = None
         self.local.resume()
 
@@ -145,11 +135,11 @@ class GkeFleet:
             if ref is None:
                 continue  # the plugin's own (traffic) operation: it reports itself
             try:
-                self._mirror(self.api.get_operation(op_id), ref.project, force=True)
+                self.mirror(self.api.get_operation(op_id), ref.project, force=True)
             except NotFound:
                 _LOG.warning("GKE no longer knows operation %s", op_id)
 
-    def _lock(self, cluster_id: str) -> threading.Lock:
+    def cluster_lock(self, cluster_id: str) -> threading.Lock:
         with self._locks_guard:
             return self._locks.setdefault(cluster_id, threading.Lock())
 
@@ -181,7 +171,7 @@ class GkeFleet:
             for d in self.config.clusters.discover
         )
 
-    def _ref(self, cluster_id: str) -> ClusterRef:
+    def cluster_ref(self, cluster_id: str) -> ClusterRef:
         ref = parse_cluster_id(cluster_id)
         if ref is None or not self._may_select(ref):
             raise NotFound(f"cluster {cluster_id} is not in the plugin's inventory")
@@ -198,7 +188,7 @@ class GkeFleet:
         self._known = {cid: ref for cid, (ref, _) in found.items()}
         return found
 
-    def _selected_cluster(self, ref: ClusterRef) -> container_v1.Cluster:
+    def selected_cluster(self, ref: ClusterRef) -> container_v1.Cluster:
         try:
             cluster = self.api.get_cluster(ref)
         except NotFound:
@@ -275,8 +265,8 @@ class GkeFleet:
 
     def get_cluster(self, cluster_id: str) -> cluster_pb2.GetClusterResponse:
         """One selected cluster; NotFound for anything else."""
-        ref = self._ref(cluster_id)
-        cluster = self._selected_cluster(ref)
+        ref = self.cluster_ref(cluster_id)
+        cluster = self.selected_cluster(ref)
         self._refresh_operations([ref.parent])
         return cluster_pb2.GetClusterResponse(
             cluster=self._contract_cluster(ref, cluster, self.traffic.in_service([ref.id])[ref.id])
@@ -297,9 +287,9 @@ class GkeFleet:
                     ", ".join(listing.missing_zones),
                 )
             for gke_op in by_start(listing.operations):
-                self._mirror(gke_op, project)
+                self.mirror(gke_op, project)
 
-    def _mirror(
+    def mirror(
         self, gke_op: container_v1.Operation, project: str, *, force: bool = False
     ) -> cluster_pb2.Operation | None:
         """Records a GKE operation the plugin follows (its own, a bound one, or one in flight
@@ -368,7 +358,7 @@ class GkeFleet:
             gke_op = self.api.get_operation(op_id)
         except NotFound:
             raise NotFound(f"operation {op_id} not found") from None
-        mirrored = self._mirror(gke_op, ref.project, force=True)
+        mirrored = self.mirror(gke_op, ref.project, force=True)
         if mirrored is None:
             raise NotFound(
                 f"operation {op_id} is a GKE operation of a kind this plugin does not report"
@@ -381,249 +371,19 @@ class GkeFleet:
         """Updates of operations (GKE's arrive at each poll) until the caller cancels."""
         return self.store.watch(cluster_ids, include_in_flight, context)
 
-    # -------------------------------------------------------------------- requests
-
-    def _existing(
-        self, request_id: str, kind: int, cluster_id: str, node_pool: str, version: str
-    ) -> cluster_pb2.Operation | None:
-        op = self.store.lookup(request_id)
-        binding = self.state.binding(request_id)
-        if op is None:
-            if binding is None:
-                return None
-            if parse_operation_id(binding.op_id) is None:
-                return None  # a local operation the store does not know: forgotten
-            try:
-                op = self.get_operation(binding.op_id)
-            except NotFound:
-                return None
-            op = self.store.bind(request_id, op.id, binding.version)
-        same = (
-            op.kind == kind
-            and op.cluster_id == cluster_id
-            and op.node_pool == node_pool
-            and (
-                not version
-                or op.target_version == version
-                or (binding is not None and binding.requested == version)
-            )
-        )
-        if not same:
-            raise InvalidArgument(
-                "request_id",
-                f"reused for a different request (it started operation {op.id} on cluster "
-                f"{op.cluster_id}); choose a new request_id per change",
-            )
-        if op.state not in TERMINAL_STATES and parse_operation_id(op.id) is not None:
-            return self.get_operation(op.id)
-        return op
-
-    def _gke_in_flight(
-        self, ref: ClusterRef
-    ) -> tuple[list[tuple[container_v1.Operation, Mirrored]], list[container_v1.Operation]]:
-        """(in flight, done) GKE operations on the cluster, oldest first by start time
-        (ListOperations has no documented order). Unavailable when GKE could not reach a zone
-        that may hold the cluster's operations: a busy cluster would look free."""
-        listing = self.api.list_operations(ref.parent)
-        missing = [z for z in listing.missing_zones if _covers(z, ref.location)]
-        if missing:
-            raise Unavailable(
-                f"ListOperations {ref.parent}: GKE could not reach zone(s) {', '.join(missing)} "
-                f"of cluster {ref.id}, so its running operations are unknown; retry"
-            )
-        running: list[tuple[container_v1.Operation, Mirrored]] = []
-        done: list[container_v1.Operation] = []
-        for gke_op in by_start(listing.operations):
-            info = describe(gke_op, ref.project)
-            if info is None or info.cluster != ref.name or info.location != ref.location:
-                continue
-            if info.in_flight:
-                running.append((gke_op, info))
-            else:
-                done.append(gke_op)
-        return running, done
-
-    def _busy(self, cluster_id: str, running: list[Mirrored]) -> Conflict:
-        """ABORTED naming every operation in flight on the cluster (the oldest first)."""
-        names = "; ".join(f"{info.op_id} ({info.what})" for info in running)
-        return Conflict(
-            f"cluster {cluster_id} has GKE operation(s) in flight: {names}; GKE runs one "
-            "cluster operation at a time: wait until they end, then retry",
-            running[0].op_id,
-        )
-
-    def _gke_busy(self, ref: ClusterRef, exc: ClusterBusy) -> Conflict:
-        """GKE's own "running incompatible operation" answer (an operation started between
-        the plugin's look and its call): ABORTED naming it, and the operation mirrored."""
-        op_id = OperationRef(ref.project, ref.location, exc.operation_id).id
-        with contextlib.suppress(PluginError):  # named all the same
-            self._mirror(self.api.get_operation(op_id), ref.project, force=True)
-        return Conflict(
-            f"cluster {ref.id} is running GKE operation {op_id} (GKE answered "
-            "FAILED_PRECONDITION: incompatible operation); wait until it ends, then retry",
-            op_id,
-        )
-
-    def _bound_elsewhere(self, op_id: str, request_id: str) -> bool:
-        stored = self.store.known(op_id)
-        if stored is not None and stored.request_id and stored.request_id != request_id:
-            return True
-        bound = self.state.request_of(op_id)
-        return bound is not None and bound[0] != request_id
-
-    def _adopt(
-        self,
-        request_id: str,
-        gke_op: container_v1.Operation,
-        info: Mirrored,
-        cluster_id: str,
-        version: str,
-        requested: str = "",
-    ) -> cluster_pb2.Operation:
-        binding = Binding(
-            info.op_id, info.kind, cluster_id, info.node_pool, version, True, requested
-        )
-        self.state.bind(request_id, binding)
-        project = cluster_id.split("/")[1]
-        op = self._mirror(gke_op, project, force=True)
-        assert op is not None
-        _LOG.info(
-            "request bound to a GKE operation found in flight",
-            extra={"fields": {"request_id": request_id, "operation": info.op_id}},
-        )
-        return self.store.bind(request_id, op.id, version)
+    # -------------------------------------------------------------------- upgrades
 
     def upgrade_control_plane(
         self, request_id: str, cluster_id: str, version: str, caller: str
     ) -> cluster_pb2.Operation:
         """UpgradeControlPlane by the contract's rules (caller: unused)."""
-        return self._upgrade(_CP, request_id, cluster_id, "", version)
+        return self.upgrades.upgrade(_CP, request_id, cluster_id, "", version)
 
     def upgrade_node_pool(
         self, request_id: str, cluster_id: str, node_pool: str, version: str, caller: str
     ) -> cluster_pb2.Operation:
         """UpgradeNodePool by the contract's rules (caller: unused)."""
-        return self._upgrade(_NP, request_id, cluster_id, node_pool, version)
-
-    def _upgrade(
-        self, kind: int, request_id: str, cluster_id: str, node_pool: str, requested: str
-    ) -> cluster_pb2.Operation:
-        """UpgradeControlPlane (kind CP) or UpgradeNodePool (kind NP) by the contract's rules.
-
-        requested may be one of GKE's aliases; it is resolved from GetServerConfig to the
-        explicit version GKE would pick, which is what the operation targets.
-        """
-        ref = self._ref(cluster_id)
-        with self._lock(cluster_id):
-            existing = self._existing(request_id, kind, cluster_id, node_pool, requested)
-            if existing is not None:
-                return existing
-            cluster = self._selected_cluster(ref)
-            pool = None
-            if kind == _NP:
-                if is_autopilot(cluster):
-                    raise autopilot_refusal(cluster_id)
-                pool = next((p for p in cluster.node_pools if p.name == node_pool), None)
-                if pool is None:
-                    raise NotFound(f"node pool {node_pool} not found in cluster {cluster_id}")
-            config = self.api.server_config(ref.parent)
-            version = (
-                resolve_control_plane(cluster, config, requested)
-                if pool is None
-                else resolve_node_pool(cluster, config, requested)
-            )
-            alias = requested if requested != version else ""
-            running, done = self._gke_in_flight(ref)
-            for gke_op, info in running:
-                same = info.kind == kind and (kind == _CP or info.node_pool == node_pool)
-                if same and not self._bound_elsewhere(info.op_id, request_id):
-                    return self._adopt(request_id, gke_op, info, cluster_id, version, alias)
-            if running:
-                for gke_op, info in running:
-                    if info.kind:
-                        self._mirror(gke_op, ref.project, force=True)
-                raise self._busy(cluster_id, [info for _, info in running])
-            self.store.ensure_free(cluster_id)
-            current = pool.version if pool is not None else cluster.current_master_version
-            if version == current:
-                recent = self._recent_done(ref, done, kind, node_pool, request_id)
-                if recent is not None:
-                    return self._adopt(request_id, *recent, cluster_id, version, alias)
-                return self.local.done_at_once(
-                    request_id, kind, cluster_id, node_pool, version, alias
-                )
-            if pool is None:
-                check_control_plane(cluster_id, cluster, version, config, ref.location)
-            else:
-                check_node_pool(cluster_id, cluster, pool, version, config, ref.location)
-            if self.config.upgrades.respect_maintenance_exclusions:
-                minor = versions.parse(version)[:2] != versions.parse(current)[:2]
-                refusal = exclusion_refusal(cluster_id, cluster, minor=minor, node=pool is not None)
-                if refusal is not None:
-                    raise refusal
-            try:
-                if pool is None:
-                    gke_op = self.api.update_master(ref, version)
-                else:
-                    image_type = pool.config.image_type or config.default_image_type
-                    gke_op = self.api.update_node_pool(ref, pool.name, version, image_type)
-            except ClusterBusy as exc:
-                raise self._gke_busy(ref, exc) from None
-            started = describe(gke_op, ref.project)
-            if started is None:
-                raise PluginError(f"GKE answered an operation without a target for {cluster_id}")
-            self.state.bind(
-                request_id,
-                Binding(started.op_id, kind, cluster_id, node_pool, version, requested=alias),
-            )
-            _LOG.info(
-                "GKE upgrade started",
-                extra={
-                    "fields": {
-                        "request_id": request_id,
-                        "operation": started.op_id,
-                        "cluster": cluster_id,
-                        "node_pool": node_pool,
-                        "version": version,
-                        "requested": requested,
-                    }
-                },
-            )
-            op = self._mirror(gke_op, ref.project, force=True)
-            assert op is not None
-            return op
-
-    def _recent_done(
-        self,
-        ref: ClusterRef,
-        done: list[container_v1.Operation],
-        kind: int,
-        node_pool: str,
-        request_id: str,
-    ) -> tuple[container_v1.Operation, Mirrored] | None:
-        """The newest successful GKE operation of this kind and target that ended within the
-        adoption window and serves no other request."""
-        window = self.config.operations.adopt_done_within_seconds
-        if window <= 0:
-            return None
-        now = datetime.now(UTC).timestamp()
-        newest_first = sorted(
-            done, key=lambda op: timestamp(op.end_time).ToNanoseconds(), reverse=True
-        )
-        for gke_op in newest_first:
-            info = describe(gke_op, ref.project)
-            if info is None or info.kind != kind or (kind == _NP and info.node_pool != node_pool):
-                continue
-            state, _, _ = contract_state(gke_op)
-            if state != cluster_pb2.OPERATION_STATE_SUCCEEDED:
-                continue
-            ended = timestamp(gke_op.end_time).ToDatetime(tzinfo=UTC).timestamp()
-            if now - ended > window:
-                continue
-            if self._bound_elsewhere(info.op_id, request_id):
-                continue
-            return gke_op, info
-        return None
+        return self.upgrades.upgrade(_NP, request_id, cluster_id, node_pool, version)
 
     # ---------------------------------------------------------------------- traffic
 
@@ -637,8 +397,8 @@ class GkeFleet:
 
     def _service(self, kind: int, request_id: str, cluster_id: str) -> cluster_pb2.Operation:
         """ServiceOut (kind OUT) or ServiceIn (kind IN) by the contract's rules."""
-        ref = self._ref(cluster_id)
-        with self._lock(cluster_id):
+        ref = self.cluster_ref(cluster_id)
+        with self.cluster_lock(cluster_id):
             existing = self.store.lookup(request_id)
             if existing is not None:
                 if existing.kind != kind or existing.cluster_id != cluster_id:
@@ -648,7 +408,7 @@ class GkeFleet:
                         f"on cluster {existing.cluster_id}); choose a new request_id per change",
                     )
                 return existing
-            self._selected_cluster(ref)
+            self.selected_cluster(ref)
             self._refresh_operations([ref.parent])
             self.store.ensure_free(cluster_id)
             return self.local.service_change(kind, request_id, cluster_id)
@@ -661,8 +421,8 @@ class GkeFleet:
         """PreflightUpgrade: GKE's rules against GetServerConfig and the cluster (REFUSED_NEVER),
         then the operations in flight and the opt-in exclusion policy (REFUSED_LATER).
         Read-only: ListOperations and GetServerConfig, never a mutation."""
-        ref = self._ref(cluster_id)
-        cluster = self._selected_cluster(ref)
+        ref = self.cluster_ref(cluster_id)
+        cluster = self.selected_cluster(ref)
         config = self.api.server_config(ref.parent)
         refusal = judge(
             cluster_id,
@@ -674,7 +434,7 @@ class GkeFleet:
             respect_exclusions=self.config.upgrades.respect_maintenance_exclusions,
         )
         if refusal is None or refusal.retryable:
-            running, _ = self._gke_in_flight(ref)
+            running, _ = self.upgrades.gke_in_flight(ref)
             infos = [info for _, info in running]
             own = self.store.in_flight(cluster_id)
             if own is not None and all(info.op_id != own.id for info in infos):
