@@ -279,10 +279,8 @@ class OperationStore:
         """Rewrites the journal as one record per operation (atomically), and reopens it."""
         path = self._state_path
         assert path is not None
-        if self._journal is not None:
-            self._journal.close()
-            self._journal = None
         tmp = path.with_name(f".{path.name}.tmp")
+        # The old journal stays open (and valid) until the new one is complete on disk.
         with open(tmp, "w", encoding="utf-8") as out:
             header = {"version": _JOURNAL_VERSION, "incarnation": self._incarnation}
             out.write(json.dumps(header) + "\n")
@@ -292,6 +290,8 @@ class OperationStore:
             os.fsync(out.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
+        if self._journal is not None:
+            self._journal.close()
         self._journal = open(path, "a", encoding="utf-8")  # noqa: SIM115
         self._journal_lines = len(self._ops)
 
@@ -305,8 +305,6 @@ class OperationStore:
             if must or op.state in TERMINAL_STATES:
                 os.fsync(self._journal.fileno())
             self._journal_lines += 1
-            if self._journal_lines > max(_MIN_COMPACT_LINES, 2 * len(self._ops)):
-                self._compact_locked()
         except OSError as exc:
             _LOG.error(
                 "cannot write the operation journal",
@@ -317,6 +315,16 @@ class OperationStore:
                     f"operation journal {self._state_path}: cannot write ({exc.strerror}); "
                     "free space or fix permissions, then retry with the same request_id"
                 ) from None
+            return
+        if self._journal_lines > max(_MIN_COMPACT_LINES, 2 * len(self._ops)):
+            try:
+                self._compact_locked()
+            except OSError as exc:  # the appended journal stays valid; try again later
+                self._journal_lines = len(self._ops)
+                _LOG.error(
+                    "cannot compact the operation journal",
+                    extra={"fields": {"path": str(self._state_path), "error": exc.strerror}},
+                )
 
     def _new_id(self, request_id: str) -> str:
         # Derived from the request_id, so the same request names the same operation in every

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -12,6 +13,7 @@ import pytest
 
 from fleetupgrade.plugin.v1 import cluster_pb2, identity_pb2
 from plugins.sdk.client import PluginClient
+from plugins.sdk.errors import Unavailable
 from plugins.sdk.identity import StaticIdentity
 from plugins.sdk.operations import OperationStore
 from plugins.sdk.server import PluginServicers
@@ -215,6 +217,32 @@ def test_a_torn_last_line_is_dropped_and_a_broken_middle_line_is_refused(tmp_pat
     path.write_text("\n".join([lines[0], "not json", *lines[1:]]) + "\n")
     with pytest.raises(ValueError, match=r"ops.jsonl:2 is not an operation journal record"):
         OperationStore(state_path=path)
+
+
+def test_a_start_the_journal_cannot_record_is_unavailable_and_kept_nowhere(
+    tmp_path: Path,
+) -> None:
+    store = OperationStore(state_path=tmp_path / "ops.jsonl")
+    kept = _run_op(store, "kept", "c1")
+    real = store._journal
+    with open("/dev/full", "a", encoding="utf-8") as full:  # every write fails: ENOSPC
+        store._journal = full
+        try:
+            with pytest.raises(Unavailable, match="cannot write"):
+                store.start(request_id="lost", kind=OUT, cluster_id="c2")
+        finally:
+            store._journal = real
+            with contextlib.suppress(OSError):
+                full.close()  # drops what the device refused
+    assert store.lookup("lost") is None
+    assert store.in_flight("c2") is None
+    _, created = store.start(request_id="lost", kind=OUT, cluster_id="c2")
+    assert created
+    store.close()
+    reloaded = OperationStore(state_path=tmp_path / "ops.jsonl")
+    assert {op.request_id for op in reloaded.operations()} == {"kept", "lost"}
+    assert reloaded.get(kept).state == SUCCEEDED
+    reloaded.close()
 
 
 def test_one_state_file_serves_one_process_at_a_time(tmp_path: Path) -> None:
