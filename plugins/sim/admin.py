@@ -13,6 +13,8 @@ Routes (JSON in and out; no authentication, so bind it to loopback):
   POST /operations/{id}/finish  ends a running (e.g. hung) operation now: {"state":
                                 "SUCCEEDED" | "FAILED", "errorCode": str, "errorMessage": str}
   POST /operations/{id}/forget  the plugin forgets the operation (GetOperation: NOT_FOUND)
+  PUT  /faults                  replace the fleet file's faults now (same schema as its
+                                "faults"); clusters and health data stay as they are
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
 from plugins.sdk.errors import FailedPrecondition, NotFound
-from plugins.sim.config import ConfigError, WorkloadSpec
+from plugins.sim.config import ConfigError, Faults, WorkloadSpec
 from plugins.sim.fleet import Fleet
 from plugins.sim.monitor import InvariantMonitor
 
@@ -173,6 +175,9 @@ def _handler_class(
                 change = HealthChange.model_validate({"metrics": body})
                 fleet.set_fleet_metrics(change.metrics or {})
                 self._send(HTTPStatus.OK, {"updated": len(change.metrics or {})})
+            elif method == "PUT" and path == "/faults":
+                fleet.set_faults(Faults.model_validate(self._body()))
+                self._send(HTTPStatus.OK, {"faults": "replaced"})
             elif method == "POST" and path == "/reload":
                 if reload is None:
                     raise _HttpError(HTTPStatus.CONFLICT, "no --fleet file to reload")

@@ -27,7 +27,9 @@ from plugins.sim.config import (
     DEFAULT_STEP_SECONDS,
     AvailabilityFlap,
     ClusterSpec,
+    ConfigError,
     Defaults,
+    Faults,
     FleetConfig,
     HangRpc,
     MaintenanceWindowSpec,
@@ -372,20 +374,51 @@ class Fleet:
             if added:
                 self._ids = sorted(self._clusters)
             self._label_cache.clear()
-            self._fail_left = {}
-            self._restart_flaps(config.faults.availability_flaps)
-            faults = config.faults
-            self.rpc_faults = RpcFaults(
-                faults.unavailable_rate,
-                faults.unavailable_methods,
-                faults.hang_rpc,
-                self._seed,
-                self._closing,
-                faults.rpc_errors,
-            )
-            self._schedule_out_of_band(faults.out_of_band_upgrades)
+            self._start_faults(config.faults)
         if added:
             self.monitor.add_clusters(added)
+
+    def set_faults(self, faults: Faults) -> None:
+        """Replaces the faults now (admin PUT /faults), leaving clusters and health data as
+        they are; counters (times) start over, flaps and out-of-band upgrades are rescheduled.
+        ConfigError when a fault names a cluster the fleet does not have."""
+        unknown = sorted(
+            {
+                cluster_id
+                for group in (
+                    faults.fail_step,
+                    faults.hang_step,
+                    faults.forget_step,
+                    faults.refuse_versions,
+                    faults.unhealthy_after_upgrade,
+                    faults.availability_flaps,
+                    faults.out_of_band_upgrades,
+                )
+                for rule in group
+                for cluster_id in rule.clusters
+                if cluster_id not in self._clusters
+            }
+        )
+        if unknown:
+            raise ConfigError(
+                f"faults: unknown cluster id(s) {', '.join(unknown)}; use ids the fleet has"
+            )
+        with self._lock:
+            self._config = self._config.model_copy(update={"faults": faults})
+            self._start_faults(faults)
+
+    def _start_faults(self, faults: Faults) -> None:
+        self._fail_left = {}
+        self._restart_flaps(faults.availability_flaps)
+        self.rpc_faults = RpcFaults(
+            faults.unavailable_rate,
+            faults.unavailable_methods,
+            faults.hang_rpc,
+            self._seed,
+            self._closing,
+            faults.rpc_errors,
+        )
+        self._schedule_out_of_band(faults.out_of_band_upgrades)
 
     def _load_health(self, cluster: _Cluster, spec: ClusterSpec) -> None:
         workloads = spec.workloads if spec.workloads is not None else self._defaults.workloads

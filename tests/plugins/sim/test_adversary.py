@@ -218,3 +218,34 @@ def test_bad_adversary_faults_name_the_field(faults: dict[str, object], named: s
     with pytest.raises(ConfigError, match=r"\S") as bad:
         parse_fleet(small_fleet(faults=faults))
     assert named in str(bad.value)
+
+
+def test_faults_are_replaced_at_run_time_through_the_admin_endpoint(start_sim: StartSim) -> None:
+    run = start_sim(small_fleet())
+    url = f"{run.admin_url}/faults"
+    status, _ = admin_request(
+        url,
+        "PUT",
+        {
+            "rpcErrors": [{"method": "GetCluster", "code": "NOT_FOUND", "reason": "GONE"}],
+            "refuseVersions": [{"versions": ["1.29.4"], "clusters": ["c2"]}],
+        },
+    )
+    assert status == 200
+    with pytest.raises(PluginCallError) as gone:
+        run.client.get_cluster("c1")
+    assert (gone.value.code, gone.value.reason) == (grpc.StatusCode.NOT_FOUND, "GONE")
+    refused = run.client.preflight_upgrade("c2", "1.29.4")
+    assert refused.reason_code == "VERSION_NOT_OFFERED"
+    status, body = admin_request(
+        url, "PUT", {"hangStep": [{"step": "serviceIn", "clusters": ["zz"]}]}
+    )
+    assert status == 422 and "zz" in body["error"]
+    status, body = admin_request(url, "PUT", {"rpcErrors": [{"method": "GetCluster"}]})
+    assert status == 400 and "rpcErrors.0.code" in body["error"]
+    # The refused update left the faults as they were; an empty body clears them.
+    with pytest.raises(PluginCallError):
+        run.client.get_cluster("c1")
+    assert admin_request(url, "PUT", {})[0] == 200
+    assert run.client.get_cluster("c1").id == "c1"
+    assert run.client.preflight_upgrade("c2", "1.29.4").reason_code == ""
