@@ -46,6 +46,8 @@ class ClusterBackend(Protocol):
 
     Mutating methods get the caller identity (caller_of) last; a backend may ignore it. A
     backend without an RPC (outside its declared capabilities) raises Unimplemented there.
+    watch_operations that returns OperationStore.watch(...) with the call's context is
+    resumable (since_revision, revisions, resync) with nothing more to do.
     """
 
     def list_clusters(
