@@ -87,6 +87,7 @@ class GkeFleet:
         self.local = LocalOperations(self.store, self.state, self.traffic)
         self.upgrades = UpgradeRequests(self)
         self._poller: threading.Thread | None = None
+        self._lost: set[str] = set()  # in-flight operations GetOperation no longer finds
         self.local.resume()
 
     # --------------------------------------------------------------------- lifecycle
@@ -137,7 +138,9 @@ class GkeFleet:
             try:
                 self.mirror(self.api.get_operation(op_id), ref.project, force=True)
             except NotFound:
-                _LOG.warning("GKE no longer knows operation %s", op_id)
+                if op_id not in self._lost:  # once: it stays in flight until GKE says more
+                    self._lost.add(op_id)
+                    _LOG.warning("GKE no longer knows operation %s", op_id)
 
     def cluster_lock(self, cluster_id: str) -> threading.Lock:
         with self._locks_guard:
