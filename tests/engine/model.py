@@ -275,17 +275,26 @@ class Harness:
         until: Callable[[Harness], bool] | None = None,
         max_rounds: int = 20_000,
         horizon: float = 30 * 86400.0,
+        quiet: float = 3600.0,
     ) -> bool:
         """Step and jump to the next event until the run settles (True), `until` holds (True)
-        or nothing more can happen (False). Retry and skip are handed over once, as the run
-        controller consumes them; approvals stand."""
+        or nothing more can happen (False): no event due, or no operation, status change or
+        new message for `quiet` simulated seconds while only polling (e.g. for budget).
+        Retry and skip are handed over once, as the run controller consumes them; approvals
+        stand."""
+        last_change, last_message = self.fleet.now, ""
         for _ in range(max_rounds):
             result = self.step(approved, retry, skip)
             retry = skip = frozenset()
             if result.decision.phase in TERMINAL or (until is not None and until(self)):
                 return True
             if result.calls_made or result.decision.changed:
+                last_change = self.fleet.now
                 continue  # decide again at the same instant, as the controller does
+            if result.decision.message != last_message or self.fleet.next_completion() is not None:
+                last_change, last_message = self.fleet.now, result.decision.message
+            elif self.fleet.now - last_change > quiet:
+                return False
             wake = (
                 None
                 if result.requeue_after is None

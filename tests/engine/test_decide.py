@@ -1,0 +1,361 @@
+"""Single decisions of the pure engine: the health gate, admission under the floor (also across
+runs), re-issued service-outs, preflight refusals, invalid specs and size at 10,000 clusters."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+from orchestrator import api
+from orchestrator.engine import (
+    Decision,
+    Floor,
+    Preflight,
+    RunInput,
+    Upgrade,
+    Verdict,
+    decide,
+    request_id,
+    with_status,
+)
+from orchestrator.fleet import OpKind, OpObs, OpState, Snapshot
+from orchestrator.initialize import pin_upgrades
+from orchestrator.simulate import T0, ModelFleet, simulate
+from orchestrator.validate import validate_spec
+from tests.engine.model import U, as_run_spec, health_checks, make_fleet, spec_for
+
+NEW = "1.29.1"
+UID = "uid-1"
+
+
+def _pinned(fleet: ModelFleet, spec: api.ClusterVersionSpec) -> dict[str, Upgrade]:
+    pinned = pin_upgrades("run", as_run_spec(spec), fleet.clusters)
+    assert not isinstance(pinned, list), [str(p) for p in pinned]
+    return {u.cluster_id: u for u in pinned.upgrades}
+
+
+def _decide(
+    fleet: ModelFleet,
+    spec: api.ClusterVersionSpec,
+    statuses: Mapping[str, api.ClusterUpgradeStatus] | None = None,
+    seconds: float = 0.0,
+    **kw: Any,
+) -> tuple[Decision, dict[str, Upgrade]]:
+    """One decision over the fleet; statuses: cluster id → a status to start from."""
+    by_id = _pinned(fleet, spec)
+    for cid, st in (statuses or {}).items():
+        by_id[cid] = with_status(by_id[cid], st)
+    kw.setdefault("preflight_supported", False)
+    inp = RunInput(
+        key="ns/run",
+        uid=UID,
+        spec=as_run_spec(spec),
+        upgrades={u.name: u for u in by_id.values()},
+        snapshot=fleet.snapshot(),
+        now=T0 + timedelta(seconds=seconds),
+        **kw,
+    )
+    return decide(inp), by_id
+
+
+def _status(d: Decision, by_id: Mapping[str, Upgrade], cid: str) -> api.ClusterUpgradeStatus:
+    u = by_id[cid]
+    return d.changed.get(u.name, u.status)
+
+
+def _out(d: Decision) -> list[str]:
+    return sorted(c.cluster_id for c in d.calls if c.kind is OpKind.SERVICE_OUT)
+
+
+# -- the health gate before service-in -----------------------------------------------------------
+
+
+def _verifying(
+    health: api.HealthState, seconds: float
+) -> tuple[Decision, api.ClusterUpgradeStatus]:
+    """c00000 upgraded and out of service, verifying since T0, with the given health."""
+    fleet = make_fleet(3, version=NEW)
+    fleet.clusters["c00000"] = replace(fleet.clusters["c00000"], in_service=False)
+    spec = spec_for(fleet, NEW, required=1, _healthChecks=health_checks("10s", 2, 2, "5m"))
+    verifying = api.ClusterUpgradeStatus(
+        phase=U.VERIFYING, step="verify", step_start_time="2026-01-01T00:00:00Z", health=health
+    )
+    d, by_id = _decide(fleet, spec, {"c00000": verifying}, seconds)
+    return d, _status(d, by_id, "c00000")
+
+
+def test_the_gate_waits_for_success_threshold_passes() -> None:
+    one = api.HealthState(
+        since="2026-01-01T00:00:00Z", passes=1, last_check_time="2026-01-01T00:00:00Z"
+    )
+    d, st = _verifying(one, 3)
+    assert d.calls == []
+    assert st.phase == U.VERIFYING and "1/2 passes" in (st.message or "")
+    assert d.requeue_after == 7  # the next evaluation is due 10 s after the last
+    two = one.model_copy(update={"passes": 2})
+    d, st = _verifying(two, 10)
+    assert [(c.kind, c.cluster_id) for c in d.calls] == [(OpKind.SERVICE_IN, "c00000")]
+    assert st.phase == U.SERVICING_IN
+
+
+def test_the_gate_fails_at_failure_threshold_and_on_timeout() -> None:
+    bad = api.HealthState(
+        since="2026-01-01T00:00:00Z",
+        failures=2,
+        last_check_time="2026-01-01T00:00:00Z",
+        results=[
+            api.CheckResult(name="ok", passed=False, value=0.0, message="value 0 outside [1, ∞]")
+        ],
+    )
+    d, st = _verifying(bad, 1)
+    assert d.calls == []
+    assert st.phase == U.FAILED and st.reason == "HealthCheckFailed"
+    assert "value 0 outside [1, ∞]" in (st.message or "")
+    assert d.phase == api.RunPhase.HALTED
+    assert ("c00000", "Failed") in [(c, p) for c, p, _, warning in d.events if warning]
+    slow = api.HealthState(
+        since="2026-01-01T00:00:00Z", passes=1, last_check_time="2026-01-01T00:04:59Z"
+    )
+    d, st = _verifying(slow, 301)
+    assert d.calls == []
+    assert st.phase == U.FAILED and "within 5m" in (st.message or "")
+
+
+def test_a_cluster_not_ready_is_never_serviced_in_and_times_out() -> None:
+    fleet = make_fleet(3, version=NEW)
+    c0 = fleet.clusters["c00000"]
+    fleet.clusters["c00000"] = replace(
+        c0, in_service=False, available=False, unavailable_reason="apiserver down"
+    )
+    spec = spec_for(fleet, NEW, required=1)
+    verifying = api.ClusterUpgradeStatus(
+        phase=U.VERIFYING, step="verify", step_start_time="2026-01-01T00:00:00Z"
+    )
+    d, by_id = _decide(fleet, spec, {"c00000": verifying}, 60)
+    st = _status(d, by_id, "c00000")
+    assert d.calls == [] and st.phase == U.VERIFYING
+    assert "apiserver down" in (st.message or "")
+    d, by_id = _decide(fleet, spec, {"c00000": verifying}, 30 * 60 + 1)
+    st = _status(d, by_id, "c00000")
+    assert d.calls == [] and st.phase == U.FAILED and st.reason == "NotReady"
+
+
+# -- admission and the floor ---------------------------------------------------------------------
+
+
+def test_admission_takes_exactly_the_budget() -> None:
+    fleet = make_fleet(10)
+    d, _ = _decide(fleet, spec_for(fleet, NEW, required=7))
+    assert _out(d) == ["c00000", "c00001", "c00002"]
+
+
+def test_unavailable_and_out_of_service_clusters_count_as_down() -> None:
+    fleet = make_fleet(6)
+    fleet.clusters["c00004"] = replace(fleet.clusters["c00004"], available=False)
+    fleet.clusters["c00005"] = replace(fleet.clusters["c00005"], in_service=False)
+    d, by_id = _decide(fleet, spec_for(fleet, NEW, required=3))
+    assert _out(d) == ["c00000"]  # 4 up and in service, 3 required
+    assert _status(d, by_id, "c00005").phase == U.PENDING
+    # at the floor already: nothing at all
+    d, _ = _decide(fleet, spec_for(fleet, NEW, required=4))
+    assert d.calls == [] and "availability budget" in d.message
+
+
+def test_a_foreign_operation_in_flight_counts_as_down_and_is_not_joined() -> None:
+    fleet = make_fleet(4)
+    foreign = OpObs("op-x", OpKind.CONTROL_PLANE, "c00000", OpState.RUNNING, "someone-else:1")
+    fleet.clusters["c00000"] = replace(fleet.clusters["c00000"], current_operation=foreign)
+    d, by_id = _decide(fleet, spec_for(fleet, NEW, required=2))
+    assert _out(d) == ["c00001"]  # 3 free, 2 required
+    st = _status(d, by_id, "c00000")
+    assert (
+        st.phase == U.PENDING and st.reason == "ForeignOperation" and "op-x" in (st.message or "")
+    )
+
+
+def test_a_cluster_held_by_another_run_waits_naming_the_holder() -> None:
+    fleet = make_fleet(4)
+    d, by_id = _decide(fleet, spec_for(fleet, NEW, required=1), held_by={"c00000": "other/run-a"})
+    assert _out(d) == ["c00001", "c00002"]  # the held one is down: 3 free, 1 required
+    st = _status(d, by_id, "c00000")
+    assert st.phase == U.PENDING and st.reason == "HeldByAnotherRun"
+    assert "other/run-a" in (st.message or "")
+
+
+def test_the_floor_of_another_run_sharing_clusters_holds_too() -> None:
+    fleet = make_fleet(6)
+    mine = spec_for(fleet, NEW, required=1).model_copy(
+        update={"clusters": [api.ClusterSpec(id=f"c{i:05d}", version=NEW) for i in range(4)]}
+    )
+    other = Floor("other/run-b", frozenset(f"c{i:05d}" for i in range(2, 6)), required=3)
+    d, _ = _decide(fleet, mine, floors=[other])
+    # Own budget 3; the other run (4 members, 3 required) lets one of c00002/c00003 go.
+    assert _out(d) == ["c00000", "c00001", "c00002"]
+
+
+def test_a_reissued_service_out_passes_the_budget_again() -> None:
+    fleet = make_fleet(4)
+    spec = spec_for(fleet, NEW, required=2)
+    rid = request_id(UID, "c00000", OpKind.SERVICE_OUT.value, NEW, 0)
+    unconfirmed = api.ClusterUpgradeStatus(
+        phase=U.SERVICING_OUT,
+        step=OpKind.SERVICE_OUT.value,
+        request_id=rid,
+        step_start_time="2026-01-01T00:00:00Z",
+    )
+    d, by_id = _decide(fleet, spec, {"c00000": unconfirmed}, 5)
+    assert [(c.kind, c.request_id, c.reissue) for c in d.calls if c.cluster_id == "c00000"] == [
+        (OpKind.SERVICE_OUT, rid, True)
+    ]
+    # Meanwhile two others went down: taking c00000 out now would break the floor.
+    for cid in ("c00002", "c00003"):
+        fleet.clusters[cid] = replace(fleet.clusters[cid], available=False)
+    d, by_id = _decide(fleet, spec, {"c00000": unconfirmed}, 5)
+    assert d.calls == []
+    st = _status(d, by_id, "c00000")
+    assert st.phase == U.PENDING and st.reason == "WaitingForBudget"
+
+
+def test_a_refused_preflight_blocks_before_anything_is_taken_out() -> None:
+    fleet = make_fleet(3)
+    refused = Preflight(Verdict.REFUSED_NEVER, T0, "SKIPS_MINOR", "1.28 to 1.30 skips a minor")
+    d, by_id = _decide(
+        fleet,
+        spec_for(fleet, NEW, required=1),
+        preflight_supported=True,
+        preflight={"c00000": refused, "c00001": Preflight(Verdict.ACCEPTED, T0)},
+    )
+    assert _out(d) == ["c00001"]
+    assert d.preflight_needed == ["c00002"]  # not asked yet: asked before anything happens
+    st = _status(d, by_id, "c00000")
+    assert (
+        st.phase == U.BLOCKED and st.reason == "Refused" and "skips a minor" in (st.message or "")
+    )
+
+
+# -- invalid specs -------------------------------------------------------------------------------
+
+
+def test_an_invalid_spec_pins_nothing_and_names_the_fields() -> None:
+    fleet = make_fleet(3)
+    spec = api.ClusterVersionSpec.model_validate(
+        {
+            "requiredAvailableCount": 2,
+            "opsEndpoint": {"endpoint": "plugin:9000"},
+            "clusters": [
+                {"id": "c00000", "version": NEW},
+                {"id": "nope", "version": NEW},
+                {"id": "c00001", "version": "1.27.0"},
+            ],
+        }
+    )
+    problems = pin_upgrades("run", as_run_spec(spec), fleet.clusters)
+    assert isinstance(problems, list)
+    assert {p.field for p in problems} == {"spec.clusters[1].id", "spec.clusters[2].version"}
+    assert any("downgrade" in p.message for p in problems)
+    outcome = simulate(fleet, spec)
+    assert outcome.problems and not fleet.started_steps
+    # The floor is checked before the inventory is read.
+    floor = spec.model_copy(update={"required_available_count": 3})
+    problems = pin_upgrades("run", as_run_spec(floor), fleet.clusters)
+    assert isinstance(problems, list)
+    assert [p.field for p in problems] == ["spec.requiredAvailableCount"]
+
+
+def test_bad_health_checks_are_an_invalid_spec() -> None:
+    fleet = make_fleet(3)
+    raw = spec_for(fleet, NEW, required=1).dump()
+    raw["healthChecks"] = {
+        "checks": [
+            {
+                "name": "a",
+                "metric": {
+                    "provider": {"type": "prometheus", "address": "http://p:9090"},
+                    "query": 'sum(rate(x{cluster="{{ cluster }}"[5m]))',
+                    "thresholdRange": {"min": 1},
+                },
+            },
+            {
+                "name": "b",
+                "metric": {
+                    "provider": {"type": "prometheus", "address": "http://p:9090"},
+                    "query": "up",
+                    "thresholdRange": {},
+                },
+            },
+            {
+                "name": "c",
+                "metric": {
+                    "provider": {"type": "datadog"},
+                    "query": "up",
+                    "thresholdRange": {"max": 1},
+                },
+            },
+        ]
+    }
+    problems = validate_spec(api.ClusterVersionSpec.model_validate(raw))
+    assert {p.field for p in problems} == {
+        "spec.healthChecks.checks[0].metric.query",
+        "spec.healthChecks.checks[1].metric.thresholdRange",
+        "spec.healthChecks.checks[2].metric.provider.type",
+    }
+    assert any("not valid PromQL" in p.message for p in problems)
+
+
+# -- size ----------------------------------------------------------------------------------------
+
+
+def test_every_object_stays_small_at_ten_thousand_clusters() -> None:
+    fleet = make_fleet(10_000, staged=True)
+    spec = api.ClusterVersionSpec.model_validate(
+        {
+            "requiredAvailableCount": 8_000,
+            "version": NEW,
+            "opsEndpoint": {"endpoint": "plugin:9000"},
+            "strategy": {"stages": [{"name": "all", "selector": {}}]},
+        }
+    )
+    d, by_id = _decide(fleet, spec)
+    assert len(_out(d)) == 2_000  # the whole budget in flight at once
+    assert len(d.changed) == 2_000
+    run = api.UpdateRunStatus(
+        phase=d.phase, message=d.message, counts=d.counts, stages=d.stages, current_stage="all"
+    )
+    assert len(json.dumps(run.dump())) <= 4 * 1024
+    for u in by_id.values():
+        st = d.changed.get(u.name, u.status)
+        body = {"metadata": {"name": u.name}, "spec": u.spec.dump(), "status": st.dump()}
+        assert len(json.dumps(body)) <= 2 * 1024
+    assert d.counts == api.RunCounts(total=10_000, pending=8_000, in_flight=2_000)
+
+
+def test_snapshot_operations_carry_a_step_forward() -> None:
+    fleet = make_fleet(2)
+    spec = spec_for(fleet, NEW, required=1)
+    rid = request_id(UID, "c00000", OpKind.SERVICE_OUT.value, NEW, 0)
+    out = api.ClusterUpgradeStatus(
+        phase=U.SERVICING_OUT,
+        step=OpKind.SERVICE_OUT.value,
+        request_id=rid,
+        operation_id="op-1",
+        step_start_time="2026-01-01T00:00:00Z",
+    )
+    done = OpObs("op-1", OpKind.SERVICE_OUT, "c00000", OpState.SUCCEEDED, rid)
+    fleet.clusters["c00000"] = replace(fleet.clusters["c00000"], in_service=False)
+    by_id = _pinned(fleet, spec)
+    inp = RunInput(
+        key="ns/run",
+        uid=UID,
+        spec=as_run_spec(spec),
+        upgrades={by_id["c00000"].name: with_status(by_id["c00000"], out)},
+        snapshot=Snapshot(fleet.clusters, {rid: done}),
+        now=T0 + timedelta(seconds=3),
+        preflight_supported=False,
+    )
+    d = decide(inp)
+    (call,) = d.calls
+    assert call.kind is OpKind.CONTROL_PLANE and call.version == NEW
+    assert call.request_id == request_id(UID, "c00000", OpKind.CONTROL_PLANE.value, NEW, 0)
