@@ -11,13 +11,18 @@ from typing import Any
 
 from plugins.kubefleet.config import KubeFleetConfig
 from plugins.kubefleet.fleet import HEALTH_CONDITION, KubeFleetHub, collector_names
+from plugins.kubefleet.objects import COOKBOOKS, CURRENT, SEED, Cookbook
 from plugins.kubefleet.servicers import CAPABILITIES, PLUGIN_NAME
 
 __all__ = [
     "CAPABILITIES",
+    "COOKBOOKS",
+    "CURRENT",
     "HEALTH_CONDITION",
     "PLUGIN_NAME",
+    "SEED",
     "CollectorOptions",
+    "Cookbook",
     "KubeFleetConfig",
     "KubeFleetHub",
     "KubeFleetOptions",

@@ -1,13 +1,23 @@
 """The fleet-metric-collector agent: local Prometheus → MetricCollectorReport on the KubeFleet hub.
 
-Runs on each member cluster. It watches the MetricCollectors that KubeFleet placed on the
-member (one per stage being verified); for each, every spec.interval it queries the local
-Prometheus for workload_health and creates or updates the MetricCollectorReport named like the
-collector in the hub namespace fleet-member-<cluster> (spec.reportNamespace, given per cluster
-by a ClusterResourceOverride). Prometheus or hub outages are ridden out with exponential
-backoff; what is wrong is written as conditions on the report (MetricsCollected) and on the
-member's MetricCollector (MetricsCollected, MetricsReported). When a MetricCollector goes
-away, its report on the hub is deleted.
+Runs on each member cluster, for either cookbook generation or both at once (--cookbook
+current|seed|both; auto: current when the hub serves autoapprove.kubernetes-fleet.io reports to
+it, else seed; both: a hub that serves the two side by side, e.g. while moving from one to the
+other):
+
+- current: like the cookbook's own metric-collector (pkg/controllers/metriccollector), it
+  watches the MetricCollectorReports the hub side created in fleet-member-<cluster> and, every
+  interval, fills their status from the local Prometheus's workload_health. It never creates
+  or deletes reports.
+- seed: it watches the MetricCollectors that KubeFleet placed on the member (one per stage
+  being verified) and creates or updates the MetricCollectorReport named like the collector in
+  fleet-member-<cluster> (spec.reportNamespace, set per cluster by a ClusterResourceOverride);
+  when a MetricCollector goes away its report is deleted.
+
+Only the fields the generation's schema keeps are written (a pruned field would be written
+again at every collection for nothing). Prometheus or hub outages are ridden out with
+exponential backoff; what is wrong is written as conditions on the report (MetricsCollected)
+and, in seed mode, on the member's MetricCollector (MetricsCollected, MetricsReported).
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
@@ -30,18 +40,21 @@ from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from plugins.kubefleet import health
 from plugins.kubefleet.objects import (
+    ANNOTATION_INTERVAL,
+    CURRENT,
     LABEL_CLUSTER,
     LABEL_MANAGED_BY,
     LABEL_METRIC_COLLECTOR,
-    METRIC_COLLECTOR_REPORTS,
     METRIC_COLLECTORS,
+    SEED,
+    Cookbook,
     condition,
     format_time,
     member_namespace,
     set_condition,
 )
 from plugins.kubefleet.prometheus import PrometheusError, query_vector
-from plugins.sdk.kube import Kube, KubeError, KubeNotFound
+from plugins.sdk.kube import Kube, KubeError, KubeNotFound, Resource
 from plugins.sdk.kubecache import Informer
 from plugins.sdk.server import configure_logging
 
@@ -67,6 +80,7 @@ _DEFAULT_INTERVAL = 30.0
 _MIN_INTERVAL = 0.2
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+COOKBOOK_CHOICES = ("auto", "current", "seed", "both")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -91,6 +105,7 @@ class CollectorOptions:
     prometheus_url: str | None = None
     default_interval: float = _DEFAULT_INTERVAL
     max_backoff: float = 60.0
+    cookbook: str = "auto"
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def problems(self) -> list[str]:
@@ -107,6 +122,8 @@ class CollectorOptions:
             )
         if self.max_backoff <= 0 or self.default_interval <= 0:
             out.append("--max-backoff and --default-interval: must be positive seconds")
+        if self.cookbook not in COOKBOOK_CHOICES:
+            out.append(f"--cookbook: {self.cookbook!r} is not one of {', '.join(COOKBOOK_CHOICES)}")
         return out
 
 
@@ -120,6 +137,33 @@ class _State:
     report_conditions: list[dict[str, Any]] = field(default_factory=list)
     member_conditions: list[dict[str, Any]] = field(default_factory=list)
     reported: bool = False
+
+
+class _InNamespace:
+    """The hub adapter as an Informer sees it, listing and watching one namespace only (the
+    agent may read reports in its own fleet-member-<cluster>, nowhere else)."""
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        self._kube = kube
+        self._namespace = namespace
+
+    @property
+    def closed(self) -> bool:
+        return self._kube.closed
+
+    def list(self, res: Resource, label_selector: str = "") -> tuple[list[dict[str, Any]], str]:
+        return self._kube.list(res, label_selector, namespace=self._namespace)
+
+    def watch(
+        self,
+        res: Resource,
+        resource_version: str,
+        label_selector: str = "",
+        timeout_seconds: int = 300,
+    ) -> Any:
+        return self._kube.watch(
+            res, resource_version, label_selector, timeout_seconds, namespace=self._namespace
+        )
 
 
 class MetricCollectorAgent:
@@ -141,8 +185,13 @@ class MetricCollectorAgent:
         )
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._collectors = Informer(self.member, METRIC_COLLECTORS, on_change=self._wake.set)
-        self._states: dict[str, _State] = {}
+        self.namespace = member_namespace(options.cluster_name)
+        chosen = {"current": [CURRENT], "seed": [SEED], "both": [CURRENT, SEED]}
+        self.cookbooks: list[Cookbook] = chosen.get(options.cookbook, [])
+        self._collectors: Informer | None = None
+        self._reports: Informer | None = None
+        self._states: dict[str, _State] = {}  # seed: per MetricCollector
+        self._report_states: dict[str, _State] = {}  # current: per hub-created report
         self._orphans: dict[str, str] = {}  # report name -> namespace, to delete on the hub
         self._thread = threading.Thread(target=self._run, name="metric-collector", daemon=True)
         registry = options.registry
@@ -160,16 +209,42 @@ class MetricCollectorAgent:
         )
 
     def start(self) -> MetricCollectorAgent:
-        """Starts the watch cache and the collection thread."""
-        self._collectors.start()
+        """Starts the collection thread (it picks the generation, then starts its cache)."""
         self._thread.start()
         return self
+
+    def _resolve(self) -> bool:
+        """Picks the generation (auto: current when the hub serves its reports to this agent)
+        and starts the watch cache it needs; False while the hub cannot be asked."""
+        if not self.cookbooks:
+            try:
+                self.hub.list(CURRENT.reports, namespace=self.namespace)
+                self.cookbooks = [CURRENT]
+            except KubeError as exc:
+                if exc.status not in (403, 404):
+                    _LOG.info("cannot ask the hub yet", extra={"fields": {"error": exc.message}})
+                    return False
+                self.cookbooks = [SEED]
+            _LOG.info(
+                "collecting for the cookbook generation",
+                extra={"fields": {"cookbook": self.cookbooks[0].name}},
+            )
+        if CURRENT in self.cookbooks and self._reports is None:
+            scoped: Any = _InNamespace(self.hub, self.namespace)
+            self._reports = Informer(scoped, CURRENT.reports, on_change=self._wake.set)
+            self._reports.start()
+        if SEED in self.cookbooks and self._collectors is None:
+            self._collectors = Informer(self.member, METRIC_COLLECTORS, on_change=self._wake.set)
+            self._collectors.start()
+        return True
 
     def stop(self) -> None:
         """Stops the thread and closes both connections."""
         self._stop.set()
         self._wake.set()
-        self._collectors.stop(timeout=0)
+        for informer in (self._collectors, self._reports):
+            if informer is not None:
+                informer.stop(timeout=0)
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         self.member.close()
@@ -182,7 +257,132 @@ class MetricCollectorAgent:
             self._wake.clear()
 
     def _pass(self) -> float:
-        """Collects for every due MetricCollector; returns seconds until the next one is due."""
+        """Collects for what is due; returns seconds until the next one is due."""
+        if not self._resolve():
+            return min(self.options.max_backoff, 2.0)
+        waits = []
+        if CURRENT in self.cookbooks:
+            waits.append(self._current_pass())
+        if SEED in self.cookbooks:
+            waits.append(self._seed_pass())
+        return min(waits)
+
+    def _current_pass(self) -> float:
+        """current generation: fills the status of every due report the hub created here."""
+        assert self._reports is not None
+        if not self._reports.synced:
+            return 0.5
+        now = time.monotonic()
+        present: set[str] = set()
+        next_due = 5.0
+        for cached in self._reports.items():
+            report = cached.obj
+            name = str(report["metadata"]["name"])
+            present.add(name)
+            state = self._report_states.setdefault(name, _State())
+            if report["metadata"].get("deletionTimestamp"):
+                continue
+            if state.due <= now:
+                try:
+                    self._fill(report, state)
+                except Exception:  # the agent must survive anything one report does
+                    _LOG.exception("collection failed", extra={"fields": {"report": name}})
+                    state.due = time.monotonic() + self._backoff(state)
+            next_due = min(next_due, max(0.0, state.due - time.monotonic()))
+        for name in set(self._report_states) - present:
+            self._report_states.pop(name)
+        return next_due
+
+    def _fill(self, report: Mapping[str, Any], state: _State) -> None:
+        """Queries Prometheus and writes the report's status (what the cookbook's collector
+        writes: conditions, workloadsMonitored, lastCollectionTime, collectedMetrics)."""
+        meta = report.get("metadata") or {}
+        name = str(meta.get("name"))
+        url = self.options.prometheus_url or str(
+            (report.get("spec") or {}).get("prometheusUrl") or ""
+        )
+        status, ok, _ = self._query(url, state, int(meta.get("generation") or 0), CURRENT)
+        try:
+            self.hub.patch_status(CURRENT.reports, self.namespace, name, {"status": status})
+        except KubeNotFound:
+            return  # the hub side removed it: nothing to report
+        except KubeError as exc:
+            self.reports.labels("failure").inc()
+            _LOG.warning(
+                "report not written", extra={"fields": {"report": name, "error": str(exc)}}
+            )
+            state.due = time.monotonic() + self._backoff(state)
+            return
+        self.reports.labels("success").inc()
+        interval = parse_interval(
+            (meta.get("annotations") or {}).get(ANNOTATION_INTERVAL), self.options.default_interval
+        )
+        if ok:
+            state.failures = 0
+            state.due = time.monotonic() + interval
+        else:
+            state.due = time.monotonic() + min(interval, self._backoff(state))
+
+    def _query(
+        self, url: str, state: _State, generation: int, cookbook: Cookbook
+    ) -> tuple[dict[str, Any], bool, str]:
+        """(report status, collected, message) of one Prometheus query, with only the fields
+        the generation's report schema keeps."""
+        now = datetime.now(UTC)
+        try:
+            if not url:
+                raise PrometheusError("no Prometheus URL: spec.prometheusUrl is empty")
+            samples = query_vector(url, QUERY)
+        except PrometheusError as exc:
+            self.collections.labels("failure").inc()
+            state.report_conditions = set_condition(
+                state.report_conditions,
+                COLLECTED,
+                "False",
+                "CollectionFailed",
+                str(exc),
+                generation,
+                now,
+            )
+            return {"conditions": state.report_conditions}, False, str(exc)
+        self.collections.labels("success").inc()
+        pods = health.pods_from_samples(samples)
+        if "podName" in cookbook.metric_fields:
+            pods = [p for p in pods if p.pod]  # podName is required there (as the cookbook skips)
+        workloads = {(p.namespace, p.workload, p.kind) for p in pods}
+        message = f"collected {len(pods)} workload_health series of {len(workloads)} workload(s)"
+        state.report_conditions = set_condition(
+            state.report_conditions,
+            COLLECTED,
+            "True",
+            "CollectionSucceeded",
+            message,
+            generation,
+            now,
+        )
+        metrics = []
+        for p in pods:
+            item = {
+                "namespace": p.namespace,
+                "workloadName": p.workload,
+                "workloadKind": p.kind,
+                "podName": p.pod,
+                "health": p.healthy,
+            }
+            metrics.append(
+                _without_empty({k: v for k, v in item.items() if k in cookbook.metric_fields})
+            )
+        status = {
+            "conditions": state.report_conditions,
+            "workloadsMonitored": len(workloads),
+            "lastCollectionTime": format_time(now),
+            "collectedMetrics": metrics,
+        }
+        return status, True, message
+
+    def _seed_pass(self) -> float:
+        """seed generation: collects for every due MetricCollector placed on the member."""
+        assert self._collectors is not None
         if not self._collectors.synced:
             return 0.5
         now = time.monotonic()
@@ -208,7 +408,7 @@ class MetricCollectorAgent:
                 self._orphans[name] = state.report_namespace
         for name, namespace in list(self._orphans.items()):
             try:
-                self.hub.delete(METRIC_COLLECTOR_REPORTS, namespace, name)
+                self.hub.delete(SEED.reports, namespace, name)
             except KubeNotFound:
                 pass
             except KubeError as exc:
@@ -220,7 +420,11 @@ class MetricCollectorAgent:
         return next_due
 
     def _interval(self, mc: Mapping[str, Any]) -> float:
-        return parse_interval((mc.get("spec") or {}).get("interval"), self.options.default_interval)
+        annotations = (mc.get("metadata") or {}).get("annotations") or {}
+        return parse_interval(
+            annotations.get(ANNOTATION_INTERVAL) or (mc.get("spec") or {}).get("interval"),
+            self.options.default_interval,
+        )
 
     def _backoff(self, state: _State) -> float:
         state.failures += 1
@@ -230,7 +434,7 @@ class MetricCollectorAgent:
         name = str(mc["metadata"]["name"])
         spec = mc.get("spec") or {}
         now = datetime.now(UTC)
-        expected = member_namespace(self.options.cluster_name)
+        expected = self.namespace
         namespace = str(spec.get("reportNamespace") or "")
         if namespace != expected:
             message = (
@@ -241,54 +445,7 @@ class MetricCollectorAgent:
             state.due = time.monotonic() + self._backoff(state)
             return
         url = self.options.prometheus_url or str(spec.get("prometheusUrl") or "")
-        status: dict[str, Any]
-        try:
-            if not url:
-                raise PrometheusError("no Prometheus URL: spec.prometheusUrl is empty")
-            samples = query_vector(url, QUERY)
-        except PrometheusError as exc:
-            self.collections.labels("failure").inc()
-            state.report_conditions = set_condition(
-                state.report_conditions, COLLECTED, "False", "CollectionFailed", str(exc), 0, now
-            )
-            status = {"conditions": state.report_conditions}
-            collected_ok = False
-            collect_message = str(exc)
-        else:
-            self.collections.labels("success").inc()
-            pods = health.pods_from_samples(samples)
-            workloads = _summaries(pods)
-            collect_message = (
-                f"collected {len(pods)} workload_health series of {len(workloads)} workload(s)"
-            )
-            state.report_conditions = set_condition(
-                state.report_conditions,
-                COLLECTED,
-                "True",
-                "CollectionSucceeded",
-                collect_message,
-                0,
-                now,
-            )
-            status = {
-                "conditions": state.report_conditions,
-                "workloadsMonitored": len(workloads),
-                "lastCollectionTime": format_time(now),
-                "collectedMetrics": [
-                    _without_empty(
-                        {
-                            "namespace": p.namespace,
-                            "workloadName": p.workload,
-                            "workloadKind": p.kind,
-                            "podName": p.pod,
-                            "health": p.healthy,
-                        }
-                    )
-                    for p in pods
-                ],
-                "workloads": workloads,
-            }
-            collected_ok = True
+        status, collected_ok, collect_message = self._query(url, state, 0, SEED)
         self._set_member(
             mc,
             state,
@@ -322,10 +479,11 @@ class MetricCollectorAgent:
     def _write_report(
         self, mc: Mapping[str, Any], namespace: str, url: str, status: dict[str, Any]
     ) -> None:
-        """Status merge patch; on 404 create the report (spec and labels), then patch."""
+        """Status merge patch; on 404 create the report (spec.prometheusUrl, the one field of
+        the seed schema's spec; labels say which collector and cluster), then patch."""
         name = str(mc["metadata"]["name"])
         try:
-            self.hub.patch_status(METRIC_COLLECTOR_REPORTS, namespace, name, {"status": status})
+            self.hub.patch_status(SEED.reports, namespace, name, {"status": status})
             return
         except KubeNotFound:
             pass
@@ -337,21 +495,17 @@ class MetricCollectorAgent:
         if managed:
             labels[LABEL_MANAGED_BY] = str(managed)
         body = {
-            "apiVersion": METRIC_COLLECTOR_REPORTS.api_version,
-            "kind": METRIC_COLLECTOR_REPORTS.kind,
+            "apiVersion": SEED.reports.api_version,
+            "kind": SEED.reports.kind,
             "metadata": {"name": name, "namespace": namespace, "labels": labels},
-            "spec": {
-                "metricCollector": name,
-                "clusterName": self.options.cluster_name,
-                "prometheusUrl": url,
-            },
+            "spec": {"prometheusUrl": url or "unset"},
         }
         try:
-            self.hub.create(METRIC_COLLECTOR_REPORTS, namespace, body)
+            self.hub.create(SEED.reports, namespace, body)
         except KubeError as exc:
             if exc.status != 409:
                 raise
-        self.hub.patch_status(METRIC_COLLECTOR_REPORTS, namespace, name, {"status": status})
+        self.hub.patch_status(SEED.reports, namespace, name, {"status": status})
 
     def _set_member(
         self,
@@ -392,25 +546,6 @@ class MetricCollectorAgent:
             _LOG.info("cannot write the collector status", extra={"fields": {"error": str(exc)}})
             return
         state.member_conditions = conds
-
-
-def _summaries(pods: Sequence[health.PodHealth]) -> list[dict[str, Any]]:
-    """Per workload: pods and healthy pods (the report's status.workloads)."""
-    groups: dict[tuple[str, str, str], list[health.PodHealth]] = {}
-    for pod in pods:
-        groups.setdefault((pod.namespace, pod.workload, pod.kind), []).append(pod)
-    return [
-        _without_empty(
-            {
-                "namespace": namespace,
-                "name": name,
-                "kind": kind,
-                "pods": len(members),
-                "healthyPods": sum(1 for p in members if p.healthy),
-            }
-        )
-        for (namespace, name, kind), members in sorted(groups.items())
-    ]
 
 
 def _without_empty(item: dict[str, Any]) -> dict[str, Any]:
@@ -481,6 +616,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--metrics-addr", default="", metavar="HOST:PORT", help="serve the agent's metrics here"
     )
+    parser.add_argument(
+        "--cookbook",
+        choices=COOKBOOK_CHOICES,
+        default=env.get("COOKBOOK", "auto"),
+        help="current: fill the reports the hub creates (autoapprove.kubernetes-fleet.io); "
+        "seed: report for the MetricCollectors placed here (metric.kubernetes-fleet.io); "
+        "both: the two side by side; auto: current when the hub serves its reports to this "
+        "agent, else seed (default)",
+    )
     parser.add_argument("--debug", action="store_true", help="debug logging")
     return parser
 
@@ -502,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
                 prometheus_url=args.prometheus_url,
                 default_interval=args.default_interval,
                 max_backoff=args.max_backoff,
+                cookbook=args.cookbook,
                 registry=registry,
             )
         )

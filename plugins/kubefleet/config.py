@@ -5,11 +5,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from plugins.kubefleet.inventory import DEFAULT_VERSION_SOURCE, TaintSpec
+from plugins.kubefleet.inventory import DEFAULT_VERSION_SOURCE, TaintSpec, parse_version_sources
 
-__all__ = ["HEALTH_SOURCES", "KubeFleetConfig"]
+__all__ = ["COOKBOOK_CHOICES", "HEALTH_SOURCES", "KubeFleetConfig"]
 
 HEALTH_SOURCES = ("reports", "prometheus")
+COOKBOOK_CHOICES = ("auto", "current", "seed")
+MAX_OVERRIDES = 100
+"""KubeFleet's limit of ClusterResourceOverrides per hub (its validating webhook)."""
 _DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$")
 _URL = re.compile(r"^https?://[^/\s]+")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -24,6 +27,10 @@ class KubeFleetConfig:
     clusters (ClusterResourcePlacement + ClusterResourceOverride). "prometheus": one central
     Prometheus holds workload_health of every cluster (label cluster_label); nothing is
     propagated and the hub sees no per-cluster traffic.
+
+    cookbook "current": the cookbook's autoapprove.kubernetes-fleet.io API (hub-created
+    MetricCollectorReports); "seed": the tutorial's metric.kubernetes-fleet.io API (a placed
+    MetricCollector); "auto": whichever the hub serves, current first.
     """
 
     health_source: str = "reports"
@@ -35,6 +42,8 @@ class KubeFleetConfig:
     evaluate_interval: float = 5.0
     taint: TaintSpec = field(default_factory=TaintSpec)
     version_source: str = DEFAULT_VERSION_SOURCE
+    cookbook: str = "auto"
+    max_overrides: int = 10
 
     def problems(self) -> list[str]:
         """Every setting that is wrong, each naming its flag and the fix."""
@@ -61,11 +70,16 @@ class KubeFleetConfig:
             out.append("--evaluate-interval: must be a positive number of seconds")
         if not _LABEL_NAME.match(self.cluster_label):
             out.append(f"--cluster-label: {self.cluster_label!r} is not a Prometheus label name")
-        kind, _, name = self.version_source.partition(":")
-        if kind not in ("property", "label") or not name:
+        try:
+            parse_version_sources(self.version_source)
+        except ValueError as exc:
+            out.append(f"--version-source: {exc}")
+        if self.cookbook not in COOKBOOK_CHOICES:
+            out.append(f"--cookbook: {self.cookbook!r} is not one of {', '.join(COOKBOOK_CHOICES)}")
+        if not 1 <= self.max_overrides <= MAX_OVERRIDES:
             out.append(
-                f"--version-source: {self.version_source!r}; use property:NAME "
-                "(e.g. property:k8s.io/k8s-version) or label:KEY"
+                f"--max-overrides: {self.max_overrides} is not between 1 and {MAX_OVERRIDES} "
+                "(KubeFleet admits 100 ClusterResourceOverrides per hub; leave room for yours)"
             )
         if not self.taint.key:
             out.append("--taint-key: must not be empty")

@@ -3,15 +3,19 @@
 KubeFleetHub is what the gRPC servicers call. Everything it reads comes from watch caches
 (approval requests, update runs, trackers, MemberClusters, reports, and the objects it
 created), so a gate evaluation costs the hub no request in steady state. One reconcile thread,
-woken by any cache change and by a short tick, turns approval requests into gates, publishes
-their changes to WatchGates streams, keeps a MetricCollector + ClusterResourceOverride + PickFixed
-ClusterResourcePlacement per pending tracked gate (and removes them once the gate is approved
-or gone), writes what it sees about the stage's workloads onto the approval request (condition
-and Event), and follows service-out / service-in operations until the cache shows the taint.
+woken by any cache change and by a short tick, turns approval requests into gates (before-stage
+and after-stage ones decide on different clusters, see gates.readiness), publishes their changes
+to WatchGates streams, keeps what health data needs per pending tracked gate (current cookbook:
+the hub-created MetricCollectorReports; seed: a MetricCollector, its placements and a slot in a
+shared override; collection.py) and removes it once the gate is resolved or gone, writes what it
+sees about the stage's workloads onto the approval request (condition and Event), and follows
+service-out / service-in operations, recorded on the MemberCluster (oplog.py), until the cache
+shows the taint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import re
@@ -25,51 +29,48 @@ from typing import Any
 import grpc
 
 from fleetupgrade.plugin.v1 import cluster_pb2, gate_pb2, health_pb2
+from plugins.kubefleet import collection, health, inventory, oplog
 from plugins.kubefleet import gates as gatelib
-from plugins.kubefleet import health, inventory
+from plugins.kubefleet.collection import collector_names
 from plugins.kubefleet.config import KubeFleetConfig
 from plugins.kubefleet.objects import (
-    ANNOTATION_GATE,
+    ANNOTATION_OPERATIONS,
     APPROVAL_REQUESTS,
     CLUSTER_APPROVAL_REQUESTS,
     CLUSTER_RESOURCE_OVERRIDES,
     CLUSTER_RESOURCE_PLACEMENTS,
     CLUSTER_STAGED_UPDATE_RUNS,
-    CLUSTER_TRACKERS,
+    COOKBOOKS,
+    CURRENT,
     EVENTS_NAMESPACE,
     LABEL_MANAGED_BY,
     LABEL_METRIC_COLLECTOR,
     MANAGED_BY,
     MANAGED_SELECTOR,
     MEMBER_CLUSTERS,
-    METRIC_COLLECTOR_REPORTS,
     METRIC_COLLECTORS,
-    METRIC_GROUP,
-    METRIC_VERSION,
     REPORT_SELECTOR,
-    STAGED_TRACKERS,
+    SEED,
     STAGED_UPDATE_RUNS,
+    Cookbook,
     condition,
     format_time,
     generation,
     member_namespace,
-    name_with_limit,
     set_condition,
 )
 from plugins.kubefleet.prometheus import PrometheusError, escape_label_value, query_vector
-from plugins.sdk.errors import FailedPrecondition, NotFound, Unavailable
+from plugins.sdk.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from plugins.sdk.kube import Kube, KubeConflict, KubeError, KubeNotFound, Resource
 from plugins.sdk.kubecache import Informer
-from plugins.sdk.operations import OperationStore
+from plugins.sdk.operations import TERMINAL_STATES, OperationStore
 from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
 
 __all__ = [
     "HEALTH_CONDITION",
-    "PICK_FIXED_MAX",
-    "REPORT_NAMESPACE_TEMPLATE",
     "KubeFleetHub",
-    "collection_objects",
     "collector_names",
+    "resolve_cookbook",
 ]
 
 _LOG = logging.getLogger("plugins.kubefleet.fleet")
@@ -77,35 +78,18 @@ _LOG = logging.getLogger("plugins.kubefleet.fleet")
 HEALTH_CONDITION = "fleetupgrade.io/WorkloadsHealthy"
 """The condition this plugin writes on approval requests: what it sees of the stage's workloads."""
 
-REPORT_NAMESPACE_TEMPLATE = "fleet-member-${MEMBER-CLUSTER-NAME}"
-"""The override value: KubeFleet replaces ${MEMBER-CLUSTER-NAME} with each member's name."""
-
-_UNSET_REPORT_NAMESPACE = "set-by-override"
 _COMPONENT = MANAGED_BY
 _RETRIES = 6
 _WAKE_SECONDS = 1.0
 _TICK_SECONDS = 1.0
 _WRITE_BACKOFF_MAX = 60.0
-PICK_FIXED_MAX = 100
-"""KubeFleet's limit on a placement's clusterNames: bigger stages get several placements."""
 _SERVICE_OUT = cluster_pb2.OPERATION_KIND_SERVICE_OUT
 _SERVICE_IN = cluster_pb2.OPERATION_KIND_SERVICE_IN
 _RUNNING = cluster_pb2.OPERATION_STATE_RUNNING
 _SUCCEEDED = cluster_pb2.OPERATION_STATE_SUCCEEDED
 _FAILED = cluster_pb2.OPERATION_STATE_FAILED
 _PENDING = gate_pb2.GATE_STATE_PENDING
-
-
-def collector_names(ref: gatelib.GateRef) -> tuple[str, str, str]:
-    """(MetricCollector, ClusterResourceOverride, ClusterResourcePlacement) names of a gate.
-
-    As in the cookbook: mc-<run>-<stage>, ro-mc-..., crp-mc-... (namespaced runs add their
-    namespace); at most 63 characters, longer names end in a stable hash. Stages of more than
-    100 clusters get further placements crp-mc-...-2, -3, ...
-    """
-    base = "-".join(p for p in ("mc", ref.namespace, ref.run_name, ref.stage) if p)
-    mc = name_with_limit(base, 54)  # room for crp- and a shard suffix -NN
-    return mc, f"ro-{mc}", f"crp-{mc}"
+_RECORD_KIND: dict[int, str] = {_SERVICE_OUT: "ServiceOut", _SERVICE_IN: "ServiceIn"}
 
 
 @dataclass
@@ -122,6 +106,10 @@ class _View:
     status: str = "Unknown"
     reason: str = ""
     message: str = ""
+    collect_on: list[str] = field(default_factory=list)
+    """The clusters whose health data the gate needs (also while it is blocked)."""
+    blocked: str = ""
+    """Why the gate cannot be decided yet (its preconditions); "" when it can."""
 
     @property
     def checkable(self) -> bool:
@@ -154,8 +142,56 @@ class _GateWatcher:
         self.queue: queue.SimpleQueue[gate_pb2.WatchGatesResponse | None] = queue.SimpleQueue()
 
 
+def resolve_cookbook(kube: Kube, choice: str, attempts: int = 5) -> Cookbook:
+    """The cookbook generation to serve: the one chosen, or with "auto" the one whose trackers
+    the hub serves (current first). ValueError when the hub serves neither (or is unreachable
+    for every attempt), naming the fix."""
+    if choice != "auto":
+        return COOKBOOKS[choice]
+    last = ""
+    for attempt in range(attempts):
+        try:
+            for cookbook in (CURRENT, SEED):
+                try:
+                    kube.list(cookbook.cluster_trackers)
+                except KubeNotFound:
+                    continue
+                return cookbook
+        except KubeError as exc:
+            last = exc.message
+            time.sleep(min(2.0, 0.25 * 2**attempt))
+            continue
+        raise ValueError(
+            "--cookbook auto: the hub serves neither ClusterStagedWorkloadTrackers of "
+            f"{CURRENT.group} (the cookbook) nor of {SEED.group} (the tutorial); install the "
+            "cookbook's CRDs on the hub, or pass --cookbook current|seed"
+        )
+    raise ValueError(
+        f"--cookbook auto: cannot ask the hub which cookbook API it serves ({last}); "
+        "check --kubeconfig, or pass --cookbook current|seed"
+    )
+
+
+def _operation_id(request_id: str) -> str:
+    """The operation id of a request id: the same in every process (the store's own rule)."""
+    return f"kubefleet-{hashlib.sha256(request_id.encode('utf-8')).hexdigest()[:20]}"
+
+
 def _hub_unavailable(action: str, exc: KubeError) -> Unavailable:
     return Unavailable(f"hub: cannot {action}: {exc.message}; retry")
+
+
+def _what_decides(ref: gatelib.GateRef, ready: gatelib.Readiness) -> str:
+    """The start of a gate's message: which clusters decide it, and on which version."""
+    if ref.task == gatelib.AFTER_STAGE:
+        return f"after-stage: stage {ref.stage} updated; "
+    if ready.baseline:
+        return (
+            f"before-stage go/no-go of the first stage {ref.stage} (baseline: nothing updated "
+            "yet, its clusters checked on the current version; the update itself is verified "
+            "by the after-stage gate): "
+        )
+    return f"before-stage go/no-go of {ref.stage}: the clusters already updated by the run: "
 
 
 def _regex_union(values: Sequence[str]) -> str:
@@ -165,11 +201,15 @@ def _regex_union(values: Sequence[str]) -> str:
 class KubeFleetHub:
     """One KubeFleet hub: caches, the reconcile thread, and the operations it starts."""
 
-    def __init__(self, cfg: KubeFleetConfig, kube: Kube) -> None:
+    def __init__(self, cfg: KubeFleetConfig, kube: Kube, cookbook: Cookbook) -> None:
         self.cfg = cfg
+        self.cookbook = cookbook
         self._kube = kube
         self._reports_mode = cfg.health_source == "reports"
+        self._seed = cookbook.collectors is not None
         self._store = OperationStore(id_prefix="kubefleet")
+        self._restored = False
+        self._restore_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         wake = self._wake.set
@@ -182,20 +222,27 @@ class KubeFleetHub:
             STAGED_UPDATE_RUNS: Informer(kube, STAGED_UPDATE_RUNS, on_change=wake),
         }
         self._trackers = {
-            CLUSTER_TRACKERS: Informer(kube, CLUSTER_TRACKERS, on_change=wake),
-            STAGED_TRACKERS: Informer(kube, STAGED_TRACKERS, on_change=wake),
+            res: Informer(kube, res, on_change=wake)
+            for res in (cookbook.cluster_trackers, cookbook.staged_trackers)
         }
         self._members = Informer(kube, MEMBER_CLUSTERS, on_change=wake)
         self._owned: dict[Resource, Informer] = {}
         self._reports: Informer | None = None
         if self._reports_mode:
+            # seed: the reports our agent writes (it labels them); current: those we create.
+            selector = REPORT_SELECTOR if self._seed else MANAGED_SELECTOR
             self._reports = Informer(
-                kube, METRIC_COLLECTOR_REPORTS, label_selector=REPORT_SELECTOR, on_change=wake
+                kube, cookbook.reports, label_selector=selector, on_change=wake
             )
-            for res in (METRIC_COLLECTORS, CLUSTER_RESOURCE_OVERRIDES, CLUSTER_RESOURCE_PLACEMENTS):
-                self._owned[res] = Informer(
-                    kube, res, label_selector=MANAGED_SELECTOR, on_change=wake
-                )
+            if self._seed:
+                for res in (
+                    METRIC_COLLECTORS,
+                    CLUSTER_RESOURCE_OVERRIDES,
+                    CLUSTER_RESOURCE_PLACEMENTS,
+                ):
+                    self._owned[res] = Informer(
+                        kube, res, label_selector=MANAGED_SELECTOR, on_change=wake
+                    )
         self._published: dict[str, gate_pb2.Gate] = {}
         self._views: dict[str, _View] = {}
         self._gates_lock = threading.Lock()
@@ -206,6 +253,8 @@ class KubeFleetHub:
         self._locks_guard = threading.Lock()
         self._loop_error = ""
         self._write_failures: dict[str, tuple[int, float]] = {}
+        self._unplaced: list[str] = []
+        self._passes = 0
         self._thread = threading.Thread(target=self._loop, name="kubefleet-reconcile", daemon=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -277,6 +326,7 @@ class KubeFleetHub:
             if not informer.synced:
                 reason = informer.last_error or "the first list is in progress"
                 raise Unavailable(f"hub: {informer.resource} not listed yet ({reason}); retry")
+        self._restore()
 
     def _lock_for(self, key: str) -> threading.Lock:
         with self._locks_guard:
@@ -334,28 +384,65 @@ class KubeFleetHub:
     def _taint_operation(
         self, request_id: str, cluster_id: str, kind: int
     ) -> cluster_pb2.Operation:
+        """The operation of request_id: recorded on the MemberCluster in the same conditional
+        patch as the taint change (or alone, when the taint is as wanted already), then kept
+        in the store; a restarted plugin finds it there (_restore)."""
         with self._lock_for(f"member/{cluster_id}"):
             self._require_synced()
             obj = self._member(cluster_id)
             if self._store.lookup(request_id) is not None:
                 return self._store.start(request_id=request_id, kind=kind, cluster_id=cluster_id)[0]
             self._store.ensure_free(cluster_id)
-            if inventory.has_our_taint(obj, self.cfg.taint) == (kind == _SERVICE_OUT):
-                return self._store.start(
-                    request_id=request_id,
-                    kind=kind,
-                    cluster_id=cluster_id,
-                    initial_state=_SUCCEEDED,
-                )[0]
-            self._write_taints(cluster_id, add=kind == _SERVICE_OUT)
+            add = kind == _SERVICE_OUT
+            done = inventory.has_our_taint(obj, self.cfg.taint) == add
+            op_id = _operation_id(request_id)
+            record = oplog.OpRecord(
+                op_id, request_id, _RECORD_KIND[kind], "Succeeded" if done else "Running"
+            )
+            self._write_taints(cluster_id, add=add, record=record)
             op, _ = self._store.start(
-                request_id=request_id, kind=kind, cluster_id=cluster_id, initial_state=_RUNNING
+                request_id=request_id,
+                kind=kind,
+                cluster_id=cluster_id,
+                initial_state=_SUCCEEDED if done else _RUNNING,
+                op_id=op_id,
             )
         self._wake.set()
         return op
 
-    def _write_taints(self, cluster_id: str, *, add: bool) -> None:
-        """Read-modify-write of spec.taints, conditional on the resourceVersion read."""
+    def _restore(self) -> None:
+        """Once the MemberClusters are listed: the operations recorded on them, into the store
+        (oldest first; a recorded Running one is followed again by the reconcile thread)."""
+        if self._restored or not self._members.synced:
+            return
+        with self._restore_lock:
+            if self._restored:
+                return
+            for cached in self._members.items():
+                cluster_id = str(cached.obj["metadata"]["name"])
+                for record in oplog.read(cached.obj):
+                    try:
+                        self._store.start(
+                            request_id=record.requestId,
+                            kind=record.kind_value,
+                            cluster_id=cluster_id,
+                            initial_state=_RUNNING,
+                            op_id=record.id,
+                        )
+                    except (InvalidArgument, Conflict):
+                        continue  # a malformed or overlapping record: the newer one stands
+                    if record.state != "Running":
+                        self._store.update(
+                            record.id,
+                            state=record.state_value,
+                            error_code=record.errorCode,
+                            error_message=record.errorMessage,
+                        )
+            self._restored = True
+
+    def _write_taints(self, cluster_id: str, *, add: bool, record: oplog.OpRecord) -> None:
+        """Read-modify-write of spec.taints and the operation record, conditional on the
+        resourceVersion read (one merge patch: both are written or neither)."""
         action = "add the service-out taint" if add else "remove the service-out taint"
 
         def change(fresh: dict[str, Any]) -> dict[str, Any] | None:
@@ -365,7 +452,13 @@ class KubeFleetHub:
                 if add
                 else inventory.without_our_taint(taints, self.cfg.taint)
             )
-            return None if new is None else {"spec": {"taints": new}}
+            records = oplog.with_record(oplog.read(fresh), record)
+            patch: dict[str, Any] = {
+                "metadata": {"annotations": {ANNOTATION_OPERATIONS: oplog.encode(records)}}
+            }
+            if new is not None:
+                patch["spec"] = {"taints": new}
+            return patch
 
         try:
             written = self._kube.patch_latest(MEMBER_CLUSTERS, "", cluster_id, change, _RETRIES)
@@ -380,17 +473,63 @@ class KubeFleetHub:
                 f"hub: MemberCluster {cluster_id} kept changing while trying to {action}"
             )
 
+    def _record_ends(self) -> None:
+        """Writes the end of operations whose record on the MemberCluster still says Running
+        (level-triggered: a failed write is tried again next pass)."""
+        for cached in self._members.items():
+            obj = cached.obj
+            cluster_id = str(obj["metadata"]["name"])
+            for record in oplog.read(obj):
+                if record.state != "Running":
+                    continue
+                try:
+                    op = self._store.get(record.id)
+                except NotFound:
+                    continue
+                if op.state not in TERMINAL_STATES:
+                    continue
+                key = f"record/{cluster_id}"
+                if not self._may_write(key):
+                    continue
+                ended = oplog.OpRecord.of(op)
+
+                def change(fresh: dict[str, Any], ended: oplog.OpRecord = ended) -> dict[str, Any]:
+                    records = oplog.with_record(oplog.read(fresh), ended)
+                    return {
+                        "metadata": {"annotations": {ANNOTATION_OPERATIONS: oplog.encode(records)}}
+                    }
+
+                try:
+                    self._kube.patch_latest(MEMBER_CLUSTERS, "", cluster_id, change, _RETRIES)
+                except KubeNotFound:
+                    continue
+                except KubeError as exc:
+                    self._write_failed(key, "record the end of an operation", exc)
+                    continue
+                self._write_failures.pop(key, None)
+
     def get_operation(self, op_id: str) -> cluster_pb2.Operation:
-        """The operation's current state (NotFound for ids this plugin never gave)."""
+        """The operation's current state (NotFound for ids this plugin never gave, nor recorded
+        on a MemberCluster)."""
+        self._require_members()
         return self._store.get(op_id)
 
     def watch_operations(
         self, cluster_ids: Sequence[str], include_in_flight: bool, context: grpc.ServicerContext
     ) -> Iterator[cluster_pb2.Operation]:
         """Every update of the clusters' operations until the caller cancels."""
+        self._require_members()
         return self._store.watch(cluster_ids, include_in_flight, context)
 
+    def _require_members(self) -> None:
+        """Unavailable until the MemberClusters (and so the recorded operations) are listed."""
+        if not self._members.synced:
+            reason = self._members.last_error or "the first list is in progress"
+            raise Unavailable(f"hub: {MEMBER_CLUSTERS} not listed yet ({reason}); retry")
+        self._restore()
+
     def _follow_operations(self) -> None:
+        self._restore()
         for op in self._store.all_in_flight():
             cached = self._members.get("", op.cluster_id)
             if cached is None:
@@ -402,6 +541,8 @@ class KubeFleetHub:
                 )
             elif inventory.has_our_taint(cached.obj, self.cfg.taint) == (op.kind == _SERVICE_OUT):
                 self._store.update(op.id, state=_SUCCEEDED)
+        if self._restored:
+            self._record_ends()
 
     # -- workload health ---------------------------------------------------------------------
 
@@ -420,10 +561,13 @@ class KubeFleetHub:
         workloads: Sequence[health_pb2.Workload],
         now: datetime,
     ) -> list[health_pb2.WorkloadResult]:
+        updated = self._updated_times()
         if self._reports_mode:
-            per_cluster = {c: self._from_reports(c, workloads, now) for c in cluster_ids}
+            per_cluster = {
+                c: self._from_reports(c, workloads, now, updated.get(c)) for c in cluster_ids
+            }
         else:
-            per_cluster = self._from_prometheus(cluster_ids, workloads, now)
+            per_cluster = self._from_prometheus(cluster_ids, workloads, now, updated)
         results = []
         for cluster_id in cluster_ids:
             for workload, verdict in zip(workloads, per_cluster[cluster_id], strict=True):
@@ -440,11 +584,21 @@ class KubeFleetHub:
                 results.append(result)
         return results
 
+    def _updated_times(self) -> dict[str, datetime]:
+        """cluster → when an update run last finished updating it (from the runs' caches)."""
+        runs = [c.obj for informer in self._runs.values() for c in informer.items()]
+        return gatelib.stage_updated_times(runs)
+
     def _from_reports(
-        self, cluster_id: str, workloads: Sequence[health_pb2.Workload], now: datetime
+        self,
+        cluster_id: str,
+        workloads: Sequence[health_pb2.Workload],
+        now: datetime,
+        not_before: datetime | None,
     ) -> list[health.Verdict]:
         """From the freshest MetricCollectorReport in fleet-member-<cluster> (any collector:
-        every report carries every workload_health series of the member's Prometheus)."""
+        every report carries every workload_health series of the member's Prometheus); one
+        collected before the cluster's last update is not used."""
         assert self._reports is not None
         reports = [c.obj for c in self._reports.in_namespace(member_namespace(cluster_id))]
         if not reports:
@@ -455,7 +609,9 @@ class KubeFleetHub:
             return [health.unknown(why)] * len(workloads)
         best: tuple[str, datetime | None, dict[str, Any]] | None = None
         for report in reports:
-            problem, collected = health.report_problem(report, now, self.cfg.report_max_age)
+            problem, collected = health.report_problem(
+                report, now, self.cfg.report_max_age, not_before
+            )
             rank = (problem == "", collected or datetime.min.replace(tzinfo=UTC))
             if best is None or rank > (best[0] == "", best[1] or datetime.min.replace(tzinfo=UTC)):
                 best = (problem, collected, report)
@@ -467,7 +623,11 @@ class KubeFleetHub:
         return [health.judge(pods, w, collected) for w in workloads]
 
     def _from_prometheus(
-        self, cluster_ids: Sequence[str], workloads: Sequence[health_pb2.Workload], now: datetime
+        self,
+        cluster_ids: Sequence[str],
+        workloads: Sequence[health_pb2.Workload],
+        now: datetime,
+        updated: Mapping[str, datetime],
     ) -> dict[str, list[health.Verdict]]:
         """Two queries to the central Prometheus, whatever the number of clusters."""
         label = self.cfg.cluster_label
@@ -505,6 +665,15 @@ class KubeFleetHub:
                 )
                 out[cluster_id] = [health.unknown(why, observed)] * len(workloads)
                 continue
+            since = updated.get(cluster_id)
+            if since is not None and observed <= since:
+                why = (
+                    f"the central Prometheus has no workload_health of {cluster_id} since its "
+                    f"update finished at {format_time(since)} (last sample at "
+                    f"{format_time(observed)})"
+                )
+                out[cluster_id] = [health.unknown(why, observed)] * len(workloads)
+                continue
             pods = health.pods_from_samples(by_cluster.get(cluster_id, []))
             out[cluster_id] = [health.judge(pods, w, observed) for w in workloads]
         return out
@@ -513,15 +682,17 @@ class KubeFleetHub:
 
     def _view(self, ref: gatelib.GateRef, obj: dict[str, Any], now: datetime) -> _View:
         view = _View(ref, obj, gatelib.approval_state(obj))
-        tracker_kind = ref.tracker_resource.kind
-        tracker = self._trackers[ref.tracker_resource].get(ref.namespace, ref.run_name)
+        tracker_res = ref.tracker_resource(self.cookbook)
+        tracker = self._trackers[tracker_res].get(ref.namespace, ref.run_name)
         run = self._runs[ref.run_resource].get(ref.namespace, ref.run_name)
         if tracker is not None:
             view.tracked = True
             view.workloads = gatelib.tracked_workloads(tracker.obj)
             view.extra = gatelib.extra_checks(tracker.obj)
-        if run is not None:
-            view.clusters = gatelib.stage_clusters(run.obj, ref.stage) or []
+        ready = gatelib.readiness(run.obj, ref) if run is not None else None
+        if ready is not None:
+            view.collect_on = list(ready.clusters)
+            view.clusters = [] if ready.blocked_reason else list(ready.clusters)
         approved = condition((obj.get("status") or {}).get("conditions"), gatelib.APPROVED)
         if view.state == gate_pb2.GATE_STATE_APPROVED:
             view.message = "approved" + (
@@ -534,19 +705,26 @@ class KubeFleetHub:
             )
             return view
         tracker_name = f"{ref.namespace}/{ref.run_name}" if ref.namespace else ref.run_name
+        unavailable = self._unavailable(ready.clusters if ready else [], ref)
         if tracker is None:
             view.status, view.reason = "False", "NoWorkloadTracker"
             view.message = (
-                f"no {tracker_kind} {tracker_name} for update run {ref.run}: this stage is never "
-                f"approved automatically; create a {tracker_kind} named like the run listing "
-                "the workloads to check"
+                f"no {tracker_res.kind} {tracker_name} ({tracker_res.group}) for update run "
+                f"{ref.run}: this stage is never approved automatically; create a "
+                f"{tracker_res.kind} named like the run listing the workloads to check"
             )
-        elif run is None:
+        elif run is None or ready is None:
             view.status, view.reason = "Unknown", "UpdateRunNotFound"
             view.message = f"update run {ref.run} not found"
-        elif gatelib.stage_clusters(run.obj, ref.stage) is None:
-            view.status, view.reason = "Unknown", "StageNotFound"
-            view.message = f"stage {ref.stage} is not in the status of update run {ref.run} (yet)"
+        elif ready.blocked_reason:
+            view.status = "Unknown" if ready.blocked_reason == "StageNotFound" else "False"
+            view.reason, view.message = ready.blocked_reason, ready.blocked_message
+            view.blocked = ready.blocked_message
+        elif unavailable:
+            view.status, view.reason = "False", "ClusterUnavailable"
+            view.message = unavailable
+            view.blocked = unavailable
+            view.clusters = []
         elif not view.clusters:
             view.status, view.reason = "False", "StageHasNoClusters"
             view.message = (
@@ -556,15 +734,29 @@ class KubeFleetHub:
         elif not view.workloads:
             view.status, view.reason = "False", "NoWorkloadsTracked"
             view.message = (
-                f"{tracker_kind} {tracker_name} lists no workloads: nothing to check, so the "
+                f"{tracker_res.kind} {tracker_name} lists no workloads: nothing to check, so the "
                 "stage is never approved automatically"
             )
         else:
             healthy, summary = self._stage_health(view, now)
             view.status = "True" if healthy else "False"
             view.reason = "AllWorkloadsHealthy" if healthy else "WorkloadsNotHealthy"
-            view.message = summary
+            view.message = _what_decides(ref, ready) + summary
         return view
+
+    def _unavailable(self, clusters: Sequence[str], ref: gatelib.GateRef) -> str:
+        """For a before-stage gate: why a cluster it will update (or decide on) is not
+        available (MemberCluster joined, agent healthy); "" when all are."""
+        if ref.task != gatelib.BEFORE_STAGE:
+            return ""
+        for cluster_id in clusters:
+            cached = self._members.get("", cluster_id)
+            if cached is None:
+                return f"before-stage go/no-go: no MemberCluster named {cluster_id}"
+            available, why = inventory.availability(cached.obj)
+            if not available:
+                return f"before-stage go/no-go: {cluster_id} is not available: {why}"
+        return ""
 
     def _stage_health(self, view: _View, now: datetime) -> tuple[bool, str]:
         """(all healthy, summary) of the view's workloads on its clusters.
@@ -698,6 +890,12 @@ class KubeFleetHub:
                         f"gate {gate_id}: {view.message}; the plugin never approves an "
                         "untracked stage"
                     )
+                if approve and view.blocked:
+                    raise FailedPrecondition(
+                        f"gate {gate_id} cannot be approved yet: {view.blocked}"
+                    )
+                if approve and ref.task == gatelib.BEFORE_STAGE:
+                    reason = f"before-stage go: {reason}"
                 conds = set_condition(
                     (obj.get("status") or {}).get("conditions"),
                     gatelib.APPROVED,
@@ -748,23 +946,30 @@ class KubeFleetHub:
                     _LOG.exception("reconcile failed; trying again")
                 self._loop_error = str(exc)
 
+    @property
+    def passes(self) -> int:
+        """Reconcile passes completed so far (tests wait on it instead of sleeping)."""
+        return self._passes
+
     def reconcile_once(self) -> None:
         """One pass: publish gate changes, keep per-gate objects, write what we see."""
+        self._passes += 1
         now = datetime.now(UTC)
         views = self._all_views(now)
         with self._gates_lock:
             self._publish_locked(views)
         for gate_id in set(self._health_memo) - set(views):
             self._health_memo.pop(gate_id, None)
-        wanted: set[tuple[Resource, str]] = set()
-        for view in views.values():
-            if view.state != _PENDING:
-                continue
-            if self._reports_mode and view.tracked and view.clusters:
-                wanted |= self._ensure_collection(view)
-            self._note(view, now)
+        pending = [v for v in views.values() if v.state == _PENDING]
         if self._reports_mode:
+            collecting = [v for v in pending if v.tracked and v.collect_on]
+            if self._seed:
+                wanted = self._ensure_seed_collection(collecting)
+            else:
+                wanted = self._ensure_reports(collecting)
             self._collect_garbage(wanted)
+        for view in pending:
+            self._note(view, now)
 
     def _note(self, view: _View, now: datetime) -> None:
         """Writes our condition on the approval request when what we see changed (+ Event)."""
@@ -854,48 +1059,116 @@ class KubeFleetHub:
             extra={"fields": {"object": key, "error": exc.message}},
         )
 
-    def _ensure_collection(self, view: _View) -> set[tuple[Resource, str]]:
-        """Creates (or corrects the spec of) the gate's MetricCollector, override and
-        placements; returns what the gate needs (for the garbage collection)."""
-        wanted: set[tuple[Resource, str]] = set()
-        for res, body in collection_objects(view.ref, view.obj, view.clusters, self.cfg):
-            name = body["metadata"]["name"]
-            wanted.add((res, name))
-            key = f"{res.kind}/{name}"
-            cached = self._owned[res].get("", name)
-            if cached is not None and cached.obj["metadata"].get("deletionTimestamp"):
-                continue  # being deleted: create it again once it is gone
-            if cached is not None and _covers(cached.obj.get("spec") or {}, body["spec"]):
-                self._write_failures.pop(key, None)
-                continue
-            if not self._may_write(key):
-                continue
-            try:
-                if cached is None:
-                    self._kube.create(res, "", body)
-                else:
-                    version = cached.obj["metadata"]["resourceVersion"]
-                    patch = {"metadata": {"resourceVersion": version}, "spec": body["spec"]}
-                    self._kube.merge_patch(res, "", name, patch)
-            except KubeConflict:
-                continue  # exists already / changed meanwhile: the cache brings it next pass
-            except KubeError as exc:
-                self._write_failed(key, f"write the {res.kind}", exc)
-                continue
+    def _ensure(self, res: Resource, namespace: str, body: dict[str, Any]) -> None:
+        """Creates the object, or patches its spec, labels and annotations when the cached one
+        does not carry them (fields the server defaulted or added are fine: no re-patch)."""
+        name = body["metadata"]["name"]
+        key = f"{res.kind}/{namespace}/{name}"
+        informer = self._reports if res == self.cookbook.reports else self._owned[res]
+        assert informer is not None
+        cached = informer.get(namespace, name)
+        if cached is not None and cached.obj["metadata"].get("deletionTimestamp"):
+            return  # being deleted: created again once it is gone
+        meta = body["metadata"]
+        wanted = {
+            "spec": body["spec"],
+            "metadata": {k: meta[k] for k in ("labels", "annotations") if k in meta},
+        }
+        if cached is not None and _covers(cached.obj, wanted):
             self._write_failures.pop(key, None)
+            return
+        if not self._may_write(key):
+            return
+        try:
+            if cached is None:
+                self._kube.create(res, namespace, body)
+            else:
+                version = cached.obj["metadata"]["resourceVersion"]
+                patch = {**wanted, "metadata": {**wanted["metadata"], "resourceVersion": version}}
+                self._kube.merge_patch(res, namespace, name, patch)
+        except KubeConflict:
+            return  # exists already / changed meanwhile: the cache brings it next pass
+        except KubeError as exc:
+            self._write_failed(key, f"write the {res.kind}", exc)
+            return
+        self._write_failures.pop(key, None)
+
+    def _ensure_reports(self, views: Sequence[_View]) -> set[tuple[Resource, str, str]]:
+        """current cookbook: the gates' MetricCollectorReports, one per cluster to collect on."""
+        wanted: set[tuple[Resource, str, str]] = set()
+        for view in views:
+            for res, namespace, body in collection.report_bodies(
+                view.ref,
+                view.obj,
+                view.collect_on,
+                self.cookbook,
+                self.cfg.member_prometheus_url,
+                self.cfg.collect_interval,
+            ):
+                wanted.add((res, namespace, body["metadata"]["name"]))
+                self._ensure(res, namespace, body)
         return wanted
 
-    def _collect_garbage(self, wanted: set[tuple[Resource, str]]) -> None:
+    def _ensure_seed_collection(self, views: Sequence[_View]) -> set[tuple[Resource, str, str]]:
+        """seed cookbook: per gate a MetricCollector and its placements, and the shared
+        overrides (a collector's placements are created once its override selects it)."""
+        wanted: set[tuple[Resource, str, str]] = set()
+        bodies = {}
+        for view in views:
+            collector, placements = collection.seed_bodies(
+                view.ref,
+                view.obj,
+                view.collect_on,
+                self.cfg.member_prometheus_url,
+                self.cfg.collect_interval,
+            )
+            bodies[collector["metadata"]["name"]] = (collector, placements)
+        current = {
+            str(c.obj["metadata"]["name"]): collection.selected_collectors(c.obj)
+            for c in self._owned[CLUSTER_RESOURCE_OVERRIDES].items()
+        }
+        plan, unplaced = collection.plan_overrides(current, sorted(bodies), self.cfg.max_overrides)
+        if unplaced and unplaced != self._unplaced:
+            _LOG.warning(
+                f"{len(unplaced)} MetricCollector(s) wait for room: the "
+                f"{self.cfg.max_overrides} ClusterResourceOverrides this plugin may use "
+                "(--max-overrides) are full",
+                extra={"fields": {"waiting": ", ".join(unplaced[:5])}},
+            )
+        self._unplaced = unplaced
+        for name, collectors in sorted(plan.items()):
+            wanted.add((CLUSTER_RESOURCE_OVERRIDES, "", name))
+            self._ensure(CLUSTER_RESOURCE_OVERRIDES, "", collection.override_body(name, collectors))
+        selected = {c for names in current.values() for c in names}
+        for mc, (collector, placements) in sorted(bodies.items()):
+            if mc in unplaced:
+                continue
+            wanted.add((METRIC_COLLECTORS, "", mc))
+            self._ensure(METRIC_COLLECTORS, "", collector)
+            for placement in placements:
+                wanted.add((CLUSTER_RESOURCE_PLACEMENTS, "", placement["metadata"]["name"]))
+                if mc in selected:  # the override is in place: the first rollout has it
+                    self._ensure(CLUSTER_RESOURCE_PLACEMENTS, "", placement)
+        return wanted
+
+    def _collect_garbage(self, wanted: set[tuple[Resource, str, str]]) -> None:
         """Deletes our objects that no pending tracked gate needs (placements first), and the
         reports of our MetricCollectors that no longer exist (the agent copies the collector's
         managed-by label onto its report)."""
+        assert self._reports is not None
+        if not self._seed:
+            for cached in self._reports.items():
+                meta = cached.obj["metadata"]
+                key = (self.cookbook.reports, str(meta["namespace"]), str(meta["name"]))
+                if key not in wanted and not meta.get("deletionTimestamp"):
+                    self._delete(self.cookbook.reports, key[1], key[2])
+            return
         for res in (CLUSTER_RESOURCE_PLACEMENTS, CLUSTER_RESOURCE_OVERRIDES, METRIC_COLLECTORS):
             for cached in self._owned[res].items():
                 meta = cached.obj["metadata"]
-                if (res, meta["name"]) in wanted or meta.get("deletionTimestamp"):
+                if (res, "", meta["name"]) in wanted or meta.get("deletionTimestamp"):
                     continue
                 self._delete(res, "", meta["name"])
-        assert self._reports is not None
         collectors = {c.obj["metadata"]["name"] for c in self._owned[METRIC_COLLECTORS].items()}
         for cached in self._reports.items():
             meta = cached.obj["metadata"]
@@ -906,7 +1179,7 @@ class KubeFleetHub:
                 or meta.get("deletionTimestamp")
             ):
                 continue
-            self._delete(METRIC_COLLECTOR_REPORTS, meta["namespace"], meta["name"])
+            self._delete(self.cookbook.reports, meta["namespace"], meta["name"])
 
     def _delete(self, res: Resource, namespace: str, name: str) -> None:
         key = f"{res.kind}/{namespace}/{name}"
@@ -922,126 +1195,17 @@ class KubeFleetHub:
         self._write_failures.pop(key, None)
 
 
-def _owner(ref: gatelib.GateRef, request: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The ClusterApprovalRequest as owner (a cluster-scoped owner is valid for our
-    cluster-scoped objects; a namespaced ApprovalRequest is not: we clean those up)."""
-    if ref.request.namespaced:
-        return []
-    meta = request.get("metadata") or {}
-    return [
-        {
-            "apiVersion": ref.request.api_version,
-            "kind": ref.request.kind,
-            "name": meta.get("name"),
-            "uid": meta.get("uid"),
-        }
-    ]
-
-
-def collection_objects(
-    ref: gatelib.GateRef,
-    request: Mapping[str, Any],
-    clusters: Sequence[str],
-    cfg: KubeFleetConfig,
-) -> list[tuple[Resource, dict[str, Any]]]:
-    """The MetricCollector, its override, and one PickFixed placement per 100 clusters
-    (KubeFleet's limit on clusterNames), in the order they are created."""
-    mc, ro, crp = collector_names(ref)
-    selector = {
-        "group": METRIC_GROUP,
-        "version": METRIC_VERSION,
-        "kind": METRIC_COLLECTORS.kind,
-        "name": mc,
-    }
-
-    def meta(name: str) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "name": name,
-            "labels": {LABEL_MANAGED_BY: MANAGED_BY},
-            "annotations": {ANNOTATION_GATE: ref.id},
-        }
-        owner = _owner(ref, request)
-        if owner:
-            out["ownerReferences"] = owner
-        return out
-
-    names_sorted = sorted(clusters)
-    shards = [
-        names_sorted[i : i + PICK_FIXED_MAX] for i in range(0, len(names_sorted), PICK_FIXED_MAX)
-    ]
-    # One placement: the override names it (its rollout picks the override up at once).
-    # Several: the override applies to every placement of the collector; it exists before
-    # they do, so their first rollout has it.
-    override_spec: dict[str, Any] = {
-        "clusterResourceSelectors": [selector],
-        "policy": {
-            "overrideRules": [
-                {
-                    "clusterSelector": {"clusterSelectorTerms": []},
-                    "overrideType": "JSONPatch",
-                    "jsonPatchOverrides": [
-                        {
-                            "op": "replace",
-                            "path": "/spec/reportNamespace",
-                            "value": REPORT_NAMESPACE_TEMPLATE,
-                        }
-                    ],
-                }
-            ]
-        },
-    }
-    if len(shards) == 1:
-        override_spec = {"placement": {"name": crp, "scope": "Cluster"}, **override_spec}
-    out: list[tuple[Resource, dict[str, Any]]] = [
-        (
-            METRIC_COLLECTORS,
-            {
-                "apiVersion": METRIC_COLLECTORS.api_version,
-                "kind": METRIC_COLLECTORS.kind,
-                "metadata": meta(mc),
-                "spec": {
-                    "prometheusUrl": cfg.member_prometheus_url,
-                    "reportNamespace": _UNSET_REPORT_NAMESPACE,
-                    "interval": cfg.collect_interval,
-                },
-            },
-        ),
-        (
-            CLUSTER_RESOURCE_OVERRIDES,
-            {
-                "apiVersion": CLUSTER_RESOURCE_OVERRIDES.api_version,
-                "kind": CLUSTER_RESOURCE_OVERRIDES.kind,
-                "metadata": meta(ro),
-                "spec": override_spec,
-            },
-        ),
-    ]
-    for index, names in enumerate(shards):
-        out.append(
-            (
-                CLUSTER_RESOURCE_PLACEMENTS,
-                {
-                    "apiVersion": CLUSTER_RESOURCE_PLACEMENTS.api_version,
-                    "kind": CLUSTER_RESOURCE_PLACEMENTS.kind,
-                    "metadata": meta(crp if index == 0 else f"{crp}-{index + 1}"),
-                    "spec": {
-                        "resourceSelectors": [selector],
-                        "policy": {"placementType": "PickFixed", "clusterNames": names},
-                        "strategy": {"type": "RollingUpdate"},
-                    },
-                },
-            )
+def _covers(current: Any, wanted: Any) -> bool:
+    """True when current carries every field of wanted with the same value; fields the server
+    added (defaults such as a selector's selectionScope) are allowed, in lists item by item."""
+    if isinstance(wanted, Mapping):
+        return isinstance(current, Mapping) and all(
+            _covers(current.get(k), v) for k, v in wanted.items()
         )
-    return out
-
-
-def _covers(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
-    """True when every field of wanted has the same value in current (extra fields allowed)."""
-    for key, value in wanted.items():
-        if isinstance(value, Mapping):
-            inner = current.get(key)
-            if not isinstance(inner, Mapping) or not _covers(inner, value):
-                return False
-        elif current.get(key) != value:
-            return False
-    return True
+    if isinstance(wanted, list):
+        return (
+            isinstance(current, list)
+            and len(current) == len(wanted)
+            and all(_covers(c, w) for c, w in zip(current, wanted, strict=True))
+        )
+    return bool(current == wanted)

@@ -1,9 +1,11 @@
 """Workload verdicts from per-pod workload_health: from MetricCollectorReports or Prometheus.
 
-Pure functions. A tracked workload (namespace, name, optional kind, minimum healthy replicas)
-is healthy on a cluster when at least max(1, minimum) of its pods report workload_health >= 1
-(the cookbook's rule: labels app = workload name, namespace, pod, workload_kind). Stale or
-failed data answers UNKNOWN, never HEALTHY.
+Pure functions. A tracked workload (namespace, name, kind, healthyReplicas) is healthy on a
+cluster when at least healthyReplicas of its pods report workload_health >= 1; with 0, any pod
+of it reporting is enough (the current cookbook's rule, pkg/controllers/approvalrequest
+countHealthyPodsForWorkload: labels app = workload name, namespace, pod, workload_kind). A
+reading without a kind (the seed report schema keeps none) matches any kind. Stale or failed
+data, or data collected before the cluster was last updated, answers UNKNOWN, never HEALTHY.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def _matches(pod: PodHealth, workload: health_pb2.Workload) -> bool:
     return (
         pod.namespace == workload.namespace
         and pod.workload == workload.name
-        and (not workload.kind or pod.kind.lower() == workload.kind.lower())
+        and (not workload.kind or not pod.kind or pod.kind.lower() == workload.kind.lower())
     )
 
 
@@ -96,10 +98,14 @@ def judge(
             message=f"no workload_health series for {what}",
             observed_time=observed_time,
         )
-    need = max(1, workload.min_healthy_replicas)
+    need = max(0, workload.min_healthy_replicas)
     healthy = sum(1 for p in mine if p.healthy)
     mean = sum(p.value for p in mine) / len(mine)
-    text = f"{healthy} of {len(mine)} pod(s) healthy, {need} required"
+    text = (
+        f"{healthy} of {len(mine)} pod(s) healthy, {need} required"
+        if need
+        else f"{len(mine)} pod(s) reporting ({healthy} healthy); 0 required: any pod is enough"
+    )
     return Verdict(
         _HEALTHY if healthy >= need else _UNHEALTHY,
         healthy_pods=healthy,
@@ -148,9 +154,15 @@ def pods_from_report(report: Mapping[str, Any]) -> list[PodHealth]:
 
 
 def report_problem(
-    report: Mapping[str, Any], now: datetime, max_age_seconds: float
+    report: Mapping[str, Any],
+    now: datetime,
+    max_age_seconds: float,
+    not_before: datetime | None = None,
 ) -> tuple[str, datetime | None]:
-    """("", collected at) for a fresh, successful report, else (why it cannot be used, time)."""
+    """("", collected at) for a fresh, successful report, else (why it cannot be used, time).
+
+    not_before: when the cluster was last updated; a collection from before it is not used.
+    """
     meta = report.get("metadata") or {}
     where = f"MetricCollectorReport {meta.get('namespace')}/{meta.get('name')}"
     status = report.get("status") or {}
@@ -165,6 +177,12 @@ def report_problem(
         return (
             f"{where} is stale: last collection at {format_time(collected)} "
             f"(older than {max_age_seconds:g}s)",
+            collected,
+        )
+    if not_before is not None and collected <= not_before:
+        return (
+            f"{where} was collected at {format_time(collected)}, before the cluster's update "
+            f"finished at {format_time(not_before)}; waiting for a collection on the new version",
             collected,
         )
     return "", collected

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetupgrade.plugin.v1 import cluster_pb2
-from plugins.kubefleet.objects import condition
+from plugins.kubefleet.objects import ANNOTATION_VERSION, condition
 
 __all__ = [
     "AGENT",
@@ -18,6 +18,7 @@ __all__ = [
     "cluster_version",
     "has_our_taint",
     "labels_of",
+    "parse_version_sources",
     "to_cluster",
     "with_our_taint",
     "without_our_taint",
@@ -27,8 +28,16 @@ AGENT = "MemberAgent"
 """The agent type whose Joined/Healthy conditions say the member is reachable."""
 
 DEFAULT_TAINT_KEY = "fleetupgrade.io/out-of-service"
-DEFAULT_VERSION_SOURCE = "property:k8s.io/k8s-version"
-"""KubeFleet's property provider publishes the member's Kubernetes version under this name."""
+DEFAULT_VERSION_SOURCE = "auto"
+AUTO_VERSION_SOURCES = (
+    "property:k8s.io/k8s-version",
+    f"annotation:{ANNOTATION_VERSION}",
+    f"label:{ANNOTATION_VERSION}",
+)
+"""The order "auto" reads a member's version in, first non-empty wins: the property KubeFleet's
+Azure property provider publishes (status.properties), then an annotation and a label anyone
+can set on any hub (KubeFleet's MemberCluster status has no version field of its own)."""
+_SOURCE_KINDS = ("property", "annotation", "label")
 
 
 @dataclass(frozen=True)
@@ -66,17 +75,38 @@ def without_our_taint(taints: list[dict[str, Any]], spec: TaintSpec) -> list[dic
     return None if len(kept) == len(taints) else kept
 
 
+def parse_version_sources(text: str) -> list[tuple[str, str]]:
+    """[(kind, name)] of "auto" or a comma-separated list of property:NAME, annotation:KEY,
+    label:KEY; ValueError naming what is wrong."""
+    items = AUTO_VERSION_SOURCES if text.strip() == "auto" else tuple(text.split(","))
+    out = []
+    for item in items:
+        kind, _, name = item.strip().partition(":")
+        if kind not in _SOURCE_KINDS or not name:
+            raise ValueError(
+                f"{item.strip()!r}: use auto, or a comma-separated list of property:NAME "
+                "(e.g. property:k8s.io/k8s-version), annotation:KEY, label:KEY"
+            )
+        out.append((kind, name))
+    return out
+
+
 def cluster_version(obj: Mapping[str, Any], source: str) -> str:
-    """The member's Kubernetes version per source (property:NAME or label:KEY), no leading v."""
-    kind, _, name = source.partition(":")
-    raw: Any = ""
-    if kind == "property":
-        prop = ((obj.get("status") or {}).get("properties") or {}).get(name) or {}
-        raw = prop.get("value", "") if isinstance(prop, Mapping) else ""
-    elif kind == "label":
-        raw = ((obj.get("metadata") or {}).get("labels") or {}).get(name, "")
-    text = str(raw or "").strip()
-    return text[1:] if text[:1] in ("v", "V") and text[1:2].isdigit() else text
+    """The member's Kubernetes version from the first source that has one, no leading v."""
+    meta = obj.get("metadata") or {}
+    for kind, name in parse_version_sources(source):
+        raw: Any = ""
+        if kind == "property":
+            prop = ((obj.get("status") or {}).get("properties") or {}).get(name) or {}
+            raw = prop.get("value", "") if isinstance(prop, Mapping) else ""
+        elif kind == "annotation":
+            raw = (meta.get("annotations") or {}).get(name, "")
+        else:
+            raw = (meta.get("labels") or {}).get(name, "")
+        text = str(raw or "").strip()
+        if text:
+            return text[1:] if text[:1] in ("v", "V") and text[1:2].isdigit() else text
+    return ""
 
 
 def availability(obj: Mapping[str, Any]) -> tuple[bool, str]:

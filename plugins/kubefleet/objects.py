@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,18 +12,26 @@ from plugins.sdk.kube import Resource
 
 __all__ = [
     "ANNOTATION_GATE",
+    "ANNOTATION_HEALTH_CHECKS",
+    "ANNOTATION_INTERVAL",
+    "ANNOTATION_OPERATIONS",
+    "ANNOTATION_VERSION",
     "APPROVAL_REQUESTS",
+    "AUTOAPPROVE_GROUP",
     "CLUSTER_APPROVAL_REQUESTS",
     "CLUSTER_GROUP",
     "CLUSTER_RESOURCE_OVERRIDES",
     "CLUSTER_RESOURCE_PLACEMENTS",
     "CLUSTER_STAGED_UPDATE_RUNS",
     "CLUSTER_TRACKERS",
+    "COOKBOOKS",
+    "CURRENT",
     "EVENTS_NAMESPACE",
     "LABEL_CLUSTER",
     "LABEL_IS_LATEST",
     "LABEL_MANAGED_BY",
     "LABEL_METRIC_COLLECTOR",
+    "LABEL_PARENT_APPROVAL",
     "LABEL_TARGET_STAGE",
     "LABEL_TARGET_UPDATE_RUN",
     "LABEL_TASK_TYPE",
@@ -35,8 +44,10 @@ __all__ = [
     "METRIC_VERSION",
     "PLACEMENT_GROUP",
     "REPORT_SELECTOR",
+    "SEED",
     "STAGED_TRACKERS",
     "STAGED_UPDATE_RUNS",
+    "Cookbook",
     "condition",
     "format_time",
     "generation",
@@ -47,6 +58,7 @@ __all__ = [
 ]
 
 PLACEMENT_GROUP = "placement.kubernetes-fleet.io"
+AUTOAPPROVE_GROUP = "autoapprove.kubernetes-fleet.io"
 CLUSTER_GROUP = "cluster.kubernetes-fleet.io"
 METRIC_GROUP = "metric.kubernetes-fleet.io"
 METRIC_VERSION = "v1alpha1"
@@ -87,6 +99,67 @@ STAGED_TRACKERS = Resource(
     METRIC_GROUP, METRIC_VERSION, "stagedworkloadtrackers", "StagedWorkloadTracker", True
 )
 
+AUTOAPPROVE_TRACKERS = Resource(
+    AUTOAPPROVE_GROUP,
+    "v1alpha1",
+    "clusterstagedworkloadtrackers",
+    "ClusterStagedWorkloadTracker",
+    False,
+)
+AUTOAPPROVE_STAGED_TRACKERS = Resource(
+    AUTOAPPROVE_GROUP, "v1alpha1", "stagedworkloadtrackers", "StagedWorkloadTracker", True
+)
+AUTOAPPROVE_REPORTS = Resource(
+    AUTOAPPROVE_GROUP, "v1alpha1", "metriccollectorreports", "MetricCollectorReport", True
+)
+
+
+@dataclass(frozen=True)
+class Cookbook:
+    """One generation of the KubeFleet cookbook's approval API (both are served by this plugin).
+
+    current (kubefleet-cookbook main, approval-request-metric-collector): group
+    autoapprove.kubernetes-fleet.io; the hub side creates MetricCollectorReport mc-<run>-<stage>
+    (spec.prometheusUrl) in each stage cluster's fleet-member-<cluster>, and a member collector
+    fills its status. seed (the tutorial, early commits of cookbook PR #6): group
+    metric.kubernetes-fleet.io; a MetricCollector is placed on the stage's clusters and the member
+    agent writes the MetricCollectorReport itself.
+    """
+
+    name: str
+    group: str
+    cluster_trackers: Resource
+    staged_trackers: Resource
+    reports: Resource
+    collectors: Resource | None
+    metric_fields: tuple[str, ...]
+    """The status.collectedMetrics[] fields the generation's report schema keeps (the rest is
+    pruned, so it is never written)."""
+
+
+CURRENT = Cookbook(
+    "current",
+    AUTOAPPROVE_GROUP,
+    AUTOAPPROVE_TRACKERS,
+    AUTOAPPROVE_STAGED_TRACKERS,
+    AUTOAPPROVE_REPORTS,
+    None,
+    # config/crd/bases/autoapprove.kubernetes-fleet.io_metriccollectorreports.yaml (bfde9ed)
+    ("namespace", "workloadName", "workloadKind", "podName", "health"),
+)
+SEED = Cookbook(
+    "seed",
+    METRIC_GROUP,
+    CLUSTER_TRACKERS,
+    STAGED_TRACKERS,
+    METRIC_COLLECTOR_REPORTS,
+    METRIC_COLLECTORS,
+    # the metric.kubernetes-fleet.io MetricCollectorReport CRD of cookbook PR #6 (cac604c)
+    ("namespace", "workloadName", "health"),
+)
+COOKBOOKS = {c.name: c for c in (CURRENT, SEED)}
+"""By the name used in --cookbook."""
+
 # Labels KubeFleet puts on every approval request (apis/placement/v1beta1/commons.go).
 LABEL_TARGET_UPDATE_RUN = "kubernetes-fleet.io/targetUpdateRun"
 LABEL_TARGET_STAGE = "kubernetes-fleet.io/targetUpdatingStage"
@@ -106,6 +179,17 @@ LABEL_CLUSTER = f"{METRIC_GROUP}/cluster"
 """On a MetricCollectorReport: the member cluster it comes from (set by the agent)."""
 REPORT_SELECTOR = LABEL_METRIC_COLLECTOR
 """Selects every MetricCollectorReport the agent writes (the label exists)."""
+LABEL_PARENT_APPROVAL = "kubernetes-fleet.io/parent-approval-request"
+"""On a hub-created report (current cookbook): the approval request, <name> or <ns>.<name>."""
+ANNOTATION_INTERVAL = "fleetupgrade.io/collect-interval"
+"""On a MetricCollector / hub-created report: how often to collect (neither cookbook schema has
+a field for it, and annotations are never pruned)."""
+ANNOTATION_HEALTH_CHECKS = "fleetupgrade.io/health-checks"
+"""On a workload tracker: optional extra checks (JSON or YAML, ClusterVersion healthChecks)."""
+ANNOTATION_OPERATIONS = "fleetupgrade.io/operations"
+"""On a MemberCluster: this plugin's recent service-out / service-in operations (JSON)."""
+ANNOTATION_VERSION = "fleetupgrade.io/kubernetes-version"
+"""On a MemberCluster: its Kubernetes version, for hubs without a version property."""
 
 EVENTS_NAMESPACE = "default"
 """Where Events about cluster-scoped objects go (the kubectl convention)."""

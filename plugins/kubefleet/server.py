@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from plugins.kubefleet.config import HEALTH_SOURCES, KubeFleetConfig
-from plugins.kubefleet.fleet import KubeFleetHub
+from plugins.kubefleet.config import COOKBOOK_CHOICES, HEALTH_SOURCES, KubeFleetConfig
+from plugins.kubefleet.fleet import KubeFleetHub, resolve_cookbook
 from plugins.kubefleet.inventory import DEFAULT_TAINT_KEY, DEFAULT_VERSION_SOURCE, TaintSpec
 from plugins.kubefleet.servicers import servicers
 from plugins.sdk.cli import parse_plugin_args, plugin_parser, run_plugin
@@ -44,13 +44,22 @@ class KubeFleetPlugin:
             raise ValueError("; ".join(problems))
         self.options = options
         kube = Kube(options.kubeconfig, what="KubeFleet hub")
-        self.hub = KubeFleetHub(options.config, kube)
+        try:
+            cookbook = resolve_cookbook(kube, options.config.cookbook)
+        except BaseException:
+            kube.close()
+            raise
+        self.hub = KubeFleetHub(options.config, kube, cookbook)
         self.hub.start()
         try:
             if not self.hub.wait_synced(options.sync_wait):
                 _, why = self.hub.readiness()
                 _LOG.warning("serving before the hub is listed", extra={"fields": {"why": why}})
-            manifest = {"hub": kube.server, "healthSource": options.config.health_source}
+            manifest = {
+                "hub": kube.server,
+                "healthSource": options.config.health_source,
+                "cookbook": f"{cookbook.name} ({cookbook.group})",
+            }
             identity, cluster, health, gate = servicers(self.hub, manifest)
             self.server: PluginServer = serve(
                 options.listen,
@@ -152,8 +161,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--version-source",
         default=DEFAULT_VERSION_SOURCE,
         metavar="SOURCE",
-        help="where a member's Kubernetes version is read: property:NAME or label:KEY "
-        "(default %(default)s)",
+        help="where a member's Kubernetes version is read, first non-empty wins: auto "
+        "(property:k8s.io/k8s-version, annotation:fleetupgrade.io/kubernetes-version, "
+        "label:fleetupgrade.io/kubernetes-version) or a comma-separated list of property:NAME, "
+        "annotation:KEY, label:KEY (default %(default)s)",
+    )
+    parser.add_argument(
+        "--cookbook",
+        choices=COOKBOOK_CHOICES,
+        default=defaults.cookbook,
+        help="the cookbook API generation: current (autoapprove.kubernetes-fleet.io, "
+        "hub-created reports), seed (metric.kubernetes-fleet.io, placed MetricCollectors) or "
+        "auto: whichever the hub serves, current first (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-overrides",
+        type=int,
+        default=defaults.max_overrides,
+        metavar="N",
+        help="seed generation: ClusterResourceOverrides this plugin may use, each serving up to "
+        "20 pending gates (KubeFleet admits 100 per hub; default %(default)s)",
     )
     return parser
 
@@ -170,6 +197,8 @@ def config_from_args(args: argparse.Namespace) -> KubeFleetConfig:
         evaluate_interval=args.evaluate_interval,
         taint=TaintSpec(args.taint_key, args.taint_value),
         version_source=args.version_source,
+        cookbook=args.cookbook,
+        max_overrides=args.max_overrides,
     )
 
 

@@ -38,8 +38,10 @@ CAPABILITIES: tuple[identity_pb2.PluginCapability.ValueType, ...] = (
     identity_pb2.PLUGIN_CAPABILITY_CLUSTER_SERVICE,
     identity_pb2.PLUGIN_CAPABILITY_CHECK_WORKLOADS,
     identity_pb2.PLUGIN_CAPABILITY_GATES,
+    identity_pb2.PLUGIN_CAPABILITY_DURABLE_OPERATIONS,
 )
-"""MemberCluster inventory, taint service-out, workload health and approval-request gates.
+"""MemberCluster inventory, taint service-out, workload health and approval-request gates;
+operations durable across restarts (recorded on the MemberCluster, see oplog.py).
 
 No upgrades: KubeFleet places resources, it does not upgrade its members' Kubernetes. No
 QUERY_METRIC: health checks query Prometheus themselves (provider "prometheus").

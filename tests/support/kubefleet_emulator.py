@@ -24,8 +24,19 @@ apis/cluster/v1beta1, behaviour as in pkg/controllers/updaterun):
   joined member whose NoSchedule taints the placement tolerates; each selected cluster-scoped
   object is copied to the member after the ClusterResourceOverrides that select it (rules whose
   clusterSelector matches the member's labels; JSON patch add/remove/replace with
-  ${MEMBER-CLUSTER-NAME} and ${MEMBER-CLUSTER-LABEL-KEY-<key>} replaced); objects no longer
-  placed are deleted from the member; placement status gets per-cluster conditions.
+  ${MEMBER-CLUSTER-NAME} and ${MEMBER-CLUSTER-LABEL-KEY-<key>} replaced; an override with
+  spec.placement applies to that placement only); objects no longer placed are deleted from the
+  member; placement status gets per-cluster conditions;
+- the admission rules of KubeFleet's validating webhooks that decide whether our writes would be
+  accepted, checked where the emulator reads the objects (pkg/webhook/clusterresourceoverride
+  and pkg/utils/validator/clusterresourceoverride.go: at most 100 ClusterResourceOverrides per
+  hub, resources selected by name only (no labelSelector), each resource selected by at most one
+  override, spec.placement immutable; pkg/webhook/clusterresourceplacement: PickFixed with at
+  most 100 clusterNames): an override or placement that breaks one is ignored, as if refused,
+  and the breach is recorded in `violations` (tests assert it stays empty);
+- the update-run controller ignores an Approved condition whose observedGeneration is not the
+  request's generation (pkg/controllers/updaterun/execution.go checks
+  condition.IsConditionStatusTrue(cond, generation)).
 
 Not emulated: resource snapshots and bindings (the "update" of a cluster is only its status),
 ResourcePlacement propagation of namespaced objects (ResourcePlacements only choose a
@@ -263,6 +274,8 @@ class KubeFleetEmulator:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []
+        self.violations: list[str] = []
+        self._override_placements: dict[str, str | None] = {}
         self.on_cluster_updated: Callable[[str, str], None] | None = None
 
     # -- generic access ------------------------------------------------------------------------
@@ -441,20 +454,25 @@ class KubeFleetEmulator:
         ):
             for obj in self.list(kind):
                 self.delete(kind, obj["metadata"]["name"], obj["metadata"].get("namespace", ""))
-        group, version = "metric.kubernetes-fleet.io", "v1alpha1"
-        for plural in ("clusterstagedworkloadtrackers", "metriccollectors"):
-            for obj in self.api.list_cluster_custom_object(group, version, plural)["items"]:
-                with contextlib.suppress(ApiException):
-                    self.api.delete_cluster_custom_object(
-                        group, version, plural, obj["metadata"]["name"]
-                    )
-        for plural in ("stagedworkloadtrackers", "metriccollectorreports"):
-            for obj in self.api.list_cluster_custom_object(group, version, plural)["items"]:
-                meta = obj["metadata"]
-                with contextlib.suppress(ApiException):
-                    self.api.delete_namespaced_custom_object(
-                        group, version, meta["namespace"], plural, meta["name"]
-                    )
+        for group in ("metric.kubernetes-fleet.io", "autoapprove.kubernetes-fleet.io"):
+            version = "v1alpha1"
+            cluster_scoped = ["clusterstagedworkloadtrackers"]
+            if group.startswith("metric."):
+                cluster_scoped.append("metriccollectors")
+            for plural in cluster_scoped:
+                for obj in self.api.list_cluster_custom_object(group, version, plural)["items"]:
+                    with contextlib.suppress(ApiException):
+                        self.api.delete_cluster_custom_object(
+                            group, version, plural, obj["metadata"]["name"]
+                        )
+            for plural in ("stagedworkloadtrackers", "metriccollectorreports"):
+                for obj in self.api.list_cluster_custom_object(group, version, plural)["items"]:
+                    meta = obj["metadata"]
+                    with contextlib.suppress(ApiException):
+                        self.api.delete_namespaced_custom_object(
+                            group, version, meta["namespace"], plural, meta["name"]
+                        )
+        self.violations.clear()
         self.tick()
 
     def _run(self) -> None:
@@ -759,10 +777,55 @@ class KubeFleetEmulator:
 
     # -- placements ------------------------------------------------------------------------------
 
+    def _violation(self, text: str) -> None:
+        if text not in self.violations:
+            self.violations.append(text)
+
+    def _admitted_overrides(self) -> list[dict[str, Any]]:
+        """The ClusterResourceOverrides KubeFleet's webhook would have admitted (oldest first)."""
+        admitted: list[dict[str, Any]] = []
+        selected: dict[tuple[str, str], str] = {}
+        overrides = sorted(
+            self.list("ClusterResourceOverride"),
+            key=lambda o: (o["metadata"].get("creationTimestamp", ""), o["metadata"]["name"]),
+        )
+        for index, cro in enumerate(overrides):
+            name = cro["metadata"]["name"]
+            spec = cro.get("spec") or {}
+            if index >= 100:
+                self._violation(f"ClusterResourceOverride {name}: more than 100 on the hub")
+                continue
+            placement = (spec.get("placement") or {}).get("name")
+            before = self._override_placements.setdefault(name, placement)
+            if before != placement:
+                self._violation(f"ClusterResourceOverride {name}: spec.placement changed")
+                continue
+            problems = []
+            for sel in spec.get("clusterResourceSelectors") or []:
+                key = (sel.get("kind", ""), sel.get("name", ""))
+                if sel.get("labelSelector") is not None or not key[1]:
+                    problems.append("a selector without a name (label selectors are refused)")
+                elif key in selected and selected[key] != name:
+                    problems.append(f"{key[0]} {key[1]} is selected by {selected[key]} already")
+            if problems:
+                self._violation(f"ClusterResourceOverride {name}: {'; '.join(problems)}")
+                continue
+            for sel in spec.get("clusterResourceSelectors") or []:
+                selected[(sel.get("kind", ""), sel.get("name", ""))] = name
+            admitted.append(cro)
+        known = {o["metadata"]["name"] for o in overrides}
+        for gone in set(self._override_placements) - known:
+            del self._override_placements[gone]
+        return admitted
+
     def _place(self, members: Mapping[str, dict[str, Any]]) -> None:
-        overrides = self.list("ClusterResourceOverride")
+        overrides = self._admitted_overrides()
         wanted: dict[tuple[str, str, str], tuple[str, dict[str, Any]]] = {}
         for crp in self.list("ClusterResourcePlacement"):
+            policy = crp["spec"].get("policy") or {}
+            if len(policy.get("clusterNames") or []) > 100:
+                self._violation(f"ClusterResourcePlacement {crp['metadata']['name']}: >100 names")
+                continue
             targets = _scheduled(crp, members)
             per_cluster: dict[str, str] = {}
             for selector in crp["spec"].get("resourceSelectors") or []:
@@ -778,9 +841,13 @@ class KubeFleetEmulator:
                     raise
                 for member in targets:
                     try:
-                        placed = override_for(
-                            obj, kind, overrides, member, _labels(members[member])
-                        )
+                        mine = [
+                            o
+                            for o in overrides
+                            if (o["spec"].get("placement") or {}).get("name")
+                            in (None, crp["metadata"]["name"])
+                        ]
+                        placed = override_for(obj, kind, mine, member, _labels(members[member]))
                     except (KeyError, ValueError, IndexError) as exc:
                         per_cluster[member] = f"override failed: {exc}"
                         continue

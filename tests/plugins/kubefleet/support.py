@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kubernetes import client as k8s
@@ -13,59 +14,79 @@ from tests.support.kubefleet_emulator import KubeFleetEmulator
 
 APP, APP_NS = "sample-metric-app", "test-ns"
 METRIC = ("metric.kubernetes-fleet.io", "v1alpha1")
+"""The seed tutorial's group (cbpr_* CRDs)."""
+AUTOAPPROVE = ("autoapprove.kubernetes-fleet.io", "v1alpha1")
+"""The current cookbook's group (cbmain_* CRDs)."""
+GROUPS = {"seed": METRIC, "current": AUTOAPPROVE}
 
 
-def stages(*names: str) -> dict[str, Any]:
-    """A strategy spec: one stage per environment label value, an Approval after each."""
+def stages(*names: str, before: bool = False) -> dict[str, Any]:
+    """A strategy spec: one stage per environment label value, an Approval after each (and
+    before each, with before=True)."""
     return {
         "stages": [
             {
                 "name": name,
                 "labelSelector": {"matchLabels": {"environment": name}},
                 "afterStageTasks": [{"type": "Approval"}],
+                **({"beforeStageTasks": [{"type": "Approval"}]} if before else {}),
             }
             for name in names
         ]
     }
 
 
-def tracker_body(name: str, healthy_replicas: int = 1, **extra: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "metric.kubernetes-fleet.io/v1alpha1",
-        "metadata": {"name": name},
-        "workloads": [
-            {
-                "name": APP,
-                "namespace": APP_NS,
-                "kind": "Deployment",
-                "healthyReplicas": healthy_replicas,
-            }
-        ],
-        **extra,
-    }
+def tracker_body(
+    name: str, healthy_replicas: int = 1, cookbook: str = "current", **extra: Any
+) -> dict[str, Any]:
+    """A tracker of the generation: current (kind and healthyReplicas, both required there) or
+    seed (name and namespace only: its schema has nothing else). Extra checks go in the
+    fleetupgrade.io/health-checks annotation (neither schema has a field for them)."""
+    workload: dict[str, Any] = {"name": APP, "namespace": APP_NS}
+    if cookbook == "current":
+        workload.update(kind="Deployment", healthyReplicas=healthy_replicas)
+    meta: dict[str, Any] = {"name": name}
+    checks = extra.pop("healthChecks", None)
+    if checks is not None:
+        meta["annotations"] = {"fleetupgrade.io/health-checks": json.dumps(checks)}
+    group, version = GROUPS[cookbook]
+    return {"apiVersion": f"{group}/{version}", "metadata": meta, "workloads": [workload], **extra}
 
 
 def create_tracker(
-    hub: KubeCluster, name: str, namespace: str = "", healthy_replicas: int = 1, **extra: Any
-) -> None:
-    body = tracker_body(name, healthy_replicas, **extra)
+    hub: KubeCluster,
+    name: str,
+    namespace: str = "",
+    healthy_replicas: int = 1,
+    cookbook: str = "current",
+    **extra: Any,
+) -> dict[str, Any]:
+    """Creates the tracker; returns it as the hub stored it."""
+    body = tracker_body(name, healthy_replicas, cookbook, **extra)
+    group = GROUPS[cookbook]
     with hub.api_client() as api:
         custom = k8s.CustomObjectsApi(api)
         if namespace:
             body["kind"] = "StagedWorkloadTracker"
             body["metadata"]["namespace"] = namespace
-            custom.create_namespaced_custom_object(
-                *METRIC, namespace, "stagedworkloadtrackers", body
+            return dict(
+                custom.create_namespaced_custom_object(
+                    *group, namespace, "stagedworkloadtrackers", body
+                )
             )
-        else:
-            body["kind"] = "ClusterStagedWorkloadTracker"
-            custom.create_cluster_custom_object(*METRIC, "clusterstagedworkloadtrackers", body)
+        body["kind"] = "ClusterStagedWorkloadTracker"
+        return dict(
+            custom.create_cluster_custom_object(*group, "clusterstagedworkloadtrackers", body)
+        )
 
 
-def start_cluster_run(emu: KubeFleetEmulator, run: str, *stage_names: str) -> None:
+def start_cluster_run(
+    emu: KubeFleetEmulator, run: str, *stage_names: str, before: bool = False
+) -> None:
     """ClusterStagedUpdateStrategy + PickAll ClusterResourcePlacement + ClusterStagedUpdateRun."""
     emu.create(
-        "ClusterStagedUpdateStrategy", {"metadata": {"name": run}, "spec": stages(*stage_names)}
+        "ClusterStagedUpdateStrategy",
+        {"metadata": {"name": run}, "spec": stages(*stage_names, before=before)},
     )
     emu.create(
         "ClusterResourcePlacement",
@@ -138,10 +159,10 @@ def start_namespaced_run(
 
 
 def approval(
-    emu: KubeFleetEmulator, run: str, stage: str, namespace: str = ""
+    emu: KubeFleetEmulator, run: str, stage: str, namespace: str = "", task: str = "after"
 ) -> dict[str, Any] | None:
     kind = "ApprovalRequest" if namespace else "ClusterApprovalRequest"
-    return emu.get(kind, f"{run}-after-{stage}", namespace)
+    return emu.get(kind, f"{run}-{task}-{stage}", namespace)
 
 
 def conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -188,12 +209,14 @@ def member_object(member: KubeCluster, plural: str, name: str) -> dict[str, Any]
             raise
 
 
-def hub_report(hub: KubeCluster, cluster: str, name: str) -> dict[str, Any] | None:
+def hub_report(
+    hub: KubeCluster, cluster: str, name: str, cookbook: str = "current"
+) -> dict[str, Any] | None:
     with hub.api_client() as api:
         try:
             return dict(
                 k8s.CustomObjectsApi(api).get_namespaced_custom_object(
-                    *METRIC, f"fleet-member-{cluster}", "metriccollectorreports", name
+                    *GROUPS[cookbook], f"fleet-member-{cluster}", "metriccollectorreports", name
                 )
             )
         except ApiException as exc:

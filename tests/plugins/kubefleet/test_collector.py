@@ -63,7 +63,10 @@ def agents() -> Iterator[Callable[..., MetricCollectorAgent]]:
     def start(**options: Any) -> MetricCollectorAgent:
         agent = MetricCollectorAgent(
             CollectorOptions(
-                cluster_name=MEMBER, max_backoff=1.0, registry=CollectorRegistry(), **options
+                cluster_name=MEMBER,
+                max_backoff=1.0,
+                registry=CollectorRegistry(),
+                **{"cookbook": "seed", **options},
             )
         ).start()
         started.append(agent)
@@ -78,11 +81,10 @@ def _collector(member: KubeCluster, name: str, namespace: str = f"fleet-member-{
     body = {
         "apiVersion": "metric.kubernetes-fleet.io/v1alpha1",
         "kind": "MetricCollector",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "annotations": {"fleetupgrade.io/collect-interval": "1s"}},
         "spec": {
             "prometheusUrl": "http://prometheus.prometheus.svc.cluster.local:9090",
             "reportNamespace": namespace,
-            "interval": "1s",
         },
     }
     with member.api_client() as api:
@@ -110,7 +112,7 @@ def test_prometheus_outage_is_reported_then_recovered_and_stale_data_is_unknown(
     member = member_clusters[MEMBER]
     _, url = prometheus
     name = names("mc-outage")
-    plugin = start_plugin(report_max_age=4.0)
+    plugin = start_plugin(report_max_age=4.0, cookbook="seed")
     agent = agents(
         member_kubeconfig=str(member.kubeconfig),
         hub_kubeconfig=str(hub.kubeconfig),
@@ -120,7 +122,7 @@ def test_prometheus_outage_is_reported_then_recovered_and_stale_data_is_unknown(
 
     report = wait_for(
         "a report saying the collection failed",
-        lambda: conditions(hub_report(hub, MEMBER, name)).get("MetricsCollected"),
+        lambda: conditions(hub_report(hub, MEMBER, name, "seed")).get("MetricsCollected"),
         timeout=30,
     )
     assert (report["status"], report["reason"]) == ("False", "CollectionFailed")
@@ -144,16 +146,21 @@ def test_prometheus_outage_is_reported_then_recovered_and_stale_data_is_unknown(
     wait_for(
         "the report recovers",
         lambda: (
-            (conditions(hub_report(hub, MEMBER, name)).get("MetricsCollected") or {}).get("status")
+            (conditions(hub_report(hub, MEMBER, name, "seed")).get("MetricsCollected") or {}).get(
+                "status"
+            )
             == "True"
         ),
         timeout=30,
     )
-    report_obj = hub_report(hub, MEMBER, name)
+    report_obj = hub_report(hub, MEMBER, name, "seed")
     assert report_obj is not None
-    assert report_obj["status"]["workloads"] == [
-        {"namespace": APP_NS, "name": APP, "kind": "Deployment", "pods": 2, "healthyPods": 2}
+    # What the seed schema keeps of each pod's reading: namespace, workloadName, health.
+    assert report_obj["status"]["collectedMetrics"] == [
+        {"namespace": APP_NS, "workloadName": APP, "health": True},
+        {"namespace": APP_NS, "workloadName": APP, "health": True},
     ]
+    assert report_obj["status"]["workloadsMonitored"] == 1
     assert report_obj["metadata"]["labels"]["metric.kubernetes-fleet.io/cluster"] == MEMBER
     results = wait_for(
         "HEALTHY from the report",
@@ -240,11 +247,13 @@ def test_hub_token_from_a_file_rotation_and_the_report_namespace_guard(
     )
     assert (reported["status"], reported["reason"]) == ("False", "HubUnavailable")
     assert "401" in reported["message"]
-    assert hub_report(hub, MEMBER, name) is None
+    assert hub_report(hub, MEMBER, name, "seed") is None
 
     token.write_text(service_account_token(hub, "fleet-system", "fleet-metric-collector"))
     wait_for(
-        "the report once the token is valid", lambda: hub_report(hub, MEMBER, name), timeout=30
+        "the report once the token is valid",
+        lambda: hub_report(hub, MEMBER, name, "seed"),
+        timeout=30,
     )
     wait_for(
         "MetricsReported=True",
@@ -261,12 +270,14 @@ def test_hub_token_from_a_file_rotation_and_the_report_namespace_guard(
         timeout=30,
     )
     assert refused["reason"] == "ReportNamespaceInvalid"
-    assert hub_report(hub, "member-1", other) is None
+    assert hub_report(hub, "member-1", other, "seed") is None
 
     # The collector goes away: so does its report.
     _delete_collector(member, name)
     _delete_collector(member, other)
-    wait_for("the report deleted", lambda: hub_report(hub, MEMBER, name) is None, timeout=30)
+    wait_for(
+        "the report deleted", lambda: hub_report(hub, MEMBER, name, "seed") is None, timeout=30
+    )
 
 
 def _hub_ca(hub: KubeCluster) -> bytes:

@@ -23,6 +23,7 @@ from tests.plugins.kubefleet.support import (
     create_tracker,
     events_about,
     health_condition,
+    hub_report,
     member_object,
     run_succeeded,
     start_cluster_run,
@@ -39,11 +40,12 @@ def _gate(client: object, gate_id: str) -> gate_pb2.Gate | None:
 
 def test_a_pending_approval_request_is_a_gate_with_its_stage_clusters_and_workloads(
     hub: KubeCluster,
-    member_clusters: dict[str, KubeCluster],
     emulator: KubeFleetEmulator,
     start_plugin: StartPlugin,
     names: Callable[[str], str],
 ) -> None:
+    """Current cookbook: the tracker's kind and healthyReplicas are carried, and the plugin
+    creates the stage clusters' MetricCollectorReports as the cookbook's hub controller does."""
     run = names("csur")
     create_tracker(hub, run, healthy_replicas=2)
     plugin = start_plugin()
@@ -51,6 +53,13 @@ def test_a_pending_approval_request_is_a_gate_with_its_stage_clusters_and_worklo
     gate_id = f"ClusterApprovalRequest/{run}-after-staging"
     gate = wait_for("the staging gate", lambda: _gate(plugin.client, gate_id), timeout=30)
     assert gate.state == gate_pb2.GATE_STATE_PENDING
+    # KubeFleet creates the request in the pass that finishes the stage, and writes the run's
+    # status after it: until the cache has that status, the gate says the stage is updating.
+    gate = wait_for(
+        "the staging gate with its updated clusters",
+        lambda: (g := _gate(plugin.client, gate_id)) is not None and g.cluster_ids and g,
+        timeout=30,
+    )
     assert (gate.run, gate.stage, list(gate.cluster_ids)) == (run, "staging", ["member-1"])
     assert gate.tracked
     assert [(w.namespace, w.name, w.kind, w.min_healthy_replicas) for w in gate.workloads] == [
@@ -58,8 +67,62 @@ def test_a_pending_approval_request_is_a_gate_with_its_stage_clusters_and_worklo
     ]
     assert gate.create_time.seconds > 0
 
+    mc, _ = collector_names(
+        GateRef(CLUSTER_APPROVAL_REQUESTS, "", f"{run}-after-staging", run, "staging")
+    )
+    assert mc == f"mc-{run}-staging"  # the cookbook's name
+    report = wait_for(
+        "the hub-created report in fleet-member-member-1",
+        lambda: hub_report(hub, "member-1", mc),
+        timeout=30,
+    )
+    assert report["spec"] == {
+        "prometheusUrl": "http://prometheus.prometheus.svc.cluster.local:9090"
+    }
+    labels = report["metadata"]["labels"]
+    assert labels["kubernetes-fleet.io/parent-approval-request"] == f"{run}-after-staging"
+    assert report["metadata"]["ownerReferences"][0]["name"] == f"{run}-after-staging"
+    assert hub_report(hub, "member-2", mc) is None  # not a cluster of this stage
+
+    # No collector runs here: the report stays empty, so the plugin says UNKNOWN.
+    cond = wait_for(
+        "the plugin's condition",
+        lambda: (
+            (c := health_condition(approval(emulator, run, "staging")))
+            and c["reason"] != "ClustersNotUpdated"
+            and c
+        ),
+    )
+    assert cond["status"] == "False" and cond["reason"] == "WorkloadsNotHealthy", cond
+    assert "member-1" in cond["message"] and "UNKNOWN" in cond["message"]
+    results = plugin.client.check_workloads(
+        ["member-1"], [health_pb2.Workload(namespace=APP_NS, name=APP)]
+    )
+    assert results[0].health == health_pb2.WORKLOAD_HEALTH_UNKNOWN
+    assert "has no collection yet" in results[0].message
+
+
+def test_seed_gates_place_a_metric_collector_on_exactly_the_stage_clusters(
+    hub: KubeCluster,
+    member_clusters: dict[str, KubeCluster],
+    emulator: KubeFleetEmulator,
+    start_plugin: StartPlugin,
+    names: Callable[[str], str],
+) -> None:
+    """Seed tutorial: a MetricCollector per gate, a PickFixed placement, a shared override."""
+    run = names("csur")
+    tracker = create_tracker(hub, run, cookbook="seed")
+    assert tracker["workloads"] == [{"name": APP, "namespace": APP_NS}]
+    plugin = start_plugin(cookbook="seed")
+    start_cluster_run(emulator, run, "staging", "prod")
+    gate_id = f"ClusterApprovalRequest/{run}-after-staging"
+    gate = wait_for("the staging gate", lambda: _gate(plugin.client, gate_id), timeout=30)
+    # The seed tracker has neither kind nor healthyReplicas: any kind, any pod present.
+    assert [(w.namespace, w.name, w.kind, w.min_healthy_replicas) for w in gate.workloads] == [
+        (APP_NS, APP, "", 0)
+    ]
     # The MetricCollector goes to exactly the stage's clusters, with each its reportNamespace.
-    mc, ro, crp = collector_names(
+    mc, crp = collector_names(
         GateRef(CLUSTER_APPROVAL_REQUESTS, "", f"{run}-after-staging", run, "staging")
     )
     placement = wait_for(
@@ -69,21 +132,40 @@ def test_a_pending_approval_request_is_a_gate_with_its_stage_clusters_and_worklo
         "placementType": "PickFixed",
         "clusterNames": ["member-1"],
     }
-    override = emulator.get("ClusterResourceOverride", ro)
-    assert override is not None
-    assert override["metadata"]["ownerReferences"][0]["name"] == f"{run}-after-staging"
+    assert placement["metadata"]["ownerReferences"][0]["name"] == f"{run}-after-staging"
+    # The report namespace comes from a shared override that selects this collector by name.
+    [override] = [
+        o
+        for o in emulator.list("ClusterResourceOverride")
+        if any(s.get("name") == mc for s in o["spec"]["clusterResourceSelectors"])
+    ]
+    [rule] = override["spec"]["policy"]["overrideRules"]
+    assert rule["jsonPatchOverrides"] == [
+        {
+            "op": "replace",
+            "path": "/spec/reportNamespace",
+            "value": "fleet-member-${MEMBER-CLUSTER-NAME}",
+        }
+    ]
+    assert "placement" not in override["spec"]
+    assert emulator.violations == []
     placed = wait_for(
         "the MetricCollector on member-1",
         lambda: member_object(member_clusters["member-1"], "metriccollectors", mc),
         timeout=30,
     )
     assert placed["spec"]["reportNamespace"] == "fleet-member-member-1"
-    assert placed["spec"]["interval"] == "1s"
+    assert placed["metadata"]["annotations"]["fleetupgrade.io/collect-interval"] == "1s"
     assert member_object(member_clusters["member-2"], "metriccollectors", mc) is None
 
     # No agent runs here: no report, so the plugin says UNKNOWN on the approval request.
     cond = wait_for(
-        "the plugin's condition", lambda: health_condition(approval(emulator, run, "staging"))
+        "the plugin's condition",
+        lambda: (
+            (c := health_condition(approval(emulator, run, "staging")))
+            and c["reason"] != "ClustersNotUpdated"
+            and c
+        ),
     )
     assert cond["status"] == "False" and cond["reason"] == "WorkloadsNotHealthy", cond
     assert "member-1" in cond["message"] and "UNKNOWN" in cond["message"]
@@ -102,12 +184,12 @@ def test_resolve_gate_approves_the_stage_and_cleans_up_its_collector(
     names: Callable[[str], str],
 ) -> None:
     run = names("csur")
-    create_tracker(hub, run)
-    plugin = start_plugin()
+    create_tracker(hub, run, cookbook="seed")
+    plugin = start_plugin(cookbook="seed")
     start_cluster_run(emulator, run, "staging", "prod")
     staging = f"ClusterApprovalRequest/{run}-after-staging"
     wait_for("the staging gate", lambda: _gate(plugin.client, staging), timeout=30)
-    mc, _, crp = collector_names(
+    mc, crp = collector_names(
         GateRef(CLUSTER_APPROVAL_REQUESTS, "", f"{run}-after-staging", run, "staging")
     )
     wait_for(

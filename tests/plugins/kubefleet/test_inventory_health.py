@@ -25,6 +25,7 @@ from tests.plugins.kubefleet.support import (
 )
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.kubefleet_emulator import KubeFleetEmulator
+from tests.support.orchestrator import free_port
 from tests.support.prometheus import prometheus_binary
 
 TAINT = "fleetupgrade.io/out-of-service"
@@ -157,12 +158,16 @@ def test_scale_mode_reads_every_cluster_from_one_central_prometheus_and_spares_t
             run = names("scale")
             create_tracker(hub, run)
             start_cluster_run(emulator, run, "staging", "prod")
+            # Healthy once a sample newer than member-1's update is in (the run's status first
+            # says the stage is updating, then that no sample since the update is in yet).
             cond = wait_for(
-                "the staging condition",
-                lambda: health_condition(approval(emulator, run, "staging")),
+                "the staging condition healthy",
+                lambda: (c := health_condition(approval(emulator, run, "staging")))
+                and c["reason"] == "AllWorkloadsHealthy"
+                and c,
                 timeout=30,
             )
-            assert cond["reason"] == "AllWorkloadsHealthy", cond
+            assert cond["status"] == "True" and "after-stage" in cond["message"], cond
             mc = collector_names(
                 GateRef(CLUSTER_APPROVAL_REQUESTS, "", f"{run}-after-staging", run, "staging")
             )[0]
@@ -176,9 +181,21 @@ def test_scale_mode_reads_every_cluster_from_one_central_prometheus_and_spares_t
 def test_the_conformance_kit_passes_against_the_plugin(
     emulator: KubeFleetEmulator, start_plugin: StartPlugin, tmp_path: Path
 ) -> None:
-    plugin = start_plugin()
+    listen = f"127.0.0.1:{free_port()}"
+    running = [start_plugin(listen=listen)]
+
+    def restart() -> None:  # the durability checks restart the plugin on the same endpoint
+        running[-1].plugin.stop(grace=0)
+        running.append(start_plugin(listen=listen))
+
+    plugin = running[0]
     report = tmp_path / "kit.xml"
-    code = run_conformance(plugin.address, timeout=30.0, pytest_args=["-q", f"--junitxml={report}"])
+    code = run_conformance(
+        plugin.address,
+        timeout=30.0,
+        pytest_args=["-q", f"--junitxml={report}"],
+        restart=restart,
+    )
     cases = list(ET.parse(report).getroot().iter("testcase"))
     failed = [
         c.get("name") for c in cases if c.find("failure") is not None or c.find("error") is not None
@@ -187,4 +204,7 @@ def test_the_conformance_kit_passes_against_the_plugin(
     assert code == 0, failed
     assert any("resolve_gate" in (n or "") for n in passed)
     assert any("check_workloads" in (n or "") for n in passed)
-    assert plugin.client.get_cluster("member-1").in_service, "the kit left member-1 as it found it"
+    assert any("survive_a_restart" in (n or "") for n in passed)
+    assert len(running) >= 2, "the durability check restarted the plugin"
+    client = running[-1].client
+    assert client.get_cluster("member-1").in_service, "the kit left member-1 as it found it"

@@ -7,10 +7,8 @@ exactly its RBAC, and `fleet-orchestrator run --plugin kubefleet=...` as a subpr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from plugins.kubefleet import collector_names
 from plugins.kubefleet.gates import GateRef
@@ -37,29 +35,6 @@ from tests.support.kubefleet_emulator import KubeFleetEmulator
 from tests.support.orchestrator import OrchestratorProcess
 
 STEP = 60.0  # seconds any one step may take on a loaded machine
-
-
-@pytest.fixture
-def orchestrator(
-    control_plane: KubeCluster, namespace: str, tmp_path: Path
-) -> Iterator[Callable[[RunningPlugin], OrchestratorProcess]]:
-    started: list[OrchestratorProcess] = []
-
-    def start(plugin: RunningPlugin, *extra: str) -> OrchestratorProcess:
-        proc = OrchestratorProcess(
-            control_plane.kubeconfig,
-            namespace,
-            tmp_path / "orchestrator.log",
-            "--plugin",
-            f"kubefleet={plugin.address}",
-            *extra,
-        ).start()
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.stop()
 
 
 def _log(proc: OrchestratorProcess) -> str:
@@ -116,7 +91,7 @@ def test_cluster_staged_run_stages_are_approved_only_when_their_workloads_are_he
     )[0]
     report = hub_report(hub, "member-1", mc)
     assert report is not None and report["status"]["workloadsMonitored"] == 1
-    listing = kubectl(hub, "get", "metriccollectorreports", "-A")
+    listing = kubectl(hub, "get", "metriccollectorreports.autoapprove.kubernetes-fleet.io", "-A")
     assert "WORKLOADS" in listing and "LAST-COLLECTION" in listing and mc in listing
 
     # Healthy: approved by the orchestrator, with observedGeneration and a reason.
@@ -231,18 +206,12 @@ def test_staged_run_needs_the_required_healthy_pods_and_the_extra_checks(
     wait_for("prod approved", lambda: approved(approval(emulator, run, "prod", namespace)), STEP)
     wait_for("the run succeeds", lambda: run_succeeded(emulator, run, namespace), STEP)
     mc = collector_names(GateRef(APPROVAL_REQUESTS, namespace, f"{run}-after-prod", run, "prod"))[0]
-    wait_for(
-        "the prod collector removed from the hub",
-        lambda: (
-            not any(
-                m["metadata"]["name"] == mc
-                for m in emulator.api.list_cluster_custom_object(
-                    "metric.kubernetes-fleet.io", "v1alpha1", "metriccollectors"
-                )["items"]
-            )
-        ),
-        STEP,
-    )
+    for name in ("member-2", "member-3"):
+        wait_for(
+            f"the prod report on {name} removed from the hub",
+            lambda name=name: hub_report(hub, name, mc) is None,
+            STEP,
+        )
 
 
 def test_an_untracked_run_is_never_approved_by_the_orchestrator(

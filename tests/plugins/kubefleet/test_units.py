@@ -1,30 +1,28 @@
-"""Pure parts of the KubeFleet plugin: verdicts, report freshness, gate ids and states, taints,
-configuration, names, the emulator's override arithmetic, and the generated CRDs."""
+"""Pure parts of the KubeFleet plugin: verdicts, report freshness, gate ids and states, task types
+and stage readiness, taints, operation records, configuration, names, the sharing of overrides,
+and the emulator's override arithmetic."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
-import yaml
 
-from fleetupgrade.plugin.v1 import gate_pb2, health_pb2
-from orchestrator import api
-from orchestrator.crd import structural_schema
+from fleetupgrade.plugin.v1 import cluster_pb2, gate_pb2, health_pb2
 from orchestrator.gates import parse_plugin_flag
-from plugins.kubefleet import KubeFleetConfig, collector_names, health, inventory
+from plugins.kubefleet import KubeFleetConfig, collection, collector_names, health, inventory, oplog
 from plugins.kubefleet import gates as gatelib
 from plugins.kubefleet.collector import parse_interval
-from plugins.kubefleet.fleet import collection_objects
 from plugins.kubefleet.objects import (
     APPROVAL_REQUESTS,
     CLUSTER_APPROVAL_REQUESTS,
+    CURRENT,
     name_with_limit,
     set_condition,
 )
 from plugins.kubefleet.prometheus import Sample
-from tests.plugins.kubefleet import crdgen
 from tests.support.kubefleet_emulator import apply_json_patch, override_for
+from tests.support.upstream import cel_rules
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 HEALTHY = health_pb2.WORKLOAD_HEALTH_HEALTHY
@@ -41,7 +39,9 @@ def _pods(*values: float, app: str = "web", kind: str = "Deployment") -> list[he
     ("values", "minimum", "verdict", "healthy"),
     [
         ((1.0,), 0, HEALTHY, 1),
-        ((0.0,), 0, UNHEALTHY, 0),
+        ((0.0,), 0, HEALTHY, 0),  # healthyReplicas 0: any pod present is enough (cookbook)
+        ((0.0,), 1, UNHEALTHY, 0),
+        ((), 0, MISSING, 0),
         ((1.0, 0.0, 1.0), 2, HEALTHY, 2),
         ((1.0, 0.0, 0.5), 2, UNHEALTHY, 1),
         ((), 1, MISSING, 0),
@@ -233,6 +233,17 @@ def test_version_and_availability_of_a_member_cluster() -> None:
     }
     assert inventory.cluster_version(member, "property:k8s.io/k8s-version") == "1.29.4"
     assert inventory.cluster_version(member, "label:v") == "1.30.1"
+    # auto: the Azure property first, then the annotation, then the label anyone can set.
+    assert inventory.cluster_version(member, "auto") == "1.29.4"
+    bare = {"metadata": {"annotations": {"fleetupgrade.io/kubernetes-version": "v1.31.0"}}}
+    assert inventory.cluster_version(bare, "auto") == "1.31.0"
+    labelled = {"metadata": {"labels": {"fleetupgrade.io/kubernetes-version": "1.28.9"}}}
+    assert inventory.cluster_version(labelled, "auto") == "1.28.9"
+    assert (
+        inventory.cluster_version(labelled, "label:v,label:fleetupgrade.io/kubernetes-version")
+        == "1.28.9"
+    )
+    assert inventory.cluster_version({}, "auto") == ""
     assert inventory.availability(member) == (
         False,
         "MemberAgent condition Healthy is False (HeartbeatLost)",
@@ -310,41 +321,179 @@ def test_the_emulated_override_gives_each_member_its_report_namespace() -> None:
         apply_json_patch(mc, [{"op": "replace", "path": "/spec/absent", "value": 1}])
 
 
-def test_the_generated_crds_are_current_and_the_tracker_checks_match_clusterversion() -> None:
-    files = crdgen.all_files()
-    stale = [str(p) for p, text in files.items() if not p.exists() or p.read_text() != text]
-    assert not stale, "run `python -m tests.plugins.kubefleet.crdgen`: " + ", ".join(stale)
-    tracker = yaml.safe_load((crdgen.OURS / "clusterstagedworkloadtrackers.yaml").read_text())
-    schema = tracker["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
-    expected = structural_schema(api.HealthChecks)
-    got = {k: v for k, v in schema["healthChecks"].items() if k != "description"}
-    assert got == {k: v for k, v in expected.items() if k != "description"}
-    report = yaml.safe_load((crdgen.OURS / "metriccollectorreports.yaml").read_text())
-    columns = [c["name"].upper() for c in report["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert columns[:2] == ["WORKLOADS", "LAST-COLLECTION"]
-
-
 def test_a_stage_of_more_than_100_clusters_gets_several_placements() -> None:
     ref = gatelib.GateRef(CLUSTER_APPROVAL_REQUESTS, "", "r-after-prod", "r", "prod")
     request = {"metadata": {"name": "r-after-prod", "uid": "u-1"}}
     clusters = [f"m-{i:03d}" for i in range(250)]
-    objects = collection_objects(ref, request, clusters, KubeFleetConfig())
-    kinds = [res.kind for res, _ in objects]
-    assert (
-        kinds == ["MetricCollector", "ClusterResourceOverride"] + ["ClusterResourcePlacement"] * 3
-    )
-    placements = [body for res, body in objects if res.kind == "ClusterResourcePlacement"]
+    collector, placements = collection.seed_bodies(ref, request, clusters, "http://p:9090", "5s")
     names = [p["metadata"]["name"] for p in placements]
     assert names == ["crp-mc-r-prod", "crp-mc-r-prod-2", "crp-mc-r-prod-3"]
     picked = [p["spec"]["policy"]["clusterNames"] for p in placements]
     assert [len(p) for p in picked] == [100, 100, 50]
     assert [c for names in picked for c in names] == clusters
-    override = objects[1][1]["spec"]
-    assert "placement" not in override  # it applies to all three placements
-    assert all(b["metadata"]["ownerReferences"][0]["uid"] == "u-1" for _, b in objects)
-    single = collection_objects(ref, request, clusters[:3], KubeFleetConfig())
-    assert single[1][1]["spec"]["placement"] == {"name": "crp-mc-r-prod", "scope": "Cluster"}
-    assert single[0][1]["spec"]["reportNamespace"] == "set-by-override"
+    assert all(
+        b["metadata"]["ownerReferences"][0]["uid"] == "u-1" for b in [collector, *placements]
+    )
+    # Only the fields of the seed schema (cbpr_metriccollectors: prometheusUrl, reportNamespace).
+    assert collector["spec"] == {
+        "prometheusUrl": "http://p:9090",
+        "reportNamespace": "set-by-override",
+    }
+    assert collector["metadata"]["annotations"]["fleetupgrade.io/collect-interval"] == "5s"
+
+
+def _check_plan(plan: dict[str, list[str]], wanted: set[str], limit: int) -> None:
+    selected = [c for names in plan.values() for c in names]
+    assert len(selected) == len(set(selected)), "a collector in two overrides"
+    assert set(selected) <= wanted
+    assert all(0 < len(v) <= collection.SELECTORS_PER_OVERRIDE for v in plan.values())
+    assert len(plan) <= limit
+
+
+def test_overrides_are_shared_under_the_hub_limit_and_never_move_a_collector() -> None:
+    # 250 pending gates: 13 shared overrides, not 250 (KubeFleet admits 100 per hub).
+    wanted = {f"mc-run-{i:03d}-prod" for i in range(250)}
+    plan, waiting = collection.plan_overrides({}, sorted(wanted), max_overrides=100)
+    _check_plan(plan, wanted, 100)
+    assert waiting == [] and len(plan) == 13
+    # Gates come and go: a collector still pending keeps its override; new ones fill the gaps.
+    done = {c for i, c in enumerate(sorted(wanted)) if i % 3 == 0}
+    new = {f"mc-next-{i:03d}-prod" for i in range(40)}
+    wanted2 = (wanted - done) | new
+    plan2, waiting2 = collection.plan_overrides(plan, sorted(wanted2), max_overrides=100)
+    _check_plan(plan2, wanted2, 100)
+    assert waiting2 == []
+    where = {c: name for name, names in plan.items() for c in names}
+    where2 = {c: name for name, names in plan2.items() for c in names}
+    assert all(where2[c] == where[c] for c in wanted - done)
+    assert len(plan2) == len(plan)  # the gaps were filled, nothing new was needed
+    # Over this plugin's share: the rest waits, the limit holds.
+    plan3, waiting3 = collection.plan_overrides({}, sorted(wanted), max_overrides=10)
+    _check_plan(plan3, wanted, 10)
+    assert len(waiting3) == 250 - 200
+    # Everything resolved: no override is left.
+    assert collection.plan_overrides(plan2, [], max_overrides=100) == ({}, [])
+
+
+def test_hub_created_reports_are_the_current_cookbooks() -> None:
+    ref = gatelib.GateRef(APPROVAL_REQUESTS, "team", "r-after-prod", "r", "prod")
+    bodies = collection.report_bodies(
+        ref, {"metadata": {}}, ["b", "a"], CURRENT, "http://prom:9090", "30s"
+    )
+    assert [(res.group, ns, b["metadata"]["name"]) for res, ns, b in bodies] == [
+        ("autoapprove.kubernetes-fleet.io", "fleet-member-a", "mc-team-r-prod"),
+        ("autoapprove.kubernetes-fleet.io", "fleet-member-b", "mc-team-r-prod"),
+    ]
+    body = bodies[0][2]
+    assert body["spec"] == {"prometheusUrl": "http://prom:9090"}
+    assert body["metadata"]["labels"]["kubernetes-fleet.io/parent-approval-request"] == (
+        "team.r-after-prod"
+    )
+    assert "ownerReferences" not in body["metadata"]  # a namespaced request owns nothing
+
+
+def _run(*stages: tuple[str, dict[str, str], str], state: str = "Run") -> dict[str, object]:
+    """A run status: stages of (name, {cluster: Succeeded status or ""}, stage Succeeded)."""
+
+    def conds(status: str) -> list[dict[str, str]]:
+        return [{"type": "Succeeded", "status": status}] if status else []
+
+    return {
+        "spec": {"state": state},
+        "status": {
+            "stagesStatus": [
+                {
+                    "stageName": name,
+                    "clusters": [
+                        {"clusterName": c, "conditions": conds(s)} for c, s in clusters.items()
+                    ],
+                    "conditions": conds(done),
+                }
+                for name, clusters, done in stages
+            ]
+        },
+    }
+
+
+def _ref(task: str, stage: str) -> gatelib.GateRef:
+    return gatelib.GateRef(CLUSTER_APPROVAL_REQUESTS, "", f"r-x-{stage}", "r", stage, task)
+
+
+def test_after_stage_gates_wait_for_the_stage_to_be_updated_then_check_its_clusters() -> None:
+    after = gatelib.AFTER_STAGE
+    updating = _run(("staging", {"a": "True"}, "True"), ("prod", {"b": "True", "c": ""}, ""))
+    ready = gatelib.readiness(updating, _ref(after, "prod"))
+    assert ready.blocked_reason == "ClustersNotUpdated" and "c not updated" in ready.blocked_message
+    done = _run(("staging", {"a": "True"}, "True"), ("prod", {"b": "True", "c": "True"}, ""))
+    assert gatelib.readiness(done, _ref(after, "prod")) == gatelib.Readiness(["b", "c"])
+    failed = _run(("staging", {"a": "True"}, "True"), ("prod", {"b": "False", "c": "True"}, ""))
+    assert gatelib.readiness(failed, _ref(after, "prod")).blocked_reason == "ClusterUpdateFailed"
+
+
+def test_before_stage_gates_are_a_go_no_go_on_what_the_run_already_updated() -> None:
+    before = gatelib.BEFORE_STAGE
+    fresh = _run(("staging", {"a": ""}, ""), ("prod", {"b": "", "c": ""}, ""))
+    first = gatelib.readiness(fresh, _ref(before, "staging"))
+    assert first == gatelib.Readiness(["a"], baseline=True)  # nothing updated: a baseline
+    early = gatelib.readiness(fresh, _ref(before, "prod"))
+    assert early.blocked_reason == "EarlierStageNotDone"
+    staged = _run(("staging", {"a": "True"}, "True"), ("prod", {"b": "", "c": ""}, ""))
+    # prod's go/no-go is decided on staging's clusters, which run the new version; never on
+    # prod's own clusters (still on the old version).
+    assert gatelib.readiness(staged, _ref(before, "prod")) == gatelib.Readiness(["a"])
+    stopped = _run(("staging", {"a": "True"}, "True"), ("prod", {"b": ""}, ""), state="Stop")
+    assert gatelib.readiness(stopped, _ref(before, "prod")).blocked_reason == "RunStopped"
+    failed = _run(("staging", {"a": "False"}, ""), ("prod", {"b": ""}, ""))
+    assert gatelib.readiness(failed, _ref(before, "prod")).blocked_reason == "ClusterUpdateFailed"
+    assert gatelib.readiness(fresh, _ref(before, "qa")).blocked_reason == "StageNotFound"
+
+
+def test_task_types_come_from_the_label_then_the_name() -> None:
+    def request(name: str, label: str = "") -> dict[str, object]:
+        labels = {"kubernetes-fleet.io/taskType": label} if label else {}
+        return {"metadata": {"name": name, "labels": labels}}
+
+    assert gatelib.task_type(request("r-before-s", "beforeStage"), "r", "s") == "beforeStage"
+    assert gatelib.task_type(request("x", "afterStage"), "r", "s") == "afterStage"
+    assert gatelib.task_type(request("r-before-s"), "r", "s") == "beforeStage"
+    assert gatelib.task_type(request("r-after-s"), "r", "s") == "afterStage"
+
+
+def test_health_data_from_before_a_clusters_update_is_not_used() -> None:
+    run = _run(("prod", {"b": "True"}, ""))
+    run["status"]["stagesStatus"][0]["clusters"][0]["conditions"][0]["lastTransitionTime"] = (  # type: ignore[index]
+        "2026-01-01T11:59:50Z"
+    )
+    updated = gatelib.stage_updated_times([run])
+    assert updated == {"b": datetime(2026, 1, 1, 11, 59, 50, tzinfo=UTC)}
+    before = _report(lastCollectionTime="2026-01-01T11:59:45Z")
+    problem, _ = health.report_problem(before, NOW, 60, updated["b"])
+    assert "before the cluster's update finished" in problem
+    after = _report(lastCollectionTime="2026-01-01T11:59:55Z")
+    assert health.report_problem(after, NOW, 60, updated["b"])[0] == ""
+
+
+def test_operation_records_round_trip_and_keep_the_last_ten() -> None:
+    op = cluster_pb2.Operation(
+        id="kubefleet-1",
+        request_id="req-1",
+        kind=cluster_pb2.OPERATION_KIND_SERVICE_OUT,
+        state=cluster_pb2.OPERATION_STATE_RUNNING,
+    )
+    record = oplog.OpRecord.of(op)
+    obj = {"metadata": {"annotations": {"fleetupgrade.io/operations": oplog.encode([record])}}}
+    assert oplog.read(obj) == [record]
+    assert (record.kind_value, record.state_value) == (op.kind, op.state)
+    ended = oplog.OpRecord("kubefleet-1", "req-1", "ServiceOut", "Succeeded")
+    assert oplog.with_record([record], ended) == [ended]
+    many: list[oplog.OpRecord] = []
+    for i in range(15):
+        many = oplog.with_record(many, oplog.OpRecord(f"id-{i}", f"r-{i}", "ServiceIn", "Failed"))
+    kept = oplog.read(
+        {"metadata": {"annotations": {"fleetupgrade.io/operations": oplog.encode(many)}}}
+    )
+    assert [r.id for r in kept] == [f"id-{i}" for i in range(5, 15)]
+    assert oplog.read({"metadata": {"annotations": {"fleetupgrade.io/operations": "{"}}}) == []
 
 
 def test_plugin_flags_are_name_equals_host_port() -> None:
@@ -353,3 +502,46 @@ def test_plugin_flags_are_name_equals_host_port() -> None:
     for bad in ("kubefleet", "=127.0.0.1:1", "KubeFleet=h:1", "kf=host", "kf=h:port"):
         with pytest.raises(ValueError, match="NAME=HOST:PORT"):
             parse_plugin_flag(bad)
+
+
+def test_what_the_plugin_writes_meets_the_upstream_cel_rules() -> None:
+    """The test server (1.20) does not run CEL: the rules that apply to the plugin's writes are
+    checked here by hand, against the rules as the upstream CRDs state them."""
+    crp_rules = {r.message for r in cel_rules(_CRP_CRD, "v1beta1")}
+    cro_rules = {r.message for r in cel_rules(_CRO_CRD, "v1beta1")}
+    request_rules = {r.message for r in cel_rules(_CAR_CRD, "v1beta1")}
+    ref = gatelib.GateRef(CLUSTER_APPROVAL_REQUESTS, "", "r-after-prod", "r", "prod")
+    request = {"metadata": {"name": "r-after-prod", "uid": "u-1"}}
+    bodies = [
+        collection.seed_bodies(ref, request, [f"m-{i}" for i in range(n)], "http://p:9", "1s")[1]
+        for n in (1, 150)
+    ]
+    pick_fixed = (
+        "affinity, numberOfClusters, topologySpreadConstraints, and tolerations cannot be set "
+        "when placementType is PickFixed"
+    )
+    assert pick_fixed in crp_rules
+    assert "name and labelSelector are mutually exclusive in a resource selector" in crp_rules
+    assert "placement type is immutable" in crp_rules
+    assert "policy cannot be removed once set" in crp_rules
+    assert "cannot change rollout strategy type from 'External' to other types" in crp_rules
+    for placements in bodies:
+        for body in placements:
+            spec = body["spec"]
+            assert set(spec["policy"]) == {"placementType", "clusterNames"}  # PickFixed rule
+            assert spec["policy"]["placementType"] == "PickFixed"  # never another type
+            assert all(s["name"] and "labelSelector" not in s for s in spec["resourceSelectors"])
+            assert spec["strategy"]["type"] == "RollingUpdate"  # never External, so no change
+            assert len(body["metadata"]["name"]) <= 63
+    # Overrides: spec.placement is immutable and may not be Namespaced: ours never set it.
+    assert "The placement field is immutable" in cro_rules
+    override = collection.override_body("ro-fleet-metric-collectors-1", ["mc-a", "mc-b"])
+    assert "placement" not in override["spec"]
+    assert all("labelSelector" not in s for s in override["spec"]["clusterResourceSelectors"])
+    # Approval requests: spec is immutable; the plugin writes their status subresource only.
+    assert "The spec field is immutable" in request_rules
+
+
+_CRP_CRD = "kf_placement.kubernetes-fleet.io_clusterresourceplacements.yaml"
+_CRO_CRD = "kf_placement.kubernetes-fleet.io_clusterresourceoverrides.yaml"
+_CAR_CRD = "kf_placement.kubernetes-fleet.io_clusterapprovalrequests.yaml"
