@@ -14,7 +14,7 @@ import hashlib
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -284,11 +284,13 @@ class OcmFleet:
             self._store.ensure_free(cluster_id)
             done = inventory.has_our_taint(obj, self.cfg.taint) == (kind == _SERVICE_OUT)
             state = _SUCCEEDED if done else _RUNNING
-            # Recorded on the hub first (with the taint, in one write), then in the store.
+            # Recorded on the hub first, in the same write as the taint: the record says
+            # Succeeded (the write is the change); the store says RUNNING until the watch
+            # cache shows it, so ListClusters agrees with the operation's end.
             self._write_taints(
                 cluster,
                 add=None if done else kind == _SERVICE_OUT,
-                record=self._record(request_id, kind, state),
+                record=self._record(request_id, kind, _SUCCEEDED),
             )
             op, _ = self._store.start(
                 request_id=request_id,
@@ -562,16 +564,30 @@ class OcmFleet:
             self._adopted = True
 
     def _restore_ledger(self, cluster: str, records: Sequence[Record]) -> None:
+        """Puts a cluster's recorded operations in the store, oldest first.
+
+        Only an upgrade can be recorded RUNNING (its end is recorded when the follower sees
+        it). Only the newest record can still run; an older RUNNING one lost its end (the
+        plugin stopped between the end and its record, and the upgrade object moved on): it
+        comes back FAILED, RESULT_LOST.
+        """
         cluster_id = self.qualified(cluster)
-        ordered = [r for r in records if r.state != _RUNNING] + [
-            r for r in records if r.state == _RUNNING
-        ]
-        for record in ordered:
-            if self._store.lookup(record.request_id) is not None:
+        newest = records[-1].request_id if records else ""
+        for stored in records:
+            if self._store.lookup(stored.request_id) is not None:
                 continue
+            record = stored
+            if stored.state == _RUNNING and stored.request_id != newest:
+                record = replace(
+                    stored,
+                    state=_FAILED,
+                    error_code="RESULT_LOST",
+                    error_message="the plugin restarted before it recorded how this upgrade "
+                    "ended, and a later operation replaced its upgrade object",
+                )
             running = record.state == _RUNNING
             if running and self._store.in_flight(cluster_id) is not None:
-                continue  # an older record left RUNNING: the newer one holds the cluster
+                continue
             op, _ = self._store.start(
                 request_id=record.request_id,
                 kind=record.kind,
@@ -612,7 +628,9 @@ class OcmFleet:
         )
         with self._followed_lock:
             self._followed[op.id] = _Followed(started, seen=True)
-        self._evaluate(op)
+        # An upgrade that ended before the restart is not written back to the ledger (it
+        # was left out of it, or made room for newer records); one still running will be.
+        self._evaluate(op, record=False)
         _LOG.info(
             "adopted an upgrade started before a restart",
             extra={"fields": {"cluster": cluster_id, "operation": op.id}},
@@ -656,7 +674,7 @@ class OcmFleet:
             except Exception:  # the follower must survive anything one object does to it
                 _LOG.exception("following operations failed; trying again")
 
-    def _evaluate(self, op: cluster_pb2.Operation) -> None:
+    def _evaluate(self, op: cluster_pb2.Operation, record: bool = True) -> None:
         cluster_name = self._local(op.cluster_id)
         cluster = self._clusters.get("", cluster_name)
         if op.kind in (_SERVICE_OUT, _SERVICE_IN):
@@ -676,7 +694,7 @@ class OcmFleet:
                 error_code=verdict.error_code if verdict.state == _FAILED else "",
                 error_message=verdict.message if verdict.state == _FAILED else "",
             )
-            if verdict.terminal and op.kind == _UPGRADE and cluster is not None:
+            if record and verdict.terminal and op.kind == _UPGRADE and cluster is not None:
                 self._ledger(cluster_name, updated)  # a taint record needs no end: see adopt
         if verdict.terminal:
             with self._followed_lock:

@@ -126,11 +126,15 @@ def read_ledger(obj: Mapping[str, Any]) -> list[Record]:
 
 
 def with_record(obj: Mapping[str, Any], record: Record) -> str | None:
-    """The ledger annotation's new value with record in (replacing the same request's record,
-    dropping the oldest past LEDGER_SIZE); None when the ledger holds exactly that already."""
+    """The ledger annotation's new value with record in (the same request's record replaced
+    in place, a new one appended, the oldest dropped past LEDGER_SIZE); None when the ledger
+    holds exactly that already."""
     records = read_ledger(obj)
-    kept = [r for r in records if r.request_id != record.request_id]
-    if len(kept) < len(records) and record in records:
+    if record in records:
         return None
-    kept.append(record)
-    return json.dumps([r.to_json() for r in kept[-LEDGER_SIZE:]], separators=(",", ":"))
+    same = [i for i, r in enumerate(records) if r.request_id == record.request_id]
+    if same:
+        records[same[0]] = record  # its new state, in its place
+    else:
+        records.append(record)
+    return json.dumps([r.to_json() for r in records[-LEDGER_SIZE:]], separators=(",", ":"))
