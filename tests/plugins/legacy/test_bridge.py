@@ -316,7 +316,7 @@ def test_a_state_file_of_something_else_is_refused_at_start(
     start_bridge: StartBridge, tmp_path: Path
 ) -> None:
     journal = tmp_path / "other.json"
-    journal.write_text('{"op": 1}\n{}\n')
+    journal.write_text('{"pb": "not an operation"}\n{}\n')
     with pytest.raises(ValueError, match=r"state: .*other.json:1 is not an operation journal"):
         start_bridge(state_file=str(journal))
     Path(f"{tmp_path / 'fresh.json'}{SUFFIX}").write_text('{"format": 1, "requests": {}}')

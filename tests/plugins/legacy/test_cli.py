@@ -110,7 +110,7 @@ def test_the_command_serves_survives_sigkill_with_its_state_and_stops_on_sigterm
 )
 def test_bad_input_exits_2_naming_the_flag(tmp_path: Path, extra: list[str], message: str) -> None:
     foreign = tmp_path / "foreign.json"
-    foreign.write_text("[1, 2, 3]\n{}\n")
+    foreign.write_text('{"pb": "not an operation"}\n{}\n')
     argv = [a.replace("STATE", str(foreign)).replace("FILE", str(foreign)) for a in extra]
     result = subprocess.run(
         [
