@@ -108,6 +108,10 @@ class LeaderElector:
                 record.renew_time + timedelta(seconds=record.duration_seconds) < now
             )
             if held_by_other and not expired:
+                if self._renewed is not None:
+                    # Invariant 8: another replica holds the Lease we held; we lost it for
+                    # certain, so we stop acting now, not at the renew deadline.
+                    self._lost = True
                 return False
             transitions = record.transitions + (1 if record.holder != self.identity else 0)
             if record.holder != self.identity or self._acquired_at is None:
@@ -148,7 +152,7 @@ class LeaderElector:
             while not stop.wait(self.retry_period):
                 if self.try_acquire_or_renew():
                     last_ok = time.monotonic()
-                elif time.monotonic() - last_ok > self.renew_deadline:
+                elif self._lost or time.monotonic() - last_ok > self.renew_deadline:
                     self._lost = True
                     log.error("lost the lease %s/%s; stopping", self.namespace, self.name)
                     on_lost()
