@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: crds test-tools venv tools proto proto-check lint typecheck buf-lint buf-breaking pytest test demo bench control-plane clean
+.PHONY: image crds test-tools venv tools proto proto-check lint typecheck buf-lint buf-breaking pytest test demo bench control-plane clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,6 +57,10 @@ pytest: venv test-tools
 	$(PY) -m pytest
 
 test: tools lint typecheck buf-lint buf-breaking pytest
+
+# Build the container image here (buildah + a base made with mmdebstrap); prints its size.
+image: venv
+	scripts/build-image
 
 demo: tools
 	scripts/demo
