@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from tests.e2e.conftest import (
     NEW,
     OLD,
@@ -35,8 +37,14 @@ def finished(objects: Objects, run: str) -> dict[str, Any] | None:
     return status if status.get("phase") in ("Stopped", "Succeeded", "Failed") else None
 
 
+def stage_verifies(objects: Objects, run: str) -> bool:
+    stages = (objects.run(run).get("status") or {}).get("stages") or []
+    return bool(stages) and stages[0]["phase"] == "Verifying"
+
+
+@pytest.mark.parametrize("during", ["cluster-checks", "stage-checks"])
 def test_renaming_a_stage_while_it_verifies_supersedes_the_run(
-    sim: Callable[..., Sim], objects: Objects, orchestrators: Orchestrators
+    during: str, sim: Callable[..., Sim], objects: Objects, orchestrators: Orchestrators
 ) -> None:
     fleet = sim(fleet_file(4, step=0.3, metrics={'error_ratio{cluster="{{cluster}}"}': 0.0}))
     orchestrators.start()
@@ -50,12 +58,15 @@ def test_renaming_a_stage_while_it_verifies_supersedes_the_run(
     )
     objects.create_cv(body)
     old = objects.current_run("fleet")
-    wait_for(
-        "cluster-00 verifies",
-        lambda: objects.upgrade_status(old, "cluster-00").get("phase") == "Verifying",
-        timeout=60,
-        interval=0.05,
-    )
+    if during == "cluster-checks":  # cluster-00 is analysed before its service-in
+        wait_for(
+            "cluster-00 verifies",
+            lambda: objects.upgrade_status(old, "cluster-00").get("phase") == "Verifying",
+            timeout=60,
+            interval=0.05,
+        )
+    else:  # both clusters are in; the stage is analysed before the next may start
+        wait_for("stage first verifies", lambda: stage_verifies(objects, old), timeout=60)
     objects.patch_cv("fleet", {"spec": {"strategy": {"stages": stages("canary")}}})
     new = wait_for(
         "a new run",
