@@ -273,8 +273,8 @@ def curator_preflight(
     """What the curator job's validateUpgradeVersion (pkg/jobs/hive/hive.go) would say about
     desiredUpdate = version, from the cluster's ManagedClusterInfo (ACM's foundation agent).
 
-    Without a ManagedClusterInfo (not readable, or not an ACM hub) there is nothing to judge
-    by: ACCEPTED, and the curation decides. Otherwise REFUSED_NEVER for a cluster that is not
+    info None (the plugin may not read ManagedClusterInfos) leaves nothing to judge by:
+    ACCEPTED, and the curation decides. Otherwise REFUSED_NEVER for a cluster that is not
     OpenShift, a version not in status.distributionInfo.ocp.availableUpdates (none reported
     means none offered) or a configured channel not in ocp.desired.channels.
     """

@@ -796,7 +796,13 @@ class OcmFleet:
         try:
             info: dict[str, Any] | None = self._hub.get(MANAGED_CLUSTER_INFOS, cluster, cluster)
         except KubeNotFound:
-            info = None
+            # NeedToUpgrade (pkg/jobs/utils/helpers.go) starts no first upgrade of a curator
+            # without it; ACM's foundation agent creates it when the cluster is imported.
+            return refused_later(
+                "CLUSTER_INFO_MISSING",
+                f"cluster {cluster_id} has no ManagedClusterInfo {cluster}/{cluster} on hub "
+                f"{self.name}: the curator controller starts no upgrade without it",
+            )
         except KubeError as exc:
             if exc.status in (401, 403):
                 info = None  # not readable with this role: the curation decides

@@ -186,7 +186,8 @@ def start_plugin(hub: KubeCluster) -> Iterator[StartPlugin]:
     ) -> RunningPlugin:
         options = OcmOptions(
             config=parse_config(config),
-            kubeconfig=str(kubeconfig or hub.kubeconfig),
+            # The configuration's hubs, or this one.
+            kubeconfig=None if config.get("hubs") else str(kubeconfig or hub.kubeconfig),
             registry=CollectorRegistry(),
             sync_wait=sync_wait,
         )

@@ -281,6 +281,9 @@ def test_an_eus_curator_with_an_intermediate_update_is_refused_and_left_alone(
     emulator.wait_idle()
     before = curators.get(name)
     plugin = start_plugin(curator_config())
+    preflight = plugin.client.preflight_upgrade(name, FOURTH)
+    assert preflight.verdict == cluster_pb2.PREFLIGHT_VERDICT_REFUSED_NEVER
+    assert preflight.reason_code == "INTERMEDIATE_UPDATE"
     with pytest.raises(PluginCallError) as err:
         plugin.client.upgrade_control_plane("up-eus", name, FOURTH)
     assert err.value.code is grpc.StatusCode.FAILED_PRECONDITION

@@ -1,0 +1,96 @@
+"""PreflightUpgrade: what UpgradeControlPlane would meet now, answered without writing anything."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import grpc
+import pytest
+
+from fleetupgrade.plugin.v1 import cluster_pb2, identity_pb2
+from plugins.sdk.client import PluginCallError
+from tests.plugins.ocm.conftest import (
+    NEW,
+    OLD,
+    RunningPlugin,
+    StartPlugin,
+    curator_config,
+    work_config,
+)
+from tests.support.kube import wait_for
+from tests.support.ocm_emulator import OcmEmulator
+
+ACCEPTED, LATER, NEVER = (
+    cluster_pb2.PREFLIGHT_VERDICT_ACCEPTED,
+    cluster_pb2.PREFLIGHT_VERDICT_REFUSED_LATER,
+    cluster_pb2.PREFLIGHT_VERDICT_REFUSED_NEVER,
+)
+SUCCEEDED, FAILED = cluster_pb2.OPERATION_STATE_SUCCEEDED, cluster_pb2.OPERATION_STATE_FAILED
+
+
+def _end(plugin: RunningPlugin, op_id: str) -> cluster_pb2.Operation:
+    final: cluster_pb2.Operation = wait_for(
+        f"operation {op_id} ends",
+        lambda: (o := plugin.client.get_operation(op_id)).state in (SUCCEEDED, FAILED) and o,
+        timeout=30,
+    )
+    return final
+
+
+def test_preflight_foretells_what_the_curator_would_do(
+    emulator: OcmEmulator, start_plugin: StartPlugin, names: Callable[[int], list[str]]
+) -> None:
+    offered, withheld, down, bare = names(4)
+    for name in (offered, withheld, down, bare):
+        emulator.add_cluster(name, OLD)
+    emulator.set_offered(withheld, ("1.30.0",))  # the update service does not offer NEW
+    emulator.set_available(down, "Unknown", "LeaseExpired", "no lease for 5 minutes")
+    emulator.remove_cluster_info(bare)
+    emulator.upgrade_seconds = 2.0
+    plugin = start_plugin(curator_config())
+    assert identity_pb2.PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE in plugin.client.capabilities()
+
+    ok = plugin.client.preflight_upgrade(offered, NEW)
+    assert ok.verdict == ACCEPTED and not ok.reason_code
+    no = plugin.client.preflight_upgrade(withheld, NEW)
+    assert (no.verdict, no.reason_code) == (NEVER, "VERSION_NOT_OFFERED")
+    assert no.message == f"cluster {withheld} is not offered {NEW} (availableUpdates: 1.30.0)"
+    # ... and the curation would indeed fail on it (the job's version validation).
+    failed = _end(plugin, plugin.client.upgrade_control_plane("up-withheld", withheld, NEW).id)
+    assert failed.state == FAILED and "Provided version is not valid" in failed.error_message
+    later = plugin.client.preflight_upgrade(down, NEW)
+    assert (later.verdict, later.reason_code) == (LATER, "CLUSTER_UNAVAILABLE")
+    assert "LeaseExpired" in later.message
+    missing = plugin.client.preflight_upgrade(bare, NEW)
+    assert (missing.verdict, missing.reason_code) == (LATER, "CLUSTER_INFO_MISSING")
+
+    down_grade = plugin.client.preflight_upgrade(offered, "1.27.0")
+    assert (down_grade.verdict, down_grade.reason_code) == (NEVER, "DOWNGRADE_NOT_SUPPORTED")
+    pools = plugin.client.preflight_upgrade(offered, NEW, {"workers": NEW})
+    assert (pools.verdict, pools.reason_code) == (NEVER, "NODE_POOLS_NOT_SUPPORTED")
+    assert plugin.client.preflight_upgrade(offered, OLD).verdict == ACCEPTED  # nothing to do
+
+    op = plugin.client.upgrade_control_plane("up-offered", offered, NEW)
+    busy = plugin.client.preflight_upgrade(offered, NEW)
+    assert (busy.verdict, busy.reason_code) == (LATER, "CLUSTER_BUSY") and op.id in busy.message
+    assert _end(plugin, op.id).state == SUCCEEDED
+    assert emulator.curations_started == {withheld: 1, offered: 1}  # preflight started nothing
+
+    for cluster_id, version, code in (
+        ("mc-absent", NEW, grpc.StatusCode.NOT_FOUND),
+        (offered, "soon", grpc.StatusCode.INVALID_ARGUMENT),
+    ):
+        with pytest.raises(PluginCallError) as err:
+            plugin.client.preflight_upgrade(cluster_id, version)
+        assert err.value.code is code
+
+
+def test_preflight_of_the_manifest_work_method_asks_no_update_service(
+    emulator: OcmEmulator, start_plugin: StartPlugin, names: Callable[[int], list[str]]
+) -> None:
+    [name] = names(1)
+    emulator.add_cluster(name, OLD)
+    emulator.set_offered(name, ("1.30.0",))
+    plugin = start_plugin(work_config())
+    # The ManifestWork method delivers your manifest: no update service to ask.
+    assert plugin.client.preflight_upgrade(name, NEW).verdict == ACCEPTED
