@@ -18,14 +18,19 @@ __all__ = [
     "API_VERSION",
     "CLUSTER_UPGRADE_KIND",
     "CLUSTER_UPGRADE_PLURAL",
+    "FLEET_PROVIDER_KIND",
+    "FLEET_PROVIDER_PLURAL",
     "GROUP",
     "KIND",
     "LABEL_CLUSTER_VERSION",
     "LABEL_RUN",
+    "METRIC_SOURCE_KIND",
+    "METRIC_SOURCE_PLURAL",
     "PLURAL",
     "UPDATE_RUN_KIND",
     "UPDATE_RUN_PLURAL",
     "VERSION",
+    "AllowedNamespaces",
     "Approval",
     "CheckResult",
     "ClusterSpec",
@@ -35,6 +40,7 @@ __all__ = [
     "ClusterVersionSpec",
     "ClusterVersionStatus",
     "Condition",
+    "FleetProviderSpec",
     "HealthCheck",
     "HealthChecks",
     "HealthState",
@@ -42,15 +48,18 @@ __all__ = [
     "LabelSelectorRequirement",
     "MetricCheck",
     "MetricProvider",
+    "MetricSourceSpec",
     "NodePoolTarget",
     "OnFailure",
     "OpsEndpoint",
+    "ProviderRef",
     "RolloutPhase",
     "RunCounts",
     "RunPhase",
     "RunRecord",
     "RunState",
     "SecretKeyRef",
+    "SourceRef",
     "Stage",
     "StagePhase",
     "StageStatus",
@@ -157,6 +166,18 @@ class OpsEndpoint(_Model):
     tls: TLSConfig | None = None
 
 
+class ProviderRef(_Model):
+    """A FleetProvider (cluster-scoped) by name: the plugin a platform admin declared."""
+
+    name: str = Field(min_length=1, max_length=253)
+
+
+class SourceRef(_Model):
+    """A MetricSource (cluster-scoped) by name: the Prometheus a platform admin declared."""
+
+    name: str = Field(min_length=1, max_length=253)
+
+
 class NodePoolTarget(_Model):
     """A node pool whose target version differs from the cluster's."""
 
@@ -252,6 +273,10 @@ class MetricProvider(_Model):
     )
     insecure: bool | None = Field(default=None, description="plugin: plaintext gRPC.")
     tls: TLSConfig | None = Field(default=None, description="plugin: TLS as in opsEndpoint.")
+    source_ref: SourceRef | None = Field(
+        default=None,
+        description="prometheus: a MetricSource instead of address (and its Secrets).",
+    )
 
 
 class MetricCheck(_Model):
@@ -360,7 +385,14 @@ class ClusterVersionSpec(_Model):
     required_available_count: int = Field(
         default=1, ge=1, description="Clusters available and in service never fall below this."
     )
-    ops_endpoint: OpsEndpoint
+    ops_endpoint: OpsEndpoint | None = Field(
+        default=None,
+        description="Inline plugin endpoint (only in namespaces the admin allows); "
+        "or set providerRef.",
+    )
+    provider_ref: ProviderRef | None = Field(
+        default=None, description="A FleetProvider that allows this namespace (not opsEndpoint)."
+    )
     version: Version | None = Field(
         default=None, description="Target for clusters selected by stages but not listed."
     )
@@ -549,7 +581,14 @@ class UpdateRunSpec(_Model):
     required_available_count: int = Field(
         default=1, ge=1, description="Clusters available and in service never fall below this."
     )
-    ops_endpoint: OpsEndpoint
+    ops_endpoint: OpsEndpoint | None = Field(
+        default=None,
+        description="Inline plugin endpoint (only in namespaces the admin allows); "
+        "or set providerRef.",
+    )
+    provider_ref: ProviderRef | None = Field(
+        default=None, description="A FleetProvider that allows this namespace (not opsEndpoint)."
+    )
     version: Version | None = Field(
         default=None, description="Target for clusters selected by stages but not listed."
     )
@@ -639,3 +678,60 @@ class ClusterUpgradeStatus(_Model):
     message: str | None = None
     health: HealthState | None = None
     conditions: list[Condition] | None = None
+
+
+# --- Who may do what (DESIGN.md): providers and metric sources platform admins declare ---------
+
+FLEET_PROVIDER_KIND = "FleetProvider"
+FLEET_PROVIDER_PLURAL = "fleetproviders"
+METRIC_SOURCE_KIND = "MetricSource"
+METRIC_SOURCE_PLURAL = "metricsources"
+
+
+class AllowedNamespaces(_Model):
+    """The namespaces whose ClusterVersions and UpdateRuns may use a provider or source."""
+
+    names: list[str] | None = Field(default=None, description="Namespaces by name.")
+    selector: LabelSelector | None = Field(
+        default=None,
+        description="Namespaces whose labels match (an empty selector matches every namespace).",
+    )
+
+    def allows(self, namespace: str, labels: Mapping[str, str] | None) -> bool:
+        """True when namespace is listed, or its labels (None: unknown) match the selector."""
+        if namespace in (self.names or []):
+            return True
+        return self.selector is not None and labels is not None and self.selector.matches(labels)
+
+
+class FleetProviderSpec(_Model):
+    """A provider plugin a platform admin declares, and the namespaces that may use it."""
+
+    endpoint: str = Field(pattern=ENDPOINT_PATTERN, description="host:port or unix:/path.")
+    insecure: bool = Field(default=False, description="true: plaintext gRPC; false: TLS.")
+    tls: TLSConfig | None = Field(
+        default=None, description="TLS; its Secrets are read in the orchestrator's namespace."
+    )
+    allowed_namespaces: AllowedNamespaces = Field(
+        description="Who may name this provider in spec.providerRef (nobody when empty)."
+    )
+
+
+class MetricSourceSpec(_Model):
+    """A Prometheus a platform admin declares, and the namespaces whose checks may query it."""
+
+    address: str = Field(
+        pattern=r"^https?://[^/\s]+",
+        max_length=2048,
+        description="Base URL, e.g. http://prometheus.monitoring:9090.",
+    )
+    bearer_token_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="A bearer token (Secret in the orchestrator's namespace)."
+    )
+    ca_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="CA bundle for https (Secret in the orchestrator's namespace)."
+    )
+    insecure_skip_verify: bool = Field(default=False, description="Skip TLS verification.")
+    allowed_namespaces: AllowedNamespaces = Field(
+        description="Who may name this source in metric.provider.sourceRef (nobody when empty)."
+    )
