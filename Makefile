@@ -30,6 +30,7 @@ crds: venv
 # Regenerate fleetupgrade/ (the Python stubs) from proto/.
 proto: venv
 	PYTHON=$(PY) scripts/gen-proto
+	PYTHON=$(PY) scripts/gen-legacy-proto
 
 lint: venv
 	$(VENV)/bin/ruff check .
