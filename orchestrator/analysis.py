@@ -18,12 +18,26 @@ from orchestrator.health import args as template_args
 from orchestrator.health import render
 from plugins.sdk.client import PluginCallError, PluginClient
 
-__all__ = ["Analyzer", "MetricValue", "PrometheusError"]
+__all__ = ["Analyzer", "MetricValue", "PrometheusError", "PrometheusTarget"]
 
 #: Resolves a plugin client: (endpoint or None for opsEndpoint, insecure, tls) → client.
 ClientFor = Callable[[str | None, bool | None, api.TLSConfig | None], PluginClient]
 #: Reads a Secret key of the ClusterVersion's namespace.
 SecretReader = Callable[[api.SecretKeyRef], bytes]
+
+
+@dataclass(frozen=True)
+class PrometheusTarget:
+    """Where a prometheus check queries, with its token and CA already read."""
+
+    address: str
+    token: bytes | None = None
+    ca: bytes | None = None
+    insecure_skip_verify: bool = False
+
+
+#: Resolves a prometheus metric provider (inline address or sourceRef) to its target.
+PrometheusFor = Callable[[api.MetricProvider], PrometheusTarget]
 _HEALTH = {
     health_pb2.WORKLOAD_HEALTH_HEALTHY: "HEALTHY",
     health_pb2.WORKLOAD_HEALTH_UNHEALTHY: "UNHEALTHY",
@@ -95,9 +109,26 @@ def query_prometheus(
 class Analyzer:
     """Evaluates a healthChecks block on one cluster or on every cluster of a stage."""
 
-    def __init__(self, client_for: ClientFor, read_secret: SecretReader) -> None:
+    def __init__(
+        self,
+        client_for: ClientFor,
+        read_secret: SecretReader,
+        prometheus_for: PrometheusFor | None = None,
+    ) -> None:
         self.client_for = client_for
         self.read_secret = read_secret
+        #: None: the provider's inline address and Secret refs (read with read_secret).
+        self.prometheus_for = prometheus_for or self._inline_prometheus
+
+    def _inline_prometheus(self, provider: api.MetricProvider) -> PrometheusTarget:
+        assert provider.address is not None  # validated
+        token = (
+            self.read_secret(provider.bearer_token_secret_ref)
+            if provider.bearer_token_secret_ref
+            else None
+        )
+        ca = self.read_secret(provider.ca_secret_ref) if provider.ca_secret_ref else None
+        return PrometheusTarget(provider.address, token, ca, provider.insecure_skip_verify)
 
     def evaluate(
         self, checks: api.HealthChecks, clusters: Sequence[ClusterObs], stage: str
@@ -136,19 +167,13 @@ class Analyzer:
         provider = metric.provider
         labels = dict(cluster.labels)
         if provider.type == "prometheus":
-            assert provider.address is not None  # validated
-            token = (
-                self.read_secret(provider.bearer_token_secret_ref)
-                if (provider.bearer_token_secret_ref)
-                else None
-            )
-            ca = self.read_secret(provider.ca_secret_ref) if provider.ca_secret_ref else None
+            target = self.prometheus_for(provider)
             return query_prometheus(
-                provider.address,
+                target.address,
                 render(metric.query, cluster.id, stage, labels),
-                token,
-                ca,
-                provider.insecure_skip_verify,
+                target.token,
+                target.ca,
+                target.insecure_skip_verify,
             )
         client = self.client_for(provider.endpoint, provider.insecure, provider.tls)
         answer = client.query_metric(

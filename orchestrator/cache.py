@@ -1,15 +1,27 @@
-"""A list+watch cache of one kind of ours across namespaces, kept current by our own writes too."""
+"""A list+watch cache of one kind of ours across namespaces, kept current by our own writes too.
+
+`AccessCatalog` holds the caches of the cluster-scoped FleetProviders and MetricSources and
+feeds them to the pure access rule (orchestrator.access.check_access).
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from orchestrator.kube import Gone, KubeClient
+from pydantic import ValidationError
 
-__all__ = ["ObjectCache"]
+from orchestrator import api
+from orchestrator.access import Access, AccessPolicy, check_access, needs_labels
+from orchestrator.kube import Gone, KubeClient, NotFound
+from orchestrator.validate import Problem
+
+__all__ = ["AccessCatalog", "ObjectCache"]
+
+M = TypeVar("M", api.FleetProviderSpec, api.MetricSourceSpec)
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -51,12 +63,12 @@ class ObjectCache:
         if self._label is None:
             return None
         value = (obj["metadata"].get("labels") or {}).get(self._label)
-        return (obj["metadata"]["namespace"], value) if value else None
+        return (obj["metadata"].get("namespace", ""), value) if value else None
 
     def put(self, obj: dict[str, Any], deleted: bool = False) -> None:
         """Record an object (from a watch event or a write's answer)."""
         meta = obj["metadata"]
-        key = (meta["namespace"], meta["name"])
+        key = (meta.get("namespace", ""), meta["name"])  # "": a cluster-scoped kind
         with self._lock:
             old = self._objs.get(key)
             if old is not None and _rv(old) > _rv(obj):
@@ -120,3 +132,66 @@ class ObjectCache:
                 rv = ""
                 stop.wait(delay)
                 delay = min(delay * 2, 30.0)
+
+
+#: How long a namespace's labels are trusted (selectors in allowedNamespaces).
+LABELS_TTL_SECONDS = 30.0
+
+
+class AccessCatalog:
+    """FleetProviders and MetricSources (cluster-scoped caches) and the orchestrator's policy:
+    what `check` needs to decide what a namespace's spec may use, before anything is called."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        policy: AccessPolicy,
+        on_change: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
+        self._kube = kube
+        self.policy = policy
+        self.providers = ObjectCache(kube, api.FLEET_PROVIDER_PLURAL, None, on_change=on_change)
+        self.sources = ObjectCache(kube, api.METRIC_SOURCE_PLURAL, None, on_change=on_change)
+        self._labels: dict[str, tuple[float, dict[str, str]]] = {}
+        self._lock = threading.Lock()
+
+    def caches(self) -> tuple[ObjectCache, ObjectCache]:
+        """The two caches (to run and to wait for)."""
+        return self.providers, self.sources
+
+    def check(
+        self, namespace: str, spec: api.ClusterVersionSpec | api.UpdateRunSpec
+    ) -> Access | list[Problem]:
+        """orchestrator.access.check_access over the cached objects (a NotFound namespace has
+        no labels)."""
+        providers = {
+            o["metadata"]["name"]: _parse(api.FleetProviderSpec, o) for o in self.providers.items()
+        }
+        sources = {
+            o["metadata"]["name"]: _parse(api.MetricSourceSpec, o) for o in self.sources.items()
+        }
+        labels = self._namespace_labels(namespace) if needs_labels(providers, sources) else None
+        return check_access(namespace, spec, providers, sources, self.policy, labels)
+
+    def _namespace_labels(self, namespace: str) -> dict[str, str]:
+        now = time.monotonic()
+        with self._lock:
+            known = self._labels.get(namespace)
+        if known is not None and now - known[0] < LABELS_TTL_SECONDS:
+            return known[1]
+        try:
+            labels = self._kube.namespace_labels(namespace)
+        except NotFound:
+            labels = {}
+        with self._lock:
+            self._labels[namespace] = (now, labels)
+        return labels
+
+
+def _parse(model: type[M], obj: dict[str, Any]) -> M | None:
+    """The spec of a declared object, or None (check_access then says it is invalid)."""
+    try:
+        return model.model_validate(obj.get("spec") or {})
+    except ValidationError:
+        log.debug("%s %s has an invalid spec", model.__name__, obj["metadata"]["name"])
+        return None

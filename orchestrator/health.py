@@ -93,11 +93,14 @@ def check_problems(where: str, checks: api.HealthChecks) -> list[tuple[str, str]
             problems.append((f"{at}.metric.query", f"{err}; use cluster, stage or labels.KEY"))
             continue
         if provider.type == "prometheus":
-            if not provider.address or not re.match(r"^https?://[^/\s]+", provider.address):
+            if provider.source_ref is None and (
+                not provider.address or not re.match(r"^https?://[^/\s]+", provider.address)
+            ):
                 problems.append(
                     (
                         f"{at}.metric.provider.address",
-                        "set the Prometheus base URL, e.g. http://prometheus:9090",
+                        "set the Prometheus base URL, e.g. http://prometheus:9090, "
+                        "or sourceRef: a MetricSource",
                     )
                 )
             try:

@@ -51,6 +51,7 @@ def as_cluster_version_spec(spec: api.UpdateRunSpec) -> api.ClusterVersionSpec:
     return api.ClusterVersionSpec(
         required_available_count=spec.required_available_count,
         ops_endpoint=spec.ops_endpoint,
+        provider_ref=spec.provider_ref,
         version=spec.version,
         clusters=spec.clusters,
         strategy=spec.strategy,
@@ -63,11 +64,17 @@ def pin_upgrades(
     spec: api.UpdateRunSpec,
     inventory: Mapping[str, ClusterObs],
     source: api.ClusterVersionSpec | None = None,
+    provider: str | None = None,
 ) -> Pinned | list[Problem]:
     """One ClusterUpgrade per resolved cluster, or what is wrong with the spec.
 
     source: the ClusterVersion spec a ClusterVersion-created run is pinned from.
+    provider: the plugin endpoint the run was allowed to use (orchestrator.access), pinned in
+    every ClusterUpgrade; default: spec.opsEndpoint's, else the providerRef's name.
     """
+    if provider is None:
+        ref = spec.provider_ref.name if spec.provider_ref else "unresolved"
+        provider = spec.ops_endpoint.endpoint if spec.ops_endpoint else f"providerRef:{ref}"
     cv_spec = source if source is not None else as_cluster_version_spec(spec)
     problems = validate_spec(cv_spec)
     if problems:
@@ -88,7 +95,7 @@ def pin_upgrades(
                     version=target.version,
                     node_version=target.node_version,
                     node_pools=pools or None,
-                    provider=spec.ops_endpoint.endpoint,
+                    provider=provider,
                 ),
                 status=api.ClusterUpgradeStatus(),
             )
@@ -131,6 +138,7 @@ def run_for(
         cluster_version_ref=api.ClusterVersionRef(name=cv_name, generation=generation),
         required_available_count=cv.required_available_count,
         ops_endpoint=cv.ops_endpoint,
+        provider_ref=cv.provider_ref,
         version=cv.version,
         clusters=None,
         strategy=cv.strategy,

@@ -200,7 +200,10 @@ class KubeClient:
     def list_objects(
         self, plural: str, namespace: str | None = None, label_selector: str = ""
     ) -> tuple[list[dict[str, Any]], str]:
-        """LIST objects of ours (one namespace or all); items and the list's resourceVersion."""
+        """LIST objects of ours (one namespace or all); items and the list's resourceVersion.
+
+        Cluster-scoped kinds (FleetProviders, MetricSources) are listed with namespace None.
+        """
         kwargs: dict[str, Any] = {"label_selector": label_selector} if label_selector else {}
         if namespace:
             result = self._json(
@@ -315,6 +318,11 @@ class KubeClient:
 
         secret = self._call(self._core.read_namespaced_secret, name, namespace)
         return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+
+    def namespace_labels(self, name: str) -> dict[str, str]:
+        """The labels of a Namespace (for FleetProvider allowedNamespaces.selector)."""
+        namespace = self._call(self._core.read_namespace, name)
+        return dict(namespace.metadata.labels or {})
 
     def create_event(
         self, obj: dict[str, Any], reason: str, message: str, warning: bool, component: str

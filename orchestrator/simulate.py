@@ -180,6 +180,7 @@ def simulate(
     run_spec = api.UpdateRunSpec(
         required_available_count=spec.required_available_count,
         ops_endpoint=spec.ops_endpoint,
+        provider_ref=spec.provider_ref,
         version=spec.version,
         clusters=spec.clusters,
         strategy=spec.strategy,
