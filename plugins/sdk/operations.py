@@ -3,29 +3,22 @@ watches (revisions, a bounded change log) and, optionally, a journal that surviv
 
 from __future__ import annotations
 
-import base64
-import binascii
 import collections
-import contextlib
-import fcntl
 import hashlib
-import json
 import logging
-import os
 import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
 
 import grpc
 from google.protobuf import timestamp_pb2
-from google.protobuf.message import DecodeError
 
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.sdk.errors import Conflict, InvalidArgument, NotFound, Reason, Unavailable
+from plugins.sdk.journal import OperationJournal
 
 __all__ = [
     "DEFAULT_RETENTION",
@@ -65,8 +58,6 @@ DEFAULT_RETENTION = 10_000
 _SEQ_BITS = 22
 _SEQ_MASK = (1 << _SEQ_BITS) - 1
 _EPOCH_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
-_JOURNAL_VERSION = 1
-_MIN_COMPACT_LINES = 1_000
 
 
 _LAST_INCARNATION = 0
@@ -202,9 +193,7 @@ class OperationStore:
         )
         self._last_revision: dict[str, int] = {}
         self._state_path = Path(state_path) if state_path is not None else None
-        self._journal: IO[str] | None = None
-        self._journal_lock: IO[str] | None = None
-        self._journal_lines = 0
+        self._journal: OperationJournal | None = None
         self._recovered: list[cluster_pb2.Operation] = []
         if self._state_path is not None:
             self._open_journal(self._state_path)
@@ -232,22 +221,9 @@ class OperationStore:
             return [_copy(op) for op in self._recovered]
 
     def _open_journal(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock_file = open(f"{path}.lock", "a", encoding="utf-8")  # noqa: SIM115
-        try:
-            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            lock_file.close()
-            raise ValueError(
-                f"state: {path} is in use by another process; give each plugin its own state file"
-            ) from None
-        try:
-            stored_incarnation, ops = _read_journal(path)
-        except ValueError:
-            lock_file.close()
-            raise
-        self._journal_lock = lock_file
-        self._incarnation = _new_incarnation(max(stored_incarnation, self._incarnation - 1))
+        journal = OperationJournal(path)
+        ops = journal.loaded
+        self._incarnation = _new_incarnation(max(journal.incarnation, self._incarnation - 1))
         self._revision = self._floor = self._incarnation << _SEQ_BITS
         with self._lock:
             for op in sorted(ops.values(), key=_change_time):
@@ -262,7 +238,12 @@ class OperationStore:
             self._recovered = [
                 _copy(self._ops[self._in_flight[cid]]) for cid in sorted(self._in_flight)
             ]
-            self._compact_locked()
+            try:
+                journal.compact(self._incarnation, self._ops.values())
+            except OSError:
+                journal.close()
+                raise
+            self._journal = journal
         if ops:
             _LOG.info(
                 "operations loaded from the journal",
@@ -275,56 +256,33 @@ class OperationStore:
                 },
             )
 
-    def _compact_locked(self) -> None:
-        """Rewrites the journal as one record per operation (atomically), and reopens it."""
-        path = self._state_path
-        assert path is not None
-        tmp = path.with_name(f".{path.name}.tmp")
-        # The old journal stays open (and valid) until the new one is complete on disk.
-        with open(tmp, "w", encoding="utf-8") as out:
-            header = {"version": _JOURNAL_VERSION, "incarnation": self._incarnation}
-            out.write(json.dumps(header) + "\n")
-            for op in self._ops.values():
-                out.write(_record(op))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-        if self._journal is not None:
-            self._journal.close()
-        self._journal = open(path, "a", encoding="utf-8")  # noqa: SIM115
-        self._journal_lines = len(self._ops)
-
     def _journal_locked(self, op: cluster_pb2.Operation, must: bool) -> None:
-        """Appends op's state; must: fsync, and raise Unavailable when it cannot be written."""
-        if self._journal is None:
+        """Appends op's state; must: fsync, and raise Unavailable when it cannot be written.
+
+        Terminal states are fsynced too; progress is written without (it survives a crash of
+        the process, not of the machine).
+        """
+        journal = self._journal
+        if journal is None:
             return
         try:
-            self._journal.write(_record(op))
-            self._journal.flush()
-            if must or op.state in TERMINAL_STATES:
-                os.fsync(self._journal.fileno())
-            self._journal_lines += 1
+            journal.append(op, sync=must or op.state in TERMINAL_STATES)
         except OSError as exc:
-            _LOG.error(
-                "cannot write the operation journal",
-                extra={"fields": {"path": str(self._state_path), "error": exc.strerror}},
-            )
+            self._journal_error("cannot write the operation journal", exc)
             if must:
                 raise Unavailable(
                     f"operation journal {self._state_path}: cannot write ({exc.strerror}); "
                     "free space or fix permissions, then retry with the same request_id"
                 ) from None
             return
-        if self._journal_lines > max(_MIN_COMPACT_LINES, 2 * len(self._ops)):
+        if journal.needs_compaction(len(self._ops)):
             try:
-                self._compact_locked()
-            except OSError as exc:  # the appended journal stays valid; try again later
-                self._journal_lines = len(self._ops)
-                _LOG.error(
-                    "cannot compact the operation journal",
-                    extra={"fields": {"path": str(self._state_path), "error": exc.strerror}},
-                )
+                journal.compact(self._incarnation, self._ops.values())
+            except OSError as exc:  # the appended journal stays valid; tried again later
+                self._journal_error("cannot compact the operation journal", exc)
+
+    def _journal_error(self, what: str, exc: OSError) -> None:
+        _LOG.error(what, extra={"fields": {"path": str(self._state_path), "error": exc.strerror}})
 
     def _new_id(self, request_id: str) -> str:
         # Derived from the request_id, so the same request names the same operation in every
@@ -481,15 +439,9 @@ class OperationStore:
             self._recovered = [r for r in self._recovered if r.id != op_id]
             if self._journal is not None:
                 try:
-                    self._journal.write(json.dumps({"forget": op_id}) + "\n")
-                    self._journal.flush()
-                    os.fsync(self._journal.fileno())
-                    self._journal_lines += 1
+                    self._journal.forget(op_id)
                 except OSError as exc:
-                    _LOG.error(
-                        "cannot write the operation journal",
-                        extra={"fields": {"path": str(self._state_path), "error": exc.strerror}},
-                    )
+                    self._journal_error("cannot write the operation journal", exc)
             return op
 
     def lookup(self, request_id: str) -> cluster_pb2.Operation | None:
@@ -627,14 +579,8 @@ class OperationStore:
                 watcher.queue.put(None)
             self._watchers.clear()
             if self._journal is not None:
-                with contextlib.suppress(OSError):
-                    self._journal.flush()
-                    os.fsync(self._journal.fileno())
                 self._journal.close()
                 self._journal = None
-            if self._journal_lock is not None:
-                self._journal_lock.close()  # releases the advisory lock
-                self._journal_lock = None
 
     def _raise_if_busy_locked(self, cluster_id: str) -> None:
         op_id = self._in_flight.get(cluster_id)
@@ -681,66 +627,6 @@ def _by_revision(change: tuple[int, cluster_pb2.Operation]) -> tuple[int, str]:
     return (change[0], change[1].cluster_id)
 
 
-def _record(op: cluster_pb2.Operation) -> str:
-    """One journal line: the operation as protobuf (base64), with its id, cluster and state
-    readable beside it (for people; loading reads only "pb")."""
-    entry = {
-        "id": op.id,
-        "cluster": op.cluster_id,
-        "state": cluster_pb2.OperationState.Name(op.state),
-        "pb": base64.b64encode(op.SerializeToString()).decode("ascii"),
-    }
-    return json.dumps(entry, separators=(",", ":")) + "\n"
-
-
 def _change_time(op: cluster_pb2.Operation) -> tuple[int, int, str]:
     stamp = op.end_time if op.HasField("end_time") else op.start_time
     return (stamp.seconds, stamp.nanos, op.id)
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _read_journal(path: Path) -> tuple[int, dict[str, cluster_pb2.Operation]]:
-    """(stored incarnation, last state of each operation) of a journal; empty when absent.
-
-    A torn last line (the process died mid-write) is dropped; any other unreadable line is
-    an error naming the file and line.
-    """
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return 0, {}
-    except OSError as exc:
-        raise ValueError(f"state: cannot read {path} ({exc.strerror})") from None
-    incarnation = 0
-    ops: dict[str, cluster_pb2.Operation] = {}
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            entry: Any = json.loads(line)
-            if "pb" in entry:
-                op = cluster_pb2.Operation.FromString(base64.b64decode(entry["pb"], validate=True))
-                if not op.id:
-                    raise ValueError("operation without id")
-                ops[op.id] = op
-            elif "forget" in entry:
-                ops.pop(str(entry["forget"]), None)
-            else:
-                incarnation = max(incarnation, int(entry.get("incarnation", 0)))
-        except (ValueError, TypeError, AttributeError, binascii.Error, DecodeError) as exc:
-            if number == len(lines):
-                _LOG.warning("dropping a torn last line of the operation journal %s", path)
-                continue
-            raise ValueError(
-                f"state: {path}:{number} is not an operation journal record ({exc}); move the "
-                "file aside to start with no operations"
-            ) from None
-    return incarnation, ops

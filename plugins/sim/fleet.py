@@ -6,7 +6,6 @@ import bisect
 import logging
 import math
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -20,7 +19,7 @@ from google.protobuf import timestamp_pb2
 
 from fleetupgrade.plugin.v1 import cluster_pb2, health_pb2
 from plugins.sdk import preflight, versions
-from plugins.sdk.errors import FailedPrecondition, NotFound, PluginError, Reason, Unavailable
+from plugins.sdk.errors import FailedPrecondition, NotFound, Reason
 from plugins.sdk.operations import TERMINAL_STATES, OperationStore, kind_name
 from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
 from plugins.sim.config import (
@@ -31,13 +30,13 @@ from plugins.sim.config import (
     Defaults,
     Faults,
     FleetConfig,
-    HangRpc,
     MaintenanceWindowSpec,
     OutOfBandUpgrade,
-    RpcErrorFault,
     StepKind,
     WorkloadSpec,
 )
+from plugins.sim.faults import RpcFaults
+from plugins.sim.health import Workload, render_query, verdict, workload_of
 from plugins.sim.monitor import ClusterView, InvariantMonitor, StepKey
 from plugins.sim.scheduler import Scheduler
 
@@ -79,26 +78,11 @@ _METHOD_OF_KIND: dict[int, str] = {
     _CP: "UpgradeControlPlane",
     _NP: "UpgradeNodePool",
 }
-_DEFAULT_REASONS: dict[str, str] = {
-    "UNAVAILABLE": Reason.PROVIDER_UNAVAILABLE,
-    "ABORTED": Reason.OPERATION_IN_FLIGHT,
-    "FAILED_PRECONDITION": Reason.FAILED_PRECONDITION,
-    "DEADLINE_EXCEEDED": "DEADLINE_EXCEEDED",
-    "RESOURCE_EXHAUSTED": "RESOURCE_EXHAUSTED",
-    "INTERNAL": Reason.INTERNAL,
-    "NOT_FOUND": Reason.NOT_FOUND,
-}
 _WINDOW_KINDS = {
     "window": cluster_pb2.MAINTENANCE_WINDOW_KIND_WINDOW,
     "exclusion": cluster_pb2.MAINTENANCE_WINDOW_KIND_EXCLUSION,
 }
 _LABEL_CACHE_MAX = 256
-_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*\}\}")
-
-
-def render_query(template: str, args: Mapping[str, str]) -> str:
-    """Replaces {{name}} placeholders with args[name]; unknown placeholders stay as written."""
-    return _PLACEHOLDER.sub(lambda m: args.get(m.group(1), m.group(0)), template)
 
 
 def _now() -> timestamp_pb2.Timestamp:
@@ -111,13 +95,6 @@ def _now() -> timestamp_pb2.Timestamp:
 class _Pool:
     version: str
     status: int
-
-
-@dataclass(slots=True)
-class _Workload:
-    kind: str
-    healthy_replicas: int
-    health: float | None  # None: no fresh data
 
 
 class _Cluster:
@@ -150,7 +127,7 @@ class _Cluster:
             self.down[_DOWN_ADMIN] = "unavailable in the fleet file"
         self.step_seconds = spec.step_seconds
         self.windows: tuple[MaintenanceWindowSpec, ...] = spec.maintenance_windows
-        self.workloads: dict[tuple[str, str], _Workload] = {}
+        self.workloads: dict[tuple[str, str], Workload] = {}
         self.metrics: dict[str, float] = {}
         self.health_time = _now()
         self.op: cluster_pb2.Operation | None = None
@@ -200,102 +177,6 @@ class _Run:
     hang: bool = False  # never ends by itself (fault hangStep)
     forget: bool = False  # forgotten when it would end (fault forgetStep)
     ends_at: float = math.inf  # time.monotonic() of its end
-
-
-class _InjectedError(PluginError):
-    """An error the fault rpcErrors answers, with the code it names."""
-
-    def __init__(self, rule: RpcErrorFault, method: str) -> None:
-        message = rule.message or (
-            f"simulated {rule.code} for {method} (fault rpcErrors)"
-            + (": the request was carried out, the answer lost" if rule.after else "")
-        )
-        super().__init__(
-            message,
-            reason=rule.reason or _DEFAULT_REASONS[rule.code],
-            retry_after=rule.retry_after,
-            retryable=rule.retry_after is not None or rule.code == "UNAVAILABLE",
-        )
-        self.code = grpc.StatusCode[rule.code]
-
-
-class RpcFaults:
-    """UNAVAILABLE at a rate, hanging RPCs and injected error codes, checked at the start of
-    each sim RPC (and, for rpcErrors with after, once a mutation was carried out)."""
-
-    def __init__(
-        self,
-        rate: float,
-        methods: Sequence[str],
-        hangs: Sequence[HangRpc],
-        seed: int | None,
-        closing: threading.Event,
-        errors: Sequence[RpcErrorFault] = (),
-    ) -> None:
-        self._rate = rate
-        self._methods = frozenset(_short(m) for m in methods)
-        self._hangs = {_short(h.method): h for h in hangs}
-        self._hang_left: dict[str, int | None] = {_short(h.method): h.times for h in hangs}
-        self._errors = [(index, _short(rule.method), rule) for index, rule in enumerate(errors)]
-        self._error_left: dict[int, int | None] = {i: r.times for i, _, r in self._errors}
-        self._rng = random.Random(seed)
-        self._closing = closing
-        self._lock = threading.Lock()
-        self.active = rate > 0 or bool(hangs) or any(not r.after for _, _, r in self._errors)
-        self.active_after = any(r.after for _, _, r in self._errors)
-
-    def before(self, method: str, context: grpc.ServicerContext) -> None:
-        """Hangs and/or raises Unavailable as the faults say (method: e.g. "GetCluster")."""
-        hang = self._hangs.get(method)
-        if hang is not None and self._take_hang(method):
-            self._hang(hang.seconds, context)
-        self._inject(method, after=False)
-        if self._rate > 0 and (not self._methods or method in self._methods):
-            with self._lock:
-                roll = self._rng.random()
-            if roll < self._rate:
-                raise Unavailable("simulated unavailability (fault unavailableRate); retry")
-
-    def after(self, method: str) -> None:
-        """Raises the rpcErrors answer of a mutation already carried out, if one applies."""
-        if self.active_after:
-            self._inject(method, after=True)
-
-    def _inject(self, method: str, after: bool) -> None:
-        for index, name, rule in self._errors:
-            if name != method or rule.after != after:
-                continue
-            with self._lock:
-                left = self._error_left[index]
-                if left is not None and left <= 0:
-                    continue
-                if rule.rate < 1.0 and self._rng.random() >= rule.rate:
-                    continue
-                if left is not None:
-                    self._error_left[index] = left - 1
-            raise _InjectedError(rule, method)
-
-    def _take_hang(self, method: str) -> bool:
-        with self._lock:
-            left = self._hang_left[method]
-            if left is None:
-                return True
-            if left <= 0:
-                return False
-            self._hang_left[method] = left - 1
-            return True
-
-    def _hang(self, seconds: float, context: grpc.ServicerContext) -> None:
-        remaining = seconds
-        step = 0.05
-        while remaining > 0 and context.is_active() and not self._closing.is_set():
-            self._closing.wait(min(step, remaining))
-            remaining -= step
-
-
-def _short(method: str) -> str:
-    """ "/pkg.ClusterService/GetCluster", "ClusterService/GetCluster" -> "GetCluster"."""
-    return method.rstrip("/").rsplit("/", 1)[-1]
 
 
 class Fleet:
@@ -422,7 +303,7 @@ class Fleet:
 
     def _load_health(self, cluster: _Cluster, spec: ClusterSpec) -> None:
         workloads = spec.workloads if spec.workloads is not None else self._defaults.workloads
-        cluster.workloads = {(w.namespace, w.name): _workload(w) for w in workloads}
+        cluster.workloads = {(w.namespace, w.name): workload_of(w) for w in workloads}
         if spec.metrics is not None:
             cluster.metrics = dict(spec.metrics)
         else:
@@ -973,7 +854,9 @@ class Fleet:
             results = []
             for cluster in clusters:
                 for wanted in workloads:
-                    results.append(_verdict(cluster, wanted))
+                    results.append(
+                        verdict(cluster.cluster_id, cluster.health_time, cluster.workloads, wanted)
+                    )
             return results
 
     def query_metric(
@@ -1023,7 +906,7 @@ class Fleet:
         with self._lock:
             cluster = self._get(cluster_id)
             if workloads is not None:
-                cluster.workloads = {(w.namespace, w.name): _workload(w) for w in workloads}
+                cluster.workloads = {(w.namespace, w.name): workload_of(w) for w in workloads}
             for query, value in (metrics or {}).items():
                 if value is None:
                     cluster.metrics.pop(query, None)
@@ -1093,38 +976,3 @@ def _apply_success(cluster: _Cluster, kind: int, pool: str, version: str) -> Non
         cluster.cp_version = version
     elif kind == _NP and pool in cluster.pools:
         cluster.pools[pool].version = version
-
-
-def _workload(spec: WorkloadSpec) -> _Workload:
-    health = None if spec.health == "unknown" else float(spec.health)
-    return _Workload(spec.kind, spec.healthy_replicas, health)
-
-
-def _verdict(cluster: _Cluster, wanted: health_pb2.Workload) -> health_pb2.WorkloadResult:
-    result = health_pb2.WorkloadResult(cluster_id=cluster.cluster_id, workload=wanted)
-    result.observed_time.CopyFrom(cluster.health_time)
-    name = f"{wanted.namespace}/{wanted.name}"
-    entry = cluster.workloads.get((wanted.namespace, wanted.name))
-    if entry is None:
-        result.health = health_pb2.WORKLOAD_HEALTH_MISSING
-        result.message = f"workload {name} not found on cluster {cluster.cluster_id}"
-        return result
-    if wanted.kind and entry.kind.lower() != wanted.kind.lower():
-        result.health = health_pb2.WORKLOAD_HEALTH_MISSING
-        result.message = f"workload {name} is a {entry.kind}, not a {wanted.kind}"
-        return result
-    result.healthy_replicas = entry.healthy_replicas
-    if entry.health is None:
-        result.health = health_pb2.WORKLOAD_HEALTH_UNKNOWN
-        result.message = f"no fresh health data for workload {name}"
-        return result
-    result.observed_value = entry.health
-    need = wanted.min_healthy_replicas or 1
-    healthy = entry.health >= 1.0 and entry.healthy_replicas >= need
-    result.health = (
-        health_pb2.WORKLOAD_HEALTH_HEALTHY if healthy else (health_pb2.WORKLOAD_HEALTH_UNHEALTHY)
-    )
-    result.message = (
-        f"{entry.healthy_replicas} healthy replicas (need {need}), workload_health {entry.health:g}"
-    )
-    return result

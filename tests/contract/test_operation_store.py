@@ -224,14 +224,16 @@ def test_a_start_the_journal_cannot_record_is_unavailable_and_kept_nowhere(
 ) -> None:
     store = OperationStore(state_path=tmp_path / "ops.jsonl")
     kept = _run_op(store, "kept", "c1")
-    real = store._journal
+    journal = store._journal
+    assert journal is not None
+    real = journal._file
     with open("/dev/full", "a", encoding="utf-8") as full:  # every write fails: ENOSPC
-        store._journal = full
+        journal._file = full
         try:
             with pytest.raises(Unavailable, match="cannot write"):
                 store.start(request_id="lost", kind=OUT, cluster_id="c2")
         finally:
-            store._journal = real
+            journal._file = real
             with contextlib.suppress(OSError):
                 full.close()  # drops what the device refused
     assert store.lookup("lost") is None

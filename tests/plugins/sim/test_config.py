@@ -15,7 +15,7 @@ from plugins.sim.config import (
     load_fleet_file,
     parse_fleet,
 )
-from plugins.sim.fleet import render_query
+from plugins.sim.health import render_query
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "plugins" / "sim" / "examples"
 
