@@ -777,16 +777,22 @@ class OcmFleet:
     def _curator_preflight(
         self, cluster: str, cluster_id: str, version: str
     ) -> cluster_pb2.PreflightUpgradeResponse:
-        assert self._curators is not None
-        cached = self._curators.get(cluster, cluster)
-        if cached is not None:
-            job = curator.running_job(cached.obj)
+        # Read, not cached: the cache holds only curators this plugin wrote, and ACM's own
+        # curator of the cluster is the one an upgrade would write.
+        try:
+            existing: dict[str, Any] | None = self._hub.get(CLUSTER_CURATORS, cluster, cluster)
+        except KubeNotFound:
+            existing = None
+        except KubeError as exc:
+            raise self._hub_unavailable("read the ClusterCurator", exc) from exc
+        if existing is not None:
+            job = curator.running_job(existing)
             if job:
                 return refused_later(
                     Reason.CLUSTER_BUSY,
                     f"ClusterCurator {cluster}/{cluster} is running curation job {job}",
                 )
-            step = curator.intermediate_update(cached.obj)
+            step = curator.intermediate_update(existing)
             if step:
                 return refused_never(
                     "INTERMEDIATE_UPDATE",
