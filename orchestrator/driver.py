@@ -132,6 +132,10 @@ class RunDriver:
     #: Writes and calls made at once (1: in order, as the simulation replays them).
     parallelism: int = 1
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: Invariant 3: ClusterUpgrades whose failing evaluation could not be recorded (the write
+    #: conflicted or got no answer); their next evaluation counts passes from zero. Keep it
+    #: between passes like preflight_cache (the controller owns it).
+    unrecorded_failures: set[str] = field(default_factory=set)
 
     def step(
         self,
@@ -191,6 +195,7 @@ class RunDriver:
         to_write = dict(health_changed)
         to_write.update(decision.changed)
         written = self._write_all(upgrades, to_write, result)
+        self.unrecorded_failures -= written & health_changed.keys()
         calls = [
             c
             for c in decision.calls
@@ -303,7 +308,12 @@ class RunDriver:
             ):
                 continue
             results = self.checker.evaluate(checks, [obs], u.spec.stage)
-            new = st.model_copy(update={"health": record(st.health, results, now)})
+            base = st.health
+            if name in self.unrecorded_failures:
+                base = base.model_copy(update={"passes": 0})
+            if not all(r.passed for r in results):
+                self.unrecorded_failures.add(name)  # until the write below takes effect
+            new = st.model_copy(update={"health": record(base, results, now)})
             out[name] = with_status(u, new)
             changed[name] = new
         return out, changed
