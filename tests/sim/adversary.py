@@ -19,6 +19,7 @@ from orchestrator import api
 from orchestrator.driver import CallError
 from orchestrator.engine import Call
 from orchestrator.fleet import OpKind, OpState
+from plugins.sdk import versions
 from tests.sim.model import ADVERSARY, Crash, MOp
 
 if TYPE_CHECKING:
@@ -123,6 +124,9 @@ class Adversary:
         self.never_clusters: set[str] = set()
         self.flaky: set[str] = set()
         self.forced_crash: str | None = None
+        for c in world.fleet.clusters.values():
+            if versions.parse(c.cp).minor < 28:
+                self.touch(c.id, "refused")  # its target is refused: the provider's doing
         self._pick_health()
 
     # -- bookkeeping ---------------------------------------------------------------------
@@ -251,17 +255,21 @@ class Adversary:
         self.sick.clear()
         w.lease.flip_in = None
 
-    def act(self) -> None:
+    def act(self) -> bool:
+        """Whatever actions are due now; True if any was taken."""
         w = self.world
+        acted = False
         while self.next_at is not None and self.next_at <= w.now:
+            acted = True
             gap = self._gap()
             self.next_at = None if gap is None else w.now + gap
             actions = self.rates.actions
             if not actions:
-                return
+                return acted
             names = sorted(actions)
             name = self.rng.choices(names, [actions[n] for n in names])[0]
             getattr(self, f"_do_{name}")()
+        return acted
 
     def _cluster(self, pred: object = None) -> str | None:
         ids = [

@@ -61,6 +61,10 @@ class Monitor:
         self.last_change = 0
         self.calls = 0
         self.service_ins: dict[str, int] = {}
+        self._replica = ""
+        self._bounds: dict[tuple[str, api.UpgradePhase, str], int] = {}
+        #: (run, cluster) → simulated seconds of evaluations some write recorded.
+        self.recorded: dict[tuple[str, str], set[int]] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -102,8 +106,12 @@ class Monitor:
         self.stage_evals.setdefault((e.run, e.stage), []).append(e)
 
     def on_write(self, obj: UpObj, old: api.ClusterUpgradeStatus) -> None:
-        if obj.upgrade.status.phase != old.phase:
+        new = obj.upgrade.status
+        if new.phase != old.phase:
             self.last_change = self.w.now
+        if new.health is not None and new.health.last_check_time:
+            t = seconds(new.health.last_check_time)
+            self.recorded.setdefault((obj.run, obj.upgrade.cluster_id), set()).add(t)
 
     def spec_version(self, run: str, upgrade: str) -> str:
         ns = self.w.api.runs[run].namespace
@@ -178,6 +186,10 @@ class Monitor:
             )
 
     def on_call(self, replica: str, run: str, call: Call) -> int:
+        self._replica = replica
+        return self._on_call(replica, run, call)
+
+    def _on_call(self, replica: str, run: str, call: Call) -> int:
         """Checks a mutating call as it is issued; returns the attempt on record."""
         w = self.w
         self.calls += 1
@@ -311,7 +323,18 @@ class Monitor:
         checks = checks_for(obj.spec, spec.stage)
         if checks is None:
             return
-        evals = [e for e in self.evals.get((run, cid), []) if e.t >= since]
+        # Precondition: an evaluation no write ever recorded counts if the replica now servicing
+        # in made it in this incarnation; one lost with a crashed or another replica's memory
+        # (it died or was deposed before recording it) cannot be known, short of a write ahead
+        # of every evaluation.
+        me = self._replica
+        epoch = next(r.incarnation for r in self.w.replicas if r.name == me)
+        recorded = self.recorded.get((run, cid), set())
+        evals = [
+            e
+            for e in self.evals.get((run, cid), [])
+            if e.t >= since and (e.t in recorded or (e.replica == me and e.epoch == epoch))
+        ]
         need = checks.success_threshold
         if len(evals) < need or not all(e.passed for e in evals[-need:]):
             raise Violation(
@@ -339,6 +362,13 @@ class Monitor:
         self._stranded(label, final=False)
 
     def bound(self, run: str, st: api.ClusterUpgradeStatus, stage: str) -> int:
+        key = (run, st.phase, stage)
+        found = self._bounds.get(key)
+        if found is None:
+            found = self._bounds[key] = self._bound(run, st, stage)
+        return found
+
+    def _bound(self, run: str, st: api.ClusterUpgradeStatus, stage: str) -> int:
         obj = self.w.api.runs[run]
         t = obj.spec.timeouts or api.StepTimeouts()
         if st.phase == U.VERIFYING:
@@ -396,10 +426,6 @@ class Monitor:
             )
 
     # -- at the end ----------------------------------------------------------------------
-
-    def quiet_span(self) -> int:
-        """Simulated seconds the quiet phase may take at most."""
-        return 6 * 3600
 
     def final(self, settled: bool) -> None:
         """After the quiet phase: nothing of ours left out unless Failed; runs say why."""

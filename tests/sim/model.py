@@ -112,10 +112,18 @@ class MOp:
     #: Forgotten while in flight: the work died with the plugin's memory, no effect.
     abandoned: bool = False
     ended_at: int | None = None
+    cache: OpObs | None = field(default=None, compare=False, repr=False)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        if name != "cache":
+            object.__setattr__(self, "cache", None)
 
     def obs(self) -> OpObs:
+        if self.cache is not None:
+            return self.cache
         code, message = self.failure if self.failure and self.state == OpState.FAILED else ("", "")
-        return OpObs(
+        self.cache = OpObs(
             id=self.id,
             kind=self.kind,
             cluster_id=self.cluster_id,
@@ -126,6 +134,7 @@ class MOp:
             error_code=code,
             error_message=message,
         )
+        return self.cache
 
 
 class ModelFleet:
@@ -144,6 +153,8 @@ class ModelFleet:
         self.out_set: set[str] = set()
         #: Called right after an operation took effect (op, cluster) — for the floor check.
         self.on_effect: Callable[[MOp, MCluster], None] = lambda op, c: None
+        #: Called when an operation ends (the watch event that wakes its run).
+        self.on_end: Callable[[MOp], None] = lambda op: None
         #: Adversary hook: (duration or None to hang, failure) for a new operation.
         self.fate: Callable[[MOp], tuple[int | None, tuple[str, str] | None]] = lambda op: (
             10,
@@ -348,22 +359,27 @@ class ModelFleet:
                 times.append(op.end)
         return min(times) if times else None
 
-    def tick(self, now: int) -> None:
-        """Advance every operation to `now`, in order of their end."""
+    def tick(self, now: int) -> bool:
+        """Advance every operation to `now`, in order of their end; True if any moved."""
         self.now = now
+        moved = False
         for op_id in sorted(self.in_flight, key=lambda i: (self.ops[i].end or 0, i)):
             op = self.ops[op_id]
             c = self.clusters[op.cluster_id]
             if op.state == OpState.PENDING and now >= op.start + 1:
                 op.state = OpState.RUNNING
+                moved = True
                 c.touch()
                 if op.kind is OpKind.NODE_POOL and op.pool in c.pools:
                     c.pools[op.pool].ready = False
             if op.state == OpState.RUNNING and op.end is not None and now >= op.end:
+                moved = True
                 self._finish(op, c)
+        return moved
 
     def _finish(self, op: MOp, c: MCluster) -> None:
         c.touch()
+        self.on_end(op)
         self.in_flight.discard(op.id)
         op.ended_at = self.now
         if c.op == op.id:
@@ -508,6 +524,9 @@ class Evaluation:
     clusters: tuple[str, ...]
     t: int
     passed: bool
+    #: Who asked: the replica and its incarnation (a crash starts a new one).
+    replica: str = ""
+    epoch: int = 0
 
 
 class ModelChecker:
@@ -519,11 +538,15 @@ class ModelChecker:
         adversary: Adversary,
         sink: Callable[[Evaluation], None],
         run: str,
+        replica: str = "",
+        epoch: Callable[[], int] = lambda: 0,
     ) -> None:
         self.fleet = fleet
         self.adversary = adversary
         self.sink = sink
         self.run = run
+        self.replica = replica
+        self.epoch = epoch
 
     def evaluate(
         self, checks: api.HealthChecks, clusters: Sequence[ClusterObs], stage: str
@@ -540,7 +563,17 @@ class ModelChecker:
                     message=None if ok else f"{check.name} unhealthy",
                 )
             )
-        self.sink(Evaluation(self.run, stage, ids, self.fleet.now, all(r.passed for r in results)))
+        self.sink(
+            Evaluation(
+                self.run,
+                stage,
+                ids,
+                self.fleet.now,
+                all(r.passed for r in results),
+                self.replica,
+                self.epoch(),
+            )
+        )
         return results
 
 

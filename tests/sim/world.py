@@ -12,8 +12,8 @@ apiserver with this replica's own writes visible (read-your-writes).
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from orchestrator import api
 from orchestrator.conditions import format_time
@@ -87,22 +87,31 @@ class Config:
     short_timeouts: bool = True
     health: bool = True
     stages: bool = True
-    extra: dict[str, object] = field(default_factory=dict)
+    #: Shortest requeue the controllers honour (a rate limit; large fleets use 10 s); the end
+    #: of an operation wakes its run at once (the watch).
+    min_requeue: int = 5
+    #: Longest quiet phase (simulated seconds); a world not settled by then is checked as is.
+    quiet_cap: int = 6 * 3600
 
     @staticmethod
-    def draw(seed: int) -> Config:
+    def draw(seed: int, large: bool = True) -> Config:
+        """The history of a seed; large=False keeps fleets at 120 clusters or fewer."""
         rng = random.Random(seed * 7919 + 1)
         roll = rng.random()
-        if roll < 0.004:
+        if roll < 0.004 and large:
             n = rng.choice((500, 2000))
         elif roll < 0.06:
             n = rng.randint(41, 120)
+        elif roll < 0.30:
+            n = rng.randint(26, 40)
         else:
-            n = rng.randint(5, 40)
+            n = rng.randint(5, 25)
         big = n > 120
         profile = rng.choices(("calm", "noisy", "hostile", "drift"), (3, 4, 3, 1))[0]
         return Config(
             seed=seed,
+            min_requeue=10 if big else 5,
+            quiet_cap=1200 if big else 6 * 3600,
             clusters=n,
             pools_max=1 if big else rng.randint(0, 2),
             old_fraction=0.0 if profile == "drift" else rng.choice((0.0, 0.0, 0.05, 0.15)),
@@ -112,7 +121,7 @@ class Config:
             replicas=1 if big else rng.choice((1, 2, 2)),
             shared_driver=rng.random() < 0.3,
             profile="calm" if big else profile,
-            active_seconds=600 if big else rng.choice((600, 900, 1200, 1800)),
+            active_seconds=600 if big else rng.choice((600, 900, 1200)),
             short_timeouts=rng.random() < 0.7,
             health=rng.random() < 0.7,
             stages=rng.random() < 0.7,
@@ -131,9 +140,14 @@ class Replica:
         )
         self.store = StoreClient(world.api, world.adversary)
         self.drivers: dict[str, RunDriver] = {}
+        self.incarnation = 0
+
+    def epoch(self) -> int:
+        return self.incarnation
 
     def crash(self) -> None:
         """The process dies and restarts: memory gone, everything resumes from the store."""
+        self.incarnation += 1
         self.drivers.clear()
         self.store.rvs.clear()
 
@@ -144,19 +158,19 @@ class Replica:
             drv = RunDriver(
                 provider=self.provider,
                 store=self.store.view(run.namespace),
-                checker=ModelChecker(
-                    self.world.fleet, self.world.adversary, self.world.monitor.record, run.key
-                ),
+                checker=self._checker(run.key),
                 fence=self.fence,
             )
             self.drivers[key] = drv
         # One driver may serve several runs (shared_driver): point it at this run's namespace
         # and health log (the preflight cache is the driver's own memory).
         drv.store = self.store.view(run.namespace)
-        drv.checker = ModelChecker(
-            self.world.fleet, self.world.adversary, self.world.monitor.record, run.key
-        )
+        drv.checker = self._checker(run.key)
         return drv
+
+    def _checker(self, run: str) -> ModelChecker:
+        w = self.world
+        return ModelChecker(w.fleet, w.adversary, w.monitor.record, run, self.name, self.epoch)
 
 
 class World:
@@ -174,6 +188,7 @@ class World:
         self.adversary = Adversary(self, cfg.profile)
         self.fleet.fate = self.adversary.fate
         self.fleet.on_effect = self.monitor.on_effect
+        self.fleet.on_end = self._watch_event
         self.api.on_write = self.monitor.on_write
         self.lease.on_flip = lambda holder: self.log(f"lease → {holder}")
         self.replicas = [Replica(self, f"r{i}") for i in range(cfg.replicas)]
@@ -187,6 +202,7 @@ class World:
             else None
         )
         self.run_counter = 0
+        self.hooks: list[tuple[int, Callable[[World], None], str]] = []
         self._members: dict[str, frozenset[str]] = {}
         self._wanted: dict[tuple[str, int], tuple[str, api.UpdateRunSpec]] = {}
         for i in range(cfg.owners):
@@ -292,6 +308,13 @@ class World:
         else:
             self.create_direct_run(owner)
         return owner
+
+    def add_cluster_version(self, namespace: str, name: str, spec: api.ClusterVersionSpec) -> None:
+        """A ClusterVersion a scenario applies (its runs follow the ClusterVersion rule)."""
+        key = f"{namespace}/{name}"
+        self.owners.append(Owner(namespace, name, "cv", spec))
+        self.api.cvs[key] = CvObj(key, namespace, name, spec)
+        self.log(f"create ClusterVersion {key}")
 
     def create_direct_run(self, owner: Owner) -> str:
         self.run_counter += 1
@@ -439,7 +462,7 @@ class World:
             if status.phase != old.phase:
                 self.log(f"{key}: {old.phase} → {status.phase}: {d.message}")
         wait = 30.0 if result.requeue_after is None else result.requeue_after
-        self.due[key] = self.now + int(min(30.0, max(1.0, wait)))
+        self.due[key] = self.now + int(min(30.0, max(float(self.cfg.min_requeue), wait)))
 
     def members(self, run: str) -> frozenset[str]:
         """The pinned cluster ids of a run (read from its ClusterUpgrades; they never change)."""
@@ -473,8 +496,15 @@ class World:
 
     # -- the clock -----------------------------------------------------------------------
 
+    def at(self, t: int, action: Callable[[World], None], what: str) -> None:
+        """Something a scenario makes happen at simulated second t."""
+        self.hooks.append((t, action, what))
+        self.hooks.sort(key=lambda h: h[0])
+
     def _next_time(self, horizon: int) -> int:
         times = [horizon]
+        if self.hooks:
+            times.append(self.hooks[0][0])
         if self.due:
             times.append(min(self.due.values()))
         ev = self.fleet.next_event()
@@ -495,10 +525,14 @@ class World:
 
     def iterate(self, active: bool, horizon: int) -> None:
         self.now = self._next_time(horizon)
-        self.fleet.tick(self.now)
-        self.monitor.after_step("operations advanced", world_changed=True)
-        if active:
-            self.adversary.act()
+        if self.fleet.tick(self.now):
+            self.monitor.after_step("operations advanced", world_changed=True)
+        while self.hooks and self.hooks[0][0] <= self.now:
+            _, action, what = self.hooks.pop(0)
+            action(self)
+            self.log(f"scenario: {what}")
+            self.monitor.after_step(f"scenario: {what}", world_changed=True)
+        if active and self.adversary.act():
             self.monitor.after_step("adversary acted", world_changed=True)
         self.reconcile_cvs()
         for key in list(self._due_runs()):
@@ -514,6 +548,12 @@ class World:
                 self.due[key] = self.now + 2
             self.monitor.after_step(f"{rep.name} reconciled {key}")
 
+    def _watch_event(self, op: object) -> None:
+        """WatchOperations: the end of an operation wakes the run that started it."""
+        owner = getattr(op, "owner", "")
+        if owner in self.due:
+            self.due[owner] = min(self.due[owner], self.now)
+
     def _leader(self) -> Replica:
         return next(r for r in self.replicas if r.name == self.lease.holder)
 
@@ -527,7 +567,7 @@ class World:
         if self.lease.holder not in {r.name for r in self.replicas}:
             self.lease.move(self.replicas[0].name)
         self.monitor.after_step("adversary quiet")
-        limit = self.now + self.monitor.quiet_span()
+        limit = self.now + self.cfg.quiet_cap
         while self.now < limit and not self._settled():
             self.iterate(False, limit)
         self.monitor.final(self._settled())

@@ -1,0 +1,223 @@
+"""The adversarial simulation: thousands of seeded histories with every invariant checked after
+every step, two large fleets, and the field reports of issue 11 replayed at the engine level."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterable
+
+import pytest
+
+from orchestrator import api
+from orchestrator.fleet import OpKind
+from tests.sim.invariants import Violation
+from tests.sim.model import ADVERSARY
+from tests.sim.world import ENDPOINT, Config, World, simulate
+
+#: `make test` sweeps SEEDS histories in CHUNKS tests; `make simulate SEEDS=N` sweeps more.
+SEEDS = int(os.environ.get("SIM_SEEDS", "2000"))
+START = int(os.environ.get("SIM_START", "0"))
+CHUNKS = 20
+#: Worker processes per chunk (each history is deterministic and runs in one process).
+WORKERS = int(os.environ.get("SIM_WORKERS", "2"))
+HISTORY = 40
+
+
+def _one(seed: int) -> tuple[int, str, list[str]] | None:
+    try:
+        simulate(seed, Config.draw(seed, large=False))
+    except Violation as err:
+        return seed, str(err), (err.world.history[-HISTORY:] if err.world else [])
+    return None
+
+
+def _sweep(seeds: Iterable[int]) -> list[tuple[int, str, list[str]]]:
+    seeds = list(seeds)
+    if WORKERS > 1 and len(seeds) > 1:
+        with multiprocessing.get_context("fork").Pool(WORKERS) as pool:
+            results = pool.map(_one, seeds, chunksize=4)
+    else:
+        results = [_one(s) for s in seeds]
+    return [r for r in results if r is not None]
+
+
+def _report(failures: list[tuple[int, str, list[str]]]) -> str:
+    _, message, history = failures[0]
+    lines = [f"{len(failures)} seed(s) broke an invariant; the first:", *history, message]
+    lines += [f"  seed {s}: {m}" for s, m, _ in failures[1:]]
+    lines += [f"replay: python -m tests.sim --seed {s}" for s, _, _ in failures]
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_invariants_hold_over_seeded_histories(chunk: int) -> None:
+    per = -(-SEEDS // CHUNKS)
+    first = START + chunk * per
+    seeds = range(first, min(START + SEEDS, first + per))
+    failures = _sweep(seeds)
+    assert not failures, _report(failures)
+
+
+@pytest.mark.parametrize("seed", [360, 507])
+def test_invariants_hold_on_large_fleets(seed: int) -> None:
+    """2,000 and 500 clusters, stages by selector, checks; the history is shortened."""
+    cfg = Config.draw(seed)
+    assert cfg.clusters >= 500
+    cfg.active_seconds = 300
+    cfg.quiet_cap = 600
+    try:
+        world = simulate(seed, cfg)
+    except Violation as err:
+        history = err.world.history[-HISTORY:] if err.world else []
+        pytest.fail("\n".join([*history, str(err), f"replay: python -m tests.sim --seed {seed}"]))
+    ours = [op for op in world.fleet.ops.values() if op.owner != ADVERSARY and op.effective]
+    assert ours, "a large fleet must see work done"
+
+
+# -- the field reports of issue 11, at the engine level -------------------------------------
+
+CHECKS = {
+    "interval": "10s",
+    "successThreshold": 2,
+    "failureThreshold": 3,
+    "timeout": "2m",
+    "checks": [{"name": "app", "workloads": {"items": [{"namespace": "default", "name": "app"}]}}],
+}
+
+
+def _world(clusters: int, seed: int = 1, preflight: bool = True) -> World:
+    cfg = Config(
+        seed=seed,
+        clusters=clusters,
+        pools_max=1,
+        owners=0,
+        replicas=1,
+        profile="none",
+        active_seconds=0,
+        health=False,
+        preflight=preflight,
+    )
+    world = World(cfg)
+    for c in world.fleet.clusters.values():
+        c.cp = "1.28.7"
+        for p in c.pools.values():
+            p.version = "1.28.7"
+    return world
+
+
+def _spec(ids: list[str], required: int, **strategy: object) -> api.ClusterVersionSpec:
+    return api.ClusterVersionSpec.model_validate(
+        {
+            "requiredAvailableCount": required,
+            "opsEndpoint": {"endpoint": ENDPOINT, "insecure": True},
+            "clusters": [{"id": cid, "version": "1.29.3"} for cid in ids],
+            "strategy": strategy,
+        }
+    )
+
+
+def _phases(world: World, run_prefix: str) -> dict[str, api.UpgradePhase]:
+    out = {}
+    for key in world.api.runs:
+        if key.startswith(run_prefix):
+            for o in world.api.upgrades_of(key):
+                out[o.upgrade.cluster_id] = o.upgrade.status.phase
+    return out
+
+
+def _effective(world: World, kind: OpKind, cid: str | None = None) -> list[str]:
+    return [
+        op.cluster_id
+        for op in world.fleet.ops.values()
+        if op.owner != ADVERSARY
+        and op.kind is kind
+        and op.effective
+        and not op.abandoned
+        and (cid is None or op.cluster_id == cid)
+    ]
+
+
+def test_health_gate_holds_at_scale() -> None:
+    """40 clusters, maxConcurrency 30, a stage whose check never passes: none is serviced in."""
+    world = _world(40)
+    ids = sorted(world.fleet.clusters)
+    spec = _spec(
+        ids,
+        5,
+        stages=[{"name": "all", "clusters": ids, "maxConcurrency": 30, "healthChecks": CHECKS}],
+    )
+    world.add_cluster_version("ns-a", "fleet", spec)
+    world.adversary.never_stages.add("all")
+    world.run()
+    assert _effective(world, OpKind.SERVICE_IN) == []
+    out = _effective(world, OpKind.SERVICE_OUT)
+    assert 0 < len(out) <= 30
+    upgrades = {o.upgrade.cluster_id: o.upgrade.status for o in world.api.upgrades.values()}
+    for cid in out:
+        assert upgrades[cid].phase == api.UpgradePhase.FAILED
+        assert upgrades[cid].reason == "HealthCheckFailed"
+    run = next(iter(world.api.runs.values()))
+    assert run.status.phase == api.RunPhase.HALTED
+    assert "health checks" in (run.status.message or "")
+
+
+def test_two_cluster_versions_keep_the_floor() -> None:
+    """Two ClusterVersions in two namespaces over the same 12 clusters, floor 9 each."""
+    world = _world(12)
+    ids = sorted(world.fleet.clusters)
+    world.add_cluster_version("ns-a", "fleet", _spec(ids, 9, maxConcurrency=3))
+    world.add_cluster_version("ns-b", "fleet", _spec(ids, 9, maxConcurrency=3))
+    world.run()
+    assert world.monitor.min_up, "the floor was never counted"
+    assert min(world.monitor.min_up.values()) >= 9
+    assert all(c.cp == "1.29.3" and c.in_service for c in world.fleet.clusters.values())
+    assert {r.status.phase for r in world.api.runs.values()} == {api.RunPhase.SUCCEEDED}
+
+
+def test_out_of_band_upgrade_stays_local() -> None:
+    """One cluster taken past the target by someone else mid-rollout: the rest goes on."""
+    world = _world(10)
+    ids = sorted(world.fleet.clusters)
+    world.add_cluster_version("ns-a", "fleet", _spec(ids, 8, maxConcurrency=2))
+
+    def bump(w: World) -> None:
+        c = w.fleet.clusters["c0007"]
+        c.cp = "1.30.1"
+        for p in c.pools.values():
+            p.version = "1.30.1"
+        c.touch()
+
+    world.at(30, bump, "c0007 upgraded to 1.30.1 by a release channel")
+    world.run()
+    phases = _phases(world, "ns-a/")
+    assert phases.pop("c0007") == api.UpgradePhase.SKIPPED
+    assert set(phases.values()) == {api.UpgradePhase.UPGRADED}
+    assert all(c.in_service for c in world.fleet.clusters.values())
+    assert next(iter(world.api.runs.values())).status.phase == api.RunPhase.SUCCEEDED
+
+
+def test_refused_target_drains_nothing() -> None:
+    """A target the provider refuses (a skipped minor version): nothing taken out, Blocked."""
+    world = _world(6)
+    for cid in ("c0001", "c0004"):
+        c = world.fleet.clusters[cid]
+        c.cp = "1.27.9"
+        for p in c.pools.values():
+            p.version = "1.27.9"
+    ids = sorted(world.fleet.clusters)
+    world.add_cluster_version("ns-a", "fleet", _spec(ids, 4, maxConcurrency=3))
+    world.run()
+    for cid in ("c0001", "c0004"):
+        assert _effective(world, OpKind.SERVICE_OUT, cid) == []
+        status = next(
+            o.upgrade.status for o in world.api.upgrades.values() if o.upgrade.cluster_id == cid
+        )
+        assert status.phase == api.UpgradePhase.BLOCKED
+        assert status.reason == "Refused"
+        assert "one minor version at a time" in (status.message or "")
+    assert all(c.in_service for c in world.fleet.clusters.values())
+    others = {k: v for k, v in _phases(world, "ns-a/").items() if k not in ("c0001", "c0004")}
+    assert set(others.values()) == {api.UpgradePhase.UPGRADED}
+    run = next(iter(world.api.runs.values()))
+    assert run.status.message, "the run says why it cannot finish"
