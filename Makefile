@@ -69,6 +69,14 @@ demo: tools
 bench: venv
 	$(PY) -m benchmarks.run_all
 
+# The adversarial simulation beyond `make test`: SEEDS histories from START (replay one with
+# `python -m tests.sim --seed N`).
+SEEDS ?= 10000
+START ?= 0
+.PHONY: simulate
+simulate: venv
+	$(PY) -m tests.sim --seeds $(SEEDS) --start $(START) --workers 2
+
 clean:
 	-scripts/dev-control-plane down
 	rm -rf .dev
