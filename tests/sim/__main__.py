@@ -4,6 +4,7 @@ history), `python -m tests.sim --seeds 5000 --start 0` (a sweep; failures print 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import sys
 import time
 
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=200, help="how many seeds to sweep")
     parser.add_argument("--start", type=int, default=0, help="first seed of the sweep")
     parser.add_argument("--history", type=int, default=60, help="history lines to print")
+    parser.add_argument("--workers", type=int, default=1, help="processes for a sweep")
     args = parser.parse_args(argv)
     if args.seed is not None:
         print(describe(args.seed))
@@ -38,17 +40,27 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(world.history[-args.history :]))
         print(f"ok: {len(world.history)} events, t={world.now}")
         return 0
-    failed = 0
     began = time.monotonic()
-    for seed in range(args.start, args.start + args.seeds):
-        try:
-            simulate(seed)
-        except Violation as err:
-            failed += 1
-            print(f"seed {seed}: {err}\n  replay: python -m tests.sim --seed {seed}")
+    seeds = range(args.start, args.start + args.seeds)
+    if args.workers > 1:
+        with multiprocessing.get_context("fork").Pool(args.workers) as pool:
+            results = pool.map(_one, seeds, chunksize=8)
+    else:
+        results = [_one(s) for s in seeds]
+    failed = [r for r in results if r is not None]
+    for seed, message in failed:
+        print(f"seed {seed}: {message}\n  replay: python -m tests.sim --seed {seed}")
     took = time.monotonic() - began
-    print(f"{args.seeds - failed}/{args.seeds} seeds held every invariant in {took:.1f}s")
+    print(f"{args.seeds - len(failed)}/{args.seeds} seeds held every invariant in {took:.1f}s")
     return 1 if failed else 0
+
+
+def _one(seed: int) -> tuple[int, str] | None:
+    try:
+        simulate(seed)
+    except Violation as err:
+        return seed, str(err)
+    return None
 
 
 if __name__ == "__main__":
