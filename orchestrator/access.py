@@ -88,6 +88,11 @@ class Endpoint:
         """As an OpsEndpoint (what the TLS resolver and the plugin pool take)."""
         return api.OpsEndpoint(endpoint=self.endpoint, insecure=self.insecure, tls=self.tls)
 
+    @property
+    def field(self) -> str:
+        """The field its TLS settings are at, for messages ("FleetProvider X: spec")."""
+        return f"{self.via}: spec" if self.via.startswith("FleetProvider ") else self.via
+
 
 @dataclass(frozen=True)
 class PrometheusSource:

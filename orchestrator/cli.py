@@ -16,6 +16,12 @@ from typing import Any
 import yaml
 
 from orchestrator import api
+from orchestrator.access import (
+    ALL_NAMESPACES,
+    INLINE_FLAG,
+    AccessPolicy,
+    parse_inline_namespaces,
+)
 from orchestrator.crd import crd_yaml
 from orchestrator.fleet import OpKind
 from orchestrator.metrics import Metrics
@@ -87,6 +93,22 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--plugin-tls-ca", default=None, help="CA file: --plugin endpoints use TLS")
     run.add_argument("--plugin-tls-cert", default=None, help="client certificate for mTLS")
     run.add_argument("--plugin-tls-key", default=None, help="client key for mTLS")
+    run.add_argument(
+        "--orchestrator-namespace",
+        default=None,
+        help="the orchestrator's own namespace: FleetProvider and MetricSource Secrets are "
+        "read here (default: $POD_NAMESPACE, else --namespace, else default)",
+    )
+    run.add_argument(
+        INLINE_FLAG,
+        action="append",
+        default=[],
+        metavar="NS[,NS]",
+        help="namespaces whose ClusterVersions and UpdateRuns may set opsEndpoint, a check's "
+        "endpoint or Prometheus address and inline TLS Secrets (default: the orchestrator's "
+        "namespace only; '*' allows every namespace, which is unsafe: anyone who can edit a "
+        "ClusterVersion could point the orchestrator at any plugin or URL); repeatable",
+    )
 
     p = sub.add_parser("plan", help="print the rollout plan of a ClusterVersion; changes nothing")
     p.add_argument("-f", "--file", required=True, help="the ClusterVersion YAML")
@@ -109,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--approve-all", action="store_true", help="assume manual stages get approved")
 
     sub.add_parser("version", help="print the version of this build")
-    sub.add_parser("crd", help="print the CRDs (ClusterVersion, UpdateRun, ClusterUpgrade) as YAML")
+    sub.add_parser("crd", help="print every CRD of the project as YAML")
     return parser
 
 
@@ -184,6 +206,18 @@ def _run(args: argparse.Namespace) -> int:
         elector.keep(stop, on_lost)
         fence = elector
     probes.role = "leader"
+    home = args.orchestrator_namespace or os.environ.get("POD_NAMESPACE") or args.namespace
+    home = home or "default"
+    policy = AccessPolicy(home, parse_inline_namespaces(args.allow_inline_endpoints_in, home))
+    if ALL_NAMESPACES in policy.inline_namespaces:
+        log.warning(
+            "%s=*: every namespace may point the orchestrator at any plugin or URL", INLINE_FLAG
+        )
+    log.info(
+        "inline endpoints allowed in: %s; FleetProvider/MetricSource Secrets read in %s",
+        ",".join(sorted(policy.inline_namespaces)),
+        home,
+    )
     controller = Controller(
         kube,
         metrics,
@@ -194,6 +228,7 @@ def _run(args: argparse.Namespace) -> int:
         history=args.run_history,
         stop=stop,
         probes=probes,
+        policy=policy,
     )
     tls = None
     if args.plugin_tls_ca or args.plugin_tls_cert:
@@ -236,9 +271,17 @@ def _plan(args: argparse.Namespace) -> int:
             print(f"invalid: {problem}", file=sys.stderr)
         return 2
     spec = parsed
-    endpoint = args.endpoint or spec.ops_endpoint.endpoint
+    if not args.endpoint and spec.ops_endpoint is None:
+        print(
+            "error: the spec names a FleetProvider (spec.providerRef); pass its endpoint with "
+            "--endpoint HOST:PORT (kubectl get fleetprovider NAME)",
+            file=sys.stderr,
+        )
+        return 2
+    endpoint = args.endpoint or (spec.ops_endpoint.endpoint if spec.ops_endpoint else "")
+    insecure = bool(spec.ops_endpoint and spec.ops_endpoint.insecure)
     tls = None
-    if args.tls_ca or args.tls_cert or not (args.endpoint or spec.ops_endpoint.insecure):
+    if args.tls_ca or args.tls_cert or not (args.endpoint or insecure):
         tls = ClientTLS(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key)
     client = PluginClient(endpoint, tls=tls, caller="fleet-orchestrator-plan")
     try:

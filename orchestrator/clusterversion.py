@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator import api
-from orchestrator.cache import ObjectCache
+from orchestrator.cache import AccessCatalog, ObjectCache
 from orchestrator.conditions import get_condition, set_condition
 from orchestrator.initialize import run_for
 from orchestrator.kube import Conflict, KubeClient, KubeError, NotFound
@@ -53,6 +53,8 @@ class ClusterVersionController:
     kube: KubeClient
     runs: ObjectCache
     upgrades: ObjectCache
+    #: FleetProviders, MetricSources and the policy: what this namespace's spec may use.
+    catalog: AccessCatalog
     history: int = DEFAULT_HISTORY
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
@@ -72,6 +74,11 @@ class ClusterVersionController:
         )
         parsed = parse_spec(cv.get("spec"))
         problems: list[Problem] = parsed if isinstance(parsed, list) else validate_spec(parsed)
+        if not isinstance(parsed, list):
+            # Who may do what (orchestrator.access): refused before any run is created.
+            access = self.catalog.check(namespace, parsed)
+            if isinstance(access, list):
+                problems = [*access, *problems]
         if isinstance(parsed, list) or problems:
             # Invariant 7: a spec error stops the current run (its clusters in flight are
             # serviced back in first) and says what is wrong; nothing new starts.

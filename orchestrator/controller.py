@@ -13,7 +13,8 @@ from typing import Any
 from tenacity import RetryCallState, Retrying, wait_exponential, wait_random
 
 from orchestrator import api
-from orchestrator.cache import ObjectCache
+from orchestrator.access import AccessPolicy
+from orchestrator.cache import AccessCatalog, ObjectCache
 from orchestrator.clusterversion import DEFAULT_HISTORY, ClusterVersionController
 from orchestrator.driver import Fence
 from orchestrator.fleet import OpObs
@@ -85,6 +86,9 @@ class Controller:
     queue: WorkQueue = field(default_factory=WorkQueue)
     stop: threading.Event = field(default_factory=threading.Event)
     probes: Probes = field(default_factory=Probes)
+    #: Who may do what (orchestrator.access); default: inline endpoints only in the namespace
+    #: watched (or "default" when watching all).
+    policy: AccessPolicy | None = None
 
     def __post_init__(self) -> None:
         self.pool = PluginPool(self.metrics, self.caller)
@@ -100,6 +104,8 @@ class Controller:
         self.upgrades = ObjectCache(
             self.kube, api.CLUSTER_UPGRADE_PLURAL, None, api.LABEL_RUN, self._upgrade_changed
         )
+        policy = self.policy or AccessPolicy.default(self.namespace or "default")
+        self.catalog = AccessCatalog(self.kube, policy, self._catalog_changed)
         self.run_controller = UpdateRunController(
             self.kube,
             self.metrics,
@@ -107,12 +113,13 @@ class Controller:
             self.tracker,
             self.upgrades,
             TLSResolver(self.kube),
+            self.catalog,
             fence=self.fence,
             runs=self.runs,
             emit_event=self._queue_event,
         )
         self.cv_controller = ClusterVersionController(
-            self.kube, self.runs, self.upgrades, history=self.history
+            self.kube, self.runs, self.upgrades, self.catalog, history=self.history
         )
         self._failures: dict[Key, int] = {}
         self._backoff = wait_exponential(multiplier=0.5, max=60.0) + wait_random(0, 0.5)
@@ -125,17 +132,23 @@ class Controller:
             ),
             threading.Thread(target=self.runs.run, args=(self.stop,), name="watch-ur", daemon=True),
             threading.Thread(target=self.cvs.run, args=(self.stop,), name="watch-cv", daemon=True),
+            threading.Thread(
+                target=self.catalog.providers.run, args=(self.stop,), name="watch-fp", daemon=True
+            ),
+            threading.Thread(
+                target=self.catalog.sources.run, args=(self.stop,), name="watch-ms", daemon=True
+            ),
             threading.Thread(target=self._resync_loop, name="resync", daemon=True),
             threading.Thread(target=self._event_loop, name="events", daemon=True),
         ]
         for thread in threads:
             thread.start()
-        watchers = threads[:3]
+        watchers = threads[:5]
         self.probes.liveness = lambda: next(
             (f"the {t.name} thread died" for t in watchers if not t.is_alive()), ""
         )
         self.probes.readiness = lambda: "" if self.ready() else "caches not synced yet"
-        for cache in (self.upgrades, self.runs, self.cvs):  # holdings need the whole picture
+        for cache in self._caches():  # holdings and access need the whole picture
             while not cache.synced.wait(0.5):
                 if self.stop.is_set():
                     return
@@ -152,7 +165,10 @@ class Controller:
 
     def ready(self) -> bool:
         """Caches synced (the /readyz answer)."""
-        return all(c.synced.is_set() for c in (self.upgrades, self.runs, self.cvs))
+        return all(c.synced.is_set() for c in self._caches())
+
+    def _caches(self) -> tuple[ObjectCache, ...]:
+        return (self.upgrades, self.runs, self.cvs, *self.catalog.caches())
 
     def _process(self, key: Key) -> None:
         kind, ns, name = key
@@ -192,6 +208,10 @@ class Controller:
         for (ns, name), used in list(self.run_controller.endpoints.items()):
             if used == endpoint:
                 self.queue.add(("ur", ns, name))
+
+    def _catalog_changed(self, event: str, obj: dict[str, Any]) -> None:
+        """A FleetProvider or MetricSource changed: who may use what may have changed."""
+        self._resync()
 
     def _cv_changed(self, event: str, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]

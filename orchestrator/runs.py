@@ -19,8 +19,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator import api
-from orchestrator.analysis import Analyzer
-from orchestrator.cache import ObjectCache
+from orchestrator.access import Access
+from orchestrator.analysis import Analyzer, PrometheusTarget
+from orchestrator.cache import AccessCatalog, ObjectCache
 from orchestrator.conditions import format_time, get_condition, set_condition
 from orchestrator.driver import CallError, Fence, RunDriver, WriteConflict
 from orchestrator.engine import ACTIVE, Floor, Preflight, Upgrade
@@ -122,6 +123,8 @@ class UpdateRunController:
     tracker: OperationTracker
     upgrades: ObjectCache
     tls: TLSResolver
+    #: FleetProviders, MetricSources and the policy: what this namespace's run may use.
+    catalog: AccessCatalog
     fence: Fence = field(default_factory=AlwaysLeader)
     #: UpdateRuns (for the floors of other runs sharing clusters), when the controller has them.
     runs: ObjectCache | None = None
@@ -169,24 +172,29 @@ class UpdateRunController:
         spec = parsed
         if status.phase in FINISHED and spec.state == api.RunState.RUN and not _people(obj):
             return None
-        self.endpoints[(namespace, name)] = spec.ops_endpoint.endpoint
+        # Who may do what: before any plugin is called or URL fetched (orchestrator.access).
+        access = self.catalog.check(namespace, spec)
+        if isinstance(access, list):
+            return self._invalid(obj, status, access, gen, now)
+        target = access.provider
+        endpoint = target.endpoint
+        self.endpoints[(namespace, name)] = endpoint
         self.uids.add(meta["uid"])
         try:
             client = self.pool.get(
-                spec.ops_endpoint.endpoint,
-                self.tls.client_tls(namespace, spec.ops_endpoint, "spec.opsEndpoint"),
+                endpoint,
+                self.tls.client_tls(target.secret_namespace, target.ops_endpoint(), target.field),
             )
         except SecretError as err:
             return self._degraded(obj, status, "TLSConfigError", str(err), gen, now, 30.0)
         self.tracker.follow(client)
-        endpoint = spec.ops_endpoint.endpoint
         provider = GrpcProvider(
             client, self.tracker, self.clock, lambda op: self.count_operation(endpoint, op)
         )
         initialized = get_condition(status.conditions, "Initialized")
         if initialized is None or initialized.status != "True":
-            return self._initialize(obj, spec, status, provider, gen, now)
-        return self._execute(obj, spec, status, provider, client, gen, now)
+            return self._initialize(obj, spec, status, provider, endpoint, gen, now)
+        return self._execute(obj, spec, status, provider, access, gen, now)
 
     # -- initialize -------------------------------------------------------------------------
 
@@ -196,6 +204,7 @@ class UpdateRunController:
         spec: api.UpdateRunSpec,
         status: api.UpdateRunStatus,
         provider: GrpcProvider,
+        endpoint: str,
         gen: int,
         now: datetime,
     ) -> float | None:
@@ -271,7 +280,7 @@ class UpdateRunController:
             inventory = provider.inventory()
         except CallError as err:
             return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
-        pinned = pin_upgrades(name, spec, inventory, source)
+        pinned = pin_upgrades(name, spec, inventory, source, provider=endpoint)
         if isinstance(pinned, list):
             return self._invalid(obj, status, pinned, gen, now)
         owner = {
@@ -340,7 +349,7 @@ class UpdateRunController:
         spec: api.UpdateRunSpec,
         status: api.UpdateRunStatus,
         provider: GrpcProvider,
-        client: Any,
+        access: Access,
         gen: int,
         now: datetime,
     ) -> float | None:
@@ -352,8 +361,19 @@ class UpdateRunController:
         if len(children) < total:
             return 1.0  # the cache has not caught up with our own creations yet
         upgrades = {n: self._parse(ns, o) for n, o in children.items()}
+        endpoint = access.provider.endpoint
+        moved = sorted({u.spec.provider for u in upgrades.values()} - {endpoint})
+        if moved:
+            # The run's clusters belong to the provider it was allowed to use when it started.
+            where = "spec.providerRef" if spec.provider_ref else "spec.opsEndpoint"
+            problem = Problem(
+                where,
+                f"this run's clusters were pinned on {moved[0]} but {access.provider.via} now "
+                f"points at {endpoint}; point it back, or stop this run and start a new one",
+            )
+            return self._invalid(obj, status, [problem], gen, now)
         held_by, floors = self._neighbours(
-            spec.ops_endpoint.endpoint, ns, name, {u.cluster_id for u in upgrades.values()}
+            endpoint, ns, name, {u.cluster_id for u in upgrades.values()}
         )
         try:
             provider.learn(
@@ -366,12 +386,28 @@ class UpdateRunController:
         except CallError as err:
             return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
         store = _KubeStore(self.kube, self.upgrades, ns, dict(children))
+
+        def client_for(ep: str | None, insecure: bool | None, tls: api.TLSConfig | None) -> Any:
+            target = access.plugin(ep, insecure, tls)  # allowed by check_access above
+            return self.pool.get(
+                target.endpoint,
+                self.tls.client_tls(target.secret_namespace, target.ops_endpoint(), target.field),
+            )
+
+        def prometheus_for(mp: api.MetricProvider) -> PrometheusTarget:
+            source = access.prometheus[mp]  # allowed by check_access above
+            where, ns_ = source.via, source.secret_namespace
+            token = ca = None
+            if source.bearer_token_secret_ref is not None:
+                token = self.tls.secret_key(ns_, source.bearer_token_secret_ref, where)
+            if source.ca_secret_ref is not None:
+                ca = self.tls.secret_key(ns_, source.ca_secret_ref, where)
+            return PrometheusTarget(source.address, token, ca, source.insecure_skip_verify)
+
         analyzer = Analyzer(
-            lambda ep, insecure, tls: self.pool.get(
-                ep or spec.ops_endpoint.endpoint,
-                self.tls.client_tls(ns, _endpoint(spec, ep, insecure, tls), "spec.healthChecks"),
-            ),
+            client_for,
             lambda ref: self.tls.secret_key(ns, ref, "spec.healthChecks"),
+            prometheus_for,
         )
         driver = RunDriver(
             provider,
@@ -571,22 +607,6 @@ class UpdateRunController:
             else self.metrics.failed_operation
         )
         counter.labels(op.kind.value, plugin).inc()
-
-
-def _endpoint(
-    spec: api.UpdateRunSpec,
-    endpoint: str | None,
-    insecure: bool | None,
-    tls: api.TLSConfig | None,
-) -> api.OpsEndpoint:
-    ops = spec.ops_endpoint
-    if not endpoint:
-        return api.OpsEndpoint(
-            endpoint=ops.endpoint,
-            insecure=ops.insecure if insecure is None else insecure,
-            tls=tls or ops.tls,
-        )
-    return api.OpsEndpoint(endpoint=endpoint, insecure=bool(insecure), tls=tls)
 
 
 def _run_status(obj: Mapping[str, Any]) -> api.UpdateRunStatus:
