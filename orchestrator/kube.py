@@ -324,6 +324,80 @@ class KubeClient:
         namespace = self._call(self._core.read_namespace, name)
         return dict(namespace.metadata.labels or {})
 
+    # The admission webhook's self-managed certificate (one Secret) and CA bundle
+
+    def read_secret_versioned(
+        self, namespace: str, name: str
+    ) -> tuple[dict[str, bytes], str] | None:
+        """The decoded data of a Secret and its resourceVersion; None when it does not exist."""
+        import base64  # noqa: PLC0415  (only the Secret methods need it)
+
+        try:
+            secret = self._json(self._core.read_namespaced_secret, name, namespace)
+        except NotFound:
+            return None
+        data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+        return data, str(secret["metadata"]["resourceVersion"])
+
+    def write_secret(
+        self,
+        namespace: str,
+        name: str,
+        data: dict[str, bytes],
+        resource_version: str | None,
+        labels: dict[str, str] | None = None,
+    ) -> bool:
+        """Create a kubernetes.io/tls Secret (resource_version None) or replace it if still at
+        resource_version; False when it already exists or changed meanwhile (409)."""
+        import base64  # noqa: PLC0415
+
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+            "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+        }
+        try:
+            if resource_version is None:
+                self._call(self._core.create_namespaced_secret, namespace, body)
+            else:
+                body["metadata"]["resourceVersion"] = resource_version  # type: ignore[index]
+                self._call(self._core.replace_namespaced_secret, name, namespace, body)
+        except Conflict:
+            return False
+        return True
+
+    def set_webhook_ca_bundle(self, name: str, ca_bundle: bytes) -> bool:
+        """Put ca_bundle in every webhook of one ValidatingWebhookConfiguration (conditional on
+        its resourceVersion, retried on 409); True when it changed something."""
+        import base64  # noqa: PLC0415
+
+        admission = client.AdmissionregistrationV1Api(self._api)
+        encoded = base64.b64encode(ca_bundle).decode()
+        for _ in range(3):
+            config = self._json(admission.read_validating_webhook_configuration, name)
+            ops: list[dict[str, Any]] = [
+                {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": encoded}
+                for i, hook in enumerate(config.get("webhooks") or [])
+                if (hook.get("clientConfig") or {}).get("caBundle") != encoded
+            ]
+            if not ops:
+                return False
+            version = config["metadata"]["resourceVersion"]
+            ops.insert(0, {"op": "replace", "path": "/metadata/resourceVersion", "value": version})
+            try:
+                self._call(
+                    admission.patch_validating_webhook_configuration,
+                    name,
+                    ops,
+                    _content_type="application/json-patch+json",
+                )
+            except Conflict:
+                continue
+            return True
+        raise Conflict(409, f"ValidatingWebhookConfiguration {name} kept changing")
+
     def create_event(
         self, obj: dict[str, Any], reason: str, message: str, warning: bool, component: str
     ) -> None:
