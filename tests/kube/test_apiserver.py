@@ -13,7 +13,7 @@ from kubernetes import client as k8s
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
-from tests.support.kube import KubeCluster
+from tests.support.kube import PROJECT_CRDS, KubeCluster, load_crds
 
 GROUP = "kube-tests.fleet-upgrade.io"
 PLURAL = "widgets"
@@ -77,14 +77,26 @@ def _widget(name: str, size: int) -> dict[str, Any]:
     }
 
 
+#: The project's CRDs (every file of manifests/crds).
+PROJECT_CRD_NAMES = tuple(c["metadata"]["name"] for c in load_crds(PROJECT_CRDS))
+#: The rollout kinds: the controllers write their status through the status subresource.
+ROLLOUT_CRD_NAMES = (
+    "clusterversions.multicluster-ops.io",
+    "updateruns.multicluster-ops.io",
+    "clusterupgrades.multicluster-ops.io",
+)
+
+
 def test_project_crds_are_established(control_plane: KubeCluster) -> None:
+    assert set(PROJECT_CRD_NAMES) >= set(ROLLOUT_CRD_NAMES)
     with control_plane.api_client() as api:
-        crd = k8s.ApiextensionsV1Api(api).read_custom_resource_definition(
-            "clusterversions.multicluster-ops.io"
-        )
-    conditions = {c.type: c.status for c in crd.status.conditions}
-    assert conditions["Established"] == "True"
-    assert crd.spec.versions[0].subresources.status is not None
+        extensions = k8s.ApiextensionsV1Api(api)
+        crds = {n: extensions.read_custom_resource_definition(n) for n in PROJECT_CRD_NAMES}
+    for name, crd in crds.items():
+        conditions = {c.type: c.status for c in crd.status.conditions}
+        assert conditions["Established"] == "True", name
+    for name in ROLLOUT_CRD_NAMES:
+        assert crds[name].spec.versions[0].subresources.status is not None, name
 
 
 def test_status_goes_through_the_status_subresource_only(
@@ -238,4 +250,4 @@ def test_extra_apiservers_share_etcd_but_not_objects(
     assert marker in hub_names
     assert marker not in main_names
     # The project's CRDs are installed on the main apiserver only.
-    assert "clusterversions.multicluster-ops.io" not in {c.metadata.name for c in hub_crds}
+    assert not set(PROJECT_CRD_NAMES) & {c.metadata.name for c in hub_crds}

@@ -108,7 +108,7 @@ def test_demo_example_matches_the_demo_fleet(demo_sim: Simulator) -> None:
     assert "stage early: 4 cluster(s)" in out
     assert "stage main: 6 cluster(s)" in out
     assert "lowest available in service: 8" in out
-    assert "(Completed)" in out
+    assert "(Succeeded)" in out  # the run's phase (the ClusterVersion would say Completed)
 
 
 def test_staged_example_runs_on_the_default_install_and_waits_for_approval(
@@ -119,5 +119,5 @@ def test_staged_example_runs_on_the_default_install_and_waits_for_approval(
     assert "stage main awaits approval" in waiting
     assert f"{api.ANNOTATION_APPROVE_STAGES} annotation" in waiting
     approved = _plan(path, install_sim.address, "--approve-all")
-    assert "(Completed)" in approved
+    assert "(Succeeded)" in approved
     assert "lowest available in service: 9" in approved

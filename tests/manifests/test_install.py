@@ -16,7 +16,12 @@ MANIFESTS = REPO_ROOT / "manifests"
 INSTALL = MANIFESTS / "install"
 IMAGE = "ghcr.io/fleet-upgrade/orchestrator:0.1.0"
 SA = ("fleet-upgrade-system", "fleet-orchestrator")
-CRD_NAME = "clusterversions.multicluster-ops.io"
+#: The CRDs the orchestrator's controllers need; manifests/crds may hold more (all installed).
+CORE_CRDS = {
+    "clusterversions.multicluster-ops.io",
+    "updateruns.multicluster-ops.io",
+    "clusterupgrades.multicluster-ops.io",
+}
 
 #: Everything the orchestrator's ServiceAccount may do, and nothing more:
 #: (namespace or "*" for cluster-wide, API group, resource, verb).
@@ -26,8 +31,19 @@ EXPECTED_GRANTS = {
         for v in ("get", "list", "watch", "patch")
     ),
     *(
-        ("*", "multicluster-ops.io", "clusterversions/status", v)
+        ("*", "multicluster-ops.io", status, v)
+        for status in ("clusterversions/status", "updateruns/status", "clusterupgrades/status")
         for v in ("get", "patch", "update")
+    ),
+    # The ClusterVersion controller creates, stops (patch) and prunes (delete) UpdateRuns; the
+    # UpdateRun controller creates a run's ClusterUpgrades, pruning deletes them.
+    *(
+        ("*", "multicluster-ops.io", "updateruns", v)
+        for v in ("get", "list", "watch", "create", "patch", "delete")
+    ),
+    *(
+        ("*", "multicluster-ops.io", "clusterupgrades", v)
+        for v in ("get", "list", "watch", "create", "delete")
     ),
     ("*", "", "events", "create"),
     ("*", "", "events", "patch"),
@@ -68,9 +84,13 @@ def test_everything_builds_and_the_apiserver_accepts_it(
         "Deployment",
         "Service",
     }
-    assert [c["metadata"]["name"] for c in kinds["CustomResourceDefinition"]] == [CRD_NAME]
-    crd_file = yaml_docs([MANIFESTS / "crds" / f"{CRD_NAME}.yaml"])[0]
-    assert kinds["CustomResourceDefinition"][0] == crd_file  # the CRD as generated, unchanged
+    built = {c["metadata"]["name"]: c for c in kinds["CustomResourceDefinition"]}
+    files = {p.stem: p for p in (MANIFESTS / "crds").glob("*.yaml")}
+    assert set(files) >= CORE_CRDS
+    assert sorted(built) == sorted(files)  # every generated CRD is in the build, once
+    assert len(kinds["CustomResourceDefinition"]) == len(files)
+    for name, path in files.items():
+        assert built[name] == yaml_docs([path])[0], name  # each CRD as generated, unchanged
     lines = _dry_run(control_plane, rendered)
     assert len(lines) == len(docs), lines
     assert all(line.endswith("(server dry run)") for line in lines), lines
