@@ -11,7 +11,7 @@ import sys
 import threading
 import uuid
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -27,7 +27,10 @@ from orchestrator.fleet import OpKind
 from orchestrator.metrics import Metrics
 from orchestrator.provider import cluster_from_pb
 from orchestrator.simulate import ModelFleet, Rollout, simulate
-from orchestrator.validate import parse_spec, validate_spec
+from orchestrator.validate import Problem, parse_spec, validate_spec
+
+if TYPE_CHECKING:
+    from orchestrator.kube import KubeClient
 
 __all__ = ["main"]
 
@@ -110,6 +113,51 @@ def _parser() -> argparse.ArgumentParser:
         "ClusterVersion could point the orchestrator at any plugin or URL); repeatable",
     )
 
+    run.add_argument(
+        "--webhook-addr",
+        type=_addr,
+        default=None,
+        help="serve the validating admission webhook (POST /validate, HTTPS) here, e.g. :9443 "
+        "(default: no webhook)",
+    )
+    run.add_argument(
+        "--webhook-cert-dir",
+        default=None,
+        metavar="DIR",
+        help="the webhook's tls.crt and tls.key (e.g. a cert-manager Secret mounted here; "
+        "reloaded when they change); without it the orchestrator manages its own CA and "
+        "certificate (--webhook-secret) and injects the CA into --webhook-config",
+    )
+    run.add_argument(
+        "--webhook-config",
+        default="fleet-orchestrator",
+        metavar="NAME",
+        help="self-managed certificates: the ValidatingWebhookConfiguration whose caBundle the "
+        "orchestrator keeps ('' to leave it alone; default fleet-orchestrator)",
+    )
+    run.add_argument(
+        "--webhook-secret",
+        default="fleet-orchestrator-webhook-tls",
+        metavar="NAME",
+        help="self-managed certificates: the Secret in the orchestrator's namespace holding the "
+        "CA and serving certificate every replica uses (default fleet-orchestrator-webhook-tls)",
+    )
+    run.add_argument(
+        "--webhook-service",
+        default="fleet-orchestrator-webhook",
+        metavar="NAME",
+        help="self-managed certificates: the Service the apiserver calls; its DNS names in the "
+        "orchestrator's namespace go into the certificate (default fleet-orchestrator-webhook)",
+    )
+    run.add_argument(
+        "--webhook-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="self-managed certificates: another DNS name or IP the certificate covers "
+        "(e.g. 127.0.0.1 for a webhook configured by URL); repeatable",
+    )
+
     p = sub.add_parser("plan", help="print the rollout plan of a ClusterVersion; changes nothing")
     p.add_argument("-f", "--file", required=True, help="the ClusterVersion YAML")
     p.add_argument("--endpoint", default=None, help="plugin HOST:PORT (default: spec.opsEndpoint)")
@@ -189,6 +237,25 @@ def _run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    home = args.orchestrator_namespace or os.environ.get("POD_NAMESPACE") or args.namespace
+    home = home or "default"
+    policy = AccessPolicy(home, parse_inline_namespaces(args.allow_inline_endpoints_in, home))
+    if ALL_NAMESPACES in policy.inline_namespaces:
+        log.warning(
+            "%s=*: every namespace may point the orchestrator at any plugin or URL", INLINE_FLAG
+        )
+    log.info(
+        "inline endpoints allowed in: %s; FleetProvider/MetricSource Secrets read in %s",
+        ",".join(sorted(policy.inline_namespaces)),
+        home,
+    )
+    if args.webhook_addr is not None:
+        # Every replica serves admission, the leader and the standbys alike.
+        try:
+            _start_webhook(args, kube, policy, stop)
+        except Exception as err:
+            print(f"fleet-orchestrator: admission webhook: {err}", file=sys.stderr)
+            return 1
     elector: LeaderElector | None = None
     fence: Fence = AlwaysLeader()
     if args.enable_leader_election:
@@ -206,18 +273,6 @@ def _run(args: argparse.Namespace) -> int:
         elector.keep(stop, on_lost)
         fence = elector
     probes.role = "leader"
-    home = args.orchestrator_namespace or os.environ.get("POD_NAMESPACE") or args.namespace
-    home = home or "default"
-    policy = AccessPolicy(home, parse_inline_namespaces(args.allow_inline_endpoints_in, home))
-    if ALL_NAMESPACES in policy.inline_namespaces:
-        log.warning(
-            "%s=*: every namespace may point the orchestrator at any plugin or URL", INLINE_FLAG
-        )
-    log.info(
-        "inline endpoints allowed in: %s; FleetProvider/MetricSource Secrets read in %s",
-        ",".join(sorted(policy.inline_namespaces)),
-        home,
-    )
     controller = Controller(
         kube,
         metrics,
@@ -257,6 +312,82 @@ def _run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _start_webhook(
+    args: argparse.Namespace, kube: KubeClient, policy: AccessPolicy, stop: threading.Event
+) -> None:
+    """Serve the admission webhook with the access check over its own caches, and keep its
+    self-managed certificate (unless --webhook-cert-dir names one)."""
+    import tempfile  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from orchestrator import webhook  # noqa: PLC0415
+    from orchestrator.cache import AccessCatalog  # noqa: PLC0415
+
+    catalog = AccessCatalog(kube, policy)
+    for cache in catalog.caches():
+        threading.Thread(
+            target=cache.run, args=(stop,), name="webhook-catalog", daemon=True
+        ).start()
+
+    def access(namespace: str, spec: api.ClusterVersionSpec | api.UpdateRunSpec) -> list[Problem]:
+        if not all(cache.synced.is_set() for cache in catalog.caches()):
+            raise RuntimeError("FleetProviders and MetricSources are not listed yet")
+        found = catalog.check(namespace, spec)
+        return found if isinstance(found, list) else []
+
+    if args.webhook_cert_dir:
+        directory = Path(args.webhook_cert_dir)
+        cert = webhook.ServingCert(directory / "tls.crt", directory / "tls.key")
+        origin = f"from {directory}"
+    else:
+        store = _WebhookSecret(kube, policy.home, args.webhook_secret)
+        hosts = webhook.self_managed_hosts(args.webhook_service, policy.home, args.webhook_host)
+        config = args.webhook_config
+
+        def inject(ca: bytes) -> None:
+            if kube.set_webhook_ca_bundle(config, ca):
+                log.info(
+                    "webhook: CA bundle injected into ValidatingWebhookConfiguration %s", config
+                )
+
+        managed = webhook.SelfManaged(
+            store,
+            hosts,
+            inject if config else None,
+            Path(tempfile.mkdtemp(prefix="fleet-webhook-")),
+        )
+        threading.Thread(target=managed.run, args=(stop,), name="webhook-cert", daemon=True).start()
+        cert = managed.cert
+        origin = f"self-managed (Secret {policy.home}/{args.webhook_secret}, {', '.join(hosts)})"
+    host, port = args.webhook_addr
+    webhook.WebhookServer(host, port, cert, access).start()
+    log.info(
+        "admission webhook on https://%s:%d%s, certificate %s", host, port, webhook.PATH, origin
+    )
+
+
+class _WebhookSecret:
+    """webhook.SecretStore over one Secret in the orchestrator's namespace."""
+
+    def __init__(self, kube: KubeClient, namespace: str, name: str) -> None:
+        self.kube, self.namespace, self.name = kube, namespace, name
+        self.labels = {
+            "app.kubernetes.io/name": "fleet-orchestrator",
+            "app.kubernetes.io/component": "webhook",
+        }
+
+    def read(self) -> tuple[dict[str, bytes], str] | None:
+        return self.kube.read_secret_versioned(self.namespace, self.name)
+
+    def create(self, data: dict[str, bytes]) -> bool:
+        return self.kube.write_secret(self.namespace, self.name, data, None, self.labels)
+
+    def replace(self, data: dict[str, bytes], resource_version: str) -> bool:
+        return self.kube.write_secret(
+            self.namespace, self.name, data, resource_version, self.labels
+        )
 
 
 def _plan(args: argparse.Namespace) -> int:

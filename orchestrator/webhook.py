@@ -1,0 +1,568 @@
+"""The validating admission webhook: ClusterVersion and UpdateRun specs checked as the controllers
+check them, before the apiserver stores them, served over HTTPS with a cert-manager or
+self-managed certificate.
+
+- `admit` decides one admission.k8s.io/v1 AdmissionRequest (pure): the controllers' own
+  validation (`parse_model` + `validate_spec`, `as_cluster_version_spec` for runs), the pinned
+  fields of a started UpdateRun, and the access check when one is given. Nothing that needs the
+  fleet inventory (do the cluster ids exist?) is checked here: the controllers still do that.
+- `WebhookServer` answers POST /validate over HTTPS; `ServingCert` reloads tls.crt/tls.key
+  when they change (cert-manager renewals).
+- `ensure_certificate` keeps a self-managed CA + serving certificate in one Secret shared by
+  every replica (so all of them serve under the CA injected into the webhook configuration).
+  The Secret and the configuration are reached through the `SecretStore` / `inject` the caller
+  supplies (orchestrator/kube.py): this module makes no API calls itself.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import logging
+import os
+import ssl
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from socket import socket
+from typing import Any, Protocol
+
+from orchestrator import api
+from orchestrator.initialize import as_cluster_version_spec
+from orchestrator.validate import Problem, parse_model, validate_spec
+
+__all__ = [
+    "AccessCheck",
+    "CertBundle",
+    "SecretStore",
+    "ServingCert",
+    "WebhookServer",
+    "admit",
+    "denial_message",
+    "ensure_certificate",
+    "review",
+    "self_managed_hosts",
+]
+
+log = logging.getLogger(__name__)
+
+#: The HTTPS path the ValidatingWebhookConfiguration calls.
+PATH = "/validate"
+#: Largest AdmissionReview read (an object and its old version, each at most ~1.5 MB in etcd).
+MAX_BODY = 8 * 1024 * 1024
+#: Problems listed in a denial before "and N more".
+SHOWN = 10
+
+#: The access check (orchestrator/access.py, DESIGN.md "Who may do what"): given the object's
+#: namespace and its parsed spec, every Problem (field and fix); empty when allowed.
+AccessCheck = Callable[[str, api.ClusterVersionSpec | api.UpdateRunSpec], Sequence[Problem]]
+
+
+# -- deciding ----------------------------------------------------------------------------------
+
+
+def admit(request: Mapping[str, Any], access: AccessCheck | None = None) -> list[Problem]:
+    """Every reason to refuse one AdmissionRequest; empty: allowed.
+
+    Only CREATE and UPDATE of ClusterVersions and UpdateRuns are judged. An UPDATE that leaves
+    spec as it was (labels, annotations, finalizers, a deletion in progress) is always allowed,
+    so an object stored while the webhook was down never becomes impossible to clean up.
+    """
+    operation = request.get("operation")
+    kind = (request.get("kind") or {}).get("kind")
+    obj = request.get("object") or {}
+    old = request.get("oldObject") or {}
+    if operation not in ("CREATE", "UPDATE") or kind not in (api.KIND, api.UPDATE_RUN_KIND):
+        return []
+    if operation == "UPDATE" and (
+        (obj.get("metadata") or {}).get("deletionTimestamp") or obj.get("spec") == old.get("spec")
+    ):
+        return []
+    namespace = str(request.get("namespace") or (obj.get("metadata") or {}).get("namespace", ""))
+    spec: api.ClusterVersionSpec | api.UpdateRunSpec | list[Problem]
+    if kind == api.KIND:
+        spec = parse_model(api.ClusterVersionSpec, obj.get("spec"))
+    else:
+        spec = parse_model(api.UpdateRunSpec, obj.get("spec"))
+    if isinstance(spec, list):
+        return spec
+    # As the controllers say it: who may do what first, then what is wrong with the spec.
+    problems = list(access(namespace, spec)) if access is not None else []
+    if isinstance(spec, api.ClusterVersionSpec):
+        problems += validate_spec(spec)
+    else:
+        # A run a ClusterVersion created carries no cluster list: the controller pins it from
+        # the ClusterVersion's spec, which was validated when that was admitted.
+        if spec.cluster_version_ref is None:
+            problems += validate_spec(as_cluster_version_spec(spec))
+        if operation == "UPDATE":
+            problems += pinned_changes(old, spec)
+    return problems
+
+
+def started(run: Mapping[str, Any]) -> bool:
+    """True once the run pinned its ClusterUpgrades (condition Initialized=True)."""
+    conditions = (run.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Initialized" and c.get("status") == "True" for c in conditions)
+
+
+def _frozen(spec: api.UpdateRunSpec) -> api.UpdateRunSpec:
+    """The spec with its live fields (state, floor, paused) set to fixed values."""
+    strategy = (spec.strategy or api.Strategy()).model_copy(update={"paused": False})
+    return spec.model_copy(
+        update={"state": api.RunState.RUN, "required_available_count": 0, "strategy": strategy}
+    )
+
+
+def pinned_changes(old: Mapping[str, Any], new: api.UpdateRunSpec) -> list[Problem]:
+    """One Problem per pinned field of a started run that the update changes."""
+    if not started(old):
+        return []
+    before = parse_model(api.UpdateRunSpec, old.get("spec"))
+    if isinstance(before, list):  # the controller cannot have pinned what does not parse
+        return []
+    a, b = _frozen(before), _frozen(new)
+    fix = (
+        "is pinned since the run started; only spec.state, spec.requiredAvailableCount and "
+        "spec.strategy.paused may change (to roll out something else: set spec.state: Stop and "
+        "create a new UpdateRun, or edit the ClusterVersion that owns this run)"
+    )
+    problems = []
+    for name, info in api.UpdateRunSpec.model_fields.items():
+        va, vb = getattr(a, name), getattr(b, name)
+        if va == vb:
+            continue
+        alias = info.alias or name
+        if name == "strategy":
+            for sub, sinfo in api.Strategy.model_fields.items():
+                if getattr(va, sub) != getattr(vb, sub):
+                    problems.append(Problem(f"spec.strategy.{sinfo.alias or sub}", fix))
+        else:
+            problems.append(Problem(f"spec.{alias}", fix))
+    return problems
+
+
+def denial_message(problems: Sequence[Problem]) -> str:
+    """The problems as the controllers' Invalid condition says them, joined with '; '."""
+    text = "; ".join(str(p) for p in problems[:SHOWN])
+    if len(problems) > SHOWN:
+        text += f"; and {len(problems) - SHOWN} more"
+    return text
+
+
+def review(body: Mapping[str, Any], access: AccessCheck | None = None) -> dict[str, Any]:
+    """The AdmissionReview answering one AdmissionReview; ValueError when it is not one."""
+    if body.get("apiVersion") != "admission.k8s.io/v1" or body.get("kind") != "AdmissionReview":
+        raise ValueError("expected an admission.k8s.io/v1 AdmissionReview")
+    request = body.get("request")
+    if not isinstance(request, Mapping) or not request.get("uid"):
+        raise ValueError("the AdmissionReview has no request.uid")
+    response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+    try:
+        problems = admit(request, access)
+    except Exception as err:  # an access check that could not read: the controller re-checks
+        log.warning("admission of %s not fully checked: %s", _name(request), err)
+        response["warnings"] = [
+            f"not fully checked at admission ({type(err).__name__}); the controller checks "
+            "again and reports problems in status (condition Ready, reason InvalidSpec)"
+        ]
+        problems = []
+    if problems:
+        kind = (request.get("kind") or {}).get("kind", "")
+        message = denial_message(problems)
+        log.info("denied %s %s: %s", request.get("operation"), _name(request), message)
+        response["allowed"] = False
+        response["status"] = {
+            "status": "Failure",
+            "code": 422,
+            "reason": "Invalid",
+            "message": message,
+            "details": {
+                "name": request.get("name") or "",
+                "group": api.GROUP,
+                "kind": kind,
+                "causes": [
+                    {"reason": "FieldValueInvalid", "field": p.field, "message": p.message}
+                    for p in problems
+                ],
+            },
+        }
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+def _name(request: Mapping[str, Any]) -> str:
+    kind = (request.get("kind") or {}).get("kind", "?")
+    return f"{kind} {request.get('namespace') or ''}/{request.get('name') or ''}"
+
+
+# -- serving -----------------------------------------------------------------------------------
+
+
+class ServingCert:
+    """A TLS server context from tls.crt/tls.key, rebuilt when either file changes."""
+
+    def __init__(self, cert_file: Path, key_file: Path) -> None:
+        self.cert_file, self.key_file = cert_file, key_file
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int] | None = None
+        self._context: ssl.SSLContext | None = None
+        self.context()  # fail at start, not at the first request, when the files are unusable
+
+    def context(self) -> ssl.SSLContext:
+        """The context for the next connection."""
+        stamp = (self.cert_file.stat().st_mtime_ns, self.key_file.stat().st_mtime_ns)
+        with self._lock:
+            if self._context is None or stamp != self._stamp:
+                context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+                context.minimum_version = ssl.TLSVersion.TLSv1_2
+                context.set_alpn_protocols(["http/1.1"])
+                try:
+                    context.load_cert_chain(self.cert_file, self.key_file)
+                except (ssl.SSLError, OSError) as err:
+                    if self._context is None:
+                        raise
+                    # A renewal caught half-written: keep serving the previous pair.
+                    log.warning("webhook certificate not reloaded: %s", err)
+                    return self._context
+                if self._context is not None:
+                    log.info("webhook certificate reloaded from %s", self.cert_file)
+                self._context, self._stamp = context, stamp
+            return self._context
+
+
+class WebhookServer:
+    """POST /validate over HTTPS in background threads (one per connection)."""
+
+    def __init__(
+        self, host: str, port: int, cert: ServingCert, access: AccessCheck | None = None
+    ) -> None:
+        self.cert = cert
+        handler = _handler(access)
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def get_request(self) -> tuple[socket, Any]:
+                sock, addr = self.socket.accept()
+                # The handshake runs in the connection's thread (first read), never here.
+                return cert.context().wrap_socket(
+                    sock, server_side=True, do_handshake_on_connect=False
+                ), addr
+
+        self._server = Server((host, port), handler)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with port 0)."""
+        return int(self._server.server_address[1])
+
+    def start(self) -> WebhookServer:
+        """Serve in a daemon thread."""
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="webhook", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting and close the socket."""
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _handler(access: AccessCheck | None) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        timeout = 10  # a client that stops talking mid-request frees its thread
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            if self.path.split("?", 1)[0] != PATH:
+                self._send(404, {"message": f"not found; the webhook answers POST {PATH}"})
+                return
+            length = int(self.headers.get("Content-Length") or 0)
+            if not 0 < length <= MAX_BODY:
+                self._send(400, {"message": f"Content-Length must be 1..{MAX_BODY}"})
+                return
+            try:
+                body = json.loads(self.rfile.read(length))
+                if not isinstance(body, dict):
+                    raise ValueError("expected a JSON object")
+                answer = review(body, access)
+            except ValueError as err:
+                self._send(400, {"message": str(err)})
+                return
+            self._send(200, answer)
+
+        def _send(self, code: int, payload: Mapping[str, Any]) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: object) -> None:
+            log.debug("webhook %s: " + format, self.client_address[0], *args)
+
+    return Handler
+
+
+# -- self-managed certificates -----------------------------------------------------------------
+
+#: Lifetimes of the self-managed CA and serving certificate, and when the latter is renewed.
+CA_VALIDITY = datetime.timedelta(days=3650)
+CERT_VALIDITY = datetime.timedelta(days=365)
+RENEW_BEFORE = datetime.timedelta(days=30)
+
+
+@dataclass(frozen=True)
+class CertBundle:
+    """The self-managed CA and serving certificate, as stored in the Secret (PEM)."""
+
+    ca_cert: bytes
+    ca_key: bytes
+    cert: bytes
+    key: bytes
+
+    def data(self) -> dict[str, bytes]:
+        """As Secret data (type kubernetes.io/tls keys plus the CA)."""
+        return {
+            "ca.crt": self.ca_cert,
+            "ca.key": self.ca_key,
+            "tls.crt": self.cert,
+            "tls.key": self.key,
+        }
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, bytes]) -> CertBundle | None:
+        """From Secret data; None when a key is missing."""
+        try:
+            return cls(data["ca.crt"], data["ca.key"], data["tls.crt"], data["tls.key"])
+        except KeyError:
+            return None
+
+    def write(self, directory: Path) -> ServingCert:
+        """tls.crt and tls.key into directory (key mode 0600), replaced atomically."""
+        for name, content in (("tls.key", self.key), ("tls.crt", self.cert)):
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(content)
+            os.replace(tmp, directory / name)
+        return ServingCert(directory / "tls.crt", directory / "tls.key")
+
+
+class SecretStore(Protocol):
+    """The one Secret that holds the self-managed CA and serving certificate."""
+
+    def read(self) -> tuple[dict[str, bytes], str] | None:
+        """Its data and resourceVersion, or None when it does not exist."""
+
+    def create(self, data: dict[str, bytes]) -> bool:
+        """Create it; False when it already exists (another replica was first)."""
+
+    def replace(self, data: dict[str, bytes], resource_version: str) -> bool:
+        """Replace its data if still at resource_version; False when stale."""
+
+
+def self_managed_hosts(service: str, namespace: str, extra: Sequence[str]) -> list[str]:
+    """The names the serving certificate covers: the Service's DNS names, then extra ones."""
+    names = [f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]
+    return list(dict.fromkeys([*names, *extra]))
+
+
+def ensure_certificate(
+    store: SecretStore,
+    hosts: Sequence[str],
+    now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
+) -> CertBundle:
+    """The CA and serving certificate every replica serves with, created or renewed as needed.
+
+    The Secret is read first: a usable pair (serving cert valid for more than RENEW_BEFORE,
+    covering `hosts`, signed by the stored CA) is used as is. Otherwise the stored CA (when
+    itself valid) signs a new serving cert, or a new CA is made. Writes are conditional, so
+    replicas starting together converge on one pair.
+    """
+    for _ in range(5):
+        found = store.read()
+        if found is None:
+            bundle = _issue(None, hosts, now())
+            if store.create(bundle.data()):
+                log.info("webhook: created a self-managed CA and serving certificate")
+                return bundle
+            continue
+        data, version = found
+        current = CertBundle.from_data(data)
+        if current is not None and _usable(current, hosts, now()):
+            return current
+        bundle = _issue(current, hosts, now())
+        if store.replace(bundle.data(), version):
+            log.info("webhook: renewed the self-managed serving certificate")
+            return bundle
+    raise RuntimeError("webhook: the certificate Secret kept changing under us; giving up")
+
+
+def _usable(bundle: CertBundle, hosts: Sequence[str], now: datetime.datetime) -> bool:
+    from cryptography import x509  # noqa: PLC0415  (only self-managed certificates need it)
+    from cryptography.exceptions import InvalidSignature  # noqa: PLC0415
+
+    try:
+        ca = x509.load_pem_x509_certificate(bundle.ca_cert)
+        cert = x509.load_pem_x509_certificate(bundle.cert)
+        cert.verify_directly_issued_by(ca)
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (ValueError, TypeError, x509.ExtensionNotFound, InvalidSignature):
+        return False
+    covered = {str(n) for n in sans.get_values_for_type(x509.DNSName)} | {
+        str(ip) for ip in sans.get_values_for_type(x509.IPAddress)
+    }
+    return (
+        cert.not_valid_after_utc - now > RENEW_BEFORE
+        and ca.not_valid_after_utc - now > RENEW_BEFORE
+        and all(_canonical(h) in covered for h in hosts)
+    )
+
+
+def _canonical(host: str) -> str:
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host
+
+
+def _issue(current: CertBundle | None, hosts: Sequence[str], now: datetime.datetime) -> CertBundle:
+    """A serving cert for hosts, signed by current's CA when still valid, else by a new CA."""
+    from cryptography import x509  # noqa: PLC0415
+    from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: PLC0415
+
+    def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+        return key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    ca_cert: x509.Certificate | None = None
+    ca_key: ec.EllipticCurvePrivateKey | None = None
+    if current is not None:
+        try:
+            ca_cert = x509.load_pem_x509_certificate(current.ca_cert)
+            loaded = serialization.load_pem_private_key(current.ca_key, None)
+            ca_key = loaded if isinstance(loaded, ec.EllipticCurvePrivateKey) else None
+        except (ValueError, TypeError):
+            ca_cert = ca_key = None
+        if ca_cert is not None and ca_cert.not_valid_after_utc - now <= RENEW_BEFORE * 2:
+            ca_cert = ca_key = None
+    if ca_cert is None or ca_key is None:
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fleet-orchestrator webhook CA")])
+        ca_cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(ca_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + CA_VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
+            )
+            .sign(ca_key, hashes.SHA256())
+        )
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            sans.append(x509.DNSName(host))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(min(now + CERT_VALIDITY, ca_cert.not_valid_after_utc))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return CertBundle(
+        ca_cert.public_bytes(serialization.Encoding.PEM),
+        pem_key(ca_key),
+        cert.public_bytes(serialization.Encoding.PEM),
+        pem_key(key),
+    )
+
+
+class SelfManaged:
+    """Keeps the served certificate and the injected CA bundle current, in a daemon thread.
+
+    Every `interval` seconds (every `retry` seconds while the last round failed): ensure the
+    Secret's pair (renewing it when due), rewrite the served files when it changed, and inject
+    the CA into the ValidatingWebhookConfiguration (`inject`; a no-op when already there).
+    """
+
+    def __init__(
+        self,
+        store: SecretStore,
+        hosts: Sequence[str],
+        inject: Callable[[bytes], None] | None,
+        directory: Path,
+        interval: float = 3600.0,
+        retry: float = 30.0,
+    ) -> None:
+        self.store, self.hosts, self.inject = store, list(hosts), inject
+        self.directory, self.interval, self.retry = directory, interval, retry
+        self.bundle = ensure_certificate(store, self.hosts)
+        self.cert = self.bundle.write(directory)
+        self.injected = False
+
+    def refresh(self) -> None:
+        """One round: the Secret's pair to disk, the CA into the configuration."""
+        bundle = ensure_certificate(self.store, self.hosts)
+        if bundle != self.bundle:
+            bundle.write(self.directory)
+            self.bundle = bundle
+        if self.inject is not None:
+            self.inject(bundle.ca_cert)
+        self.injected = True
+
+    def run(self, stop: threading.Event) -> None:
+        """Refresh until stop is set (start it as a daemon thread)."""
+        while not stop.is_set():
+            try:
+                self.refresh()
+            except Exception as err:
+                self.injected = False
+                log.warning(
+                    "webhook certificate round failed (retrying in %.0fs): %s", self.retry, err
+                )
+            stop.wait(self.interval if self.injected else self.retry)
