@@ -84,6 +84,21 @@ def test_a_pending_approval_request_is_a_gate_with_its_stage_clusters_and_worklo
     assert report["metadata"]["ownerReferences"][0]["name"] == f"{run}-after-staging"
     assert hub_report(hub, "member-2", mc) is None  # not a cluster of this stage
 
+    # A plugin started with other settings updates the report (a merge patch the real schema
+    # takes whole: nothing of it is pruned).
+    plugin.plugin.stop(grace=0)
+    plugin = start_plugin(collect_interval="2s", member_prometheus_url="http://prom.other:9090")
+    report = wait_for(
+        "the report updated",
+        lambda: (
+            (r := hub_report(hub, "member-1", mc))
+            and r["metadata"]["annotations"]["fleetupgrade.io/collect-interval"] == "2s"
+            and r
+        ),
+        timeout=30,
+    )
+    assert report["spec"] == {"prometheusUrl": "http://prom.other:9090"}
+
     # No collector runs here: the report stays empty, so the plugin says UNKNOWN.
     cond = wait_for(
         "the plugin's condition",
@@ -157,6 +172,19 @@ def test_seed_gates_place_a_metric_collector_on_exactly_the_stage_clusters(
     assert placed["spec"]["reportNamespace"] == "fleet-member-member-1"
     assert placed["metadata"]["annotations"]["fleetupgrade.io/collect-interval"] == "1s"
     assert member_object(member_clusters["member-2"], "metriccollectors", mc) is None
+
+    # Other settings: the MetricCollector is updated in place (and placed again as it is).
+    plugin.plugin.stop(grace=0)
+    plugin = start_plugin(cookbook="seed", member_prometheus_url="http://prom.other:9090")
+    wait_for(
+        "the MetricCollector updated on member-1",
+        lambda: (
+            (m := member_object(member_clusters["member-1"], "metriccollectors", mc))
+            and m["spec"]["prometheusUrl"] == "http://prom.other:9090"
+        ),
+        timeout=30,
+    )
+    assert emulator.violations == []
 
     # No agent runs here: no report, so the plugin says UNKNOWN on the approval request.
     cond = wait_for(
