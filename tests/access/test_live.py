@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from tests.support.certs import generate_pki
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.kubectl import kubectl
 from tests.support.orchestrator import CV, OrchestratorProcess, monitor
+from tests.support.prometheus import SampleApp, prometheus_binary, running_prometheus
 
 RBAC = REPO_ROOT / "manifests" / "install" / "rbac.yaml"
 INLINE_TLS_BINDING = (
@@ -510,3 +512,97 @@ def _try_read(kube: KubeClient, namespace: str, name: str) -> dict[str, bytes] |
         if err.status == 403:
             return None
         raise
+
+
+@pytest.mark.skipif(
+    prometheus_binary() is None and os.environ.get("CI") != "true",
+    reason="prometheus not installed (apt-get install prometheus); CI installs it",
+)
+def test_a_metric_source_gates_the_rollout_with_its_token_from_the_orchestrators_namespace(
+    control_plane: KubeCluster,
+    namespace: str,
+    shipped_rbac: None,
+    editor: Path,
+    declare: Declare,
+    tmp_path: Path,
+) -> None:
+    """The team's check names a MetricSource (a real Prometheus scraping a real app); its
+    token Secret is read in the orchestrator's namespace; every cluster is gated on it."""
+    app = SampleApp()
+    for cid in IDS:
+        app.set(cid, 0.99)
+    app.start()
+    token = f"prom-token-{namespace}"
+    kubectl(
+        control_plane,
+        *("-n", HOME, "create", "secret", "generic", token),
+        "--from-literal=token=not-checked-by-this-prometheus",
+    )
+    grant_cluster_version_editor(control_plane, namespace, editor)
+    sim = Simulator(
+        SimOptions(fleet_file=str(fleet_file(tmp_path)), listen="127.0.0.1:0", reload_interval=0)
+    )
+    orchestrator = orchestrator_as_installed(control_plane, namespace, tmp_path)
+    try:
+        with running_prometheus(tmp_path, [f"127.0.0.1:{app.port}"]) as url:
+            provider, source = f"sim-{namespace}", f"prom-{namespace}"
+            allowed = {"names": [namespace]}
+            endpoint = f"127.0.0.1:{sim.address.rsplit(':', 1)[1]}"
+            declare(
+                api.FLEET_PROVIDER_KIND,
+                provider,
+                {"endpoint": endpoint, "insecure": True, "allowedNamespaces": allowed},
+            )
+            declare(
+                api.METRIC_SOURCE_KIND,
+                source,
+                {
+                    "address": url,
+                    "bearerTokenSecretRef": {"name": token, "key": "token"},
+                    "allowedNamespaces": allowed,
+                },
+            )
+            orchestrator.start()
+            check = {
+                "name": "success",
+                "metric": {
+                    "provider": {"type": "prometheus", "sourceRef": {"name": source}},
+                    "query": 'request_success_ratio{cluster="{{ cluster }}"}',
+                    "thresholdRange": {"min": 0.95},
+                },
+            }
+            body = cluster_version(
+                "gated",
+                providerRef={"name": provider},
+                healthChecks={
+                    "interval": "1s",
+                    "successThreshold": 1,
+                    "timeout": "2m",
+                    "checks": [check],
+                },
+            )
+            as_user(editor).create_namespaced_custom_object(
+                api.GROUP, api.VERSION, namespace, api.PLURAL, body
+            )
+            cvs = CV(control_plane, namespace)
+            done = wait_for(
+                "the gated rollout completes",
+                lambda: cvs.phase_is("gated", "Completed", "Invalid", "Halted"),
+                timeout=120,
+            )
+            assert done["phase"] == "Completed", done
+            for cid, upgrade in cvs.upgrades("gated").items():
+                results = upgrade["status"]["health"]["results"]
+                assert [(r["name"], r["passed"], r["value"]) for r in results] == [
+                    ("success", True, 0.99)
+                ], cid
+            assert monitor(sim)["clusters_by_version"] == {NEW: 3}
+    finally:
+        if orchestrator.proc is not None:
+            orchestrator.stop()
+        sim.stop()
+        app.stop()
+        kubectl(control_plane, "-n", HOME, "delete", "secret", token, "--ignore-not-found")
+    text = orchestrator.log.read_text()
+    assert "forbidden" not in text.lower(), text[-3000:]
+    assert "SecretError" not in text
