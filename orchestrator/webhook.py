@@ -541,6 +541,7 @@ class SelfManaged:
     ) -> None:
         self.store, self.hosts, self.inject = store, list(hosts), inject
         self.directory, self.interval, self.retry = directory, interval, retry
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.bundle = ensure_certificate(store, self.hosts)
         self.cert = self.bundle.write(directory)
         self.injected = False
