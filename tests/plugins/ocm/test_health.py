@@ -92,6 +92,18 @@ def test_workload_verdicts_follow_the_deployments_on_the_members(
     assert all(c["updateStrategy"]["type"] == "ReadOnly" for c in configs)
     assert all(c["feedbackRules"][0]["type"] == feedback for c in configs)
 
+    # Another workload asked about: the same ManifestWork is updated (against the upstream
+    # schema), keeping the others.
+    db = H.Workload(namespace="shop", name="db")
+    _verdicts(plugin, [a], [db])
+    api = hub.api_client()
+    work = k8s.CustomObjectsApi(api).get_namespaced_custom_object(
+        WORK[0], WORK[1], a, WORK[2], "fleetupgrade-health"
+    )
+    api.close()
+    names_now = {c["resourceIdentifier"]["name"] for c in work["spec"]["manifestConfigs"]}
+    assert names_now == {"web", "api", "retired", "db"} and work["metadata"]["generation"] == 2
+
 
 def test_feedback_from_a_cluster_whose_agent_is_gone_is_unknown(
     emulator: OcmEmulator, start_plugin: StartPlugin, names: Callable[[int], list[str]]
