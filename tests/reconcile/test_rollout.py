@@ -91,6 +91,9 @@ def test_twenty_cluster_rollout_keeps_the_floor(
         assert m["mutations_total"] == 20 * 5
         assert status["summary"]["upToDate"] == 20
         assert "clusters" not in status  # at rest: no per-cluster entries
+        upgrades = cvs.upgrades("fleet")  # they live on the run's ClusterUpgrades
+        assert sorted(upgrades) == ids
+        assert {u["status"]["phase"] for u in upgrades.values()} == {"Upgraded"}
         ready = next(c for c in status["conditions"] if c["type"] == "Ready")
         assert ready["status"] == "True"
         text = orchestrator.metrics()
@@ -132,6 +135,14 @@ def test_sigkill_mid_rollout_resumes_without_duplicates(
         m = monitor(sim)
         assert m["clusters_at_target"] == 12
         assert m["duplicate_mutations"] == 0
+        # The second process carried on the first one's run and attempts.
+        assert [r["name"] for r in cvs.status("fleet")["runs"]] == [
+            cvs.status("fleet")["currentRun"]
+        ]
+        upgrades = cvs.upgrades("fleet")
+        assert {(u["status"]["phase"], u["status"]["attempt"]) for u in upgrades.values()} == {
+            ("Upgraded", 0)
+        }
         assert m["min_available_in_service"] >= 9
         assert m["mutations_total"] == 12 * 5
 
@@ -224,6 +235,11 @@ def test_unreachable_plugin_marks_degraded_then_recovers(
     cond = wait_for("marked Degraded", degraded, timeout=60, interval=0.2)
     assert cond["reason"] == "PluginUnavailable"
     assert f"127.0.0.1:{port}" in cond["message"] and "UNAVAILABLE" in cond["message"]
+    run = cvs.current_run("fleet")  # the run says so first; the ClusterVersion shows it
+    assert run is not None
+    run_cond = next(c for c in run["status"]["conditions"] if c["type"] == "Degraded")
+    assert run_cond["status"] == "True" and run_cond["reason"] == "PluginUnavailable"
+    assert cvs.upgrades("fleet") == {}  # nothing pinned without the plugin's inventory
     with simulated_fleet(tmp_path, fleet(3), NEW, listen=f"127.0.0.1:{port}") as sim:
         status = wait_for(
             "rollout completes once the plugin is up",
@@ -234,6 +250,10 @@ def test_unreachable_plugin_marks_degraded_then_recovers(
         assert monitor(sim)["clusters_at_target"] == 3
         degraded_now = next(c for c in status["conditions"] if c["type"] == "Degraded")
         assert degraded_now["status"] == "False"
+        run = cvs.current_run("fleet")
+        assert run is not None
+        run_cond = next(c for c in run["status"]["conditions"] if c["type"] == "Degraded")
+        assert run_cond["status"] == "False"
 
 
 def test_events_record_each_cluster_transition(
