@@ -180,6 +180,8 @@ class Harness:
     last: StepResult | None = None
     #: Every (simulated second, cluster id, new phase, message) transition, in order.
     transitions: list[tuple[float, str, str, str]] = field(default_factory=list)
+    #: Every event the decisions asked for: (cluster id, reason, message, warning).
+    events: list[tuple[str, str, str, bool]] = field(default_factory=list)
     #: After each step, the clusters held (in an active phase) by the run.
     held: list[frozenset[str]] = field(default_factory=list)
 
@@ -257,6 +259,7 @@ class Harness:
             floors=self.floors,
         )
         self.stages = list(self.last.decision.stages)
+        self.events.extend(self.last.decision.events)
         for name, u in self.upgrades.items():
             if u.status.phase != before[name]:
                 self.transitions.append(
