@@ -191,12 +191,16 @@ def test_a_failed_curation_halts_the_rollout_with_the_curators_message(
     status = wait_for(
         "the rollout halts", lambda: cvs.phase_is("ocm-fleet", "Halted"), timeout=60, interval=0.2
     )
-    [failed] = [c for c in status["clusters"] if c["phase"] == "Failed"]
-    assert failed["id"] == ids[0]
-    assert "Timed out waiting for monitor upgrade job" in failed["message"]
-    assert "CURATION_FAILED" in failed["message"]
+    # Per-cluster state lives on the run's ClusterUpgrades (issue 11's objects).
+    failed = cvs.failed("ocm-fleet")
+    assert list(failed) == [ids[0]]
+    assert "Timed out waiting for monitor upgrade job" in failed[ids[0]]["message"]
+    assert "CURATION_FAILED" in failed[ids[0]]["message"]
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-    assert ready["reason"] == "ClusterFailed" and ids[0] in ready["message"]
+    assert ready["status"] == "False" and ready["reason"] == "Halted"
+    assert ids[0] in ready["message"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "ClusterFailed"
     time.sleep(1.5)  # give a misbehaving controller the chance to touch another cluster
     assert emulator.curations_started == {ids[0]: 1}
     assert [emulator.version_of(c) for c in ids] == [OLD] * 4
