@@ -228,7 +228,9 @@ class Objects:
         )
 
     def current_run(self, cv: str) -> str:
-        return str(wait_for("a current run", lambda: self.cv_status(cv).get("currentRun")))
+        return str(
+            wait_for("a current run", lambda: self.cv_status(cv).get("currentRun"), timeout=60)
+        )
 
     def upgrades(self, run: str) -> dict[str, dict[str, Any]]:
         """The run's ClusterUpgrades by cluster id."""

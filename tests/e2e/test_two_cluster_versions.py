@@ -23,8 +23,13 @@ def test_two_cluster_versions_in_two_namespaces_never_break_the_floor(
     orchestrators: Orchestrators,
 ) -> None:
     fleet = sim(fleet_file(12, step=0.3))
-    orchestrators.start(all_namespaces=True)  # one orchestrator watching every namespace
     with control_plane.temporary_namespace("second-cv") as other_ns:
+        # One orchestrator watching every namespace; the admin allows inline endpoints in both.
+        orchestrators.start(
+            "--allow-inline-endpoints-in",
+            f"{objects.ns},{other_ns}",
+            all_namespaces=True,
+        )
         other = Objects(control_plane, other_ns)
         try:
             objects.create_cv(cluster_version("a", fleet.address, ids(12), 9))
