@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator import api
-from orchestrator.kube import KubeClient, NotFound
+from orchestrator.kube import KubeClient, KubeError, NotFound
 from plugins.sdk.client import ClientTLS
 
 __all__ = ["SecretError", "TLSResolver"]
@@ -40,6 +40,8 @@ class TLSResolver:
                 cert, key = data["tls.crt"], data["tls.key"]
         except NotFound as err:
             raise SecretError(f"{field}.tls: a referenced Secret is missing ({err})") from err
+        except KubeError as err:
+            raise _refused(err, namespace, f"{field}.tls") from err
         return ClientTLS.from_pem(ca, cert, key, server_name=tls.server_name)
 
     def secret_key(self, namespace: str, ref: api.SecretKeyRef, field: str) -> bytes:
@@ -48,6 +50,20 @@ class TLSResolver:
             data = self.kube.read_secret(namespace, ref.name)
         except NotFound as err:
             raise SecretError(f"{field}: Secret {ref.name} does not exist") from err
+        except KubeError as err:
+            raise _refused(err, namespace, field) from err
         if ref.key not in data:
             raise SecretError(f"{field}: Secret {ref.name} has no key {ref.key}")
         return data[ref.key]
+
+
+def _refused(err: KubeError, namespace: str, field: str) -> Exception:
+    """A 403 as a SecretError that says how to allow it; any other error unchanged."""
+    if err.status != 403:
+        return err
+    return SecretError(
+        f"{field}: the orchestrator may not read Secrets in namespace {namespace}; use a "
+        "FleetProvider or MetricSource (Secrets in the orchestrator's namespace), or bind the "
+        f"ClusterRole fleet-orchestrator-tls-secrets in {namespace} "
+        "(manifests/overlays/inline-tls-secrets)"
+    )

@@ -606,3 +606,73 @@ def test_a_metric_source_gates_the_rollout_with_its_token_from_the_orchestrators
     text = orchestrator.log.read_text()
     assert "forbidden" not in text.lower(), text[-3000:]
     assert "SecretError" not in text
+
+
+def test_inline_tls_in_an_allowed_namespace_needs_the_opt_in_secret_binding(
+    control_plane: KubeCluster,
+    namespace: str,
+    shipped_rbac: None,
+    tmp_path: Path,
+) -> None:
+    """A namespace allowed inline endpoints (--allow-inline-endpoints-in) whose manifest names
+    its own TLS Secrets: with the shipped RBAC the orchestrator may not read them, says how to
+    allow it, and calls nothing; the inline-tls-secrets overlay's RoleBinding allows it."""
+    pki = generate_pki(tmp_path / "pki")
+    kubectl(
+        control_plane,
+        *("-n", namespace, "create", "secret", "generic", "plugin-ca"),
+        f"--from-file=ca.crt={pki.ca_file}",
+    )
+    kubectl(
+        control_plane,
+        *("-n", namespace, "create", "secret", "tls", "orchestrator-client"),
+        f"--cert={pki.client.cert_file}",
+        f"--key={pki.client.key_file}",
+    )
+    sim = Simulator(
+        SimOptions(
+            fleet_file=str(fleet_file(tmp_path)),
+            listen="localhost:0",
+            tls=ServerTLS(pki.server.cert_file, pki.server.key_file, client_ca_file=pki.ca_file),
+            reload_interval=0,
+        )
+    )
+    orchestrator = orchestrator_as_installed(
+        control_plane, namespace, tmp_path, f"--allow-inline-endpoints-in={namespace}"
+    )
+    try:
+        orchestrator.start()
+        ops = {
+            "endpoint": f"localhost:{sim.address.rsplit(':', 1)[1]}",
+            "tls": {
+                "caSecretRef": {"name": "plugin-ca", "key": "ca.crt"},
+                "clientSecretName": "orchestrator-client",
+            },
+        }
+        cvs = CV(control_plane, namespace)
+        cvs.create(cluster_version("own-tls", opsEndpoint=ops))
+
+        def degraded() -> str | None:
+            for cond in cvs.status("own-tls").get("conditions") or []:
+                if cond["type"] == "Degraded" and cond["reason"] == "TLSConfigError":
+                    return str(cond["message"])
+            return None
+
+        message = wait_for("the run is Degraded: TLSConfigError", degraded, timeout=60)
+        assert f"may not read Secrets in namespace {namespace}" in message
+        assert "manifests/overlays/inline-tls-secrets" in message
+        assert monitor(sim)["mutations_total"] == 0
+        (binding,) = yaml.safe_load_all(INLINE_TLS_BINDING.read_text())
+        binding["metadata"]["namespace"] = namespace
+        kubectl(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(binding))
+        done = wait_for(
+            "the rollout completes once the namespace is opted in",
+            lambda: cvs.phase_is("own-tls", "Completed"),
+            timeout=90,
+        )
+        assert done["summary"]["upToDate"] == 3
+        assert monitor(sim)["clusters_by_version"] == {NEW: 3}
+    finally:
+        if orchestrator.proc is not None:
+            orchestrator.stop()
+        sim.stop()
