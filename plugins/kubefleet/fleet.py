@@ -9,13 +9,11 @@ to WatchGates streams, keeps what health data needs per pending tracked gate (cu
 the hub-created MetricCollectorReports; seed: a MetricCollector, its placements and a slot in a
 shared override; collection.py) and removes it once the gate is resolved or gone, writes what it
 sees about the stage's workloads onto the approval request (condition and Event), and follows
-service-out / service-in operations, recorded on the MemberCluster (oplog.py), until the cache
-shows the taint.
+service-out / service-in operations (members.py) until the cache shows the taint.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import queue
 import re
@@ -29,12 +27,13 @@ from typing import Any
 import grpc
 
 from fleetupgrade.plugin.v1 import cluster_pb2, gate_pb2, health_pb2
-from plugins.kubefleet import collection, health, inventory, oplog
+from plugins.kubefleet import collection, health, inventory
 from plugins.kubefleet import gates as gatelib
+from plugins.kubefleet.backoff import WriteBackoff
 from plugins.kubefleet.collection import collector_names
 from plugins.kubefleet.config import KubeFleetConfig
+from plugins.kubefleet.members import Members
 from plugins.kubefleet.objects import (
-    ANNOTATION_OPERATIONS,
     APPROVAL_REQUESTS,
     CLUSTER_APPROVAL_REQUESTS,
     CLUSTER_RESOURCE_OVERRIDES,
@@ -60,11 +59,9 @@ from plugins.kubefleet.objects import (
     set_condition,
 )
 from plugins.kubefleet.prometheus import PrometheusError, escape_label_value, query_vector
-from plugins.sdk.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from plugins.sdk.errors import FailedPrecondition, NotFound, Unavailable
 from plugins.sdk.kube import Kube, KubeConflict, KubeError, KubeNotFound, Resource
 from plugins.sdk.kubecache import Informer
-from plugins.sdk.operations import TERMINAL_STATES, OperationStore
-from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
 
 __all__ = [
     "HEALTH_CONDITION",
@@ -82,14 +79,7 @@ _COMPONENT = MANAGED_BY
 _RETRIES = 6
 _WAKE_SECONDS = 1.0
 _TICK_SECONDS = 1.0
-_WRITE_BACKOFF_MAX = 60.0
-_SERVICE_OUT = cluster_pb2.OPERATION_KIND_SERVICE_OUT
-_SERVICE_IN = cluster_pb2.OPERATION_KIND_SERVICE_IN
-_RUNNING = cluster_pb2.OPERATION_STATE_RUNNING
-_SUCCEEDED = cluster_pb2.OPERATION_STATE_SUCCEEDED
-_FAILED = cluster_pb2.OPERATION_STATE_FAILED
 _PENDING = gate_pb2.GATE_STATE_PENDING
-_RECORD_KIND: dict[int, str] = {_SERVICE_OUT: "ServiceOut", _SERVICE_IN: "ServiceIn"}
 
 
 @dataclass
@@ -172,11 +162,6 @@ def resolve_cookbook(kube: Kube, choice: str, attempts: int = 5) -> Cookbook:
     )
 
 
-def _operation_id(request_id: str) -> str:
-    """The operation id of a request id: the same in every process (the store's own rule)."""
-    return f"kubefleet-{hashlib.sha256(request_id.encode('utf-8')).hexdigest()[:20]}"
-
-
 def _hub_unavailable(action: str, exc: KubeError) -> Unavailable:
     return Unavailable(f"hub: cannot {action}: {exc.message}; retry")
 
@@ -207,9 +192,6 @@ class KubeFleetHub:
         self._kube = kube
         self._reports_mode = cfg.health_source == "reports"
         self._seed = cookbook.collectors is not None
-        self._store = OperationStore(id_prefix="kubefleet")
-        self._restored = False
-        self._restore_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         wake = self._wake.set
@@ -226,6 +208,8 @@ class KubeFleetHub:
             for res in (cookbook.cluster_trackers, cookbook.staged_trackers)
         }
         self._members = Informer(kube, MEMBER_CLUSTERS, on_change=wake)
+        self._writes = WriteBackoff()
+        self.members = Members(cfg, kube, self._members, wake, self._writes)
         self._owned: dict[Resource, Informer] = {}
         self._reports: Informer | None = None
         if self._reports_mode:
@@ -252,7 +236,6 @@ class KubeFleetHub:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._loop_error = ""
-        self._write_failures: dict[str, tuple[int, float]] = {}
         self._unplaced: list[str] = []
         self._passes = 0
         self._thread = threading.Thread(target=self._loop, name="kubefleet-reconcile", daemon=True)
@@ -293,7 +276,7 @@ class KubeFleetHub:
 
     def close_streams(self) -> None:
         """Ends open WatchOperations and WatchGates streams (a server stop callback)."""
-        self._store.close()
+        self.members.close_streams()
         with self._gates_lock:
             self._closed = True
             for watcher in self._watchers:
@@ -326,223 +309,48 @@ class KubeFleetHub:
             if not informer.synced:
                 reason = informer.last_error or "the first list is in progress"
                 raise Unavailable(f"hub: {informer.resource} not listed yet ({reason}); retry")
-        self._restore()
+        self.members.restore()
 
     def _lock_for(self, key: str) -> threading.Lock:
         with self._locks_guard:
             return self._locks.setdefault(key, threading.Lock())
 
-    # -- inventory ---------------------------------------------------------------------------
+    # -- inventory and operations (members.py) -----------------------------------------------
 
     def _member(self, cluster_id: str) -> dict[str, Any]:
-        cached = self._members.get("", cluster_id)
-        if cached is None:
-            raise NotFound(f"cluster {cluster_id} not found: no MemberCluster of that name")
-        return cached.obj
-
-    def _to_cluster(self, obj: Mapping[str, Any]) -> cluster_pb2.Cluster:
-        current = self._store.in_flight(str(obj["metadata"]["name"]))
-        return inventory.to_cluster(obj, self.cfg.taint, self.cfg.version_source, current)
+        return self.members.member(cluster_id)
 
     def list_clusters(
         self, page_size: int, page_token: str, match_labels: Mapping[str, str]
     ) -> cluster_pb2.ListClustersResponse:
         """One page of MemberClusters, ordered by name, from the watch cache."""
-        size = check_page_size(page_size)
-        after = decode_page_token(page_token)
         self._require_synced()
-        matching = [
-            c.obj
-            for c in self._members.items()
-            if all(inventory.labels_of(c.obj).get(k) == v for k, v in match_labels.items())
-        ]
-        page = [obj for obj in matching if obj["metadata"]["name"] > after][:size]
-        more = (
-            bool(page)
-            and len(page) == size
-            and matching[-1]["metadata"]["name"] > page[-1]["metadata"]["name"]
-        )
-        return cluster_pb2.ListClustersResponse(
-            clusters=[self._to_cluster(obj) for obj in page],
-            next_page_token=encode_page_token(page[-1]["metadata"]["name"]) if more else "",
-            total_size=len(matching),
-        )
+        return self.members.list_clusters(page_size, page_token, match_labels)
 
     def get_cluster(self, cluster_id: str) -> cluster_pb2.Cluster:
         """One MemberCluster from the watch cache."""
         self._require_synced()
-        return self._to_cluster(self._member(cluster_id))
+        return self.members.get_cluster(cluster_id)
 
     def service_out(self, request_id: str, cluster_id: str) -> cluster_pb2.Operation:
         """Adds our NoSchedule taint; the operation succeeds when the cache shows it."""
-        return self._taint_operation(request_id, cluster_id, _SERVICE_OUT)
+        self._require_synced()
+        return self.members.taint_operation(request_id, cluster_id, add=True)
 
     def service_in(self, request_id: str, cluster_id: str) -> cluster_pb2.Operation:
         """Removes our taint (never another); succeeds when the cache shows it gone."""
-        return self._taint_operation(request_id, cluster_id, _SERVICE_IN)
-
-    def _taint_operation(
-        self, request_id: str, cluster_id: str, kind: int
-    ) -> cluster_pb2.Operation:
-        """The operation of request_id: recorded on the MemberCluster in the same conditional
-        patch as the taint change (or alone, when the taint is as wanted already), then kept
-        in the store; a restarted plugin finds it there (_restore)."""
-        with self._lock_for(f"member/{cluster_id}"):
-            self._require_synced()
-            obj = self._member(cluster_id)
-            if self._store.lookup(request_id) is not None:
-                return self._store.start(request_id=request_id, kind=kind, cluster_id=cluster_id)[0]
-            self._store.ensure_free(cluster_id)
-            add = kind == _SERVICE_OUT
-            done = inventory.has_our_taint(obj, self.cfg.taint) == add
-            op_id = _operation_id(request_id)
-            record = oplog.OpRecord(
-                op_id, request_id, _RECORD_KIND[kind], "Succeeded" if done else "Running"
-            )
-            self._write_taints(cluster_id, add=add, record=record)
-            op, _ = self._store.start(
-                request_id=request_id,
-                kind=kind,
-                cluster_id=cluster_id,
-                initial_state=_SUCCEEDED if done else _RUNNING,
-                op_id=op_id,
-            )
-        self._wake.set()
-        return op
-
-    def _restore(self) -> None:
-        """Once the MemberClusters are listed: the operations recorded on them, into the store
-        (oldest first; a recorded Running one is followed again by the reconcile thread)."""
-        if self._restored or not self._members.synced:
-            return
-        with self._restore_lock:
-            if self._restored:
-                return
-            for cached in self._members.items():
-                cluster_id = str(cached.obj["metadata"]["name"])
-                for record in oplog.read(cached.obj):
-                    try:
-                        self._store.start(
-                            request_id=record.requestId,
-                            kind=record.kind_value,
-                            cluster_id=cluster_id,
-                            initial_state=_RUNNING,
-                            op_id=record.id,
-                        )
-                    except (InvalidArgument, Conflict):
-                        continue  # a malformed or overlapping record: the newer one stands
-                    if record.state != "Running":
-                        self._store.update(
-                            record.id,
-                            state=record.state_value,
-                            error_code=record.errorCode,
-                            error_message=record.errorMessage,
-                        )
-            self._restored = True
-
-    def _write_taints(self, cluster_id: str, *, add: bool, record: oplog.OpRecord) -> None:
-        """Read-modify-write of spec.taints and the operation record, conditional on the
-        resourceVersion read (one merge patch: both are written or neither)."""
-        action = "add the service-out taint" if add else "remove the service-out taint"
-
-        def change(fresh: dict[str, Any]) -> dict[str, Any] | None:
-            taints = list((fresh.get("spec") or {}).get("taints") or [])
-            new = (
-                inventory.with_our_taint(taints, self.cfg.taint)
-                if add
-                else inventory.without_our_taint(taints, self.cfg.taint)
-            )
-            records = oplog.with_record(oplog.read(fresh), record)
-            patch: dict[str, Any] = {
-                "metadata": {"annotations": {ANNOTATION_OPERATIONS: oplog.encode(records)}}
-            }
-            if new is not None:
-                patch["spec"] = {"taints": new}
-            return patch
-
-        try:
-            written = self._kube.patch_latest(MEMBER_CLUSTERS, "", cluster_id, change, _RETRIES)
-        except KubeNotFound:
-            raise NotFound(
-                f"cluster {cluster_id} not found: no MemberCluster of that name"
-            ) from None
-        except KubeError as exc:
-            raise _hub_unavailable(action, exc) from exc
-        if not written:
-            raise Unavailable(
-                f"hub: MemberCluster {cluster_id} kept changing while trying to {action}"
-            )
-
-    def _record_ends(self) -> None:
-        """Writes the end of operations whose record on the MemberCluster still says Running
-        (level-triggered: a failed write is tried again next pass)."""
-        for cached in self._members.items():
-            obj = cached.obj
-            cluster_id = str(obj["metadata"]["name"])
-            for record in oplog.read(obj):
-                if record.state != "Running":
-                    continue
-                try:
-                    op = self._store.get(record.id)
-                except NotFound:
-                    continue
-                if op.state not in TERMINAL_STATES:
-                    continue
-                key = f"record/{cluster_id}"
-                if not self._may_write(key):
-                    continue
-                ended = oplog.OpRecord.of(op)
-
-                def change(fresh: dict[str, Any], ended: oplog.OpRecord = ended) -> dict[str, Any]:
-                    records = oplog.with_record(oplog.read(fresh), ended)
-                    return {
-                        "metadata": {"annotations": {ANNOTATION_OPERATIONS: oplog.encode(records)}}
-                    }
-
-                try:
-                    self._kube.patch_latest(MEMBER_CLUSTERS, "", cluster_id, change, _RETRIES)
-                except KubeNotFound:
-                    continue
-                except KubeError as exc:
-                    self._write_failed(key, "record the end of an operation", exc)
-                    continue
-                self._write_failures.pop(key, None)
+        self._require_synced()
+        return self.members.taint_operation(request_id, cluster_id, add=False)
 
     def get_operation(self, op_id: str) -> cluster_pb2.Operation:
-        """The operation's current state (NotFound for ids this plugin never gave, nor recorded
-        on a MemberCluster)."""
-        self._require_members()
-        return self._store.get(op_id)
+        """The operation's current state (also of operations recorded before a restart)."""
+        return self.members.get_operation(op_id)
 
     def watch_operations(
         self, cluster_ids: Sequence[str], include_in_flight: bool, context: grpc.ServicerContext
     ) -> Iterator[cluster_pb2.Operation]:
         """Every update of the clusters' operations until the caller cancels."""
-        self._require_members()
-        return self._store.watch(cluster_ids, include_in_flight, context)
-
-    def _require_members(self) -> None:
-        """Unavailable until the MemberClusters (and so the recorded operations) are listed."""
-        if not self._members.synced:
-            reason = self._members.last_error or "the first list is in progress"
-            raise Unavailable(f"hub: {MEMBER_CLUSTERS} not listed yet ({reason}); retry")
-        self._restore()
-
-    def _follow_operations(self) -> None:
-        self._restore()
-        for op in self._store.all_in_flight():
-            cached = self._members.get("", op.cluster_id)
-            if cached is None:
-                self._store.update(
-                    op.id,
-                    state=_FAILED,
-                    error_code="CLUSTER_GONE",
-                    error_message="the MemberCluster was deleted",
-                )
-            elif inventory.has_our_taint(cached.obj, self.cfg.taint) == (op.kind == _SERVICE_OUT):
-                self._store.update(op.id, state=_SUCCEEDED)
-        if self._restored:
-            self._record_ends()
+        return self.members.watch_operations(cluster_ids, include_in_flight, context)
 
     # -- workload health ---------------------------------------------------------------------
 
@@ -937,7 +745,7 @@ class KubeFleetHub:
             if self._stop.is_set():
                 return
             try:
-                self._follow_operations()
+                self.members.follow_operations()
                 if all(informer.synced for informer in self._informers):
                     self.reconcile_once()
                 self._loop_error = ""
@@ -982,7 +790,7 @@ class KubeFleetHub:
         ) == (view.status, view.reason, view.message):
             return
         key = f"note/{view.ref.id}"
-        if not self._may_write(key):
+        if not self._writes.may_write(key):
             return
         res = view.ref.request
         conds = set_condition(
@@ -1003,9 +811,9 @@ class KubeFleetHub:
         except (KubeConflict, KubeNotFound):
             return  # the cache will bring the newer object (or its deletion) next pass
         except KubeError as exc:
-            self._write_failed(key, "write the workload condition", exc)
+            self._writes.failed(key, "write the workload condition", exc)
             return
-        self._write_failures.pop(key, None)
+        self._writes.succeeded(key)
         warning = view.status != "True"
         self._event(res, written, view.reason, view.message, warning=warning)
 
@@ -1045,20 +853,6 @@ class KubeFleetHub:
 
     # -- per-gate MetricCollector propagation ---------------------------------------------------
 
-    def _may_write(self, key: str) -> bool:
-        """False while a write that failed is backing off (it is retried later, not every pass)."""
-        failed = self._write_failures.get(key)
-        return failed is None or time.monotonic() >= failed[1]
-
-    def _write_failed(self, key: str, what: str, exc: KubeError) -> None:
-        count = self._write_failures.get(key, (0, 0.0))[0] + 1
-        delay = min(_WRITE_BACKOFF_MAX, 0.5 * 2**count)
-        self._write_failures[key] = (count, time.monotonic() + delay)
-        _LOG.warning(
-            f"cannot {what}; retrying in {delay:.0f}s",
-            extra={"fields": {"object": key, "error": exc.message}},
-        )
-
     def _ensure(self, res: Resource, namespace: str, body: dict[str, Any]) -> None:
         """Creates the object, or patches its spec, labels and annotations when the cached one
         does not carry them (fields the server defaulted or added are fine: no re-patch)."""
@@ -1075,9 +869,9 @@ class KubeFleetHub:
             "metadata": {k: meta[k] for k in ("labels", "annotations") if k in meta},
         }
         if cached is not None and _covers(cached.obj, wanted):
-            self._write_failures.pop(key, None)
+            self._writes.succeeded(key)
             return
-        if not self._may_write(key):
+        if not self._writes.may_write(key):
             return
         try:
             if cached is None:
@@ -1089,9 +883,9 @@ class KubeFleetHub:
         except KubeConflict:
             return  # exists already / changed meanwhile: the cache brings it next pass
         except KubeError as exc:
-            self._write_failed(key, f"write the {res.kind}", exc)
+            self._writes.failed(key, f"write the {res.kind}", exc)
             return
-        self._write_failures.pop(key, None)
+        self._writes.succeeded(key)
 
     def _ensure_reports(self, views: Sequence[_View]) -> set[tuple[Resource, str, str]]:
         """current cookbook: the gates' MetricCollectorReports, one per cluster to collect on."""
@@ -1183,16 +977,16 @@ class KubeFleetHub:
 
     def _delete(self, res: Resource, namespace: str, name: str) -> None:
         key = f"{res.kind}/{namespace}/{name}"
-        if not self._may_write(key):
+        if not self._writes.may_write(key):
             return
         try:
             self._kube.delete(res, namespace, name)
         except KubeNotFound:
             pass
         except KubeError as exc:
-            self._write_failed(key, f"delete the {res.kind}", exc)
+            self._writes.failed(key, f"delete the {res.kind}", exc)
             return
-        self._write_failures.pop(key, None)
+        self._writes.succeeded(key)
 
 
 def _covers(current: Any, wanted: Any) -> bool:
