@@ -154,6 +154,28 @@ class AccessCatalog:
         self.sources = ObjectCache(kube, api.METRIC_SOURCE_PLURAL, None, on_change=on_change)
         self._labels: dict[str, tuple[float, dict[str, str]]] = {}
         self._lock = threading.Lock()
+        self._parse_lock = threading.Lock()
+        #: Parsed specs by name, with the resourceVersion they were parsed at.
+        self._providers: dict[str, tuple[str, api.FleetProviderSpec | None]] = {}
+        self._sources: dict[str, tuple[str, api.MetricSourceSpec | None]] = {}
+
+    @staticmethod
+    def _parsed(
+        model: type[M], cache: ObjectCache, known: dict[str, tuple[str, M | None]]
+    ) -> dict[str, M | None]:
+        """Every cached object's spec by name, parsed again only when resourceVersion moved."""
+        out: dict[str, M | None] = {}
+        for obj in cache.items():
+            meta = obj["metadata"]
+            name, rv = meta["name"], str(meta.get("resourceVersion", ""))
+            seen = known.get(name)
+            if seen is None or seen[0] != rv:
+                seen = (rv, _parse(model, obj))
+                known[name] = seen
+            out[name] = seen[1]
+        for gone in set(known) - set(out):
+            del known[gone]
+        return out
 
     def caches(self) -> tuple[ObjectCache, ObjectCache]:
         """The two caches (to run and to wait for)."""
@@ -164,12 +186,9 @@ class AccessCatalog:
     ) -> Access | list[Problem]:
         """orchestrator.access.check_access over the cached objects (a NotFound namespace has
         no labels)."""
-        providers = {
-            o["metadata"]["name"]: _parse(api.FleetProviderSpec, o) for o in self.providers.items()
-        }
-        sources = {
-            o["metadata"]["name"]: _parse(api.MetricSourceSpec, o) for o in self.sources.items()
-        }
+        with self._parse_lock:  # the reconcile loop and the webhook's threads may both ask
+            providers = self._parsed(api.FleetProviderSpec, self.providers, self._providers)
+            sources = self._parsed(api.MetricSourceSpec, self.sources, self._sources)
         labels = self._namespace_labels(namespace) if needs_labels(providers, sources) else None
         return check_access(namespace, spec, providers, sources, self.policy, labels)
 
