@@ -30,6 +30,9 @@ from orchestrator.simulate import ModelFleet, Rollout, simulate
 from orchestrator.validate import Problem, parse_spec, validate_spec
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from orchestrator import webhook
     from orchestrator.kube import KubeClient
 
 __all__ = ["main"]
@@ -251,11 +254,9 @@ def _run(args: argparse.Namespace) -> int:
     )
     if args.webhook_addr is not None:
         # Every replica serves admission, the leader and the standbys alike.
-        try:
-            _start_webhook(args, kube, policy, stop)
-        except Exception as err:
-            print(f"fleet-orchestrator: admission webhook: {err}", file=sys.stderr)
-            return 1
+        threading.Thread(
+            target=_serve_webhook, args=(args, kube, policy, stop), name="webhook", daemon=True
+        ).start()
     elector: LeaderElector | None = None
     fence: Fence = AlwaysLeader()
     if args.enable_leader_election:
@@ -314,11 +315,16 @@ def _run(args: argparse.Namespace) -> int:
     os._exit(code)
 
 
-def _start_webhook(
+def _serve_webhook(
     args: argparse.Namespace, kube: KubeClient, policy: AccessPolicy, stop: threading.Event
 ) -> None:
     """Serve the admission webhook with the access check over its own caches, and keep its
-    self-managed certificate (unless --webhook-cert-dir names one)."""
+    self-managed certificate (unless --webhook-cert-dir names one).
+
+    A webhook that cannot start (certificate, Secret, port) is retried every 30 s and never
+    stops the controller: the configuration's failurePolicy is Ignore, so meanwhile the
+    apiserver admits our kinds and the controllers validate them as before.
+    """
     import tempfile  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
@@ -337,35 +343,60 @@ def _start_webhook(
         found = catalog.check(namespace, spec)
         return found if isinstance(found, list) else []
 
-    if args.webhook_cert_dir:
-        directory = Path(args.webhook_cert_dir)
-        cert = webhook.ServingCert(directory / "tls.crt", directory / "tls.key")
-        origin = f"from {directory}"
-    else:
-        store = _WebhookSecret(kube, policy.home, args.webhook_secret)
-        hosts = webhook.self_managed_hosts(args.webhook_service, policy.home, args.webhook_host)
-        config = args.webhook_config
-
-        def inject(ca: bytes) -> None:
-            if kube.set_webhook_ca_bundle(config, ca):
-                log.info(
-                    "webhook: CA bundle injected into ValidatingWebhookConfiguration %s", config
-                )
-
-        managed = webhook.SelfManaged(
-            store,
-            hosts,
-            inject if config else None,
-            Path(tempfile.mkdtemp(prefix="fleet-webhook-")),
-        )
-        threading.Thread(target=managed.run, args=(stop,), name="webhook-cert", daemon=True).start()
-        cert = managed.cert
-        origin = f"self-managed (Secret {policy.home}/{args.webhook_secret}, {', '.join(hosts)})"
     host, port = args.webhook_addr
-    webhook.WebhookServer(host, port, cert, access).start()
-    log.info(
-        "admission webhook on https://%s:%d%s, certificate %s", host, port, webhook.PATH, origin
+    cert: webhook.ServingCert | None = None
+    origin = ""
+    workdir = None if args.webhook_cert_dir else Path(tempfile.mkdtemp(prefix="fleet-webhook-"))
+    while not stop.is_set():
+        try:
+            if cert is None:
+                cert, origin = _webhook_cert(args, kube, policy.home, workdir, stop)
+            webhook.WebhookServer(host, port, cert, access).start()
+        except Exception as err:
+            log.error(
+                "admission webhook not serving (retrying in 30s; meanwhile the apiserver admits "
+                "ClusterVersions and UpdateRuns and the controllers validate them): %s",
+                err,
+            )
+            stop.wait(30.0)
+            continue
+        log.info(
+            "admission webhook on https://%s:%d%s, certificate %s", host, port, webhook.PATH, origin
+        )
+        return
+
+
+def _webhook_cert(
+    args: argparse.Namespace,
+    kube: KubeClient,
+    home: str,
+    workdir: Path | None,
+    stop: threading.Event,
+) -> tuple[webhook.ServingCert, str]:
+    """The files from --webhook-cert-dir, or the self-managed pair (written to workdir) kept
+    current in a thread."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from orchestrator import webhook  # noqa: PLC0415
+
+    if args.webhook_cert_dir or workdir is None:
+        directory = Path(args.webhook_cert_dir)
+        return webhook.ServingCert(directory / "tls.crt", directory / "tls.key"), str(directory)
+    config = args.webhook_config
+
+    def inject(ca: bytes) -> None:
+        if kube.set_webhook_ca_bundle(config, ca):
+            log.info("webhook: CA bundle injected into ValidatingWebhookConfiguration %s", config)
+
+    hosts = webhook.self_managed_hosts(args.webhook_service, home, args.webhook_host)
+    managed = webhook.SelfManaged(
+        _WebhookSecret(kube, home, args.webhook_secret),
+        hosts,
+        inject if config else None,
+        workdir,
     )
+    threading.Thread(target=managed.run, args=(stop,), name="webhook-cert", daemon=True).start()
+    return managed.cert, f"self-managed (Secret {home}/{args.webhook_secret}, {', '.join(hosts)})"
 
 
 class _WebhookSecret:
