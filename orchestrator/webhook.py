@@ -499,7 +499,8 @@ def _issue(current: CertBundle | None, hosts: Sequence[str], now: datetime.datet
             sans.append(x509.DNSName(host))
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        # The names are in the SANs (a CN holds at most 64 characters; clients ignore it).
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fleet-orchestrator")]))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())

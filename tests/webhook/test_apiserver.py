@@ -353,3 +353,65 @@ def test_a_down_or_hung_webhook_blocks_nothing_within_its_timeout(stack: Stack) 
     assert timeout - 1 <= hung_cv < timeout + 5, hung_cv
     assert stack.exists(api.PLURAL, "while-hung")
     assert hung_cm < 2.0, hung_cm  # other kinds never wait on it
+
+
+def test_a_webhook_that_cannot_start_leaves_the_controller_running(
+    control_plane: KubeCluster, namespace: str, tmp_path: Path
+) -> None:
+    fleet = {
+        "defaults": {
+            "stepSeconds": {
+                "serviceOut": 0.2,
+                "serviceIn": 0.2,
+                "controlPlane": 0.2,
+                "nodePool": 0.2,
+            }
+        },
+        "clusters": [
+            {"id": c, "controlPlaneVersion": OLD, "nodePools": [{"name": "p", "version": OLD}]}
+            for c in CLUSTERS
+        ],
+    }
+    log = tmp_path / "orchestrator.log"
+    with (
+        simulated_fleet(tmp_path, fleet, NEW) as sim,
+        socket.socket() as taken,  # the webhook's port is taken: it cannot listen
+    ):
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        orchestrator = OrchestratorProcess(
+            control_plane.kubeconfig,
+            namespace,
+            log,
+            "--webhook-addr",
+            f"127.0.0.1:{port}",
+            "--webhook-config",
+            "",
+        ).start()
+        try:
+            custom = k8s.CustomObjectsApi(control_plane.api_client())
+            custom.create_namespaced_custom_object(
+                api.GROUP,
+                api.VERSION,
+                namespace,
+                api.PLURAL,
+                cluster_version("fleet", sim.address),
+            )
+
+            def completed() -> bool:
+                cv = custom.get_namespaced_custom_object(
+                    api.GROUP, api.VERSION, namespace, api.PLURAL, "fleet"
+                )
+                return (cv.get("status") or {}).get("phase") == "Completed"
+
+            wait_for(
+                "the rollout completes without the webhook", completed, timeout=90, interval=0.2
+            )
+            for cid in CLUSTERS:
+                assert sim.fleet.get_cluster(cid).cluster.control_plane_version == NEW
+        finally:
+            orchestrator.stop()
+    text = log.read_text()
+    assert "admission webhook not serving (retrying in 30s" in text, text
+    assert "Address already in use" in text, text

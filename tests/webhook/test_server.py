@@ -125,6 +125,14 @@ def test_a_secret_that_does_not_hold_a_usable_pair_is_replaced() -> None:
     assert store.data == bundle.data() and store.version == 1
 
 
+def test_names_longer_than_a_common_name_allows_are_covered() -> None:
+    namespace = "a-namespace-whose-name-is-long-enough-to-overflow-a-common-name"
+    hosts = self_managed_hosts("fleet-orchestrator-webhook", namespace, [])
+    bundle = ensure_certificate(MemorySecret(), hosts)
+    sans = cert_of(bundle).extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == hosts
+
+
 def test_self_managed_hosts_are_the_service_names_then_the_extra_ones() -> None:
     assert self_managed_hosts("svc", "ns", ["127.0.0.1", "svc.ns.svc"]) == [
         "svc.ns.svc",
