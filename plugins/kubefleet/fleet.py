@@ -513,7 +513,8 @@ class KubeFleetHub:
             )
             return view
         tracker_name = f"{ref.namespace}/{ref.run_name}" if ref.namespace else ref.run_name
-        unavailable = self._unavailable(ready.clusters if ready else [], ref)
+        touched = [*ready.clusters, *ready.stage_clusters] if ready else []
+        unavailable = self._unavailable(list(dict.fromkeys(touched)), ref)
         if tracker is None:
             view.status, view.reason = "False", "NoWorkloadTracker"
             view.message = (

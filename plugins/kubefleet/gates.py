@@ -235,6 +235,8 @@ class Readiness:
     blocked_message: str = ""
     baseline: bool = False
     """A first stage's before-stage gate: the clusters are checked on the current version."""
+    stage_clusters: list[str] = field(default_factory=list)
+    """The stage's own clusters (the ones its update touches)."""
 
 
 def _stages(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -316,8 +318,8 @@ def readiness(run: Mapping[str, Any], ref: GateRef) -> Readiness:
         )
     updated = [str(c["clusterName"]) for s in stages[:index] for c in _cluster_entries(s)]
     if updated:
-        return Readiness(updated)
-    return Readiness(own, baseline=True)
+        return Readiness(updated, stage_clusters=own)
+    return Readiness(own, baseline=True, stage_clusters=own)
 
 
 def stage_updated_times(runs: Sequence[Mapping[str, Any]]) -> dict[str, datetime]:

@@ -118,8 +118,26 @@ def test_before_and_after_stage_gates_each_check_what_they_are_meant_to(
     assert "stopped" in refused.value.message
     assert not approved(approval(emulator, run, "prod", task="before"))
 
-    # Running again: the go/no-go passes on member-1, and prod starts.
+    # Running again, but a prod cluster's member agent is not healthy: still a no-go.
+    member = emulator.get("MemberCluster", "member-3")
+    assert member is not None
+    status = member["status"]
+    for cond in status["agentStatus"][0]["conditions"]:
+        if cond["type"] == "Healthy":
+            cond.update(status="False", reason="HeartbeatLost")
+    emulator.api.patch_cluster_custom_object_status(
+        "cluster.kubernetes-fleet.io", "v1beta1", "memberclusters", "member-3", {"status": status}
+    )
     emulator.patch("ClusterStagedUpdateRun", run, {"spec": {"state": "Run"}})
+    cond = wait_for(
+        "before-prod blocked on member-3",
+        lambda: _says(emulator, run, "prod", "before", "ClusterUnavailable"),
+        STEP,
+    )
+    assert "member-3" in cond["message"] and "HeartbeatLost" in cond["message"]
+    emulator.heartbeat("member-3", "1.29.4")
+
+    # The go/no-go passes on member-1, and prod starts.
     wait_for(
         "before-prod healthy",
         lambda: _says(emulator, run, "prod", "before", "AllWorkloadsHealthy"),

@@ -434,13 +434,16 @@ def test_before_stage_gates_are_a_go_no_go_on_what_the_run_already_updated() -> 
     before = gatelib.BEFORE_STAGE
     fresh = _run(("staging", {"a": ""}, ""), ("prod", {"b": "", "c": ""}, ""))
     first = gatelib.readiness(fresh, _ref(before, "staging"))
-    assert first == gatelib.Readiness(["a"], baseline=True)  # nothing updated: a baseline
+    # nothing updated: a baseline
+    assert first == gatelib.Readiness(["a"], baseline=True, stage_clusters=["a"])
     early = gatelib.readiness(fresh, _ref(before, "prod"))
     assert early.blocked_reason == "EarlierStageNotDone"
     staged = _run(("staging", {"a": "True"}, "True"), ("prod", {"b": "", "c": ""}, ""))
     # prod's go/no-go is decided on staging's clusters, which run the new version; never on
     # prod's own clusters (still on the old version).
-    assert gatelib.readiness(staged, _ref(before, "prod")) == gatelib.Readiness(["a"])
+    assert gatelib.readiness(staged, _ref(before, "prod")) == gatelib.Readiness(
+        ["a"], stage_clusters=["b", "c"]
+    )
     stopped = _run(("staging", {"a": "True"}, "True"), ("prod", {"b": ""}, ""), state="Stop")
     assert gatelib.readiness(stopped, _ref(before, "prod")).blocked_reason == "RunStopped"
     failed = _run(("staging", {"a": "False"}, ""), ("prod", {"b": ""}, ""))
