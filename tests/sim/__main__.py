@@ -42,14 +42,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     began = time.monotonic()
     seeds = range(args.start, args.start + args.seeds)
-    if args.workers > 1:
-        with multiprocessing.get_context("fork").Pool(args.workers) as pool:
-            results = pool.map(_one, seeds, chunksize=8)
-    else:
-        results = [_one(s) for s in seeds]
-    failed = [r for r in results if r is not None]
-    for seed, message in failed:
-        print(f"seed {seed}: {message}\n  replay: python -m tests.sim --seed {seed}")
+    failed = []
+    with multiprocessing.get_context("fork").Pool(max(1, args.workers)) as pool:
+        for result in pool.imap_unordered(_one, seeds, chunksize=4):
+            if result is not None:
+                seed, message = result
+                failed.append(result)
+                print(f"seed {seed}: {message}\n  replay: python -m tests.sim --seed {seed}")
+                sys.stdout.flush()
     took = time.monotonic() - began
     print(f"{args.seeds - len(failed)}/{args.seeds} seeds held every invariant in {took:.1f}s")
     return 1 if failed else 0
