@@ -28,6 +28,7 @@ from tests.plugins.kubefleet.conftest import (
 from tests.plugins.kubefleet.support import (
     APP,
     APP_NS,
+    AUTOAPPROVE,
     METRIC,
     conditions,
     hub_report,
@@ -310,3 +311,75 @@ def test_commands_refuse_incomplete_settings_naming_the_flag(
     )
     assert done.returncode == 2, done.stderr
     assert words in done.stderr
+
+
+def test_current_cookbook_the_agent_fills_the_hub_created_report_as_the_cookbooks_collector(
+    hub: KubeCluster,
+    member_clusters: dict[str, KubeCluster],
+    emulator: KubeFleetEmulator,  # joins the members: their fleet-member-<name> namespaces
+    prometheus: tuple[MemberApp, str],
+    agents: Callable[..., MetricCollectorAgent],
+    names: Callable[[str], str],
+) -> None:
+    """The hub side creates the report (spec.prometheusUrl); the agent only fills its status
+    with the current schema's fields, says when Prometheus fails, and never deletes it."""
+    _, url = prometheus
+    name = names("mc-current")
+    body = {
+        "apiVersion": "autoapprove.kubernetes-fleet.io/v1alpha1",
+        "kind": "MetricCollectorReport",
+        "metadata": {
+            "name": name,
+            "namespace": f"fleet-member-{MEMBER}",
+            "annotations": {"fleetupgrade.io/collect-interval": "1s"},
+        },
+        "spec": {"prometheusUrl": f"http://127.0.0.1:{free_port()}"},  # nothing listens
+    }
+    with hub.api_client() as api:
+        k8s.CustomObjectsApi(api).create_namespaced_custom_object(
+            *AUTOAPPROVE, f"fleet-member-{MEMBER}", "metriccollectorreports", body
+        )
+    agents(
+        member_kubeconfig=str(member_clusters[MEMBER].kubeconfig),
+        hub_kubeconfig=str(hub.kubeconfig),
+        cookbook="current",
+    )
+    failed = wait_for(
+        "MetricsCollected=False on the hub's report",
+        lambda: conditions(hub_report(hub, MEMBER, name)).get("MetricsCollected"),
+        timeout=30,
+    )
+    assert (failed["status"], failed["reason"]) == ("False", "CollectionFailed")
+    with hub.api_client() as api:  # the hub side points the report at the real Prometheus
+        k8s.CustomObjectsApi(api).patch_namespaced_custom_object(
+            *AUTOAPPROVE,
+            f"fleet-member-{MEMBER}",
+            "metriccollectorreports",
+            name,
+            {"spec": {"prometheusUrl": url}},
+        )
+    report = wait_for(
+        "the report filled",
+        lambda: (
+            (r := hub_report(hub, MEMBER, name))
+            and (conditions(r).get("MetricsCollected") or {}).get("status") == "True"
+            and r
+        ),
+        timeout=30,
+    )
+    assert sorted(report["status"]["collectedMetrics"], key=lambda m: m["podName"]) == [
+        {
+            "namespace": APP_NS,
+            "workloadName": APP,
+            "workloadKind": "Deployment",
+            "podName": f"{APP}-{i}",
+            "health": True,
+        }
+        for i in range(2)
+    ]
+    assert report["status"]["workloadsMonitored"] == 1
+    assert report["spec"] == {"prometheusUrl": url}  # the agent never writes the spec
+    with hub.api_client() as api:
+        k8s.CustomObjectsApi(api).delete_namespaced_custom_object(
+            *AUTOAPPROVE, f"fleet-member-{MEMBER}", "metriccollectorreports", name
+        )
