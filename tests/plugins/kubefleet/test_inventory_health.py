@@ -162,9 +162,11 @@ def test_scale_mode_reads_every_cluster_from_one_central_prometheus_and_spares_t
             # says the stage is updating, then that no sample since the update is in yet).
             cond = wait_for(
                 "the staging condition healthy",
-                lambda: (c := health_condition(approval(emulator, run, "staging")))
-                and c["reason"] == "AllWorkloadsHealthy"
-                and c,
+                lambda: (
+                    (c := health_condition(approval(emulator, run, "staging")))
+                    and c["reason"] == "AllWorkloadsHealthy"
+                    and c
+                ),
                 timeout=30,
             )
             assert cond["status"] == "True" and "after-stage" in cond["message"], cond
