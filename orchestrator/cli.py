@@ -341,6 +341,15 @@ def _serve_webhook(
         if not all(cache.synced.is_set() for cache in catalog.caches()):
             raise RuntimeError("FleetProviders and MetricSources are not listed yet")
         found = catalog.check(namespace, spec)
+        if isinstance(found, list) and found:
+            # Confirm a refusal on a fresh read: the caches may not have seen yet a
+            # FleetProvider or MetricSource applied together with the spec.
+            for cache, plural in zip(
+                catalog.caches(), (api.FLEET_PROVIDER_PLURAL, api.METRIC_SOURCE_PLURAL), strict=True
+            ):
+                for obj in kube.list_objects(plural)[0]:
+                    cache.put(obj)
+            found = catalog.check(namespace, spec)
         return found if isinstance(found, list) else []
 
     host, port = args.webhook_addr

@@ -415,3 +415,65 @@ def test_a_webhook_that_cannot_start_leaves_the_controller_running(
     text = log.read_text()
     assert "admission webhook not serving (retrying in 30s" in text, text
     assert "Address already in use" in text, text
+
+
+def test_a_provider_and_a_spec_naming_it_apply_together(
+    stack: Stack, control_plane: KubeCluster
+) -> None:
+    """providerRef at admission: a FleetProvider and a spec naming it, in one `kubectl apply`,
+    are admitted (should the webhook's caches lag, a refusal is confirmed on a fresh read); a
+    spec naming a provider that does not exist is refused with what to do."""
+    wait_until_enforced(stack)
+    provider = f"sim-{stack.label}"
+    with labelled_namespace(control_plane, "webhook-team", stack.label) as team:
+        declared = {
+            "apiVersion": api.API_VERSION,
+            "kind": api.FLEET_PROVIDER_KIND,
+            "metadata": {"name": provider},
+            "spec": {
+                "endpoint": stack.sim_address,
+                "insecure": True,
+                "allowedNamespaces": {"names": [team]},
+            },
+        }
+        named = cluster_version("fleet", stack.sim_address)
+        del named["spec"]["opsEndpoint"]
+        named["spec"]["providerRef"] = {"name": provider}
+        elsewhere = copy.deepcopy(named)
+        elsewhere["metadata"]["name"] = "elsewhere"
+        elsewhere["spec"]["providerRef"] = {"name": f"other-{stack.label}"}
+        try:
+            kubectl = shutil.which("kubectl")
+            assert kubectl
+            done = subprocess.run(
+                [
+                    kubectl,
+                    "--kubeconfig",
+                    str(control_plane.kubeconfig),
+                    "-n",
+                    team,
+                    "apply",
+                    "-f",
+                    "-",
+                ],
+                input=yaml.safe_dump_all([declared, named]),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
+            stack.custom.get_namespaced_custom_object(
+                api.GROUP, api.VERSION, team, api.PLURAL, "fleet"
+            )
+            code, out = apply(control_plane, team, elsewhere)
+            assert code != 0, out
+            assert (
+                f"spec.providerRef.name: FleetProvider other-{stack.label} does not exist; name "
+                f"one that allows namespace {team}" in out
+            ), out
+        finally:
+            with contextlib.suppress(ApiException):
+                stack.custom.delete_cluster_custom_object(
+                    api.GROUP, api.VERSION, api.FLEET_PROVIDER_PLURAL, provider
+                )
