@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Protocol, TypeVar
 
 from orchestrator import api
+from orchestrator.conditions import parse_time
 from orchestrator.engine import (
     ACTIVE,
     Call,
@@ -136,6 +137,10 @@ class RunDriver:
     #: conflicted or got no answer); their next evaluation counts passes from zero. Keep it
     #: between passes like preflight_cache (the controller owns it).
     unrecorded_failures: set[str] = field(default_factory=set)
+    #: The same for stage-level checks, whose health the run's status write records: (run,
+    #: stage) → time of a failing evaluation; until the stored health shows it (or later),
+    #: the next evaluation counts passes from zero.
+    stage_failures: dict[tuple[str, str], datetime] = field(default_factory=dict)
 
     def step(
         self,
@@ -162,7 +167,7 @@ class RunDriver:
         ids += sorted({cid for f in floors for cid in f.members} - own)
         snapshot = self.provider.snapshot(ids)
         upgrades, health_changed = self._evaluate_clusters(spec, upgrades, snapshot, now)
-        stages = self._evaluate_stages(spec, upgrades, stages, snapshot, now)
+        stages = self._evaluate_stages(key, spec, upgrades, stages, snapshot, now)
         inp = RunInput(
             key=key,
             uid=uid,
@@ -320,6 +325,7 @@ class RunDriver:
 
     def _evaluate_stages(
         self,
+        key: str,
         spec: api.UpdateRunSpec,
         upgrades: Mapping[str, Upgrade],
         stages: Sequence[api.StageStatus],
@@ -341,8 +347,17 @@ class RunDriver:
                 for u in upgrades.values()
                 if u.spec.stage == st.name and u.cluster_id in snapshot.clusters
             ]
+            base = st.health
+            lost = self.stage_failures.get((key, st.name))
+            seen = base.last_check_time
+            if lost is not None and seen is not None and parse_time(seen) >= lost:
+                del self.stage_failures[(key, st.name)]  # recorded (or something after it)
+            elif lost is not None:
+                base = base.model_copy(update={"passes": 0})  # that failure was never recorded
             results = self.checker.evaluate(checks, members, st.name)
-            out[i] = st.model_copy(update={"health": record(st.health, results, now)})
+            if not all(r.passed for r in results):
+                self.stage_failures[(key, st.name)] = now
+            out[i] = st.model_copy(update={"health": record(base, results, now)})
         return out
 
 
