@@ -62,6 +62,7 @@ class Monitor:
         self.calls = 0
         self.service_ins: dict[str, int] = {}
         self._replica = ""
+        self._decided_outs: list[tuple[str, str]] = []
         self._bounds: dict[tuple[str, api.UpgradePhase, str], int] = {}
         #: (run, cluster) → simulated seconds of evaluations some write recorded.
         self.recorded: dict[tuple[str, str], set[int]] = {}
@@ -109,6 +110,12 @@ class Monitor:
         new = obj.upgrade.status
         if new.phase != old.phase:
             self.last_change = self.w.now
+            c = self.w.fleet.clusters.get(obj.upgrade.cluster_id)
+            ours_out = c is not None and not c.in_service and c.out_by == obj.run
+            if new.phase == U.SERVICING_OUT and old.phase not in ACTIVE and not ours_out:
+                # A service-out decided now: the stage gate is checked once this pass's
+                # writes are all in (the members of the stage before may be written later).
+                self._decided_outs.append((obj.run, obj.key))
         if new.health is not None and new.health.last_check_time:
             t = seconds(new.health.last_check_time)
             self.recorded.setdefault((obj.run, obj.upgrade.cluster_id), set()).add(t)
@@ -214,7 +221,6 @@ class Monitor:
         c = w.fleet.clusters[call.cluster_id]
         if call.kind is OpKind.SERVICE_OUT:
             self._refused_before_drained(run, up, what)
-            self._stage_order(run, up, what)
         elif call.kind in (OpKind.CONTROL_PLANE, OpKind.NODE_POOL):
             # Precondition: unless someone else put it back in service since our service-out.
             if c.in_service and not c.deleted and c.adv_in_at < c.last_so_call:
@@ -261,7 +267,10 @@ class Monitor:
             )
 
     def _stage_order(self, run: str, up: object, what: str) -> None:
-        """3. No cluster of stage N+1 goes out before stage N completed and passed its checks."""
+        """3. No cluster of stage N+1 goes out before stage N completed and passed its checks.
+
+        Checked when the service-out is decided (its intent written): a re-issue of that
+        intent later, e.g. after a crash, follows the decision made then."""
         spec = up.spec  # type: ignore[attr-defined]
         if spec.stage_index == 0:
             return
@@ -351,6 +360,10 @@ class Monitor:
         take effect as operations advance), so the floor is re-counted after world steps,
         at every service-out's effect, and when a run is pinned."""
         w = self.w
+        while self._decided_outs:
+            run, key = self._decided_outs.pop(0)
+            up = w.api.upgrades[key].upgrade
+            self._stage_order(run, up, f"service-out of {up.cluster_id} decided by {run}")
         for run in self.members if world_changed else ():
             if self._live(run):
                 self._floor(run, label)
