@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import ssl
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -252,6 +253,12 @@ class WebhookServer:
                 return cert.context().wrap_socket(
                     sock, server_side=True, do_handshake_on_connect=False
                 ), addr
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                # A client that fails the handshake (e.g. a stale caBundle) or drops the
+                # connection: one log line, not socketserver's traceback on stderr.
+                err = sys.exc_info()[1]
+                log.warning("webhook connection from %s failed: %s", client_address[0], err)
 
         self._server = Server((host, port), handler)
         self._thread: threading.Thread | None = None

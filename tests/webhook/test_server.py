@@ -32,6 +32,7 @@ from orchestrator.webhook import (
     self_managed_hosts,
 )
 from tests.support.certs import generate_pki
+from tests.support.kube import wait_for
 
 HOSTS = ["fleet-orchestrator-webhook.fleet-upgrade-system.svc", "127.0.0.1"]
 
@@ -218,12 +219,23 @@ def test_the_server_answers_admission_reviews_over_tls_trusted_by_the_ca(
 
 
 def test_a_client_that_does_not_trust_the_ca_is_not_served(
-    self_managed: tuple[WebhookServer, SelfManaged], tmp_path: Path
+    self_managed: tuple[WebhookServer, SelfManaged],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    server, _ = self_managed
+    server, managed = self_managed
     stranger = generate_pki(tmp_path / "other").ca_pem
     with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
         post(server.port, stranger, review_of(SPEC))
+    # The failed handshake is one log line (no traceback on stderr), and the server goes on.
+    wait_for(
+        "the failed handshake logged",
+        lambda: any(
+            "webhook connection from 127.0.0.1 failed" in r.message for r in caplog.records
+        ),
+        timeout=10,
+    )
+    assert post(server.port, managed.bundle.ca_cert, review_of(SPEC))[0] == 200
 
 
 def test_a_refresh_serves_the_renewed_certificate_and_injects_the_ca(
