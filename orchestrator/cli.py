@@ -386,7 +386,7 @@ def _webhook_cert(
     current in a thread."""
     from pathlib import Path  # noqa: PLC0415
 
-    from orchestrator import webhook  # noqa: PLC0415
+    from orchestrator import webhook, webhook_certs  # noqa: PLC0415
 
     if args.webhook_cert_dir or workdir is None:
         directory = Path(args.webhook_cert_dir)
@@ -397,8 +397,8 @@ def _webhook_cert(
         if kube.set_webhook_ca_bundle(config, ca):
             log.info("webhook: CA bundle injected into ValidatingWebhookConfiguration %s", config)
 
-    hosts = webhook.self_managed_hosts(args.webhook_service, home, args.webhook_host)
-    managed = webhook.SelfManaged(
+    hosts = webhook_certs.self_managed_hosts(args.webhook_service, home, args.webhook_host)
+    managed = webhook_certs.SelfManaged(
         _WebhookSecret(kube, home, args.webhook_secret),
         hosts,
         inject if config else None,
@@ -409,7 +409,7 @@ def _webhook_cert(
 
 
 class _WebhookSecret:
-    """webhook.SecretStore over one Secret in the orchestrator's namespace."""
+    """webhook_certs.SecretStore over one Secret in the orchestrator's namespace."""
 
     def __init__(self, kube: KubeClient, namespace: str, name: str) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
