@@ -7,14 +7,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from devtools.controlplane import REPO_ROOT
+from tests.install.served import as_served
 from tests.support.kube import KubeCluster
 from tests.support.kubectl import kubectl, kustomize, yaml_docs
 
 MANIFESTS = REPO_ROOT / "manifests"
 INSTALL = MANIFESTS / "install"
-IMAGE = "ghcr.io/fleet-upgrade/orchestrator:0.1.0"
+#: What `make image` builds here (scripts/build-image --print-name); the images: entry of
+#: manifests/install/kustomization.yaml sets it on every container.
+IMAGE = "localhost/fleet-upgrade/orchestrator:0.1.0"
 SA = ("fleet-upgrade-system", "fleet-orchestrator")
 #: The CRDs the orchestrator's controllers need; manifests/crds may hold more (all installed).
 CORE_CRDS = {
@@ -63,6 +67,8 @@ def _by_kind(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _dry_run(cluster: KubeCluster, yaml_text: str, *args: str) -> list[str]:
+    # The policy/v1 PodDisruptionBudget as v1beta1 on the local 1.20 apiserver (served.py).
+    yaml_text = yaml.safe_dump_all(as_served(cluster, yaml_docs(yaml_text)))
     out = kubectl(cluster, "apply", "--dry-run=server", *args, "-f", "-", stdin=yaml_text)
     return [line for line in out.splitlines() if line.strip()]
 
@@ -82,7 +88,9 @@ def test_everything_builds_and_the_apiserver_accepts_it(
         "Role",
         "RoleBinding",
         "Deployment",
+        "PodDisruptionBudget",
         "Service",
+        "ValidatingWebhookConfiguration",
     }
     built = {c["metadata"]["name"]: c for c in kinds["CustomResourceDefinition"]}
     files = {p.stem: p for p in (MANIFESTS / "crds").glob("*.yaml")}
@@ -177,7 +185,8 @@ def test_deployment_runs_the_orchestrator_with_the_sim_sidecar() -> None:
     (deployment,) = kinds["Deployment"]
     spec = deployment["spec"]
     pod = spec["template"]["spec"]
-    assert spec["replicas"] == 1
+    assert spec["replicas"] == 2  # one leads (--enable-leader-election), one stands by
+    assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
@@ -191,12 +200,17 @@ def test_deployment_runs_the_orchestrator_with_the_sim_sidecar() -> None:
         ":8080",
         "--sync-period-seconds",
         "30",
+        "--webhook-addr",
+        ":9443",
     ]
     env = {e["name"]: e for e in main["env"]}
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
-    assert {p["name"]: p["containerPort"] for p in main["ports"]} == {"metrics": 8080}
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert main[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert {p["name"]: p["containerPort"] for p in main["ports"]} == {
+        "metrics": 8080,
+        "webhook": 9443,
+    }
+    assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     sidecar = _container(deployment, "plugin-sim")
     assert sidecar["image"] == IMAGE and sidecar["command"] == ["fleet-plugin-sim"]
     listen = sidecar["args"][sidecar["args"].index("--listen") + 1]
@@ -209,7 +223,10 @@ def test_deployment_runs_the_orchestrator_with_the_sim_sidecar() -> None:
         assert {"cpu", "memory"} <= set(container["resources"]["requests"]), container["name"]
         assert "memory" in container["resources"]["limits"], container["name"]
         assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp"}
-    (service,) = kinds["Service"]
+    (pdb,) = kinds["PodDisruptionBudget"]
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    (service,) = [s for s in kinds["Service"] if s["metadata"]["name"].endswith("-metrics")]
     assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
     assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}["metrics"] == "metrics"
 
