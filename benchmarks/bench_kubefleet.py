@@ -67,13 +67,15 @@ def _hub(workdir: Path) -> Iterator[tuple[Any, str, str]]:
     """A private control plane with the KubeFleet CRDs; yields (KubeCluster, url, token)."""
     from devtools.controlplane import ControlPlane, ensure_binaries  # noqa: PLC0415
     from tests.support.kube import KubeCluster  # noqa: PLC0415
+    from tests.support.upstream import load_upstream_crds  # noqa: PLC0415
 
     apiserver, etcd = ensure_binaries()
     plane = ControlPlane(workdir, kube_apiserver=apiserver, etcd=etcd)
     try:
         server = plane.start()
         cluster = KubeCluster(server)
-        cluster.install_crds(KF / "upstream-crds-minimal", KF / "crds")
+        # The real upstream CRDs (../shared/upstream), both cookbook generations.
+        cluster.install_crds(*load_upstream_crds("kf_*.yaml", "cbmain_*.yaml", "cbpr_*.yaml"))
         yield cluster, server.url, plane.token
         cluster.close()
     finally:
@@ -317,7 +319,9 @@ def _bench_reports(cluster: Any, url: str, token: str, sizes: list[int], cycles:
         setup = time.monotonic() - started
         plugin = KubeFleetPlugin(
             KubeFleetOptions(
-                config=KubeFleetConfig(collect_interval="30s", report_max_age=3600.0),
+                config=KubeFleetConfig(
+                    collect_interval="30s", report_max_age=3600.0, cookbook="seed"
+                ),
                 kubeconfig=str(cluster.kubeconfig),
                 registry=CollectorRegistry(),
                 sync_wait=120.0,
@@ -439,6 +443,7 @@ def _bench_scale_mode(
             plugin = KubeFleetPlugin(
                 KubeFleetOptions(
                     config=KubeFleetConfig(
+                        cookbook="seed",
                         health_source="prometheus",
                         central_prometheus_url=prometheus,
                         report_max_age=3600.0,

@@ -63,7 +63,9 @@ class Workload(_message.Message):
     kind: _builtins.str
     """OPTIONAL. e.g. "Deployment"; empty matches any kind."""
     min_healthy_replicas: _builtins.int
-    """OPTIONAL. Minimum healthy replicas; 0 means 1."""
+    """OPTIONAL. Minimum healthy replicas; 0 means the plugin's default (1 for most; the
+    KubeFleet plugin follows the cookbook's trackers: any pod present is enough).
+    """
     def __init__(
         self,
         *,
