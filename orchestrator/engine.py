@@ -933,6 +933,13 @@ def _summarise(
     elif finished and in_flight == 0:
         phase = api.RunPhase.FAILED
         message = f"finished with {counts['failed']} failed and {counts['blocked']} blocked"
+        why = sorted(
+            (run.inp.upgrades[n].cluster_id, s.message or "")
+            for n, s in run.status.items()
+            if s.phase in (U.FAILED, U.BLOCKED)
+        )
+        if why:  # the run says why, not only how many
+            message += f"; {why[0][0]}: {why[0][1]}"
     elif halted:
         phase = api.RunPhase.HALTED
         failed = sorted(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import pytest
+
 from tests.e2e.conftest import (
     Objects,
     Orchestrators,
@@ -19,12 +21,19 @@ from tests.support.kube import wait_for
 SKIPPED_MINOR = "1.30.2"  # from 1.28.5: the sim refuses it (FAILED_PRECONDITION, minor skipped)
 
 
+@pytest.mark.parametrize(("on_failure", "phase"), [("Halt", "Halted"), ("Continue", "Failed")])
 def test_refused_target_takes_nothing_out_and_the_run_says_why(
-    sim: Callable[..., Sim], objects: Objects, orchestrators: Orchestrators
+    on_failure: str,
+    phase: str,
+    sim: Callable[..., Sim],
+    objects: Objects,
+    orchestrators: Orchestrators,
 ) -> None:
     fleet = sim(fleet_file(4, step=0.2))
     orchestrators.start()
-    body = cluster_version("fleet", fleet.address, ids(4), 2, strategy={"maxConcurrency": 2})
+    body = cluster_version(
+        "fleet", fleet.address, ids(4), 2, strategy={"maxConcurrency": 2, "onFailure": on_failure}
+    )
     for entry in body["spec"]["clusters"]:
         entry["version"] = SKIPPED_MINOR
     objects.create_cv(body)
@@ -55,6 +64,6 @@ def test_refused_target_takes_nothing_out_and_the_run_says_why(
         lambda: (s := objects.cv_status("fleet")).get("message") == run_status["message"] and s,
         timeout=20,
     )
-    assert cv["phase"] != "Progressing", cv
+    assert cv["phase"] == phase, cv  # not Progressing: nothing will ever progress
     assert not reconcile_errors(orchestrators.logs())
     assert len(ups) == 4
