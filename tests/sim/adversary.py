@@ -224,6 +224,13 @@ class Adversary:
         return duration, None
 
     def check_passes(self, run: str, stage: str, ids: tuple[str, ...], check: str) -> bool:
+        ok = self._passes(stage, ids)
+        if not ok:
+            for cid in ids:
+                self.touch(cid, "health")
+        return ok
+
+    def _passes(self, stage: str, ids: tuple[str, ...]) -> bool:
         if stage in self.never_stages:
             return False
         for cid in ids:
