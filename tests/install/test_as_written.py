@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client as k8s
-from kubernetes.client.rest import ApiException
 
 from devtools.controlplane import REPO_ROOT
 from tests.install.served import PDB_V1_MISSING, as_served, serves_policy_v1
@@ -111,13 +110,10 @@ def _installed(cluster: KubeCluster) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def fresh(control_plane: KubeCluster) -> Iterator[KubeCluster]:
-    """No install yet (the session's CRDs stay); afterwards everything but the CRDs goes."""
-    with control_plane.api_client() as client:
-        try:
-            k8s.CoreV1Api(client).read_namespace(HOME)
-            pytest.fail(f"namespace {HOME} exists before the install test", pytrace=False)
-        except ApiException as error:
-            assert error.status == 404
+    """No install yet (the session's CRDs stay; an earlier test's namespace is removed);
+    afterwards everything but the CRDs goes."""
+    control_plane.delete_namespace(HOME)
+    assert HOME not in _existing_namespaces(control_plane)
     yield control_plane
     docs = [
         d
