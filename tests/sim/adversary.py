@@ -431,7 +431,7 @@ class Adversary:
         spec: api.ClusterVersionSpec = cv.spec  # type: ignore[attr-defined]
         new = self.rng.choice(("1.29.3", "1.29.5", "1.30.1"))
         clusters = [c.model_copy(update={"version": new}) for c in spec.clusters or []]
-        body = {"clusters": clusters or None}
+        body: dict[str, object] = {"clusters": clusters or None}
         if spec.version:
             body["version"] = new
         self._edit_cv(f"version → {new}", spec.model_copy(update=body))
