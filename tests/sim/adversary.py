@@ -434,6 +434,9 @@ class Adversary:
         body: dict[str, object] = {"clusters": clusters or None}
         if spec.version:
             body["version"] = new
+        for c in self.world.fleet.clusters.values():
+            if self.world.fleet.refusal(c.id, new, {}) is not None:
+                self.touch(c.id, "refused")  # the new target is refused there: not drift
         self._edit_cv(f"version → {new}", spec.model_copy(update=body))
 
     def _do_spec_stage(self) -> None:
