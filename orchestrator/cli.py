@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from orchestrator import api
+from orchestrator import api, operate
 from orchestrator.access import (
     ALL_NAMESPACES,
     INLINE_FLAG,
@@ -183,6 +183,7 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("version", help="print the version of this build")
     sub.add_parser("crd", help="print every CRD of the project as YAML")
+    operate.add_commands(sub)
     return parser
 
 
@@ -194,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "plan":
         return _plan(args)
+    if args.command in operate.COMMANDS:
+        return operate.run(args)
     if args.command == "version":
         from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
 
