@@ -247,6 +247,9 @@ class Pod:
         port = free_port()
         args = _with_flag(self.orchestrator["args"], "--metrics-addr", f"127.0.0.1:{port}")
         args = _with_flag(args, "--webhook-addr", f"127.0.0.1:{free_port()}")
+        # Nothing but the in-cluster path: no kubeconfig named, none in the image (HOME=/tmp).
+        assert not any(a.startswith("--kubeconfig") for a in args)
+        assert "KUBECONFIG" not in {e["name"] for e in self.orchestrator.get("env", [])}
         host, apiserver_port = self.cluster.url.removeprefix("https://").rsplit(":", 1)
         flags = [
             *_pod_flags(self.deployment, self.orchestrator),
