@@ -262,10 +262,10 @@ def render(snap: Snapshot) -> str:
             why = ": ".join(p for p in (c.reason, c.message) if p) or "no reason recorded"
             attempt = f", attempt {c.attempt}" if c.attempt else ""
             out.append(f"  {c.cluster} (stage {c.stage}{attempt}): {why}")
-    if snap.failed:
-        ids = " ".join(c.cluster for c in snap.failed)
-        out.append(f"  retry: fleet-orchestrator retry {snap.name} {ids}")
-        out.append(f"  or skip: fleet-orchestrator skip {snap.name} {ids}")
+        if title == "Failed":
+            ids = " ".join(c.cluster for c in items)
+            out.append(f"  retry: fleet-orchestrator retry {snap.name} {ids}")
+            out.append(f"  or skip: fleet-orchestrator skip {snap.name} {ids}")
     waiting = [s.name for s in snap.stages if s.phase == api.StagePhase.AWAITING_APPROVAL]
     for stage in waiting:
         out.append(f"Stage {stage} awaits approval: fleet-orchestrator approve {snap.name} {stage}")

@@ -177,6 +177,10 @@ def test_status_of_a_cluster_version(
     assert "c3 (stage wave-1, attempt 1): StepTimedOut: controlPlane took longer than 90m" in out
     assert "c4 (stage wave-1): ClaimHeld: claimed by team-b/other" in out
     assert "retry: fleet-orchestrator retry prod c3" in out
+    # The worked example of docs/operations.md ("Operating from the CLI") is this output.
+    docs = (ROOT / "docs" / "operations.md").read_text()
+    example = docs.split("$ fleet-orchestrator status prod -n team-a\n", 1)[1].split("\n$ ", 1)[0]
+    assert out == example.replace("team-a", objects.ns) + "\n"
 
 
 def test_status_of_a_run_and_of_the_namespace(
