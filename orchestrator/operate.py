@@ -567,8 +567,18 @@ def _status_reader(kube: KubeClient, namespace: str, name: str | None) -> Callab
     return every
 
 
-def _watch(read: Callable[[], str], out: TextIO, interval: float) -> None:
-    """Re-render whenever what `read` returns changes: live on a terminal, appended otherwise."""
+def _watch(read_once: Callable[[], str], out: TextIO, interval: float) -> None:
+    """Re-render whenever what `read` returns changes: live on a terminal, appended otherwise.
+
+    A failed read (the apiserver away, the object deleted) is shown and read again.
+    """
+
+    def read() -> str:
+        try:
+            return read_once()
+        except (OperateError, KubeError) as error:
+            return f"error: {error} (reading again every {interval:g}s; Ctrl-C to leave)\n"
+
     if out.isatty():
         try:
             from rich.console import Console  # noqa: PLC0415

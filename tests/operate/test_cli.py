@@ -382,6 +382,14 @@ def test_status_watch_rerenders_on_change(control_plane: KubeCluster, objects: O
             "Current run: prod-1 (Progressing)\n"
             "Stopping: spec.state is Stop (resume: fleet-orchestrator resume prod)\n",
         )
+        # A failed read is shown and the watch goes on.
+        objects.kube.delete_object(api.PLURAL, objects.ns, "prod")
+        wait_for(
+            "the error rendered",
+            lambda: "error: no ClusterVersion or UpdateRun named 'prod'" in output(),
+            timeout=20,
+        )
+        assert output().count("--- ") == 3
     finally:
         proc.terminate()
         proc.wait(timeout=10)
