@@ -51,12 +51,29 @@ EXPECTED_GRANTS = {
     ),
     ("*", "", "events", "create"),
     ("*", "", "events", "patch"),
-    ("*", "", "secrets", "get"),
+    # Who may do what: the admins' FleetProviders and MetricSources (cluster-scoped), and
+    # namespace labels for their allowedNamespaces selectors.
+    *(
+        ("*", "multicluster-ops.io", kind, v)
+        for kind in ("fleetproviders", "metricsources")
+        for v in ("get", "list", "watch")
+    ),
+    ("*", "", "namespaces", "get"),
+    # Secrets only in the orchestrator's own namespace (never cluster-wide): the providers'
+    # TLS material, and the admission webhook's self-managed certificate (create/update).
+    *(("fleet-upgrade-system", "", "secrets", v) for v in ("get", "create", "update")),
+    # The webhook injects its CA into its own ValidatingWebhookConfiguration (by name).
+    *(
+        ("*", "admissionregistration.k8s.io", "validatingwebhookconfigurations", v)
+        for v in ("get", "patch")
+    ),
     *(
         ("fleet-upgrade-system", "coordination.k8s.io", "leases", v)
         for v in ("get", "create", "update")
     ),
 }
+#: Kinds without a namespace.
+CLUSTER_SCOPED = {"Namespace", "ValidatingWebhookConfiguration"}
 
 
 def _by_kind(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -238,7 +255,7 @@ def test_deployment_runs_the_orchestrator_with_the_sim_sidecar() -> None:
 )
 def test_install_objects_live_in_the_install_namespace(path: Path) -> None:
     for doc in yaml_docs([path]):
-        if doc["kind"] == "Namespace" or doc["kind"].startswith("Cluster"):
+        if doc["kind"] in CLUSTER_SCOPED or doc["kind"].startswith("Cluster"):
             assert "namespace" not in doc["metadata"], path.name
         else:
             assert doc["metadata"].get("namespace") == "fleet-upgrade-system", path.name
