@@ -59,7 +59,7 @@ def test_invariants_hold_over_seeded_histories(chunk: int) -> None:
     assert not failures, _report(failures)
 
 
-@pytest.mark.parametrize("seed", [360, 507])
+@pytest.mark.parametrize("seed", [360, 136])
 def test_invariants_hold_on_large_fleets(seed: int) -> None:
     """2,000 and 500 clusters, stages by selector, checks; the history is shortened."""
     cfg = Config.draw(seed)
