@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -438,10 +439,10 @@ class UpdateRunController:
             return self._degraded(obj, status, "SecretError", str(err), gen, now, 30.0)
         d = result.decision
         self.metrics.api_writes.inc(store.writes)
-        if self.emit_event is not None:
+        if self.emit_event is not None and d.events:
+            by_cluster = {o["spec"]["clusterId"]: o for o in store.objects.values()}
             for cid, reason, message, warning in d.events:
-                up = next((o for o in store.objects.values() if o["spec"]["clusterId"] == cid), obj)
-                self.emit_event(up, reason, message, warning)
+                self.emit_event(by_cluster.get(cid, obj), reason, message, warning)
         finished = d.phase in FINISHED
         conds = list(status.conditions or [])
         conds = set_condition(
@@ -478,13 +479,12 @@ class UpdateRunController:
         self._write_run(obj, new)
         self._consume(obj, api.ANNOTATION_RETRY_CLUSTERS, upgrades)
         self._consume(obj, api.ANNOTATION_SKIP_CLUSTERS, upgrades)
+        by_phase = Counter(
+            (store.objects[u.name].get("status") or {}).get("phase", "Pending")
+            for u in upgrades.values()
+        )
         for phase in api.UpgradePhase:
-            count = sum(
-                1
-                for u in upgrades.values()
-                if (store.objects[u.name].get("status") or {}).get("phase", "Pending") == phase
-            )
-            self.metrics.clusters.labels(ns, name, phase.value).set(count)
+            self.metrics.clusters.labels(ns, name, phase.value).set(by_phase.get(phase.value, 0))
         if finished:
             return None
         return result.requeue_after
