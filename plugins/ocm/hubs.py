@@ -175,9 +175,8 @@ class OcmHubs:
     def watch_operations(
         self, cluster_ids: Sequence[str], include_in_flight: bool, context: grpc.ServicerContext
     ) -> Iterator[cluster_pb2.Operation]:
-        """Every update of the clusters' operations until the caller cancels."""
-        for cluster_id in cluster_ids:
-            self._route(cluster_id)
+        """Every update of the clusters' operations until the caller cancels (an id no hub
+        knows just never matches)."""
         if include_in_flight:
             self._adopted_everywhere()
         return self.store.watch(cluster_ids, include_in_flight, context)

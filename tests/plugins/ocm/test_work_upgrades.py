@@ -11,6 +11,7 @@ from fleetupgrade.plugin.v1 import cluster_pb2
 from tests.plugins.ocm.conftest import NEW, OLD, RunningPlugin, StartPlugin, work_config
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.ocm_emulator import WORK, OcmEmulator
+from tests.support.upstream import cel_rules
 
 RUNNING, SUCCEEDED, FAILED = (
     cluster_pb2.OPERATION_STATE_RUNNING,
@@ -39,6 +40,17 @@ def _works(hub: KubeCluster, cluster: str) -> list[dict[str, Any]]:
         api.close()
 
 
+def _assert_cel_rules_hold(work: dict[str, Any]) -> None:
+    """The upstream ManifestWork CRD's one CEL rule (unknown to the 1.20 test server), checked
+    on the work the plugin wrote."""
+    [rule] = cel_rules("ocm_manifestworks.yaml")
+    assert rule.path == "spec.manifestConfigs[].conditionRules[]"
+    assert rule.rule == "self.type != 'CEL' || self.condition != \"\""
+    for config in work["spec"].get("manifestConfigs") or []:
+        for condition_rule in config.get("conditionRules") or []:
+            assert condition_rule.get("type") != "CEL" or condition_rule.get("condition")
+
+
 def test_the_plan_is_delivered_rendered_and_its_feedback_ends_the_upgrade(
     hub: KubeCluster,
     emulator: OcmEmulator,
@@ -58,6 +70,7 @@ def test_the_plan_is_delivered_rendered_and_its_feedback_ends_the_upgrade(
     assert plan["kind"] == "Plan" and plan["spec"]["version"] == f"v{NEW}"
     assert plan["metadata"]["labels"] == {"fleetupgrade.io/cluster": name}
     [config] = work["spec"]["manifestConfigs"]
+    _assert_cel_rules_hold(work)
     assert config["resourceIdentifier"]["resource"] == "plans"
     assert [p["name"] for p in config["feedbackRules"][0]["jsonPaths"]] == [
         "complete",
@@ -84,6 +97,7 @@ def test_the_plan_is_delivered_rendered_and_its_feedback_ends_the_upgrade(
     assert _end(plugin, op2.id).state == SUCCEEDED
     assert emulator.version_of(name) == newer
     [work] = _works(hub, name)
+    _assert_cel_rules_hold(work)
     assert work["spec"]["workload"]["manifests"][0]["spec"]["version"] == f"v{newer}"
     assert work["metadata"]["generation"] == 2
 

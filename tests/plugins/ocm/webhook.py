@@ -122,7 +122,12 @@ def managed_cluster_webhook(hub: KubeCluster, workdir: Path) -> Iterator[list[st
     server = _Server()
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(pki.server.cert_file, pki.server.key_file)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
+    # The handshake happens in the handler's thread (on first read): a failed one then ends
+    # in the server's shutdown_request, which closes the socket, instead of leaking it in
+    # accept().
+    server.socket = context.wrap_socket(
+        server.socket, server_side=True, do_handshake_on_connect=False
+    )
     thread = threading.Thread(target=server.serve_forever, name="ocm-webhook", daemon=True)
     thread.start()
     port = server.server_address[1]
