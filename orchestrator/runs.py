@@ -67,6 +67,14 @@ def upgrade_from_obj(obj: Mapping[str, Any]) -> Upgrade:
 
 
 @dataclass
+class _DriverMemory:
+    """What a run's driver must remember between reconciles (see RunDriver's fields)."""
+
+    unrecorded_failures: set[str] = field(default_factory=set)
+    stage_failures: dict[tuple[str, str], datetime] = field(default_factory=dict)
+
+
+@dataclass
 class _KubeStore:
     """The driver's `UpgradeStore` over the apiserver; every write is conditional."""
 
@@ -138,6 +146,7 @@ class UpdateRunController:
     #: Parsed ClusterUpgrades by (namespace, name): re-parsed only when resourceVersion moves,
     #: so a reconcile costs work for what changed, not for the whole run.
     _parsed: dict[tuple[str, str], tuple[str, Upgrade]] = field(default_factory=dict)
+    _memory: dict[tuple[str, str], _DriverMemory] = field(default_factory=dict)
 
     def _parse(self, namespace: str, obj: Mapping[str, Any]) -> Upgrade:
         key = (namespace, obj["metadata"]["name"])
@@ -156,6 +165,7 @@ class UpdateRunController:
         except NotFound:
             self.endpoints.pop((namespace, name), None)
             self._preflight.pop((namespace, name), None)
+            self._memory.pop((namespace, name), None)
             prefix = f"{name}-"
             self._parsed = {
                 k: v
@@ -418,6 +428,11 @@ class UpdateRunController:
             self._preflight.setdefault((ns, name), {}),
             parallelism=WRITE_PARALLELISM,
         )
+        # The driver's memory of failed health evaluations whose write was lost (invariant 3)
+        # lives as long as the controller, not one reconcile.
+        memory = self._memory.setdefault((ns, name), _DriverMemory())
+        driver.unrecorded_failures = memory.unrecorded_failures
+        driver.stage_failures = memory.stage_failures
         annotations = meta.get("annotations") or {}
         try:
             result = driver.step(
