@@ -36,6 +36,15 @@ def test_reissued_service_out_is_checked_against_the_budget_again(
     )
     # Meanwhile another cluster goes down: taking cluster-00 out now would break the floor.
     fleet.fleet.set_health("cluster-03", available=False, unavailable_reason="node outage")
+    # The orchestrator re-checks the budget before it asks again (not after a failed call):
+    # once it has seen the outage, the service-out goes back to waiting. Only then does the
+    # plugin answer again (earlier, a pass that read the inventory just before the outage
+    # could still ask, through no fault of the check under test).
+    wait_for(
+        "the re-issue is held back by the budget",
+        lambda: objects.upgrade_status(run, "cluster-00").get("reason") == "WaitingForBudget",
+        timeout=60,
+    )
     fleet.rewrite(fleet_file(4, step=0.3))  # the plugin answers ServiceOut again
     time.sleep(5.0)  # quiet period: several retry intervals (2 s) in which a re-issue would go out
     m = fleet.monitor()
