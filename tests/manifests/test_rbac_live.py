@@ -24,6 +24,11 @@ from tests.support.orchestrator import CV, OrchestratorProcess, monitor
 
 RBAC = REPO_ROOT / "manifests" / "install" / "rbac.yaml"
 TLS_EXAMPLE = REPO_ROOT / "manifests" / "examples" / "tls.yaml"
+#: The opt-in that lets the orchestrator read a namespace's own TLS Secrets (shipped RBAC reads
+#: Secrets only in the orchestrator's namespace).
+INLINE_TLS_BINDING = (
+    REPO_ROOT / "manifests" / "overlays" / "inline-tls-secrets" / "rolebinding.yaml"
+)
 SA_NAME = "fleet-orchestrator"
 OLD = "1.28.5"
 
@@ -103,6 +108,23 @@ def test_orchestrator_needs_nothing_beyond_the_install_rbac(
         f"--cert={pki.client.cert_file}",
         f"--key={pki.client.key_file}",
     )
+    # This namespace names its own TLS Secrets in the manifest: opted in as documented.
+    (binding,) = yaml.safe_load_all(INLINE_TLS_BINDING.read_text())
+    binding["metadata"]["namespace"] = namespace
+    binding["subjects"][0]["namespace"] = install_namespace
+    kubectl(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(binding))
+    subject = f"system:serviceaccount:{install_namespace}:{SA_NAME}"
+
+    def can_read_secrets() -> bool:
+        try:
+            out = kubectl(
+                control_plane, "auth", "can-i", "get", "secrets", "-n", namespace, "--as", subject
+            )
+        except AssertionError:  # "no" exits 1
+            return False
+        return out.strip() == "yes"
+
+    wait_for("the RoleBinding takes effect", can_read_secrets, timeout=30)
     sim = Simulator(
         SimOptions(
             fleet_file=str(_tls_fleet(tmp_path)),
