@@ -179,7 +179,9 @@ class Kube:
         for resp in streams:
             try:
                 resp.shutdown()
-            except (OSError, AttributeError):
+            # RuntimeError: urllib3 refuses to shut down a stream whose connection already went
+            # back to the pool (the watch ended just now); closing it is all that is left.
+            except (OSError, AttributeError, RuntimeError):
                 resp.close()
         self._api.close()
 
