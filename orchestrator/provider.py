@@ -258,8 +258,8 @@ _VERDICT = {
 
 def call_error(err: PluginCallError) -> CallError:
     """The driver's view of a failed plugin call (code name, retryability, words, delay)."""
-    message = f"{err.reason}: {err.message}" if getattr(err, "reason", "") else err.message
-    retry_after = getattr(err, "retry_after", None) or 0.0
+    message = f"{err.reason}: {err.message}" if err.reason else err.message
+    retry_after = err.retry_after or 0.0
     return CallError(err.code.name, message, err.retryable, retry_after)
 
 

@@ -492,8 +492,8 @@ class UpdateRunController:
             }
         )
         self._write_run(obj, new)
-        self._consume(obj, api.ANNOTATION_RETRY_CLUSTERS, upgrades)
-        self._consume(obj, api.ANNOTATION_SKIP_CLUSTERS, upgrades)
+        self._consume(obj, api.ANNOTATION_RETRY_CLUSTERS)
+        self._consume(obj, api.ANNOTATION_SKIP_CLUSTERS)
         by_phase = Counter(
             (store.objects[u.name].get("status") or {}).get("phase", "Pending")
             for u in upgrades.values()
@@ -533,7 +533,7 @@ class UpdateRunController:
             floors.append(Floor(f"{rns}/{run}", frozenset(cids), required))
         return held, floors
 
-    def _consume(self, obj: dict[str, Any], key: str, upgrades: Mapping[str, Upgrade]) -> None:
+    def _consume(self, obj: dict[str, Any], key: str) -> None:
         """Remove the ids a people-annotation named: each is acted on once, then consumed."""
         asked = _csv((obj["metadata"].get("annotations") or {}).get(key))
         if not asked:
