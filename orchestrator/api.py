@@ -8,7 +8,7 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 __all__ = [
@@ -94,6 +94,7 @@ ENDPOINT_PATTERN = (
     r"^((\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?):[0-9]{1,5}|unix:.+)$"
 )
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+TIME_OF_DAY_PATTERN = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -337,6 +338,142 @@ class HealthChecks(_Model):
     checks: list[HealthCheck] = Field(min_length=1)
 
 
+class Weekday(StrEnum):
+    """A day of the week, as maintenance windows name them."""
+
+    MONDAY = "Monday"
+    TUESDAY = "Tuesday"
+    WEDNESDAY = "Wednesday"
+    THURSDAY = "Thursday"
+    FRIDAY = "Friday"
+    SATURDAY = "Saturday"
+    SUNDAY = "Sunday"
+
+
+class MaintenanceWindow(_Model):
+    """A recurring window in which clusters may start (and should finish) their upgrade."""
+
+    name: str | None = Field(default=None, max_length=63)
+    days: list[Weekday] | None = Field(
+        default=None,
+        description="Days the window opens (unset: every day, or as rrule says).",
+    )
+    start: str = Field(
+        pattern=TIME_OF_DAY_PATTERN,
+        description="Local time of day the window opens, HH:MM (24 h) in timeZone.",
+    )
+    duration: Duration = Field(description="How long the window stays open, e.g. 4h.")
+    time_zone: str = Field(
+        default="UTC", max_length=64, description="IANA time zone, e.g. Europe/Berlin."
+    )
+    rrule: str | None = Field(
+        default=None,
+        max_length=512,
+        description="RFC 5545 RRULE (e.g. FREQ=MONTHLY;BYDAY=1SA) instead of days; each "
+        "occurrence opens at start.",
+    )
+
+
+class MaintenanceExclusion(_Model):
+    """A one-off interval in which no cluster starts an upgrade (a freeze)."""
+
+    name: str | None = Field(default=None, max_length=63)
+    start: str = Field(description="RFC 3339 time, e.g. 2026-12-20T00:00:00Z.")
+    end: str = Field(description="RFC 3339 time, after start.")
+
+
+class ProviderWindows(StrEnum):
+    """Whether the provider's own windows (Cluster.maintenance_windows) are honoured."""
+
+    OFF = "Off"
+    WINDOWS = "Windows"
+    WINDOWS_AND_EXCLUSIONS = "WindowsAndExclusions"
+
+
+class Maintenance(_Model):
+    """When clusters may start their upgrade: windows, exclusions and the provider's own."""
+
+    windows: list[MaintenanceWindow] | None = Field(
+        default=None, description="Open windows (unset: always open, save exclusions)."
+    )
+    exclusions: list[MaintenanceExclusion] | None = None
+    provider_windows: ProviderWindows = Field(
+        default=ProviderWindows.OFF,
+        description="Honour the windows (and exclusions) the provider reports per cluster.",
+    )
+    expected_duration: Duration = Field(
+        default="1h",
+        description="How long one cluster's upgrade takes: a cluster starts only when its "
+        "window stays open that long.",
+    )
+    allow_overrun: bool = Field(
+        default=False, description="Start whenever a window is open, even if it closes first."
+    )
+
+
+class HttpHook(_Model):
+    """An HTTP call (POST, JSON body): 2xx passes, anything else fails the cluster."""
+
+    url: str | None = Field(
+        default=None, pattern=r"^https?://", description="Endpoint (or urlSecretRef)."
+    )
+    url_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="A Secret key holding the URL (for URLs with tokens)."
+    )
+    bearer_token_secret_ref: SecretKeyRef | None = None
+    ca_secret_ref: SecretKeyRef | None = None
+    timeout: Duration = Field(default="30s", description="Per request.")
+    retries: int = Field(default=3, ge=0, le=10, description="Further tries on 5xx/timeouts.")
+
+    @model_validator(mode="after")
+    def _one_url(self) -> HttpHook:
+        if (self.url is None) == (self.url_secret_ref is None):
+            raise ValueError("http: set exactly one of url and urlSecretRef")
+        return self
+
+
+class JobHook(_Model):
+    """A Kubernetes Job created from a template in the run's namespace."""
+
+    template: dict[str, Any] = Field(
+        description="A batch/v1 JobSpec; its containers get CLUSTER_ID, CLUSTER_VERSION, "
+        "TARGET_VERSION, HOOK and RUN as environment variables.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class Hook(_Model):
+    """One hook: an HTTP call or a Job (exactly one)."""
+
+    http: HttpHook | None = None
+    job: JobHook | None = None
+    timeout: Duration = Field(
+        default="10m", description="Bound on the whole hook; past it the cluster fails."
+    )
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Hook:
+        if (self.http is None) == (self.job is None):
+            raise ValueError("set exactly one of http and job")
+        return self
+
+
+class Hooks(_Model):
+    """Per-cluster hooks: preUpgrade before the service-out, postUpgrade after the checks."""
+
+    pre_upgrade: Hook | None = None
+    post_upgrade: Hook | None = None
+
+
+class FailedClusterPolicy(StrEnum):
+    """What happens to a failed cluster while the rollout goes on."""
+
+    #: It stays out of service for a person to look at.
+    KEEP_OUT = "KeepOut"
+    #: It is serviced back in when it is available and its pools ready.
+    SERVICE_IN_IF_HEALTHY = "ServiceInIfHealthy"
+
+
 class Stage(_Model):
     """A group of clusters upgraded together; stages run in order."""
 
@@ -353,6 +490,13 @@ class Stage(_Model):
     health_checks: HealthChecks | None = Field(
         default=None, description="Overrides spec.healthChecks for this stage."
     )
+    max_failures: IntOrPercent | None = Field(
+        default=None,
+        description="Failed clusters this stage tolerates (count or percent of the stage).",
+    )
+    maintenance: Maintenance | None = Field(
+        default=None, description="Overrides strategy.maintenance for this stage."
+    )
 
 
 class Strategy(_Model):
@@ -364,6 +508,70 @@ class Strategy(_Model):
     )
     paused: bool = Field(default=False, description="Start no new step while true.")
     on_failure: OnFailure = OnFailure.HALT
+    max_failures: IntOrPercent | None = Field(
+        default=None,
+        description="Failed clusters the run tolerates (count or percent of the run) before it "
+        "halts; unset: onFailure decides (Halt: 0, Continue: all).",
+    )
+    failed_cluster_policy: FailedClusterPolicy = FailedClusterPolicy.KEEP_OUT
+    maintenance: Maintenance | None = None
+    not_before: str | None = Field(
+        default=None, description="RFC 3339 time before which no cluster starts."
+    )
+    hooks: Hooks | None = None
+
+
+class SkipSpec(_Model):
+    """Clusters and stages a person skipped (level-triggered: listed means skipped)."""
+
+    clusters: list[str] | None = Field(default=None, description="Cluster ids.")
+    stages: list[str] | None = Field(default=None, description="Stage names.")
+    reason: str | None = Field(default=None, max_length=1024)
+    requested_by: str | None = Field(default=None, max_length=253)
+
+
+class RetrySpec(_Model):
+    """Clusters to give a fresh attempt, once per round (raise round to retry again)."""
+
+    clusters: list[str] = Field(min_length=1, description="Cluster ids.")
+    round: int = Field(ge=1, description="Each listed cluster retries once per round.")
+    reason: str | None = Field(default=None, max_length=1024)
+    requested_by: str | None = Field(default=None, max_length=253)
+
+
+class NotificationType(StrEnum):
+    """The body a notification endpoint receives."""
+
+    CLOUD_EVENTS = "CloudEvents"
+    SLACK = "Slack"
+
+
+class NotificationEvent(StrEnum):
+    """What a notification can be sent for."""
+
+    RUN_STARTED = "RunStarted"
+    RUN_SUCCEEDED = "RunSucceeded"
+    RUN_FAILED = "RunFailed"
+    RUN_HALTED = "RunHalted"
+    RUN_STOPPED = "RunStopped"
+    STAGE_STARTED = "StageStarted"
+    STAGE_COMPLETED = "StageCompleted"
+    STAGE_FAILED = "StageFailed"
+    APPROVAL_AWAITED = "ApprovalAwaited"
+    CLUSTER_FAILED = "ClusterFailed"
+
+
+class Notification(_Model):
+    """An HTTP endpoint told of transitions (CloudEvents JSON or a Slack incoming webhook)."""
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=63)
+    type: NotificationType = NotificationType.CLOUD_EVENTS
+    url_secret_ref: SecretKeyRef = Field(description="A Secret key holding the endpoint URL.")
+    bearer_token_secret_ref: SecretKeyRef | None = None
+    ca_secret_ref: SecretKeyRef | None = None
+    events: list[NotificationEvent] | None = Field(
+        default=None, description="Only these (unset: all)."
+    )
 
 
 class StepTimeouts(_Model):
@@ -402,6 +610,9 @@ class ClusterVersionSpec(_Model):
     timeouts: StepTimeouts | None = Field(
         default=None, description="Bounds on each kind of step (defaults in StepTimeouts)."
     )
+    skip: SkipSpec | None = Field(default=None, description="Applies to the current run.")
+    retry: RetrySpec | None = Field(default=None, description="Applies to the current run.")
+    notifications: list[Notification] | None = None
 
     @field_validator("clusters")
     @classmethod
@@ -426,6 +637,8 @@ class StagePhase(StrEnum):
     SOAKING = "Soaking"
     COMPLETED = "Completed"
     FAILED = "Failed"
+    #: Skipped by a person: members not started are Skipped, members in flight finish.
+    SKIPPED = "Skipped"
 
 
 class RolloutPhase(StrEnum):
@@ -479,6 +692,7 @@ class StageStatus(_Model):
     total: int
     upgraded: int
     failed: int = 0
+    max_failures: int | None = Field(default=None, description="Failures this stage tolerates.")
     start_time: str | None = None
     completion_time: str | None = None
     health: HealthState | None = None
@@ -551,10 +765,14 @@ class UpgradePhase(StrEnum):
     """Where one ClusterUpgrade stands (DESIGN.md per-cluster lifecycle)."""
 
     PENDING = "Pending"
+    #: The preUpgrade hook runs (the cluster is held, still in service).
+    PRE_HOOK = "PreUpgradeHook"
     SERVICING_OUT = "ServicingOut"
     UPGRADING_CONTROL_PLANE = "UpgradingControlPlane"
     UPGRADING_NODE_POOLS = "UpgradingNodePools"
     VERIFYING = "Verifying"
+    #: The postUpgrade hook runs (after the checks passed, before the service-in).
+    POST_HOOK = "PostUpgradeHook"
     SERVICING_IN = "ServicingIn"
     UPGRADED = "Upgraded"
     FAILED = "Failed"
@@ -598,6 +816,9 @@ class UpdateRunSpec(_Model):
     strategy: Strategy | None = None
     health_checks: HealthChecks | None = None
     timeouts: StepTimeouts | None = None
+    skip: SkipSpec | None = None
+    retry: RetrySpec | None = None
+    notifications: list[Notification] | None = None
 
 
 class RunCounts(_Model):
@@ -610,6 +831,16 @@ class RunCounts(_Model):
     failed: int = 0
     blocked: int = 0
     skipped: int = 0
+
+
+class FailureSummary(_Model):
+    """Failures against the run's budget, with the first few clusters and why."""
+
+    count: int = 0
+    max_failures: int | None = Field(default=None, description="Unset: no limit.")
+    clusters: list[str] | None = Field(
+        default=None, description="Up to 20 failed cluster ids (kubectl get cu for all)."
+    )
 
 
 class RunPhase(StrEnum):
@@ -637,6 +868,13 @@ class UpdateRunStatus(_Model):
     )
     counts: RunCounts | None = None
     stages: list[StageStatus] | None = None
+    failures: FailureSummary | None = None
+    next_start_time: str | None = Field(
+        default=None, description="When the next cluster can start, if it waits for time."
+    )
+    waiting_reason: str | None = Field(
+        default=None, description="Why no cluster starts now (window, notBefore, budget...)."
+    )
     start_time: str | None = None
     end_time: str | None = None
     conditions: list[Condition] | None = None
@@ -661,6 +899,25 @@ class ClusterUpgradeSpec(_Model):
         return self.node_version
 
 
+class HookPhase(StrEnum):
+    """Where one hook run stands."""
+
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class HookStatus(_Model):
+    """One hook run, recorded before it starts (never run twice for one attempt)."""
+
+    kind: Literal["preUpgrade", "postUpgrade"]
+    #: Job name, or the idempotency key sent with the HTTP call.
+    id: str
+    phase: HookPhase = HookPhase.RUNNING
+    start_time: str
+    message: str | None = None
+
+
 class ClusterUpgradeStatus(_Model):
     """One cluster's progress; nothing here is ever compacted away."""
 
@@ -677,6 +934,8 @@ class ClusterUpgradeStatus(_Model):
     reason: str | None = None
     message: str | None = None
     health: HealthState | None = None
+    hook: HookStatus | None = Field(default=None, description="The hook of this attempt.")
+    retry_round: int = Field(default=0, description="The last spec.retry.round applied.")
     conditions: list[Condition] | None = None
 
 

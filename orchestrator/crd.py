@@ -47,7 +47,8 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     for key, value in node.items():
         if key in _DROP or (key == "default" and value is None):
             continue
-        if key == "additionalProperties" and value is False:  # not allowed beside properties
+        if key == "additionalProperties" and isinstance(value, bool):
+            # false is not allowed beside properties; true is said by preserve-unknown-fields
             continue
         if key == "properties":
             out[key] = {name: _convert(sub, defs) for name, sub in value.items()}

@@ -107,7 +107,7 @@ def pin_upgrades(
 
 
 #: ClusterVersion fields that change the current run in place rather than start a new one.
-LIVE_FIELDS = ("requiredAvailableCount",)
+LIVE_FIELDS = ("requiredAvailableCount", "skip", "retry", "notifications")
 
 
 def _digest(cv: api.ClusterVersionSpec) -> str:
