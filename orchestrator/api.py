@@ -751,6 +751,13 @@ LABEL_RUN = f"{GROUP}/update-run"
 LABEL_CLUSTER_VERSION = f"{GROUP}/cluster-version"
 #: Comma-separated cluster ids of an UpdateRun to skip (recorded on their ClusterUpgrade).
 ANNOTATION_SKIP_CLUSTERS = f"{GROUP}/skip-clusters"
+#: Comma-separated stage names of an UpdateRun to skip (level-triggered, like approve-stages):
+#: members not started are Skipped, members in flight finish their step.
+ANNOTATION_SKIP_STAGES = f"{GROUP}/skip-stages"
+#: Free text recorded with the skips and retries the same write asks for.
+ANNOTATION_REASON = f"{GROUP}/reason"
+#: Who asked (the CLI writes the kubeconfig user); recorded with the skips and retries.
+ANNOTATION_REQUESTED_BY = f"{GROUP}/requested-by"
 
 
 class RunState(StrEnum):
