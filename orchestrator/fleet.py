@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from enum import StrEnum
 
-__all__ = ["ClusterObs", "OpKind", "OpObs", "OpState", "PoolObs", "Snapshot", "apply_succeeded"]
+__all__ = [
+    "ClusterObs",
+    "OpKind",
+    "OpObs",
+    "OpState",
+    "PoolObs",
+    "Snapshot",
+    "WindowObs",
+    "apply_succeeded",
+]
 
 
 class OpKind(StrEnum):
@@ -57,6 +67,19 @@ class PoolObs:
 
 
 @dataclass(frozen=True)
+class WindowObs:
+    """One maintenance window or exclusion the provider reports for a cluster (contract
+    MaintenanceWindow): its first occurrence and, when it recurs, the RFC 5545 RRULE."""
+
+    kind: str  # "window" | "exclusion"
+    name: str
+    start: datetime  # aware
+    end: datetime  # aware
+    recurrence: str = ""  # RRULE; "" for a one-off
+    scope: str = ""  # what an exclusion excludes, e.g. GKE's "NO_MINOR_UPGRADES"
+
+
+@dataclass(frozen=True)
 class ClusterObs:
     """One cluster as last seen through ListClusters."""
 
@@ -68,6 +91,8 @@ class ClusterObs:
     unavailable_reason: str = ""
     in_service: bool = True
     current_operation: OpObs | None = None
+    #: The provider's own maintenance windows and exclusions (information; see windows.gate).
+    maintenance_windows: tuple[WindowObs, ...] = ()
 
 
 @dataclass(frozen=True)

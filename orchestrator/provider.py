@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 import grpc
 from tenacity import (
@@ -22,7 +22,7 @@ from tenacity import (
 from fleetupgrade.plugin.v1 import cluster_pb2, identity_pb2
 from orchestrator.driver import CallError
 from orchestrator.engine import Call, Preflight, Verdict
-from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, PoolObs, Snapshot
+from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, PoolObs, Snapshot, WindowObs
 from orchestrator.metrics import Metrics
 from plugins.sdk.client import ClientTLS, PluginCallError, PluginClient
 
@@ -33,6 +33,7 @@ __all__ = [
     "call_error",
     "cluster_from_pb",
     "op_from_pb",
+    "windows_from_pb",
 ]
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,35 @@ def op_from_pb(op: cluster_pb2.Operation) -> OpObs:
     )
 
 
+_WINDOW_KINDS = {
+    cluster_pb2.MAINTENANCE_WINDOW_KIND_WINDOW: "window",
+    cluster_pb2.MAINTENANCE_WINDOW_KIND_EXCLUSION: "exclusion",
+}
+
+
+def windows_from_pb(
+    windows: Sequence[cluster_pb2.MaintenanceWindow],
+) -> tuple[WindowObs, ...]:
+    """The provider's maintenance windows and exclusions; entries without a kind or without
+    both times (REQUIRED in the contract) are dropped, as nothing could be honoured of them."""
+    out = []
+    for w in windows:
+        kind = _WINDOW_KINDS.get(w.kind)
+        if kind is None or not (w.HasField("start_time") and w.HasField("end_time")):
+            continue
+        out.append(
+            WindowObs(
+                kind=kind,
+                name=w.name,
+                start=w.start_time.ToDatetime(tzinfo=UTC),
+                end=w.end_time.ToDatetime(tzinfo=UTC),
+                recurrence=w.recurrence,
+                scope=w.scope,
+            )
+        )
+    return tuple(out)
+
+
 def cluster_from_pb(c: cluster_pb2.Cluster) -> ClusterObs:
     """The planner's view of a contract Cluster."""
     return ClusterObs(
@@ -102,6 +132,7 @@ def cluster_from_pb(c: cluster_pb2.Cluster) -> ClusterObs:
         current_operation=op_from_pb(c.current_operation)
         if c.HasField("current_operation")
         else None,
+        maintenance_windows=windows_from_pb(c.maintenance_windows),
     )
 
 
