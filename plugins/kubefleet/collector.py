@@ -30,7 +30,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
@@ -272,26 +272,37 @@ class MetricCollectorAgent:
         assert self._reports is not None
         if not self._reports.synced:
             return 0.5
+        next_due, _ = self._due_pass(self._reports, self._report_states, self._fill, "report")
+        return next_due
+
+    def _due_pass(
+        self,
+        cache: Informer,
+        states: dict[str, _State],
+        act: Callable[[Mapping[str, Any], _State], None],
+        what: str,
+    ) -> tuple[float, dict[str, _State]]:
+        """Runs `act` on every cached object that is due; returns the seconds until the next
+        one is due and the states of objects no longer in the cache (removed from `states`)."""
         now = time.monotonic()
         present: set[str] = set()
         next_due = 5.0
-        for cached in self._reports.items():
-            report = cached.obj
-            name = str(report["metadata"]["name"])
+        for cached in cache.items():
+            obj = cached.obj
+            name = str(obj["metadata"]["name"])
             present.add(name)
-            state = self._report_states.setdefault(name, _State())
-            if report["metadata"].get("deletionTimestamp"):
+            state = states.setdefault(name, _State())
+            if obj["metadata"].get("deletionTimestamp"):
                 continue
             if state.due <= now:
                 try:
-                    self._fill(report, state)
-                except Exception:  # the agent must survive anything one report does
-                    _LOG.exception("collection failed", extra={"fields": {"report": name}})
+                    act(obj, state)
+                except Exception:  # the agent must survive anything one object does
+                    _LOG.exception("collection failed", extra={"fields": {what: name}})
                     state.due = time.monotonic() + self._backoff(state)
             next_due = min(next_due, max(0.0, state.due - time.monotonic()))
-        for name in set(self._report_states) - present:
-            self._report_states.pop(name)
-        return next_due
+        gone = {name: states.pop(name) for name in set(states) - present}
+        return next_due, gone
 
     def _fill(self, report: Mapping[str, Any], state: _State) -> None:
         """Queries Prometheus and writes the report's status (what the cookbook's collector
@@ -385,25 +396,8 @@ class MetricCollectorAgent:
         assert self._collectors is not None
         if not self._collectors.synced:
             return 0.5
-        now = time.monotonic()
-        present: set[str] = set()
-        next_due = 5.0
-        for cached in self._collectors.items():
-            mc = cached.obj
-            name = str(mc["metadata"]["name"])
-            present.add(name)
-            state = self._states.setdefault(name, _State())
-            if mc["metadata"].get("deletionTimestamp"):
-                continue
-            if state.due <= now:
-                try:
-                    self._collect(mc, state)
-                except Exception:  # the agent must survive anything one collector does
-                    _LOG.exception("collection failed", extra={"fields": {"collector": name}})
-                    state.due = time.monotonic() + self._backoff(state)
-            next_due = min(next_due, max(0.0, state.due - time.monotonic()))
-        for name in set(self._states) - present:
-            state = self._states.pop(name)
+        next_due, gone = self._due_pass(self._collectors, self._states, self._collect, "collector")
+        for name, state in gone.items():
             if state.reported and state.report_namespace:
                 self._orphans[name] = state.report_namespace
         for name, namespace in list(self._orphans.items()):
@@ -430,7 +424,7 @@ class MetricCollectorAgent:
         state.failures += 1
         return float(min(self.options.max_backoff, 0.5 * 2 ** min(state.failures, 16)))
 
-    def _collect(self, mc: dict[str, Any], state: _State) -> None:
+    def _collect(self, mc: Mapping[str, Any], state: _State) -> None:
         name = str(mc["metadata"]["name"])
         spec = mc.get("spec") or {}
         now = datetime.now(UTC)
