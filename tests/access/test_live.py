@@ -25,7 +25,7 @@ from plugins.sdk.server import ServerTLS
 from plugins.sim.server import SimOptions, Simulator
 from tests.support.certs import generate_pki
 from tests.support.kube import KubeCluster, wait_for
-from tests.support.kubectl import kubectl
+from tests.support.kubectl import create_tls_secrets, kubectl
 from tests.support.orchestrator import CV, OrchestratorProcess, monitor
 from tests.support.prometheus import SampleApp, prometheus_binary, running_prometheus
 
@@ -391,16 +391,14 @@ def test_an_allowed_namespace_converges_through_a_fleet_provider_with_home_secre
     orchestrator read Secrets."""
     pki = generate_pki(tmp_path / "pki")
     ca_secret, client_secret = f"ca-{namespace}", f"client-{namespace}"
-    kubectl(
+    create_tls_secrets(
         control_plane,
-        *("-n", HOME, "create", "secret", "generic", ca_secret),
-        f"--from-file=ca.crt={pki.ca_file}",
-    )
-    kubectl(
-        control_plane,
-        *("-n", HOME, "create", "secret", "tls", client_secret),
-        f"--cert={pki.client.cert_file}",
-        f"--key={pki.client.key_file}",
+        HOME,
+        pki.ca_file,
+        pki.client.cert_file,
+        pki.client.key_file,
+        ca_secret,
+        client_secret,
     )
     kubectl(control_plane, "label", "namespace", namespace, f"fleet.example/team={namespace}")
     grant_cluster_version_editor(control_plane, namespace, editor)
@@ -618,16 +616,8 @@ def test_inline_tls_in_an_allowed_namespace_needs_the_opt_in_secret_binding(
     its own TLS Secrets: with the shipped RBAC the orchestrator may not read them, says how to
     allow it, and calls nothing; the inline-tls-secrets overlay's RoleBinding allows it."""
     pki = generate_pki(tmp_path / "pki")
-    kubectl(
-        control_plane,
-        *("-n", namespace, "create", "secret", "generic", "plugin-ca"),
-        f"--from-file=ca.crt={pki.ca_file}",
-    )
-    kubectl(
-        control_plane,
-        *("-n", namespace, "create", "secret", "tls", "orchestrator-client"),
-        f"--cert={pki.client.cert_file}",
-        f"--key={pki.client.key_file}",
+    create_tls_secrets(
+        control_plane, namespace, pki.ca_file, pki.client.cert_file, pki.client.key_file
     )
     sim = Simulator(
         SimOptions(

@@ -19,7 +19,7 @@ from plugins.sdk.server import ServerTLS
 from plugins.sim.server import SimOptions, Simulator
 from tests.support.certs import generate_pki
 from tests.support.kube import KubeCluster, wait_for
-from tests.support.kubectl import kubectl, yaml_docs
+from tests.support.kubectl import create_tls_secrets, kubectl, yaml_docs
 from tests.support.orchestrator import CV, OrchestratorProcess, monitor
 
 RBAC = REPO_ROOT / "manifests" / "install" / "rbac.yaml"
@@ -97,16 +97,8 @@ def test_orchestrator_needs_nothing_beyond_the_install_rbac(
     tmp_path: Path,
 ) -> None:
     pki = generate_pki(tmp_path / "pki")
-    kubectl(
-        control_plane,
-        *("-n", namespace, "create", "secret", "generic", "plugin-ca"),
-        f"--from-file=ca.crt={pki.ca_file}",
-    )
-    kubectl(
-        control_plane,
-        *("-n", namespace, "create", "secret", "tls", "orchestrator-client"),
-        f"--cert={pki.client.cert_file}",
-        f"--key={pki.client.key_file}",
+    create_tls_secrets(
+        control_plane, namespace, pki.ca_file, pki.client.cert_file, pki.client.key_file
     )
     # This namespace names its own TLS Secrets in the manifest: opted in as documented.
     (binding,) = yaml.safe_load_all(INLINE_TLS_BINDING.read_text())

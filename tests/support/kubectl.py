@@ -12,7 +12,7 @@ import yaml
 
 from tests.support.kube import KubeCluster
 
-__all__ = ["kubectl", "kustomize", "yaml_docs"]
+__all__ = ["create_tls_secrets", "kubectl", "kustomize", "yaml_docs"]
 
 
 def kubectl(
@@ -34,6 +34,30 @@ def kubectl(
         f"kubectl {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
     )
     return done.stdout
+
+
+def create_tls_secrets(
+    cluster: KubeCluster,
+    namespace: str,
+    ca_file: Path | str,
+    client_cert_file: Path | str,
+    client_key_file: Path | str,
+    ca_secret: str = "plugin-ca",
+    client_secret: str = "orchestrator-client",
+) -> None:
+    """The two Secrets a plugin endpoint's TLS names: the CA (generic, key ca.crt) and the
+    orchestrator's client pair (kubernetes.io/tls)."""
+    kubectl(
+        cluster,
+        *("-n", namespace, "create", "secret", "generic", ca_secret),
+        f"--from-file=ca.crt={ca_file}",
+    )
+    kubectl(
+        cluster,
+        *("-n", namespace, "create", "secret", "tls", client_secret),
+        f"--cert={client_cert_file}",
+        f"--key={client_key_file}",
+    )
 
 
 def kustomize(directory: Path) -> str:
