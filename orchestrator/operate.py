@@ -7,28 +7,37 @@ objects or write the annotations and spec fields the controllers act on.
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
 
 from orchestrator import api
-from orchestrator.kube import KubeClient, KubeError, NotFound
+from orchestrator.kube import Conflict, KubeClient, KubeError, NotFound
 
 __all__ = [
     "COMMANDS",
+    "Budget",
     "ClusterLine",
     "OperateError",
+    "Request",
     "Snapshot",
     "StageLine",
     "add_commands",
+    "bar",
     "render",
     "render_history",
+    "renderable",
     "run",
     "snapshot",
 ]
@@ -107,6 +116,7 @@ class StageLine:
     total: int
     upgraded: int
     failed: int
+    max_failures: int | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +130,17 @@ class ClusterLine:
     attempt: int = 0
     reason: str = ""
     message: str = ""
+    #: When its current step (else its phase) started, RFC 3339; "" when unknown.
+    since: str = ""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """status.failures of a run: failed clusters against maxFailures."""
+
+    count: int
+    max_failures: int | None = None
+    clusters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,6 +162,12 @@ class Snapshot:
     failed: tuple[ClusterLine, ...] = ()
     blocked: tuple[ClusterLine, ...] = ()
     approved: tuple[str, ...] = ()
+    skipped_stages: tuple[str, ...] = ()
+    failures: Budget | None = None
+    next_start_time: str = ""
+    waiting_reason: str = ""
+    #: The moment ages and "in 2h5m" are measured from.
+    now: datetime = field(default_factory=lambda: datetime.now(UTC))
 
 
 def snapshot(kube: KubeClient, namespace: str, name: str) -> Snapshot:
@@ -165,6 +192,12 @@ def snapshot(kube: KubeClient, namespace: str, name: str) -> Snapshot:
             attempt=int(cu_status.get("attempt") or 0),
             reason=str(cu_status.get("reason") or ""),
             message=str(cu_status.get("message") or ""),
+            since=str(
+                cu_status.get("stepStartTime")
+                or cu_status.get("lastTransitionTime")
+                or cu_status.get("startTime")
+                or ""
+            ),
         )
         if phase in _IN_FLIGHT:
             lines["in_flight"].append(line)
@@ -174,6 +207,7 @@ def snapshot(kube: KubeClient, namespace: str, name: str) -> Snapshot:
             lines["blocked"].append(line)
     stages = run_status.get("stages") or status.get("stages") or []
     annotations = (target.obj.get("metadata") or {}).get("annotations") or {}
+    failures = run_status.get("failures")
     return Snapshot(
         kind=target.kind,
         namespace=namespace,
@@ -192,6 +226,7 @@ def snapshot(kube: KubeClient, namespace: str, name: str) -> Snapshot:
                 total=int(s.get("total", 0)),
                 upgraded=int(s.get("upgraded", 0)),
                 failed=int(s.get("failed", 0)),
+                max_failures=None if s.get("maxFailures") is None else int(s["maxFailures"]),
             )
             for s in stages
         ),
@@ -199,79 +234,226 @@ def snapshot(kube: KubeClient, namespace: str, name: str) -> Snapshot:
         failed=tuple(lines["failed"]),
         blocked=tuple(lines["blocked"]),
         approved=tuple(_csv(annotations.get(api.ANNOTATION_APPROVE_STAGES))),
+        skipped_stages=tuple(_csv(annotations.get(api.ANNOTATION_SKIP_STAGES))),
+        failures=None
+        if not failures
+        else Budget(
+            count=int(failures.get("count") or 0),
+            max_failures=None
+            if failures.get("maxFailures") is None
+            else int(failures["maxFailures"]),
+            clusters=tuple(str(c) for c in failures.get("clusters") or []),
+        ),
+        next_start_time=str(run_status.get("nextStartTime") or ""),
+        waiting_reason=str(run_status.get("waitingReason") or ""),
     )
 
 
 # --- rendering -----------------------------------------------------------------------------
 
+#: Styles of phases in the live view (plain text carries the same words).
+_PHASE_STYLE = {
+    "Completed": "green",
+    "Succeeded": "green",
+    "Upgraded": "green",
+    "Progressing": "cyan",
+    "Verifying": "cyan",
+    "Soaking": "cyan",
+    "AwaitingApproval": "yellow",
+    "Paused": "yellow",
+    "Stopping": "yellow",
+    "Stopped": "yellow",
+    "Skipped": "dim",
+    "Halted": "bold red",
+    "Failed": "bold red",
+    "Invalid": "bold red",
+}
+BAR_WIDTH = 20
 
-def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return [
-        indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-        for r in rows
-    ]
+
+def _time(text: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None
 
 
-def render(snap: Snapshot) -> str:
-    """The snapshot as the text `status` prints."""
-    out = [f"{snap.kind} {snap.namespace}/{snap.name}: {snap.phase}"]
+def _span(seconds: float) -> str:
+    """A short duration: 45s, 4m, 2h5m, 3d4h."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60}m"
+    return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
+def _age(since: str, now: datetime) -> str:
+    at = _time(since)
+    return _span((now - at).total_seconds()) if at else "-"
+
+
+def bar(done: int, failed: int, total: int, width: int = BAR_WIDTH) -> Text:
+    """A progress bar: upgraded cells █ (green), failed cells ✗ (red), the rest ░."""
+    if total <= 0:
+        return Text("░" * width, style="dim")
+    ok = min(width, round(width * done / total))
+    bad = min(width - ok, max(1 if failed else 0, round(width * failed / total)))
+    out = Text()
+    out.append("█" * ok, style="green")
+    out.append("✗" * bad, style="bold red")
+    out.append("░" * (width - ok - bad), style="dim")
+    return out
+
+
+def _table(rows: Sequence[Sequence[Text | str]], indent: str = "  ") -> list[Text]:
+    cells = [[c if isinstance(c, Text) else Text(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    out = []
+    for n, r in enumerate(cells):
+        line = Text(indent)
+        for i, (cell, w) in enumerate(zip(r, widths, strict=True)):
+            if i:
+                line.append("  ")
+            line.append_text(cell if n else Text(cell.plain, style="bold"))
+            line.append(" " * (w - len(cell)))
+        line.rstrip()
+        out.append(line)
+    return out
+
+
+def _phase(text: str) -> Text:
+    return Text(text, style=_PHASE_STYLE.get(text, ""))
+
+
+def _max(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def renderable(snap: Snapshot) -> Text:
+    """The snapshot as styled text: what `status` prints and `--watch` keeps live."""
+    out: list[Text] = []
+    head = Text(f"{snap.kind} {snap.namespace}/{snap.name}: ", style="bold")
+    head.append_text(_phase(snap.phase))
+    out.append(head)
     if snap.message:
-        out.append(f"  {snap.message}")
+        out.append(Text(f"  {snap.message}"))
     if snap.kind == _CV:
         if snap.run:
-            out.append(f"Current run: {snap.run} ({snap.run_phase or 'Pending'})")
+            line = Text(f"Current run: {snap.run} (")
+            line.append_text(_phase(snap.run_phase or "Pending"))
+            line.append(")")
+            out.append(line)
         else:
-            out.append("Current run: none yet")
+            out.append(Text("Current run: none yet"))
     if snap.state == api.RunState.STOP:
-        out.append(f"Stopping: spec.state is Stop (resume: fleet-orchestrator resume {snap.name})")
+        out.append(
+            Text(
+                f"Stopping: spec.state is Stop (resume: fleet-orchestrator resume {snap.name})",
+                style="yellow",
+            )
+        )
     if snap.counts:
         counts = snap.counts
         out.append(
-            "Clusters: "
-            + ", ".join(
-                f"{counts.get(k, 0)} {label}"
-                for k, label in (
-                    ("total", "total"),
-                    ("upgraded", "upgraded"),
-                    ("inFlight", "in flight"),
-                    ("pending", "pending"),
-                    ("failed", "failed"),
-                    ("blocked", "blocked"),
-                    ("skipped", "skipped"),
+            Text(
+                "Clusters: "
+                + ", ".join(
+                    f"{counts.get(k, 0)} {label}"
+                    for k, label in (
+                        ("total", "total"),
+                        ("upgraded", "upgraded"),
+                        ("inFlight", "in flight"),
+                        ("pending", "pending"),
+                        ("failed", "failed"),
+                        ("blocked", "blocked"),
+                        ("skipped", "skipped"),
+                    )
                 )
             )
         )
+    if snap.failures is not None:
+        budget = snap.failures
+        over = budget.max_failures is not None and budget.count > budget.max_failures
+        limit = (
+            " (no limit)" if budget.max_failures is None else f" of {budget.max_failures} allowed"
+        )
+        line = Text(
+            f"Failure budget: {budget.count} failed{limit}", style="bold red" if over else ""
+        )
+        if over:
+            line.append(" (exceeded: the run halts)")
+        if budget.clusters:
+            line.append(f": {', '.join(budget.clusters)}")
+        out.append(line)
+    if snap.waiting_reason or snap.next_start_time:
+        line = Text("Waiting: ", style="yellow")
+        line.append(snap.waiting_reason or "for time")
+        at = _time(snap.next_start_time)
+        if at is not None:
+            line.append(
+                f"; next start {snap.next_start_time} (in {_span((at - snap.now).total_seconds())})"
+            )
+        out.append(line)
     if snap.stages:
-        out.append("Stages:")
-        rows = [["STAGE", "PHASE", "UPGRADED", "FAILED", ""]]
+        out.append(Text("Stages:"))
+        rows: list[list[Text | str]] = [
+            ["STAGE", "PHASE", "PROGRESS", "UPGRADED", "FAILED", "MAX-FAILURES", ""]
+        ]
         for s in snap.stages:
             mark = "<- current" if s.name == snap.current_stage else ""
-            rows.append([s.name, s.phase, f"{s.upgraded}/{s.total}", str(s.failed), mark])
+            rows.append(
+                [
+                    s.name,
+                    _phase(s.phase),
+                    bar(s.upgraded, s.failed, s.total),
+                    f"{s.upgraded}/{s.total}",
+                    Text(str(s.failed), style="red" if s.failed else ""),
+                    _max(s.max_failures),
+                    mark,
+                ]
+            )
         out.extend(_table(rows))
     if snap.in_flight:
-        out.append(f"In flight ({len(snap.in_flight)}):")
-        rows = [["CLUSTER", "STAGE", "PHASE", "STEP"]]
-        rows += [[c.cluster, c.stage, c.phase, c.step] for c in snap.in_flight]
+        out.append(Text(f"In flight ({len(snap.in_flight)}):"))
+        rows = [["CLUSTER", "STAGE", "PHASE", "STEP", "AGE"]]
+        rows += [
+            [c.cluster, c.stage, _phase(c.phase), c.step or "-", _age(c.since, snap.now)]
+            for c in snap.in_flight
+        ]
         out.extend(_table(rows))
     for title, items in (("Failed", snap.failed), ("Blocked", snap.blocked)):
         if not items:
             continue
-        out.append(f"{title} ({len(items)}):")
+        out.append(Text(f"{title} ({len(items)}):", style="bold red" if title == "Failed" else ""))
         for c in items:
             why = ": ".join(p for p in (c.reason, c.message) if p) or "no reason recorded"
             attempt = f", attempt {c.attempt}" if c.attempt else ""
-            out.append(f"  {c.cluster} (stage {c.stage}{attempt}): {why}")
+            out.append(Text(f"  {c.cluster} (stage {c.stage}{attempt}): {why}"))
         if title == "Failed":
             ids = " ".join(c.cluster for c in items)
-            out.append(f"  retry: fleet-orchestrator retry {snap.name} {ids}")
-            out.append(f"  or skip: fleet-orchestrator skip {snap.name} {ids}")
+            out.append(Text(f"  retry: fleet-orchestrator retry {snap.name} {ids}", style="dim"))
+            out.append(Text(f"  or skip: fleet-orchestrator skip {snap.name} {ids}", style="dim"))
     waiting = [s.name for s in snap.stages if s.phase == api.StagePhase.AWAITING_APPROVAL]
     for stage in waiting:
-        out.append(f"Stage {stage} awaits approval: fleet-orchestrator approve {snap.name} {stage}")
+        out.append(
+            Text(
+                f"Stage {stage} awaits approval: fleet-orchestrator approve {snap.name} {stage}",
+                style="yellow",
+            )
+        )
     if snap.approved:
-        out.append(f"Approved stages: {', '.join(snap.approved)}")
-    return "\n".join(out) + "\n"
+        out.append(Text(f"Approved stages: {', '.join(snap.approved)}"))
+    if snap.skipped_stages:
+        out.append(Text(f"Skipped stages: {', '.join(snap.skipped_stages)}"))
+    return Text("\n").join(out)
+
+
+def render(snap: Snapshot) -> str:
+    """The snapshot as the plain text `status` prints."""
+    return renderable(snap).plain + "\n"
 
 
 def render_history(namespace: str, name: str, records: list[dict[str, Any]]) -> str:
@@ -289,7 +471,7 @@ def render_history(namespace: str, name: str, records: list[dict[str, Any]]) -> 
                 str(r.get("message") or ""),
             ]
         )
-    return "\n".join(_table(rows, indent="")) + "\n"
+    return "\n".join(line.plain for line in _table(rows, indent="")) + "\n"
 
 
 def _history(kube: KubeClient, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -329,16 +511,38 @@ def _csv(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
-def _merge_annotation(kube: KubeClient, target: _Target, key: str, values: Iterable[str]) -> str:
-    """Add values to a comma-separated annotation, keeping what is there; the new value."""
-    current = ((target.obj.get("metadata") or {}).get("annotations") or {}).get(key)
-    merged = _csv(current)
-    merged += [v for v in values if v not in merged]
-    value = ",".join(merged)
-    kube.merge_patch(
-        target.plural, target.namespace, target.name, {"metadata": {"annotations": {key: value}}}
+def _annotate(
+    kube: KubeClient,
+    target: _Target,
+    merge: Mapping[str, Iterable[str]],
+    put: Mapping[str, str | None] | None = None,
+) -> dict[str, str]:
+    """One write: add values to comma-separated annotations (keeping what is there) and set
+    others; the merged values.
+
+    The write carries the resourceVersion it was computed from, so a controller consuming an
+    annotation at the same moment makes it re-read (409) instead of seeing ids come back.
+    """
+    obj = target.obj
+    for _ in range(5):
+        current = (obj.get("metadata") or {}).get("annotations") or {}
+        patch: dict[str, str | None] = dict(put or {})
+        merged: dict[str, str] = {}
+        for key, values in merge.items():
+            items = _csv(current.get(key))
+            items += [v for v in values if v not in items]
+            merged[key] = patch[key] = ",".join(items)
+        meta = {"annotations": patch, "resourceVersion": obj["metadata"]["resourceVersion"]}
+        try:
+            kube.merge_patch(target.plural, target.namespace, target.name, {"metadata": meta})
+        except Conflict:
+            obj = kube.get_object(target.plural, target.namespace, target.name)
+            continue
+        return merged
+    raise OperateError(
+        f"{target.kind} {target.name!r} kept changing while being annotated (5 conflicts): "
+        "try again"
     )
-    return value
 
 
 def _stage_names(kube: KubeClient, target: _Target) -> list[str]:
@@ -350,17 +554,26 @@ def _stage_names(kube: KubeClient, target: _Target) -> list[str]:
     return names
 
 
+def _check_stages(kube: KubeClient, target: _Target, stages: Iterable[str]) -> None:
+    known = _stage_names(kube, target)
+    unknown = [s for s in stages if s not in known]
+    if unknown:
+        raise OperateError(
+            f"{target.kind} {target.name!r} has no stage {', '.join(map(repr, unknown))}: "
+            f"its stages are {', '.join(known) or '(none: spec.strategy.stages is empty)'}"
+        )
+
+
+def _line(target: _Target, values: Mapping[str, str]) -> str:
+    shown = ", ".join(f"{k}={v}" for k, v in values.items())
+    return f"{target.kind} {target.namespace}/{target.name}: {shown}"
+
+
 def approve(kube: KubeClient, namespace: str, name: str, stage: str) -> str:
     """Add STAGE to the approve-stages annotation; a line saying what was done."""
     target = _resolve(kube, namespace, name)
-    stages = _stage_names(kube, target)
-    if stage not in stages:
-        raise OperateError(
-            f"{target.kind} {name!r} has no stage {stage!r}: "
-            f"its stages are {', '.join(stages) or '(none: spec.strategy.stages is empty)'}"
-        )
-    value = _merge_annotation(kube, target, api.ANNOTATION_APPROVE_STAGES, [stage])
-    return f"{target.kind} {namespace}/{name}: {api.ANNOTATION_APPROVE_STAGES}={value}"
+    _check_stages(kube, target, [stage])
+    return _line(target, _annotate(kube, target, {api.ANNOTATION_APPROVE_STAGES: [stage]}))
 
 
 def _cluster_phases(kube: KubeClient, target: _Target) -> dict[str, str]:
@@ -377,41 +590,91 @@ def _cluster_phases(kube: KubeClient, target: _Target) -> dict[str, str]:
     return phases
 
 
-def _mark_clusters(
-    kube: KubeClient, namespace: str, name: str, clusters: list[str], key: str, verb: str
-) -> tuple[str, list[str]]:
-    target = _resolve(kube, namespace, name)
+def _check_clusters(kube: KubeClient, target: _Target, clusters: list[str]) -> dict[str, str]:
+    """The phases of the target's clusters; OperateError naming any unknown one."""
     phases = _cluster_phases(kube, target)
     unknown = [c for c in clusters if c not in phases]
     if unknown:
         known = sorted(phases)
         shown = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
         raise OperateError(
-            f"{target.kind} {name!r} has no cluster {', '.join(map(repr, unknown))}: "
+            f"{target.kind} {target.name!r} has no cluster {', '.join(map(repr, unknown))}: "
             f"its clusters are {shown or '(none yet: wait for the run to start)'}; "
-            f"`fleet-orchestrator status {name}` shows them"
+            f"`fleet-orchestrator status {target.name}` shows them"
         )
-    notes: list[str] = []
-    if verb == "retry":
-        notes = [
-            f"note: {c} is {phases[c]}, not Failed: retry does nothing to it"
-            for c in clusters
-            if phases[c] != api.UpgradePhase.FAILED
-        ]
-    value = _merge_annotation(kube, target, key, clusters)
-    return f"{target.kind} {namespace}/{name}: {key}={value}", notes
+    return phases
+
+
+@dataclass(frozen=True)
+class Request:
+    """Who asks for a skip or a retry, and why (recorded by the controller with it)."""
+
+    requested_by: str
+    reason: str | None = None
+
+    def annotations(self) -> dict[str, str | None]:
+        """The reason and requested-by annotations (a missing reason clears an old one)."""
+        return {
+            api.ANNOTATION_REASON: self.reason or None,
+            api.ANNOTATION_REQUESTED_BY: self.requested_by,
+        }
 
 
 def retry(
-    kube: KubeClient, namespace: str, name: str, clusters: list[str]
+    kube: KubeClient, namespace: str, name: str, clusters: list[str], request: Request
 ) -> tuple[str, list[str]]:
-    """Add clusters to retry-clusters; a line saying what was done and notes."""
-    return _mark_clusters(kube, namespace, name, clusters, api.ANNOTATION_RETRY_CLUSTERS, "retry")
+    """Add clusters to retry-clusters (with who and why); a line saying what was done, notes."""
+    target = _resolve(kube, namespace, name)
+    phases = _check_clusters(kube, target, clusters)
+    retryable = {api.UpgradePhase.FAILED.value, api.UpgradePhase.BLOCKED.value}
+    retryable.add(api.UpgradePhase.SKIPPED.value)
+    notes = [
+        f"note: {c} is {phases[c]}, not Failed, Blocked or Skipped: retry does nothing to it"
+        for c in clusters
+        if phases[c] not in retryable
+    ]
+    done = _annotate(kube, target, {api.ANNOTATION_RETRY_CLUSTERS: clusters}, request.annotations())
+    return _line(target, done), notes
 
 
-def skip(kube: KubeClient, namespace: str, name: str, clusters: list[str]) -> tuple[str, list[str]]:
-    """Add clusters to skip-clusters; a line saying what was done and notes."""
-    return _mark_clusters(kube, namespace, name, clusters, api.ANNOTATION_SKIP_CLUSTERS, "skip")
+def skip(
+    kube: KubeClient,
+    namespace: str,
+    name: str,
+    clusters: list[str],
+    request: Request,
+    stages: list[str] | None = None,
+) -> tuple[str, list[str]]:
+    """Add clusters to skip-clusters and stages to skip-stages (with who and why), in one
+    write; a line saying what was done, and notes."""
+    if not clusters and not stages:
+        raise OperateError("name the clusters to skip, or a stage with --stage STAGE")
+    target = _resolve(kube, namespace, name)
+    notes: list[str] = []
+    merge: dict[str, list[str]] = {}
+    if clusters:
+        phases = _check_clusters(kube, target, clusters)
+        done = {api.UpgradePhase.UPGRADED.value, api.UpgradePhase.SKIPPED.value}
+        notes += [
+            f"note: {c} is {phases[c]} already: skip does nothing to it"
+            for c in clusters
+            if phases[c] in done
+        ]
+        notes += [
+            f"note: {c} is {phases[c]}: it finishes its step and is serviced back in first"
+            for c in clusters
+            if phases[c] in _IN_FLIGHT
+        ]
+        merge[api.ANNOTATION_SKIP_CLUSTERS] = clusters
+    if stages:
+        _check_stages(kube, target, stages)
+        run = _current_run(kube, target)
+        finished = {api.StagePhase.COMPLETED.value, api.StagePhase.SKIPPED.value}
+        for s in ((run or {}).get("status") or {}).get("stages") or []:
+            if s.get("name") in stages and s.get("phase") in finished:
+                notes.append(f"note: stage {s['name']} is {s['phase']}: skip changes nothing")
+        merge[api.ANNOTATION_SKIP_STAGES] = stages
+    return _line(target, _annotate(kube, target, merge, request.annotations())), notes
 
 
 def set_state(kube: KubeClient, namespace: str, name: str, state: api.RunState) -> str:
@@ -432,8 +695,14 @@ def set_state(kube: KubeClient, namespace: str, name: str, state: api.RunState) 
 # --- the command line ----------------------------------------------------------------------
 
 
-def _context_namespace(kubeconfig: str | None) -> str:
-    """The namespace of the kubeconfig's current context, like kubectl; else default."""
+@dataclass(frozen=True)
+class _Context:
+    namespace: str = "default"
+    user: str = ""
+
+
+def _context(kubeconfig: str | None) -> _Context:
+    """The namespace and user of the kubeconfig's current context, like kubectl."""
     paths = [kubeconfig] if kubeconfig else (os.environ.get("KUBECONFIG") or "").split(os.pathsep)
     paths = [p for p in paths if p] or [str(Path.home() / ".kube" / "config")]
     for path in paths:
@@ -444,8 +713,23 @@ def _context_namespace(kubeconfig: str | None) -> str:
         current = data.get("current-context")
         for ctx in data.get("contexts") or []:
             if ctx.get("name") == current:
-                return str((ctx.get("context") or {}).get("namespace") or "default")
-    return "default"
+                body = ctx.get("context") or {}
+                return _Context(
+                    str(body.get("namespace") or "default"), str(body.get("user") or "")
+                )
+    return _Context()
+
+
+def _requested_by(args: argparse.Namespace, context: _Context) -> str:
+    """--requested-by, else the kubeconfig context's user, else the local login name."""
+    if getattr(args, "requested_by", None):
+        return str(args.requested_by)
+    if context.user:
+        return context.user
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return "unknown"
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -459,6 +743,16 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--namespace",
         default=None,
         help="namespace of the object (default: the kubeconfig context's, else default)",
+    )
+
+
+def _who(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--reason", default=None, help="why (recorded with the request)")
+    p.add_argument(
+        "--requested-by",
+        default=None,
+        metavar="WHO",
+        help="who asks (default: the kubeconfig context's user)",
     )
 
 
@@ -480,14 +774,27 @@ def add_commands(sub: Any) -> None:
     _common(p)
     p.add_argument("name", help="ClusterVersion or UpdateRun")
     p.add_argument("stage", help="the stage's name")
-    for verb, what in (
-        ("retry", "retry Failed clusters (a new attempt)"),
-        ("skip", "skip clusters: the run does not upgrade them"),
-    ):
-        p = sub.add_parser(verb, help=what)
-        _common(p)
-        p.add_argument("name", help="ClusterVersion or UpdateRun")
-        p.add_argument("clusters", nargs="+", metavar="CLUSTER", help="cluster id")
+    p = sub.add_parser(
+        "retry", help="retry Failed, Blocked or Skipped clusters (a new attempt, same targets)"
+    )
+    _common(p)
+    p.add_argument("name", help="ClusterVersion or UpdateRun")
+    p.add_argument("clusters", nargs="+", metavar="CLUSTER", help="cluster id")
+    _who(p)
+    p = sub.add_parser(
+        "skip", help="skip clusters, or a whole stage (--stage): the run does not upgrade them"
+    )
+    _common(p)
+    p.add_argument("name", help="ClusterVersion or UpdateRun")
+    p.add_argument("clusters", nargs="*", metavar="CLUSTER", help="cluster id")
+    p.add_argument(
+        "--stage",
+        action="append",
+        default=[],
+        metavar="STAGE",
+        help="skip this stage: its clusters not started are Skipped (repeatable)",
+    )
+    _who(p)
     for verb, what in (
         ("stop", "stop a run: admit no new cluster, finish and service in those in flight"),
         ("resume", "resume a stopped run"),
@@ -500,7 +807,8 @@ def add_commands(sub: Any) -> None:
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run one operator verb; 0 on success, 1 with the error on stderr."""
     out = out or sys.stdout
-    namespace = args.namespace or _context_namespace(args.kubeconfig)
+    context = _context(args.kubeconfig)
+    namespace = args.namespace or context.namespace
     try:
         kube = KubeClient(args.kubeconfig)
     except Exception as error:  # kubeconfig loading raises several kinds
@@ -510,7 +818,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         )
         return 1
     try:
-        return _dispatch(kube, namespace, args, out)
+        return _dispatch(kube, namespace, args, out, Request(_requested_by(args, context)))
     except OperateError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -523,21 +831,26 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         kube.close()
 
 
-def _dispatch(kube: KubeClient, namespace: str, args: argparse.Namespace, out: TextIO) -> int:
+def _dispatch(
+    kube: KubeClient, namespace: str, args: argparse.Namespace, out: TextIO, who: Request
+) -> int:
     command = args.command
     if command == "status":
         read = _status_reader(kube, namespace, args.name)
         if args.watch:
             _watch(read, out, args.interval)
         else:
-            out.write(read())
+            _print(read(), out)
     elif command == "history":
         out.write(render_history(namespace, args.name, _history(kube, namespace, args.name)))
     elif command == "approve":
         print(approve(kube, namespace, args.name, args.stage), file=out)
     elif command in ("retry", "skip"):
-        fn = retry if command == "retry" else skip
-        line, notes = fn(kube, namespace, args.name, args.clusters)
+        request = Request(who.requested_by, args.reason)
+        if command == "retry":
+            line, notes = retry(kube, namespace, args.name, args.clusters, request)
+        else:
+            line, notes = skip(kube, namespace, args.name, args.clusters, request, args.stage)
         print(line, file=out)
         for note in notes:
             print(note, file=sys.stderr)
@@ -547,11 +860,11 @@ def _dispatch(kube: KubeClient, namespace: str, args: argparse.Namespace, out: T
     return 0
 
 
-def _status_reader(kube: KubeClient, namespace: str, name: str | None) -> Callable[[], str]:
+def _status_reader(kube: KubeClient, namespace: str, name: str | None) -> Callable[[], Text]:
     if name:
-        return lambda: render(snapshot(kube, namespace, name))
+        return lambda: renderable(snapshot(kube, namespace, name))
 
-    def every() -> str:
+    def every() -> Text:
         cvs, _ = kube.list_objects(api.PLURAL, namespace)
         runs, _ = kube.list_objects(api.UPDATE_RUN_PLURAL, namespace)
         names = [o["metadata"]["name"] for o in cvs]
@@ -561,46 +874,52 @@ def _status_reader(kube: KubeClient, namespace: str, name: str | None) -> Callab
             if api.LABEL_CLUSTER_VERSION not in (o["metadata"].get("labels") or {})
         ]
         if not names:
-            return f"no ClusterVersions or UpdateRuns in namespace {namespace}\n"
-        return "\n".join(render(snapshot(kube, namespace, n)) for n in names)
+            return Text(f"no ClusterVersions or UpdateRuns in namespace {namespace}")
+        return Text("\n\n").join(renderable(snapshot(kube, namespace, n)) for n in names)
 
     return every
 
 
-def _watch(read_once: Callable[[], str], out: TextIO, interval: float) -> None:
+def _print(text: Text, out: TextIO) -> None:
+    """Styled on a terminal, plain text otherwise (a pipe, a log)."""
+    if out.isatty():
+        Console(file=out, highlight=False, soft_wrap=True).print(text)
+    else:
+        out.write(text.plain + "\n")
+
+
+def _watch(read_once: Callable[[], Text], out: TextIO, interval: float) -> None:
     """Re-render whenever what `read` returns changes: live on a terminal, appended otherwise.
 
     A failed read (the apiserver away, the object deleted) is shown and read again.
     """
 
-    def read() -> str:
+    def read() -> Text:
         try:
             return read_once()
         except (OperateError, KubeError) as error:
-            return f"error: {error} (reading again every {interval:g}s; Ctrl-C to leave)\n"
+            return Text(
+                f"error: {error} (reading again every {interval:g}s; Ctrl-C to leave)",
+                style="bold red",
+            )
 
     if out.isatty():
-        try:
-            from rich.console import Console  # noqa: PLC0415
-            from rich.live import Live  # noqa: PLC0415
-            from rich.text import Text  # noqa: PLC0415
-        except ImportError:
-            pass
-        else:
-            text = read()
-            with Live(Text(text), console=Console(file=out), auto_refresh=False) as live:
-                while True:
-                    time.sleep(interval)
-                    new = read()
-                    if new != text:
-                        text = new
-                        live.update(Text(text), refresh=True)
+        text = read()
+        console = Console(file=out, highlight=False)
+        with Live(text, console=console, auto_refresh=False, transient=False) as live:
+            live.refresh()
+            while True:
+                time.sleep(interval)
+                new = read()
+                if new != text:
+                    text = new
+                    live.update(text, refresh=True)
     last = ""
     while True:
-        text = read()
-        if text != last:
+        plain = read().plain + "\n"
+        if plain != last:
             stamp = time.strftime("%H:%M:%S", time.gmtime())
-            out.write(f"--- {stamp} UTC\n{text}")
+            out.write(f"--- {stamp} UTC\n{plain}")
             out.flush()
-            last = text
+            last = plain
         time.sleep(interval)

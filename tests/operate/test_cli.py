@@ -4,23 +4,37 @@ statuses through the status subresource, as the controllers would leave them).""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
-from orchestrator import api
+from orchestrator import api, operate
 from orchestrator.cli import main
 from orchestrator.kube import KubeClient
-from orchestrator.operate import ClusterLine, Snapshot, StageLine, render
+from orchestrator.operate import (
+    Budget,
+    ClusterLine,
+    Snapshot,
+    StageLine,
+    render,
+    renderable,
+    snapshot,
+)
 from tests.support.kube import KubeCluster, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The moment the docs' worked example is rendered at.
+NOW = datetime(2026, 11, 23, 1, 14, 30, tzinfo=UTC)
 STAGES = [
     {"name": "canary", "clusters": ["c1"]},
     {"name": "wave-1", "clusters": ["c2", "c3", "c4"], "approval": "Manual"},
@@ -29,7 +43,16 @@ CLUSTERS = [{"id": f"c{i}", "version": "1.29.1"} for i in range(1, 5)]
 #: What the controllers would have recorded: cluster -> (stage, stage index, status).
 UPGRADES: dict[str, tuple[str, int, dict[str, Any]]] = {
     "c1": ("canary", 0, {"phase": "Upgraded", "attempt": 1}),
-    "c2": ("wave-1", 1, {"phase": "UpgradingNodePools", "step": "nodePool/a", "attempt": 1}),
+    "c2": (
+        "wave-1",
+        1,
+        {
+            "phase": "UpgradingNodePools",
+            "step": "nodePool/a",
+            "attempt": 1,
+            "stepStartTime": "2026-11-23T01:10:00Z",
+        },
+    ),
     "c3": (
         "wave-1",
         1,
@@ -84,8 +107,15 @@ class Objects:
             },
         )
         stages = [
-            {"name": "canary", "phase": "Completed", "total": 1, "upgraded": 1},
-            {"name": "wave-1", "phase": "Progressing", "total": 3, "upgraded": 0, "failed": 1},
+            {"name": "canary", "phase": "Completed", "total": 1, "upgraded": 1, "maxFailures": 0},
+            {
+                "name": "wave-1",
+                "phase": "Progressing",
+                "total": 3,
+                "upgraded": 0,
+                "failed": 1,
+                "maxFailures": 1,
+            },
         ]
         self.write_status(
             api.UPDATE_RUN_PLURAL,
@@ -95,6 +125,9 @@ class Objects:
                 "currentStage": "wave-1",
                 "counts": {"total": 4, "upgraded": 1, "inFlight": 1, "failed": 1, "blocked": 1},
                 "stages": stages,
+                "failures": {"count": 1, "maxFailures": 1, "clusters": ["c3"]},
+                "nextStartTime": "2026-11-23T04:00:00Z",
+                "waitingReason": "c4: its maintenance window is closed",
                 "startTime": "2026-11-23T01:00:00Z",
             },
         )
@@ -135,6 +168,16 @@ class Objects:
         meta = obj["metadata"]
         self.kube.write_status(plural, self.ns, meta["name"], status, meta["resourceVersion"])
 
+    def timeless(self) -> None:
+        """Drop the times the view counts from now (c2's step start, the run's next start), so
+        a render changes only when the objects do."""
+        for plural, name, key in (
+            (api.CLUSTER_UPGRADE_PLURAL, "prod-1-c2", "stepStartTime"),
+            (api.UPDATE_RUN_PLURAL, "prod-1", "nextStartTime"),
+        ):
+            obj = self.kube.get_object(plural, self.ns, name)
+            self.write_status(plural, obj, {k: v for k, v in obj["status"].items() if k != key})
+
     def annotations(self, plural: str, name: str) -> dict[str, str]:
         obj = self.kube.get_object(plural, self.ns, name)
         return dict(obj["metadata"].get("annotations") or {})
@@ -172,15 +215,19 @@ def test_status_of_a_cluster_version(
     assert out.startswith(f"ClusterVersion {objects.ns}/prod: Progressing\n")
     assert "Current run: prod-1 (Progressing)" in out
     assert "Clusters: 4 total, 1 upgraded, 1 in flight, 0 pending, 1 failed, 1 blocked" in out
-    assert "wave-1  Progressing  0/3       1       <- current" in out
-    assert "c2       wave-1  UpgradingNodePools  nodePool/a" in out
+    assert "Failure budget: 1 failed of 1 allowed: c3" in out
+    assert "Waiting: c4: its maintenance window is closed; next start 2026-11-23T04:00:00Z" in out
+    assert "wave-1  Progressing  ✗✗✗✗✗✗✗░░░░░░░░░░░░░  0/3       1       1" in out
     assert "c3 (stage wave-1, attempt 1): StepTimedOut: controlPlane took longer than 90m" in out
     assert "c4 (stage wave-1): ClaimHeld: claimed by team-b/other" in out
     assert "retry: fleet-orchestrator retry prod c3" in out
-    # The worked example of docs/operations.md ("Operating from the CLI") is this output.
+    # Ages are measured from now; at a fixed now the view is the docs' worked example verbatim
+    # (docs/operations.md, "Operating from the CLI").
+    snap = replace(snapshot(objects.kube, objects.ns, "prod"), now=NOW)
+    assert "c2       wave-1  UpgradingNodePools  nodePool/a  4m" in render(snap)
     docs = (ROOT / "docs" / "operations.md").read_text()
     example = docs.split("$ fleet-orchestrator status prod -n team-a\n", 1)[1].split("\n$ ", 1)[0]
-    assert out == example.replace("team-a", objects.ns) + "\n"
+    assert render(snap) == example.replace("team-a", objects.ns) + "\n"
 
 
 def test_status_of_a_run_and_of_the_namespace(
@@ -266,17 +313,101 @@ def test_retry_and_skip_merge_with_what_is_there(
 ) -> None:
     code, _, err = cli(control_plane, objects.ns, "retry", "prod", "c3", "c2", capsys=capsys)
     assert code == 0
-    assert "note: c2 is UpgradingNodePools, not Failed: retry does nothing to it" in err
+    assert "note: c2 is UpgradingNodePools, not Failed, Blocked or Skipped" in err
     # "c9" was there before: kept (the controller consumes it), the new ids added once.
-    assert objects.annotations(api.PLURAL, "prod")[api.ANNOTATION_RETRY_CLUSTERS] == "c9,c3,c2"
+    cv = objects.annotations(api.PLURAL, "prod")
+    assert cv[api.ANNOTATION_RETRY_CLUSTERS] == "c9,c3,c2"
+    # Who asked, in the same write: the kubeconfig context's user (the control plane's admin).
+    assert cv[api.ANNOTATION_REQUESTED_BY] == "admin"
+    assert api.ANNOTATION_REASON not in cv
     assert cli(control_plane, objects.ns, "skip", "prod-1", "c4", capsys=capsys)[0] == 0
-    assert cli(control_plane, objects.ns, "skip", "prod-1", "c3", "c4", capsys=capsys)[0] == 0
+    code, out, err = cli(
+        control_plane,
+        objects.ns,
+        "skip",
+        "prod-1",
+        "c3",
+        "c4",
+        "c1",
+        "--reason",
+        "quota in europe-west1, CHG-1234",
+        "--requested-by",
+        "jane@example.com",
+        capsys=capsys,
+    )
+    assert code == 0
+    assert "note: c1 is Upgraded already: skip does nothing to it" in err
     run_annotations = objects.annotations(api.UPDATE_RUN_PLURAL, "prod-1")
-    assert run_annotations[api.ANNOTATION_SKIP_CLUSTERS] == "c4,c3"
+    assert run_annotations[api.ANNOTATION_SKIP_CLUSTERS] == "c4,c3,c1"
+    assert run_annotations[api.ANNOTATION_REASON] == "quota in europe-west1, CHG-1234"
+    assert run_annotations[api.ANNOTATION_REQUESTED_BY] == "jane@example.com"
+    assert out == (f"UpdateRun {objects.ns}/prod-1: {api.ANNOTATION_SKIP_CLUSTERS}=c4,c3,c1\n")
+    # A later request without --reason does not inherit the earlier one.
+    assert cli(control_plane, objects.ns, "retry", "prod-1", "c3", capsys=capsys)[0] == 0
+    run_annotations = objects.annotations(api.UPDATE_RUN_PLURAL, "prod-1")
+    assert api.ANNOTATION_REASON not in run_annotations
+    assert run_annotations[api.ANNOTATION_REQUESTED_BY] == "admin"
     code, _, err = cli(control_plane, objects.ns, "skip", "prod", "c4", "zz", capsys=capsys)
     assert code == 1
     assert "ClusterVersion 'prod' has no cluster 'zz': its clusters are c1, c2, c3, c4" in err
     assert api.ANNOTATION_SKIP_CLUSTERS not in objects.annotations(api.PLURAL, "prod")
+
+
+def test_skip_a_stage(
+    control_plane: KubeCluster, objects: Objects, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = cli(
+        control_plane,
+        objects.ns,
+        "skip",
+        "prod",
+        "--stage",
+        "wave-1",
+        "--reason",
+        "wave-1 moves to next week",
+        capsys=capsys,
+    )
+    assert (code, err) == (0, "")
+    assert out == f"ClusterVersion {objects.ns}/prod: {api.ANNOTATION_SKIP_STAGES}=wave-1\n"
+    cv = objects.annotations(api.PLURAL, "prod")
+    assert cv[api.ANNOTATION_SKIP_STAGES] == "wave-1"
+    assert cv[api.ANNOTATION_REASON] == "wave-1 moves to next week"
+    assert cv[api.ANNOTATION_REQUESTED_BY] == "admin"
+    # Level-triggered like approve-stages: a stage added keeps the others; a finished one is
+    # accepted with a note.
+    code, _, err = cli(
+        control_plane, objects.ns, "skip", "prod", "--stage", "canary", capsys=capsys
+    )
+    assert code == 0
+    assert "note: stage canary is Completed: skip changes nothing" in err
+    assert objects.annotations(api.PLURAL, "prod")[api.ANNOTATION_SKIP_STAGES] == "wave-1,canary"
+    _, out, _ = cli(control_plane, objects.ns, "status", "prod", capsys=capsys)
+    assert "Skipped stages: wave-1, canary" in out
+    # An unknown stage is named, with the stages there are; nothing is written.
+    code, _, err = cli(
+        control_plane, objects.ns, "skip", "prod-1", "--stage", "wave9", capsys=capsys
+    )
+    assert code == 1
+    assert "UpdateRun 'prod-1' has no stage 'wave9': its stages are canary, wave-1" in err
+    assert api.ANNOTATION_SKIP_STAGES not in objects.annotations(api.UPDATE_RUN_PLURAL, "prod-1")
+    code, _, err = cli(control_plane, objects.ns, "skip", "prod", capsys=capsys)
+    assert code == 1 and "name the clusters to skip, or a stage with --stage STAGE" in err
+
+
+def test_a_concurrent_consume_is_not_undone(control_plane: KubeCluster, objects: Objects) -> None:
+    """The controller consumes retry-clusters between the CLI's read and its write: the write
+    (conditional on the resourceVersion it read) is redone from a fresh read, so the consumed
+    id does not come back."""
+    target = operate._resolve(objects.kube, objects.ns, "prod")  # reads c9
+    objects.kube.merge_patch(
+        api.PLURAL,
+        objects.ns,
+        "prod",
+        {"metadata": {"annotations": {api.ANNOTATION_RETRY_CLUSTERS: None}}},
+    )
+    merged = operate._annotate(objects.kube, target, {api.ANNOTATION_RETRY_CLUSTERS: ["c3"]})
+    assert merged == {api.ANNOTATION_RETRY_CLUSTERS: "c3"}
+    assert objects.annotations(api.PLURAL, "prod")[api.ANNOTATION_RETRY_CLUSTERS] == "c3"
 
 
 def test_stop_and_resume_the_current_run(
@@ -315,25 +446,81 @@ def test_render_of_a_snapshot() -> None:
         current_stage="b",
         stages=(
             StageLine("a", "Completed", 1, 1, 0),
-            StageLine("b", "AwaitingApproval", 2, 0, 0),
+            StageLine("b", "AwaitingApproval", 2, 0, 0, max_failures=1),
         ),
         blocked=(ClusterLine("x", "b", "Blocked"),),
+        failures=Budget(0, None),
+        now=NOW,
     )
     assert render(snap) == (
         "UpdateRun ns/r: Progressing\n"
         "  waiting for approval of stage b\n"
         "Clusters: 3 total, 1 upgraded, 0 in flight, 2 pending, 0 failed, 0 blocked, 0 skipped\n"
+        "Failure budget: 0 failed (no limit)\n"
         "Stages:\n"
-        "  STAGE  PHASE             UPGRADED  FAILED\n"
-        "  a      Completed         1/1       0\n"
-        "  b      AwaitingApproval  0/2       0       <- current\n"
+        "  STAGE  PHASE             PROGRESS              UPGRADED  FAILED  MAX-FAILURES\n"
+        "  a      Completed         ████████████████████  1/1       0       -\n"
+        "  b      AwaitingApproval  ░░░░░░░░░░░░░░░░░░░░  0/2       0       1"
+        "             <- current\n"
         "Blocked (1):\n"
         "  x (stage b): no reason recorded\n"
         "Stage b awaits approval: fleet-orchestrator approve r b\n"
     )
 
 
+def test_live_view_as_rich_renders_it() -> None:
+    """The live view through a rich Console (what --watch draws on a terminal): progress bars
+    with done and failed cells, the budget past its limit, the wait with its countdown, ages of
+    the clusters in flight, and colour on a terminal."""
+    snap = Snapshot(
+        kind="UpdateRun",
+        namespace="ns",
+        name="r",
+        phase="Halted",
+        counts={"total": 10, "upgraded": 4, "inFlight": 1, "failed": 2},
+        current_stage="wave",
+        stages=(
+            StageLine("canary", "Completed", 2, 2, 0, max_failures=0),
+            StageLine("wave", "Failed", 8, 2, 2, max_failures=1),
+        ),
+        in_flight=(ClusterLine("c5", "wave", "Verifying", "", 1, since="2026-11-23T00:12:00Z"),),
+        failed=(
+            ClusterLine("c7", "wave", "Failed", attempt=2, reason="PreUpgradeHookFailed"),
+            ClusterLine("c8", "wave", "Failed", attempt=1, reason="StepTimedOut"),
+        ),
+        failures=Budget(2, 1, ("c7", "c8")),
+        next_start_time="2026-11-24T02:00:00Z",
+        waiting_reason="the maintenance window is closed",
+        now=NOW,
+    )
+    console = Console(
+        file=io.StringIO(), record=True, width=120, force_terminal=True, color_system="truecolor"
+    )
+    console.print(renderable(snap))
+    text = console.export_text(styles=False, clear=False)
+    lines = text.splitlines()
+    assert lines[0] == "UpdateRun ns/r: Halted"
+    assert "Failure budget: 2 failed of 1 allowed (exceeded: the run halts): c7, c8" in lines
+    assert (
+        "Waiting: the maintenance window is closed; next start 2026-11-24T02:00:00Z (in 1d0h)"
+        in lines
+    )
+    assert "  canary  Completed  ████████████████████  2/2       0       0" in lines
+    assert (
+        "  wave    Failed     █████✗✗✗✗✗░░░░░░░░░░  2/8       2       1             <- current"
+        in lines
+    )
+    assert "  c5       wave   Verifying  -     1h2m" in lines
+    assert "  c7 (stage wave, attempt 2): PreUpgradeHookFailed" in lines
+    assert "  retry: fleet-orchestrator retry r c7 c8" in lines
+    # On a terminal the phases and the bar are coloured (ANSI SGR codes in the output).
+    styled = console.export_text(styles=True)
+    assert "\x1b[1;31mHalted" in styled
+    assert "\x1b[32m█████\x1b[0m\x1b[1;31m✗✗✗✗✗" in styled
+
+
 def test_status_watch_rerenders_on_change(control_plane: KubeCluster, objects: Objects) -> None:
+    objects.timeless()
     proc = subprocess.Popen(
         [
             sys.executable,
