@@ -5,6 +5,8 @@ statuses through the status subresource, as the controllers would leave them).""
 from __future__ import annotations
 
 import io
+import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -584,3 +586,96 @@ def test_status_watch_rerenders_on_change(control_plane: KubeCluster, objects: O
         for stream in (proc.stdout, proc.stderr):
             if stream:
                 stream.close()
+
+
+def _tmux() -> str:
+    """tmux, or fail with the command that installs it (scripts/ensure-test-tools does)."""
+    binary = shutil.which("tmux")
+    if binary is None:
+        pytest.fail(
+            "tmux is not installed: run scripts/ensure-test-tools "
+            "(or: sudo apt-get install -y --no-install-recommends tmux)",
+            pytrace=False,
+        )
+    return binary
+
+
+def test_status_watch_live_under_tmux(
+    control_plane: KubeCluster, objects: Objects, tmp_path: Path
+) -> None:
+    """`status --watch` on a real terminal: started in a detached tmux session, it redraws in
+    place when the run's status changes, and Ctrl-C (send-keys) leaves it with exit code 0."""
+    tmux = _tmux()
+    socket = tmp_path / "tmux.sock"
+
+    def run_tmux(*args: str) -> str:
+        done = subprocess.run(
+            [tmux, "-S", str(socket), *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    command = shlex.join(
+        [
+            str(ROOT / ".venv" / "bin" / "fleet-orchestrator"),
+            "status",
+            "prod",
+            "--watch",
+            "--interval",
+            "0.2",
+            "--kubeconfig",
+            str(control_plane.kubeconfig),
+            "-n",
+            objects.ns,
+        ]
+    )
+    run_tmux(
+        "new-session", "-d", "-s", "watch", "-x", "150", "-y", "50", "-c", str(ROOT),
+        f"{command}; echo EXITED $?; sleep 600",
+    )  # fmt: skip
+
+    def screen() -> str:
+        return run_tmux("capture-pane", "-p", "-t", "watch")
+
+    try:
+        first = wait_for(
+            "the first render", lambda: "Current run: prod-1" in screen() and screen(), timeout=30
+        )
+        assert "Failure budget: 1 failed of 1 allowed: c3" in first
+        assert "wave-1  Progressing  ✗✗✗✗✗✗✗░░░░░░░░░░░░░  0/3" in first
+        # The controller's part: c2 is upgraded, c4 fails, the run halts past its budget.
+        run = objects.kube.get_object(api.UPDATE_RUN_PLURAL, objects.ns, "prod-1")
+        status = dict(run["status"])
+        status.update(
+            phase="Halted",
+            counts={"total": 4, "upgraded": 2, "failed": 2},
+            failures={"count": 2, "maxFailures": 1, "clusters": ["c3", "c4"]},
+            stages=[
+                {"name": "canary", "phase": "Completed", "total": 1, "upgraded": 1},
+                {"name": "wave-1", "phase": "Failed", "total": 3, "upgraded": 1, "failed": 2},
+            ],
+        )
+        del status["waitingReason"], status["nextStartTime"]
+        objects.write_status(api.UPDATE_RUN_PLURAL, run, status)
+        after = wait_for(
+            "the change on screen",
+            lambda: (
+                "2 failed of 1 allowed (exceeded: the run halts): c3, c4" in screen() and screen()
+            ),
+            timeout=20,
+        )
+        assert "wave-1  Failed     ███████✗✗✗✗✗✗✗✗✗✗✗✗✗  1/3" in after
+        assert "Waiting:" not in after
+        # Redrawn in place: the screen holds one view, not the old one followed by the new.
+        assert after.count(f"ClusterVersion {objects.ns}/prod:") == 1
+        assert "1 failed of 1 allowed" not in after
+        run_tmux("send-keys", "-t", "watch", "C-c")
+        wait_for("the watch to end", lambda: "EXITED 0" in screen(), timeout=20)
+    finally:
+        subprocess.run(
+            [tmux, "-S", str(socket), "kill-server"], capture_output=True, timeout=10, check=False
+        )
