@@ -18,8 +18,9 @@ from orchestrator.cache import AccessCatalog, ObjectCache
 from orchestrator.clusterversion import DEFAULT_HISTORY, ClusterVersionController
 from orchestrator.driver import Fence
 from orchestrator.fleet import OpObs
-from orchestrator.kube import KubeClient, KubeError
+from orchestrator.kube import Conflict, KubeClient, KubeError
 from orchestrator.metrics import Metrics
+from orchestrator.notify import Notifier
 from orchestrator.probes import Probes
 from orchestrator.provider import OperationTracker, PluginPool
 from orchestrator.runs import AlwaysLeader, UpdateRunController
@@ -93,7 +94,7 @@ class Controller:
     def __post_init__(self) -> None:
         self.pool = PluginPool(self.metrics, self.caller)
         self.tracker = OperationTracker(self._on_operation_done)
-        self._events: queue.Queue[tuple[dict[str, Any], str, str, bool]] = queue.Queue(
+        self._events: queue.Queue[tuple[dict[str, Any], str, str, bool, str]] = queue.Queue(
             maxsize=10_000
         )
         ns = self.namespace
@@ -106,17 +107,20 @@ class Controller:
         )
         policy = self.policy or AccessPolicy.default(self.namespace or "default")
         self.catalog = AccessCatalog(self.kube, policy, self._catalog_changed)
+        tls = TLSResolver(self.kube)
+        self.notifier = Notifier(tls, self.metrics)
         self.run_controller = UpdateRunController(
             self.kube,
             self.metrics,
             self.pool,
             self.tracker,
             self.upgrades,
-            TLSResolver(self.kube),
+            tls,
             self.catalog,
             fence=self.fence,
             runs=self.runs,
             emit_event=self._queue_event,
+            notifier=self.notifier,
         )
         self.cv_controller = ClusterVersionController(
             self.kube, self.runs, self.upgrades, self.catalog, history=self.history
@@ -162,6 +166,7 @@ class Controller:
         finally:
             self.tracker.stop()
             self.pool.close()
+            self.notifier.close()
 
     def ready(self) -> bool:
         """Caches synced (the /readyz answer)."""
@@ -230,20 +235,24 @@ class Controller:
         if run and (self.namespace is None or meta["namespace"] == self.namespace):
             self.queue.add(("ur", meta["namespace"], run), 0.05)
 
-    def _queue_event(self, obj: dict[str, Any], reason: str, message: str, warning: bool) -> None:
+    def _queue_event(
+        self, obj: dict[str, Any], reason: str, message: str, warning: bool, name: str
+    ) -> None:
         try:
-            self._events.put_nowait((obj, reason, message, warning))
+            self._events.put_nowait((obj, reason, message, warning, name))
         except queue.Full:
             log.warning("event queue full; dropped %s", reason)
 
     def _event_loop(self) -> None:
         while not self.stop.is_set():
             try:
-                obj, reason, message, warning = self._events.get(timeout=0.5)
+                obj, reason, message, warning, name = self._events.get(timeout=0.5)
             except queue.Empty:
                 continue
             try:
-                self.kube.create_event(obj, reason, message, warning, COMPONENT)
+                self.kube.create_event(obj, reason, message, warning, COMPONENT, name=name)
+            except Conflict:
+                pass  # this transition's Event exists already (one per transition per object)
             except KubeError as err:
                 log.info("event not recorded: %s", err)
 

@@ -166,7 +166,9 @@ def cluster_version_crd() -> dict[str, Any]:
             _col("Run", "string", ".status.currentRun"),
             _col("Up-To-Date", "integer", ".status.summary.upToDate"),
             _col("Total", "integer", ".status.summary.total"),
+            _col("Failed", "integer", ".status.summary.failed"),
             _col("Stage", "string", ".status.currentStage"),
+            _col("Message", "string", ".status.message", priority=1),
         ],
     )
 
@@ -194,6 +196,9 @@ def update_run_crd() -> dict[str, Any]:
             _col("In-Flight", "integer", ".status.counts.inFlight"),
             _col("Failed", "integer", ".status.counts.failed"),
             _col("Total", "integer", ".status.counts.total"),
+            _col("Max-Failures", "integer", ".status.failures.maxFailures", priority=1),
+            _col("Next-Start", "string", ".status.nextStartTime", priority=1),
+            _col("Waiting", "string", ".status.waitingReason", priority=1),
             _col("Message", "string", ".status.message", priority=1),
         ],
     )
@@ -218,7 +223,9 @@ def cluster_upgrade_crd() -> dict[str, Any]:
             _col("Target", "string", ".spec.version"),
             _col("Phase", "string", ".status.phase"),
             _col("Step", "string", ".status.step"),
+            _col("Reason", "string", ".status.reason"),
             _col("Attempt", "integer", ".status.attempt", priority=1),
+            _col("Since", "date", ".status.lastTransitionTime", priority=1),
             _col("Message", "string", ".status.message", priority=1),
         ],
     )

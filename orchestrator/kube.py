@@ -399,14 +399,24 @@ class KubeClient:
         raise Conflict(409, f"ValidatingWebhookConfiguration {name} kept changing")
 
     def create_event(
-        self, obj: dict[str, Any], reason: str, message: str, warning: bool, component: str
+        self,
+        obj: dict[str, Any],
+        reason: str,
+        message: str,
+        warning: bool,
+        component: str,
+        name: str | None = None,
     ) -> None:
-        """Record a core/v1 Event about an object of ours (ClusterVersion, UpdateRun...)."""
+        """Record a core/v1 Event about an object of ours (ClusterVersion, UpdateRun...).
+
+        name: a deterministic name makes the create idempotent (Conflict when it exists)."""
         meta = obj["metadata"]
         now = datetime.now(UTC)
         body = client.CoreV1Event(
             metadata=client.V1ObjectMeta(
-                generate_name=f"{meta['name']}.", namespace=meta["namespace"]
+                name=name,
+                generate_name=None if name else f"{meta['name']}.",
+                namespace=meta["namespace"],
             ),
             involved_object=client.V1ObjectReference(
                 api_version=obj.get("apiVersion", api.API_VERSION),

@@ -81,6 +81,18 @@ class Metrics:
             registry=r,
         )
 
+        self.notification_deliveries = Counter(
+            "multicluster_controller_notification_deliveries",
+            "Notification delivery attempts by result (delivered, retried, dropped).",
+            ["result"],
+            registry=r,
+        )
+        self.notification_queue = Gauge(
+            "multicluster_controller_notification_queue",
+            "Notifications waiting for delivery (or being delivered).",
+            registry=r,
+        )
+
     def on_plugin_call(self, plugin: str, rpc: str, code_name: str, seconds: float) -> None:
         """Count one plugin RPC."""
         self.plugin_call_seconds.labels(rpc, plugin).observe(seconds)

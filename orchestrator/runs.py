@@ -30,8 +30,10 @@ from orchestrator.fleet import ClusterObs, OpObs, OpState
 from orchestrator.initialize import pin_upgrades, run_name
 from orchestrator.kube import Conflict, KubeClient, KubeError, NotFound
 from orchestrator.metrics import Metrics
+from orchestrator.notify import Notifier
 from orchestrator.provider import GrpcProvider, OperationTracker, PluginPool
 from orchestrator.secrets import SecretError, TLSResolver
+from orchestrator.transitions import ClusterChange, event_name, transitions
 from orchestrator.validate import Problem, parse_model
 
 __all__ = ["AlwaysLeader", "UpdateRunController", "upgrade_from_obj"]
@@ -83,6 +85,8 @@ class _KubeStore:
     namespace: str
     objects: dict[str, dict[str, Any]]
     writes: int = 0
+    #: The writes that took effect, in order (what orchestrator.transitions reads).
+    changes: list[ClusterChange] = field(default_factory=list)
 
     def write_upgrade_status(self, upgrade: Upgrade, status: api.ClusterUpgradeStatus) -> None:
         obj = self.objects[upgrade.name]
@@ -98,6 +102,11 @@ class _KubeStore:
             raise WriteConflict(str(err)) from err
         self.writes += 1
         self.objects[upgrade.name] = new
+        self.changes.append(
+            ClusterChange(
+                upgrade.name, upgrade.cluster_id, upgrade.spec.stage, upgrade.status, status
+            )
+        )
         self.cache.put(new)
 
 
@@ -138,7 +147,10 @@ class UpdateRunController:
     #: UpdateRuns (for the floors of other runs sharing clusters), when the controller has them.
     runs: ObjectCache | None = None
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
-    emit_event: Callable[[dict[str, Any], str, str, bool], None] | None = None
+    #: Records a core/v1 Event: (object, reason, message, warning, Event name).
+    emit_event: Callable[[dict[str, Any], str, str, bool, str], None] | None = None
+    #: Delivers spec.notifications (orchestrator.notify); None: none are sent.
+    notifier: Notifier | None = None
     #: Run key → plugin endpoint (so an operation's end wakes the runs that use it).
     endpoints: dict[tuple[str, str], str] = field(default_factory=dict)
     uids: set[str] = field(default_factory=set)
@@ -454,10 +466,6 @@ class UpdateRunController:
             return self._degraded(obj, status, "SecretError", str(err), gen, now, 30.0)
         d = result.decision
         self.metrics.api_writes.inc(store.writes)
-        if self.emit_event is not None and d.events:
-            by_cluster = {o["spec"]["clusterId"]: o for o in store.objects.values()}
-            for cid, reason, message, warning in d.events:
-                self.emit_event(by_cluster.get(cid, obj), reason, message, warning)
         finished = d.phase in FINISHED
         conds = list(status.conditions or [])
         conds = set_condition(
@@ -491,7 +499,7 @@ class UpdateRunController:
                 "observed_generation": gen,
             }
         )
-        self._write_run(obj, new)
+        self._write_run(obj, new, store)
         self._consume(obj, api.ANNOTATION_RETRY_CLUSTERS)
         self._consume(obj, api.ANNOTATION_SKIP_CLUSTERS)
         by_phase = Counter(
@@ -551,24 +559,77 @@ class UpdateRunController:
 
     # -- status ----------------------------------------------------------------------------
 
-    def _write_run(self, obj: dict[str, Any], status: api.UpdateRunStatus) -> float | None:
+    def _write_run(
+        self, obj: dict[str, Any], status: api.UpdateRunStatus, store: _KubeStore | None = None
+    ) -> float | None:
+        """Write the run's status (if changed), then announce what the pass's writes that took
+        effect changed (the run's, and store's ClusterUpgrades'): Events and notifications."""
+        before = obj.get("status") or {}
         body = status.dump()
-        if body == (obj.get("status") or {}):
-            return None
+        written: api.UpdateRunStatus | None = None
+        requeue: float | None = None
+        if body != before:
+            meta = obj["metadata"]
+            try:
+                updated = self.kube.write_status(
+                    api.UPDATE_RUN_PLURAL,
+                    meta["namespace"],
+                    meta["name"],
+                    body,
+                    meta["resourceVersion"],
+                )
+            except Conflict:
+                requeue = 0.0
+            else:
+                obj["status"] = updated.get("status", body)
+                obj["metadata"] = updated["metadata"]
+                written = status
+        if written is not None or (store is not None and store.changes):
+            self._announce(obj, before, written, store)
+        return requeue
+
+    def _announce(
+        self,
+        obj: dict[str, Any],
+        before: Mapping[str, Any],
+        written: api.UpdateRunStatus | None,
+        store: _KubeStore | None,
+    ) -> None:
+        """One Event per transition per object, and the notifications the spec asks for; both
+        from orchestrator.transitions, computed only from writes that took effect."""
         meta = obj["metadata"]
-        try:
-            updated = self.kube.write_status(
-                api.UPDATE_RUN_PLURAL,
-                meta["namespace"],
-                meta["name"],
-                body,
-                meta["resourceVersion"],
+        prev = _run_status({"status": before})
+        new = written if written is not None else prev
+        found = transitions(meta["uid"], prev, new, store.changes if store is not None else ())
+        if not found:
+            return
+        if self.emit_event is not None:
+            for t in found:
+                target = store.objects.get(t.upgrade, obj) if store and t.upgrade else obj
+                name = event_name(target["metadata"]["name"], t.id)
+                self.emit_event(target, t.reason, t.message, t.warning, name)
+        wanted = (obj.get("spec") or {}).get("notifications")
+        if self.notifier is None or not wanted or all(t.event is None for t in found):
+            return
+        parsed = parse_model(api.UpdateRunSpec, obj.get("spec"))
+        if isinstance(parsed, list) or not parsed.notifications:
+            return
+        ns = meta["namespace"]
+        if not self.catalog.policy.allows_inline(ns):
+            # A notification URL is an address written by the namespace's users (in a Secret):
+            # like an inline endpoint, only where the orchestrator's configuration allows.
+            reason = "NotificationsNotAllowed"
+            message = (
+                f"spec.notifications: notification URLs are not used in namespace {ns}; "
+                "ask the platform admin to allow it (--allow-inline-endpoints-in), or remove "
+                "spec.notifications"
             )
-        except Conflict:
-            return 0.0
-        obj["status"] = updated.get("status", body)
-        obj["metadata"] = updated["metadata"]
-        return None
+            log.warning("UpdateRun %s/%s: %s", ns, meta["name"], message)
+            if self.emit_event is not None:
+                name = event_name(meta["name"], f"{meta['uid']}/{reason}")
+                self.emit_event(obj, reason, message, True, name)
+            return
+        self.notifier.notify(ns, meta["name"], parsed.notifications, found, new, self.clock())
 
     def _invalid(
         self,

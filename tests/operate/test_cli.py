@@ -5,6 +5,8 @@ statuses through the status subresource, as the controllers would leave them).""
 from __future__ import annotations
 
 import io
+import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -63,6 +65,7 @@ UPGRADES: dict[str, tuple[str, int, dict[str, Any]]] = {
             "attempt": 1,
             "reason": "StepTimedOut",
             "message": "controlPlane took longer than 90m",
+            "lastTransitionTime": "2026-11-23T01:12:00Z",
         },
     ),
     "c4": (
@@ -138,8 +141,10 @@ class Objects:
             cv,
             {
                 "phase": "Progressing",
+                "message": "stage wave-1: 1 cluster in flight",
                 "currentRun": "prod-1",
                 "currentStage": "wave-1",
+                "summary": {"total": 4, "upToDate": 1, "inFlight": 1, "failed": 1},
                 "stages": stages,
                 "runs": [
                     {"name": "prod-1", "phase": "Progressing", "startTime": "2026-11-23T01:00:00Z"}
@@ -679,3 +684,75 @@ def test_status_watch_live_under_tmux(
         subprocess.run(
             [tmux, "-S", str(socket), "kill-server"], capture_output=True, timeout=10, check=False
         )
+
+
+def _table(control_plane: KubeCluster, namespace: str, plural: str) -> dict[str, dict[str, Any]]:
+    """What `kubectl get PLURAL -o wide` prints, as the apiserver answers it (a meta.k8s.io
+    Table with every column, priority 1 included): row name -> column name -> cell."""
+    api_client = control_plane.api_client()
+    try:
+        request = api_client.param_serialize(
+            "GET",
+            f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{plural}",
+            header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+            auth_settings=["BearerToken"],
+        )
+        response = api_client.call_api(*request)
+        table = json.loads(response.read())
+    finally:
+        api_client.close()
+    assert table["kind"] == "Table", table
+    names = [c["name"] for c in table["columnDefinitions"]]
+    return {
+        row["object"]["metadata"]["name"]: dict(zip(names, row["cells"], strict=True))
+        for row in table["rows"]
+    }
+
+
+def test_printer_columns_show_phase_progress_failures_and_age(
+    control_plane: KubeCluster, objects: Objects
+) -> None:
+    cv = _table(control_plane, objects.ns, api.PLURAL)["prod"]
+    assert {k: v for k, v in cv.items() if k != "Age"} == {
+        "Name": "prod",
+        "Phase": "Progressing",
+        "Run": "prod-1",
+        "Up-To-Date": 1,
+        "Total": 4,
+        "Failed": 1,
+        "Stage": "wave-1",
+        "Message": "stage wave-1: 1 cluster in flight",
+    }
+    run = _table(control_plane, objects.ns, api.UPDATE_RUN_PLURAL)["prod-1"]
+    assert {k: v for k, v in run.items() if k != "Age"} == {
+        "Name": "prod-1",
+        "State": "Run",
+        "Phase": "Progressing",
+        "Stage": "wave-1",
+        "Upgraded": 1,
+        "In-Flight": 1,
+        "Failed": 1,
+        "Total": 4,
+        "Max-Failures": 1,
+        "Next-Start": "2026-11-23T04:00:00Z",
+        "Waiting": "c4: its maintenance window is closed",
+        "Message": None,
+    }
+    upgrades = _table(control_plane, objects.ns, api.CLUSTER_UPGRADE_PLURAL)
+    c3 = upgrades["prod-1-c3"]
+    assert {k: v for k, v in c3.items() if k not in ("Age", "Since")} == {
+        "Name": "prod-1-c3",
+        "Cluster": "c3",
+        "Stage": "wave-1",
+        "Target": "1.29.1",
+        "Phase": "Failed",
+        "Step": None,
+        "Reason": "StepTimedOut",
+        "Attempt": 1,
+        "Message": "controlPlane took longer than 90m",
+    }
+    assert upgrades["prod-1-c2"]["Step"] == "nodePool/a"
+    # Age and Since are durations the apiserver computes from the timestamps (kubectl's AGE).
+    for row in (cv, run, c3):
+        assert re.fullmatch(r"[0-9]+[smhd].*", str(row["Age"])), row
+    assert re.fullmatch(r"[0-9]+[smhd].*", str(c3["Since"])), c3
