@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
@@ -45,14 +46,23 @@ class Gone(KubeError):
 
 
 def _wrap(exc: ApiException) -> KubeError:
-    status = int(exc.status or 0)
+    return _error(int(exc.status or 0), exc.body, exc.reason)
+
+
+def _error(status: int, body: Any, reason: Any) -> KubeError:
     try:
-        message = json.loads(exc.body or "{}").get("message", exc.reason)
+        message = json.loads(body or "{}").get("message", reason)
     except (ValueError, AttributeError):
-        message = str(exc.reason)
+        message = str(reason)
     cls = {404: NotFound, 409: Conflict, 410: Gone}.get(status, KubeError)
     text = str(message)
     return cls(status, text if len(text) <= 400 else text[:400] + "…")
+
+
+def _path(plural: str, namespace: str, name: str = "") -> str:
+    """The REST path of our objects of plural in namespace (one object when name is given)."""
+    base = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{plural}"
+    return f"{base}/{name}" if name else base
 
 
 @dataclass(frozen=True)
@@ -90,10 +100,12 @@ class KubeClient:
                 config.load_kube_config(client_configuration=cfg)
         cfg.connection_pool_maxsize = 16  # parallel writes of one reconcile + watches
         self._api = client.ApiClient(cfg)
+        self._host = cfg.host.rstrip("/")
         self._custom = client.CustomObjectsApi(self._api)
         self._core = client.CoreV1Api(self._api)
         self._coord = client.CoordinationV1Api(self._api)
         self._ext = client.ApiextensionsV1Api(self._api)
+        self._batch = client.BatchV1Api(self._api)
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -188,14 +200,7 @@ class KubeClient:
 
     def get_object(self, plural: str, namespace: str, name: str) -> dict[str, Any]:
         """GET one object of ours."""
-        return self._json(
-            self._custom.get_namespaced_custom_object,
-            api.GROUP,
-            api.VERSION,
-            namespace,
-            plural,
-            name,
-        )
+        return self._raw("GET", _path(plural, namespace, name), None, "application/json")
 
     def list_objects(
         self, plural: str, namespace: str | None = None, label_selector: str = ""
@@ -250,47 +255,29 @@ class KubeClient:
 
     def create_object(self, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST an object of ours; Conflict when it exists."""
-        return self._json(
-            self._custom.create_namespaced_custom_object,
-            api.GROUP,
-            api.VERSION,
-            namespace,
-            plural,
-            body,
-        )
+        return self._raw("POST", _path(plural, namespace), body, "application/json")
 
     def write_status(
         self, plural: str, namespace: str, name: str, status: dict[str, Any], resource_version: str
     ) -> dict[str, Any]:
-        """Set .status whole, only if the object is still at resource_version (else Conflict)."""
+        """Set .status whole, only if the object is still at resource_version (else Conflict).
+
+        The hot path of a rollout (one write per cluster step): sent as bytes over the client's
+        connection pool, without the generated client's per-call validation and models.
+        """
         body = [
             {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
             {"op": "add", "path": "/status", "value": status},
         ]
-        return self._json(
-            self._custom.patch_namespaced_custom_object_status,
-            api.GROUP,
-            api.VERSION,
-            namespace,
-            plural,
-            name,
-            body,
-            _content_type="application/json-patch+json",
-        )
+        path = _path(plural, namespace, name) + "/status"
+        return self._raw("PATCH", path, body, "application/json-patch+json")
 
     def merge_patch(
         self, plural: str, namespace: str, name: str, patch: dict[str, Any]
     ) -> dict[str, Any]:
         """Merge-patch spec or metadata of an object of ours."""
-        return self._json(
-            self._custom.patch_namespaced_custom_object,
-            api.GROUP,
-            api.VERSION,
-            namespace,
-            plural,
-            name,
-            patch,
-            _content_type="application/merge-patch+json",
+        return self._raw(
+            "PATCH", _path(plural, namespace, name), patch, "application/merge-patch+json"
         )
 
     def delete_object(self, plural: str, namespace: str, name: str) -> None:
@@ -305,10 +292,43 @@ class KubeClient:
             body=client.V1DeleteOptions(propagation_policy="Background"),
         )
 
+    def _raw(self, method: str, path: str, body: Any, content_type: str) -> Any:
+        """One JSON request over the client's pool and credentials; the parsed answer."""
+        headers = dict(self._api.default_headers)
+        headers["Content-Type"] = content_type
+        headers["Accept"] = "application/json"
+        # Bearer tokens (refreshed by the configuration's hook); client certificates are in
+        # the pool's TLS settings.
+        self._api.update_params_for_auth(headers, [], ["BearerToken"], path, method, None)
+        try:
+            response = self._api.rest_client.pool_manager.request(
+                method,
+                self._host + path,
+                body=None if body is None else json.dumps(body, separators=(",", ":")).encode(),
+                headers=headers,
+                timeout=urllib3.Timeout(total=REQUEST_TIMEOUT_SECONDS),
+                preload_content=True,
+            )
+        except urllib3.exceptions.HTTPError as err:
+            raise KubeError(0, f"{method} {path}: {err}") from err
+        if not 200 <= response.status < 300:
+            raise _error(response.status, response.data, response.reason)
+        return json.loads(response.data)
+
     def _json(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call without the client's slow model deserialisation; parse the JSON body."""
         response = self._call(fn, *args, _preload_content=False, **kwargs)
         return json.loads(response.data)
+
+    # batch/v1 Jobs (pre/post-upgrade hooks, orchestrator.hooks)
+
+    def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST a Job; Conflict when one of that name exists."""
+        return self._json(self._batch.create_namespaced_job, namespace, body)
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+        """GET a Job as plain JSON; NotFound when there is none."""
+        return self._json(self._batch.read_namespaced_job, name, namespace)
 
     # Secrets, events
 
@@ -411,30 +431,34 @@ class KubeClient:
 
         name: a deterministic name makes the create idempotent (Conflict when it exists)."""
         meta = obj["metadata"]
-        now = datetime.now(UTC)
-        body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(
-                name=name,
-                generate_name=None if name else f"{meta['name']}.",
-                namespace=meta["namespace"],
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": (
+                {"name": name, "namespace": meta["namespace"]}
+                if name
+                else {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]}
             ),
-            involved_object=client.V1ObjectReference(
-                api_version=obj.get("apiVersion", api.API_VERSION),
-                kind=obj.get("kind", api.KIND),
-                name=meta["name"],
-                namespace=meta["namespace"],
-                uid=meta.get("uid"),
-                resource_version=meta.get("resourceVersion"),
-            ),
-            reason=reason[:128],
-            message=message[:1024],
-            type="Warning" if warning else "Normal",
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-            source=client.V1EventSource(component=component),
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", api.API_VERSION),
+                "kind": obj.get("kind", api.KIND),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": reason[:128],
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "source": {"component": component},
+        }
+        self._raw(
+            "POST", f"/api/v1/namespaces/{meta['namespace']}/events", body, "application/json"
         )
-        self._call(self._core.create_namespaced_event, meta["namespace"], body)
 
     # Leases
 

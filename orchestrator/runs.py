@@ -459,6 +459,9 @@ class UpdateRunController:
                 retry=_csv(annotations.get(api.ANNOTATION_RETRY_CLUSTERS)),
                 skip=_csv(annotations.get(api.ANNOTATION_SKIP_CLUSTERS)),
                 floors=floors,
+                skip_stages=_csv(annotations.get(api.ANNOTATION_SKIP_STAGES)),
+                requested_by=annotations.get(api.ANNOTATION_REQUESTED_BY) or "",
+                reason=annotations.get(api.ANNOTATION_REASON) or "",
             )
         except CallError as err:
             return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
@@ -494,6 +497,9 @@ class UpdateRunController:
                 "current_stage": d.current_stage,
                 "counts": d.counts,
                 "stages": d.stages,
+                "failures": d.failures,
+                "next_start_time": d.next_start_time,
+                "waiting_reason": d.waiting_reason,
                 "end_time": status.end_time or (format_time(now) if finished else None),
                 "conditions": conds,
                 "observed_generation": gen,
@@ -642,6 +648,15 @@ class UpdateRunController:
         text = "; ".join(str(p) for p in problems[:5])
         if len(problems) > 5:
             text += f"; and {len(problems) - 5} more"
+        in_flight = status.counts.in_flight if status.counts else 0
+        if in_flight:
+            # E.g. access revoked mid-run: nothing is called without access, so clusters taken
+            # out stay where they are; say so, and that fixing the problem resumes them.
+            text += (
+                f"; {in_flight} cluster(s) in flight wait where they are (possibly out of "
+                f"service) until this is fixed: kubectl get cu -l {api.LABEL_RUN}="
+                f"{obj['metadata']['name']}"
+            )
         conds = set_condition(
             list(status.conditions or []), "Ready", False, "InvalidSpec", text, gen, now
         )
