@@ -8,6 +8,9 @@ adapters in orchestrator.runs) and the adversarial simulation (tests/sim) run th
 - `Provider`: the plugin (inventory + operations snapshot, preflight, the four mutations).
 - `Checker`: health-check evaluation for a set of clusters.
 - `Fence`: whether this replica still holds the Lease; checked before every plugin call.
+- `HookRunner` (optional): starts pre/post-upgrade hooks by their deterministic id and reports
+  what it knows of them (orchestrator.hooks in the product); started, like calls, only after
+  the intent (HookStatus Running) is on record.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol, TypeVar
@@ -24,12 +27,16 @@ from orchestrator import api
 from orchestrator.conditions import parse_time
 from orchestrator.engine import (
     ACTIVE,
+    POST_HOOK,
     Call,
     Decision,
     Floor,
+    HookObs,
+    HookState,
     Preflight,
     RunInput,
     Upgrade,
+    awaits_checks,
     call_failed,
     checks_for,
     decide,
@@ -42,6 +49,8 @@ __all__ = [
     "CallError",
     "Checker",
     "Fence",
+    "HookRequest",
+    "HookRunner",
     "Provider",
     "RunDriver",
     "StepResult",
@@ -109,6 +118,48 @@ class Fence(Protocol):
         """True while this replica may act."""
 
 
+@dataclass(frozen=True)
+class HookRequest:
+    """Everything an executor needs to start or observe one hook (built by the driver)."""
+
+    #: The run as "namespace/name" and its uid.
+    run: str
+    run_uid: str
+    #: The ClusterUpgrade (its name) and the cluster.
+    upgrade: str
+    cluster_id: str
+    kind: str
+    #: The deterministic id (engine.hook_id): the Job name and the HTTP Idempotency-Key.
+    id: str
+    attempt: int
+    hook: api.Hook
+    current_version: str
+    target_version: str
+    #: When the intent was recorded: the hook's deadline is this + hook.timeout.
+    start_time: datetime
+
+    @property
+    def namespace(self) -> str:
+        """The run's namespace (the Job's, and where the hook's Secrets are read)."""
+        return self.run.partition("/")[0]
+
+    @property
+    def run_name(self) -> str:
+        """The run's name."""
+        return self.run.partition("/")[2]
+
+
+class HookRunner(Protocol):
+    """Runs hooks; idempotent by request id (never runs one id twice)."""
+
+    def start(self, request: HookRequest) -> None:
+        """Start the hook (a Job: create it, or adopt the existing one); never blocks for
+        its outcome. Failures are reported by `observe`."""
+
+    def observe(self, request: HookRequest) -> HookObs:
+        """What is known of the hook now (UNKNOWN: nothing, e.g. after a restart)."""
+
+
 @dataclass
 class StepResult:
     """What a reconcile of one run did, for the run's status write."""
@@ -132,6 +183,8 @@ class RunDriver:
     preflight_cache: dict[str, Preflight] = field(default_factory=dict)
     #: Writes and calls made at once (1: in order, as the simulation replays them).
     parallelism: int = 1
+    #: A long-lived pool of `parallelism` workers to make them on (None: one per pass).
+    executor: Executor | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: Invariant 3: ClusterUpgrades whose failing evaluation could not be recorded (the write
     #: conflicted or got no answer); their next evaluation counts passes from zero. Keep it
@@ -141,6 +194,8 @@ class RunDriver:
     #: stage) → time of a failing evaluation; until the stored health shows it (or later),
     #: the next evaluation counts passes from zero.
     stage_failures: dict[tuple[str, str], datetime] = field(default_factory=dict)
+    #: The hook executor (None: hooks fail, saying this orchestrator runs none).
+    hooks: HookRunner | None = None
 
     def step(
         self,
@@ -156,6 +211,9 @@ class RunDriver:
         retry: frozenset[str] = frozenset(),
         skip: frozenset[str] = frozenset(),
         floors: Sequence[Floor] = (),
+        skip_stages: frozenset[str] = frozenset(),
+        requested_by: str = "",
+        reason: str = "",
     ) -> StepResult:
         """Observe, decide, persist intents, then call; returns the decision taken.
 
@@ -168,6 +226,7 @@ class RunDriver:
         snapshot = self.provider.snapshot(ids)
         upgrades, health_changed = self._evaluate_clusters(spec, upgrades, snapshot, now)
         stages = self._evaluate_stages(key, spec, upgrades, stages, snapshot, now)
+        hook_obs = self._observe_hooks(key, uid, spec, upgrades, snapshot)
         inp = RunInput(
             key=key,
             uid=uid,
@@ -182,17 +241,29 @@ class RunDriver:
             approved_stages=approved,
             retry_clusters=retry,
             skip_clusters=skip,
+            skip_stages=skip_stages,
+            requested_by=requested_by,
+            reason=reason,
             floors=floors,
+            hooks=hook_obs,
         )
         decision = decide(inp)
         if decision.preflight_needed and self.fence.held():
-            for cid in decision.preflight_needed:
-                u = next(x for x in upgrades.values() if x.cluster_id == cid)
+            by_cluster = {u.cluster_id: u for u in upgrades.values()}
+
+            def ask(cid: str) -> None:
+                u = by_cluster[cid]
                 pools = {p.name: u.spec.pool_target(p.name) for p in self._pools(snapshot, cid)}
                 try:
-                    self.preflight_cache[cid] = self.provider.preflight(cid, u.spec.version, pools)
+                    answer = self.provider.preflight(cid, u.spec.version, pools)
                 except CallError as err:
                     log.info("preflight of %s failed: %s", cid, err)
+                    return
+                with self._lock:
+                    self.preflight_cache[cid] = answer
+
+            # A wave of admissions asks about each cluster at once (bounded, like the writes).
+            self._each(ask, list(decision.preflight_needed))
             decision = decide(inp)
         result = StepResult(decision, requeue_after=decision.requeue_after)
         # Record intents (and health progress) before any call: a crash after this write
@@ -234,6 +305,21 @@ class RunDriver:
                     )
 
         self._each(act, calls)
+        hook_calls = [
+            c
+            for c in decision.hook_calls
+            if c.upgrade in written or (c.upgrade not in decision.changed and not result.conflicts)
+        ]
+        if hook_calls and self.fence.held():
+            for hc in hook_calls:
+                u = upgrades[hc.upgrade]
+                request = self._hook_request(
+                    key, uid, spec, u, decision.changed.get(hc.upgrade, u.status), snapshot
+                )
+                if request is not None and self.hooks is not None:
+                    self.hooks.start(request)
+        elif hook_calls:
+            result.fenced = True
         if decision.calls and result.calls_made:
             result.requeue_after = _min(result.requeue_after, 1.0)
         if result.conflicts and decision.phase in _FINAL:
@@ -280,9 +366,75 @@ class RunDriver:
             for item in items:
                 fn(item)
             return
+        if self.executor is not None:  # the controller's long-lived pool: no threads per pass
+            for _ in self.executor.map(fn, items):
+                pass
+            return
         with ThreadPoolExecutor(max_workers=min(self.parallelism, len(items))) as pool:
             for _ in pool.map(fn, items):
                 pass
+
+    def _observe_hooks(
+        self,
+        key: str,
+        uid: str,
+        spec: api.UpdateRunSpec,
+        upgrades: Mapping[str, Upgrade],
+        snapshot: Snapshot,
+    ) -> dict[str, HookObs]:
+        """What the executor knows of every hook recorded Running (by hook id)."""
+        requests = [
+            r
+            for u in upgrades.values()
+            if u.status.hook is not None
+            and u.status.hook.phase == api.HookPhase.RUNNING
+            and u.status.phase in (api.UpgradePhase.PRE_HOOK, api.UpgradePhase.POST_HOOK)
+            and (r := self._hook_request(key, uid, spec, u, u.status, snapshot)) is not None
+        ]
+        out: dict[str, HookObs] = {}
+
+        def observe(request: HookRequest) -> None:
+            if self.hooks is None:
+                seen = HookObs(HookState.FAILED, "this orchestrator was started without hooks")
+            else:
+                seen = self.hooks.observe(request)
+            with self._lock:
+                out[request.id] = seen
+
+        self._each(observe, requests)
+        return out
+
+    @staticmethod
+    def _hook_request(
+        key: str,
+        uid: str,
+        spec: api.UpdateRunSpec,
+        u: Upgrade,
+        status: api.ClusterUpgradeStatus,
+        snapshot: Snapshot,
+    ) -> HookRequest | None:
+        """The request for the hook recorded on status (None when the spec has none)."""
+        hook = status.hook
+        hooks = spec.strategy.hooks if spec.strategy is not None else None
+        if hook is None or hooks is None:
+            return None
+        which = hooks.post_upgrade if hook.kind == POST_HOOK else hooks.pre_upgrade
+        if which is None:
+            return None
+        obs = snapshot.clusters.get(u.cluster_id)
+        return HookRequest(
+            run=key,
+            run_uid=uid,
+            upgrade=u.name,
+            cluster_id=u.cluster_id,
+            kind=hook.kind,
+            id=hook.id,
+            attempt=status.attempt,
+            hook=which,
+            current_version=obs.control_plane_version if obs is not None else "",
+            target_version=u.spec.version,
+            start_time=parse_time(hook.start_time),
+        )
 
     @staticmethod
     def _pools(snapshot: Snapshot, cid: str) -> Sequence[PoolObs]:
@@ -304,7 +456,7 @@ class RunDriver:
             checks = checks_for(spec, u.spec.stage)
             obs = snapshot.clusters.get(u.cluster_id)
             if (
-                st.phase != api.UpgradePhase.VERIFYING
+                not awaits_checks(st)
                 or st.health is None
                 or checks is None
                 or obs is None

@@ -21,6 +21,7 @@ ships. Each safety invariant of DESIGN.md has one place here:
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -35,19 +36,31 @@ from plugins.sdk import versions
 __all__ = [
     "ACTIVE",
     "FATAL_CODES",
+    "HOOK_POLL_SECONDS",
     "MAX_REASKS",
+    "POST_HOOK",
     "PREFLIGHT_TTL",
+    "PRE_HOOK",
+    "RECOVER_GAVE_UP",
+    "RECOVER_STEP",
+    "SKIPPED_BY_PEOPLE",
     "Call",
     "Decision",
     "Floor",
+    "HookCall",
+    "HookObs",
+    "HookState",
     "Preflight",
     "RunInput",
     "Upgrade",
     "Verdict",
+    "awaits_checks",
     "call_failed",
     "checks_for",
     "cluster_set_digest",
+    "counts_as_failure",
     "decide",
+    "hook_id",
     "needs_upgrade",
     "request_id",
     "with_status",
@@ -62,6 +75,8 @@ ACTIVE = frozenset(
         U.UPGRADING_NODE_POOLS,
         U.VERIFYING,
         U.SERVICING_IN,
+        U.PRE_HOOK,
+        U.POST_HOOK,
     }
 )
 _DONE = frozenset({U.UPGRADED, U.SKIPPED})
@@ -79,6 +94,13 @@ PREFLIGHT_TTL = timedelta(seconds=60)
 STEP_POLL_SECONDS = 10.0
 #: How often to look again at a cluster waiting for availability or readiness.
 POLL_SECONDS = 2.0
+#: How often a running hook is looked at again even without news (a Job's status is polled).
+HOOK_POLL_SECONDS = 5.0
+#: The two hook kinds, as HookStatus.kind spells them.
+PRE_HOOK = "preUpgrade"
+POST_HOOK = "postUpgrade"
+#: Hook messages kept in status and events (the hook's own words, cut).
+HOOK_MESSAGE_MAX = 300
 
 
 class Verdict(StrEnum):
@@ -98,6 +120,35 @@ class Preflight:
     reason: str = ""
     message: str = ""
     retry_after: float = 0.0
+
+
+class HookState(StrEnum):
+    """What the hook executor knows of one hook id."""
+
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    #: Nothing: a Job not created (yet), or an HTTP call whose outcome died with a process.
+    UNKNOWN = "Unknown"
+
+
+@dataclass(frozen=True)
+class HookObs:
+    """One hook's outcome as the executor observed it (by hook id)."""
+
+    state: HookState
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class HookCall:
+    """Start (or adopt, for a Job) one hook; made only after its intent was persisted."""
+
+    kind: str
+    upgrade: str
+    cluster_id: str
+    hook_id: str
+    attempt: int
 
 
 @dataclass(frozen=True)
@@ -156,9 +207,16 @@ class RunInput:
     approved_stages: frozenset[str] = frozenset()
     retry_clusters: frozenset[str] = frozenset()
     skip_clusters: frozenset[str] = frozenset()
+    #: Stage names of the skip-stages annotation (level-triggered, like approved_stages).
+    skip_stages: frozenset[str] = frozenset()
+    #: Who asked and why (the requested-by and reason annotations), recorded with skips.
+    requested_by: str = ""
+    reason: str = ""
     #: Invariant 1 across runs: a service-out of a cluster shared with another live run keeps
     #: that run's floor too. The snapshot and held_by must cover the members of these runs.
     floors: Sequence[Floor] = ()
+    #: What the hook executor knows of the hooks recorded Running: hook id → outcome.
+    hooks: Mapping[str, HookObs] = field(default_factory=dict)
 
 
 @dataclass
@@ -177,11 +235,29 @@ class Decision:
     events: list[tuple[str, str, str, bool]] = field(default_factory=list)
     retried: set[str] = field(default_factory=set)
     skipped: set[str] = field(default_factory=set)
+    #: Hooks to start (after their HookStatus Running is on record), like `calls`.
+    hook_calls: list[HookCall] = field(default_factory=list)
+    #: Failures against the run's budget (None: no failure and no budget set).
+    failures: api.FailureSummary | None = None
+    #: When the next cluster may start, if clusters wait for time (notBefore, windows).
+    next_start_time: str | None = None
+    #: Why no cluster starts now, in a word: Paused, Stopped, Halted, AwaitingApproval,
+    #: Soaking, Verifying, AvailabilityBudget, NotBefore, MaintenanceWindow (None: not waiting).
+    waiting_reason: str | None = None
 
 
 def request_id(uid: str, cluster_id: str, step: str, target: str, attempt: int) -> str:
     """The deterministic request id of one step of one attempt: never started twice."""
     return f"{uid}:{cluster_id}:{step}:{target}:{attempt}"
+
+
+def hook_id(uid: str, cluster_id: str, kind: str, attempt: int) -> str:
+    """The deterministic id of one hook of one attempt: the Job's name and the HTTP call's
+    Idempotency-Key (a DNS label: at most 63 characters, readable, hashed for uniqueness)."""
+    digest = hashlib.sha256(f"{uid}\0{cluster_id}\0{kind}\0{attempt}".encode()).hexdigest()
+    base = re.sub(r"[^a-z0-9]+", "-", cluster_id.lower())[:28].strip("-") or "cluster"
+    short = "pre" if kind == PRE_HOOK else "post"
+    return f"{base}-{short}-{attempt % 10000}-{digest[:16]}"
 
 
 def cluster_set_digest(items: Iterable[tuple[str, str, str]]) -> str:
@@ -239,6 +315,7 @@ class _Run:
         self.stopping = inp.spec.state == api.RunState.STOP
         self.retried: set[str] = set()
         self.skipped: set[str] = set()
+        self.hook_calls: list[HookCall] = []
 
     # -- bookkeeping -----------------------------------------------------------------------
 
@@ -407,12 +484,19 @@ class _Run:
                 )
                 self.wake(max(verdict.wait_seconds, 0.0))
                 return
+        # The postUpgrade hook runs after the checks passed, before the service-in; only for a
+        # cluster at its targets (a stopped run services in a half-done cluster without it).
+        if not needs_upgrade(obs, u.spec) and self.start_hook(u, POST_HOOK):
+            return
         self.issue(u, OpKind.SERVICE_IN)
 
     def follow(self, u: Upgrade) -> None:
         """Carry one in-flight upgrade forward from what its operation did."""
         st = self.status[u.name]
         obs = self.effective.get(u.cluster_id)
+        if st.phase in (U.PRE_HOOK, U.POST_HOOK):
+            self.follow_hook(u)
+            return
         if st.phase == U.VERIFYING:
             if obs is None:
                 self.gone(u, None)
@@ -545,6 +629,161 @@ class _Run:
         )
         self.wake(POLL_SECONDS)
 
+    # -- hooks -------------------------------------------------------------------------------
+
+    def hook_spec(self, kind: str) -> api.Hook | None:
+        """The run's hook of a kind, if any."""
+        hooks = self.strategy.hooks
+        if hooks is None:
+            return None
+        return hooks.pre_upgrade if kind == PRE_HOOK else hooks.post_upgrade
+
+    def start_hook(self, u: Upgrade, kind: str) -> bool:
+        """Enter the hook phase of `kind`: record the intent (HookStatus Running, id of this
+        attempt) and ask for the hook to start, or resume the one this attempt recorded. False
+        when the run has no such hook or this attempt's already succeeded (go on without it).
+
+        Invariant 6 for hooks: an HTTP hook is started only when its intent is new; a Job is
+        asked for again by its deterministic name (created, or adopted if it exists)."""
+        spec = self.hook_spec(kind)
+        st = self.status[u.name]
+        hid = hook_id(self.inp.uid, u.cluster_id, kind, st.attempt)
+        recorded = st.hook if st.hook is not None and st.hook.id == hid else None
+        if spec is None or (recorded is not None and recorded.phase == api.HookPhase.SUCCEEDED):
+            return False
+        hook = recorded or api.HookStatus(kind=kind, id=hid, start_time=self.stamp)
+        self.set(
+            u,
+            phase=U.PRE_HOOK if kind == PRE_HOOK else U.POST_HOOK,
+            step=kind,
+            request_id=None,
+            operation_id=None,
+            step_start_time=hook.start_time,
+            reason=None,
+            message=f"{kind} hook {hid} running",
+            hook=hook,
+        )
+        if recorded is None or spec.job is not None:
+            self.hook_calls.append(HookCall(kind, u.name, u.cluster_id, hid, st.attempt))
+        self.wake(HOOK_POLL_SECONDS)
+        return True
+
+    def follow_hook(self, u: Upgrade) -> None:
+        """Carry a cluster in a hook phase on from what the executor observed (bounded by
+        Hook.timeout: invariant 4)."""
+        st = self.status[u.name]
+        kind = PRE_HOOK if st.phase == U.PRE_HOOK else POST_HOOK
+        spec = self.hook_spec(kind)
+        hook = st.hook
+        if spec is None or hook is None or hook.kind != kind:
+            self.after_hook(u, kind)  # the hook is configured no more: go on without it
+            return
+        if hook.phase == api.HookPhase.SUCCEEDED:
+            self.after_hook(u, kind)
+            return
+        seen = self.inp.hooks.get(hook.id, HookObs(HookState.UNKNOWN))
+        if seen.state == HookState.SUCCEEDED:
+            done = hook.model_copy(
+                update={"phase": api.HookPhase.SUCCEEDED, "message": _cut(seen.message) or None}
+            )
+            self.set(u, hook=done, message=f"{kind} hook {hook.id} succeeded")
+            self.after_hook(u, kind)
+            return
+        if seen.state == HookState.FAILED:
+            self.hook_failed(u, kind, seen.message or "failed")
+            return
+        bound = api.parse_duration(spec.timeout)
+        left = parse_time(hook.start_time) + bound - self.now
+        if left < timedelta(0):
+            self.hook_failed(u, kind, f"did not finish within {spec.timeout}")
+            return
+        if seen.state == HookState.UNKNOWN:
+            if spec.job is None:
+                # Sent before a restart, or not: sending it again could run it twice.
+                self.hook_failed(
+                    u,
+                    kind,
+                    "hook outcome unknown after a restart; retry the cluster to run it again",
+                )
+                return
+            # A Job not created yet (a crash between intent and create): create or adopt it.
+            self.hook_calls.append(HookCall(kind, u.name, u.cluster_id, hook.id, st.attempt))
+        self.wake(max(1.0, min(left.total_seconds(), HOOK_POLL_SECONDS)))
+
+    def hook_failed(self, u: Upgrade, kind: str, message: str) -> None:
+        """The hook failed or timed out: the cluster fails with the hook's own words."""
+        hook = self.status[u.name].hook
+        assert hook is not None  # only called for a recorded hook
+        text = _cut(message)
+        self.set(u, hook=hook.model_copy(update={"phase": api.HookPhase.FAILED, "message": text}))
+        reason = "PreUpgradeHookFailed" if kind == PRE_HOOK else "PostUpgradeHookFailed"
+        self.fail(u, reason, f"{kind} hook {hook.id}: {text}")
+
+    def after_hook(self, u: Upgrade, kind: str) -> None:
+        """The step after a hook: the service-out (pre) or the service-in (post)."""
+        obs = self.effective.get(u.cluster_id)
+        if obs is None:
+            self.gone(u, None)
+            return
+        if kind == POST_HOOK:
+            self.issue(u, OpKind.SERVICE_IN)
+            return
+        cid = u.cluster_id
+        wait = ""
+        reason = ""
+        cur = obs.current_operation
+        if self.stopping:
+            reason, wait = "RunStopped", "run stopped; still in service"
+        elif not needs_upgrade(obs, u.spec):
+            self.set(
+                u,
+                phase=U.SKIPPED,
+                step=None,
+                step_start_time=None,
+                reason="AtTarget",
+                message=f"already at or past target ({obs.control_plane_version})",
+            )
+            return
+        elif not obs.in_service:
+            reason, wait = "OutOfService", "out of service outside this run; waiting for it"
+        elif cur is not None and not cur.state.terminal and not self._ours(cur):
+            reason, wait = "ForeignOperation", f"operation {cur.id} from another caller"
+        elif not self.budget_allows(cid, own=u.name):
+            # Invariant 1: the floor is checked again when the service-out is issued.
+            reason, wait = "WaitingForBudget", "no availability budget left now"
+        if wait:
+            self.set(
+                u,
+                phase=U.PENDING,
+                step=None,
+                step_start_time=None,
+                reason=reason,
+                message=f"{kind} hook passed; {wait}",
+            )
+            self.wake(POLL_SECONDS)
+            return
+        pre = self.inp.preflight.get(cid)
+        if self.inp.preflight_supported and (pre is None or self.now - pre.at > PREFLIGHT_TTL):
+            # Invariant 5: a hook may take minutes; the verdict must be fresh at the drain.
+            self.preflight_needed.append(cid)
+            self.wake(1.0)
+            return
+        if pre is not None and pre.verdict != Verdict.ACCEPTED:
+            never = pre.verdict == Verdict.REFUSED_NEVER
+            self.set(
+                u,
+                phase=U.BLOCKED,
+                step=None,
+                step_start_time=None,
+                reason="Refused" if never else "RefusedForNow",
+                message=f"the provider refuses this upgrade{'' if never else ' for now'}: "
+                f"{pre.reason}: {pre.message}",
+            )
+            if not never:
+                self.wake(pre.retry_after or 30.0)
+            return
+        self.issue(u, OpKind.SERVICE_OUT)
+
     # -- admission -------------------------------------------------------------------------
 
     def holder(self, cid: str) -> str | None:
@@ -602,6 +841,12 @@ class _Run:
         ]
 
 
+def _cut(text: str) -> str:
+    """A hook's message for status: one line, at most HOOK_MESSAGE_MAX characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= HOOK_MESSAGE_MAX else flat[: HOOK_MESSAGE_MAX - 1] + "…"
+
+
 def checks_for(spec: api.UpdateRunSpec, stage: str) -> api.HealthChecks | None:
     """The health checks that apply to a stage's clusters: the stage's own, else the run's."""
     for st in (spec.strategy.stages if spec.strategy else None) or []:
@@ -614,88 +859,346 @@ def _limit(value: int | str | None, members: int) -> int:
     return members if value is None else api.parse_max_concurrency(value, members)
 
 
+#: Reasons of a Skipped cluster that a person asked for (a retry may undo them).
+SKIPPED_BY_PEOPLE = frozenset({"SkippedByUser", "StageSkipped"})
+#: The step of a Failed cluster that failedClusterPolicy ServiceInIfHealthy may service back in.
+RECOVER_STEP = "recover"
+#: The step of a Failed cluster that stays out: its recovery's checks or readiness failed.
+RECOVER_GAVE_UP = "recover/gaveUp"
+
+
+def counts_as_failure(st: api.ClusterUpgradeStatus) -> bool:
+    """Whether a cluster counts against the failure budgets: Failed, or Blocked because the
+    provider will never accept its target (reason Refused)."""
+    return st.phase == U.FAILED or (st.phase == U.BLOCKED and st.reason == "Refused")
+
+
+def awaits_checks(st: api.ClusterUpgradeStatus) -> bool:
+    """Whether the driver evaluates the cluster's checks: Verifying, or a Failed cluster that
+    failedClusterPolicy ServiceInIfHealthy may service back in."""
+    return st.phase == U.VERIFYING or (st.phase == U.FAILED and st.step == RECOVER_STEP)
+
+
+def _retriable(st: api.ClusterUpgradeStatus) -> bool:
+    return st.phase in (U.FAILED, U.BLOCKED) or (
+        st.phase == U.SKIPPED and st.reason in SKIPPED_BY_PEOPLE
+    )
+
+
+def _short(text: str, most: int = 200) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= most else flat[: most - 1] + "…"
+
+
+def _said(by: str | None, reason: str | None) -> str:
+    return f"{by or 'unknown'}: {reason or 'no reason given'}"
+
+
+def _people(run: _Run) -> None:
+    """Skips (annotation: once; spec.skip.clusters: while listed), then retries (annotation:
+    once; spec.retry: once per round and cluster, recorded as retry_round)."""
+    inp = run.inp
+    skip = inp.spec.skip or api.SkipSpec()
+    spec_skip = frozenset(skip.clusters or ())
+    retry = inp.spec.retry
+    for u in inp.upgrades.values():
+        st = run.status[u.name]
+        cid = u.cluster_id
+        said = None
+        if cid in inp.skip_clusters:
+            said = _said(inp.requested_by, inp.reason)
+        elif cid in spec_skip:
+            said = _said(skip.requested_by or inp.requested_by, skip.reason)
+        if said is not None and st.phase in (U.PENDING, U.BLOCKED, U.FAILED):
+            run.set(u, phase=U.SKIPPED, reason="SkippedByUser", message=f"skipped by {said}")
+            run.skipped.add(cid)
+            continue
+        due = retry is not None and cid in retry.clusters and st.retry_round < retry.round
+        if due and retry is not None:
+            # The round is spent by every listed cluster the first time a decision sees it
+            # (idempotent under re-apply); only those that can retry get a fresh attempt.
+            run.set(u, retry_round=retry.round)
+            who = _said(retry.requested_by or inp.requested_by, retry.reason)
+        else:
+            who = _said(inp.requested_by, inp.reason)
+        if (due or cid in inp.retry_clusters) and _retriable(st):
+            _retry(run, u, st, who)
+
+
+def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, who: str) -> None:
+    """A fresh attempt with the run's pinned targets: new request ids, fresh health."""
+    inp = run.inp
+    run.set(
+        u,
+        phase=U.PENDING,
+        attempt=st.attempt + 1,
+        step=None,
+        request_id=None,
+        operation_id=None,
+        reasks=0,
+        health=None,
+        step_start_time=None,
+        reason="Retry",
+        message=f"retry requested by {who} (attempt {st.attempt + 2})",
+    )
+    run.retried.add(u.cluster_id)
+    obs = inp.snapshot.clusters.get(u.cluster_id)
+    recovering = st.step == RECOVER_STEP and st.request_id is not None
+    if (
+        st.step
+        and not recovering
+        and obs is not None
+        and not obs.in_service
+        and not run.holder(u.cluster_id)
+    ):
+        # Invariant 4: the failed attempt took it out; the retry keeps it (no new
+        # service-out, no budget) and `follow` carries it on from where it stands. (A cluster
+        # whose service-in back is in flight waits Pending for it, then is admitted anew.)
+        run.set(
+            u,
+            phase=U.SERVICING_OUT,
+            step=OpKind.SERVICE_OUT.value,
+            request_id=request_id(
+                inp.uid,
+                u.cluster_id,
+                OpKind.SERVICE_OUT.value,
+                u.spec.version,
+                st.attempt + 1,
+            ),
+            step_start_time=run.stamp,
+        )
+
+
+def _recover(run: _Run, u: Upgrade) -> None:
+    """failedClusterPolicy ServiceInIfHealthy: a Failed cluster this run took out of service is
+    serviced back in once it is available, its pools ready, no operation in flight on it and
+    every applicable check passed successThreshold times (invariant 3 holds for it too). It
+    stays Failed (reason kept); the message says it was serviced back in. Bounded: checks that
+    fail, or readiness past timeouts.ready, leave it out (step RECOVER_GAVE_UP)."""
+    st = run.status[u.name]
+    obs = run.effective.get(u.cluster_id)
+    if not st.step or st.step == RECOVER_GAVE_UP or obs is None:
+        return
+    if run.holder(u.cluster_id) is not None:
+        return
+    if obs.in_service:
+        if st.step == RECOVER_STEP:
+            run.set(
+                u,
+                step=None,
+                request_id=None,
+                operation_id=None,
+                step_start_time=None,
+                message=f"serviced back in (failedClusterPolicy ServiceInIfHealthy) after it "
+                f"failed: {st.message or st.reason}",
+            )
+        return
+    inp = run.inp
+    rid = request_id(inp.uid, u.cluster_id, RECOVER_STEP, u.spec.version, st.attempt)
+    if st.step == RECOVER_STEP and st.request_id == rid:
+        op = run._find_op(rid, obs)
+        if op is not None and op.state == OpState.FAILED:
+            run.set(u, step=RECOVER_GAVE_UP, request_id=None, operation_id=None)
+            return
+        if op is None or op.state != OpState.SUCCEEDED:
+            if op is None:  # not seen yet, or forgotten: the same request id again
+                run.calls.append(Call(OpKind.SERVICE_IN, u.cluster_id, rid, u.name))
+            run.wake(STEP_POLL_SECONDS)
+            return
+        run.wake(POLL_SECONDS)  # succeeded; the inventory shows it in service on the next look
+        return
+    entering = st.step != RECOVER_STEP
+    since = run.stamp if entering or not st.step_start_time else st.step_start_time
+    cur = obs.current_operation
+    busy = cur is not None and not cur.state.terminal
+    ready = obs.available and all(p.ready for p in obs.node_pools) and not busy
+    if not ready:
+        if not entering and run.now - parse_time(since) > run.timeout_of(None):
+            run.set(u, step=RECOVER_GAVE_UP, health=None, step_start_time=None)
+            return
+        run.set(u, step=RECOVER_STEP, step_start_time=since, health=None, request_id=None)
+        run.wake(POLL_SECONDS * 5)
+        return
+    checks = run.checks_for(u.spec.stage)
+    if checks is not None:
+        health = None if entering else st.health
+        if health is None:
+            health = api.HealthState(since=run.stamp)
+        verdict = judge(health, checks, run.now)
+        if verdict.failed:
+            run.set(u, step=RECOVER_GAVE_UP, health=health, step_start_time=None)
+            return
+        if not verdict.passed:
+            run.set(u, step=RECOVER_STEP, step_start_time=since, health=health, request_id=None)
+            run.wake(max(verdict.wait_seconds, 0.0))
+            return
+    run.set(u, step=RECOVER_STEP, step_start_time=since, request_id=rid, operation_id=None)
+    run.calls.append(Call(OpKind.SERVICE_IN, u.cluster_id, rid, u.name))
+
+
+def _skip_stages(
+    run: _Run, names: Sequence[str], by_stage: Mapping[int, Sequence[Upgrade]]
+) -> frozenset[str]:
+    """Stages a person skipped (spec.skip.stages, the skip-stages annotation; both level-
+    triggered): members not started are Skipped, members in flight go on."""
+    inp = run.inp
+    spec = inp.spec.skip or api.SkipSpec()
+    in_spec = frozenset(spec.stages or ())
+    skipped = (in_spec | inp.skip_stages) & frozenset(names)
+    for index, name in enumerate(names):
+        if name not in skipped:
+            continue
+        if name in in_spec:
+            said = _said(spec.requested_by or inp.requested_by, spec.reason)
+        else:
+            said = _said(inp.requested_by, inp.reason)
+        for u in by_stage.get(index, []):
+            if run.status[u.name].phase in (U.PENDING, U.BLOCKED, U.FAILED):
+                run.set(
+                    u,
+                    phase=U.SKIPPED,
+                    reason="StageSkipped",
+                    message=f"skipped by {said} (stage {name})",
+                )
+    return skipped
+
+
+@dataclass
+class _Budgets:
+    """The failure budgets of one decision: per stage and for the run."""
+
+    #: Per stage: (done, failed, refused, settled: nothing pending or in flight).
+    stats: list[tuple[int, int, int, bool]]
+    #: Per stage: its failures are past its own budget or take the run past the run's.
+    over: list[bool]
+    stage_budgets: list[int | None]
+    run_budget: int | None
+    #: The failures counted, in stage order: (cluster id, reason, message).
+    counted: list[tuple[str, str, str]]
+    halted: bool
+
+
+def _budgets(
+    run: _Run,
+    names: Sequence[str],
+    by_stage: Mapping[int, Sequence[Upgrade]],
+    skipped: frozenset[str],
+) -> _Budgets:
+    """Failed clusters count at once; clusters Blocked because the provider refuses their
+    target count once the rest of their stage is settled (a refusal takes nothing out, and
+    the stage's other clusters may still go). Past a stage's or the run's budget, the run
+    halts."""
+    strategy = run.strategy
+    total = len(run.inp.upgrades)
+    run_budget: int | None
+    if strategy.max_failures is not None:
+        run_budget = api.parse_max_failures(strategy.max_failures, total)
+    else:
+        run_budget = 0 if strategy.on_failure == api.OnFailure.HALT else None
+    stages_spec = strategy.stages or []
+    out = _Budgets([], [], [], run_budget, [], False)
+    for index, name in enumerate(names):
+        members = by_stage.get(index, [])
+        sts = [(u, run.status[u.name]) for u in members]
+        n_done = sum(1 for _, st in sts if st.phase in _DONE)
+        failed = [(u, st) for u, st in sts if st.phase == U.FAILED]
+        refused = [(u, st) for u, st in sts if st.phase == U.BLOCKED and st.reason == "Refused"]
+        settled = n_done + len(failed) + len(refused) == len(members)
+        counted = failed + (refused if settled else [])
+        spec_stage = stages_spec[index] if stages_spec else None
+        own = (
+            api.parse_max_failures(spec_stage.max_failures, len(members))
+            if spec_stage is not None and spec_stage.max_failures is not None
+            else None
+        )
+        before = len(out.counted)
+        out.counted += [(u.cluster_id, st.reason or "", st.message or "") for u, st in counted]
+        past_stage = own is not None and len(counted) > own
+        past_run = run_budget is not None and len(out.counted) > max(run_budget, before)
+        out.stats.append((n_done, len(failed), len(refused), settled))
+        out.over.append(name not in skipped and (past_stage or past_run))
+        out.stage_budgets.append(own)
+    out.halted = any(out.over) or (run_budget is not None and len(out.counted) > run_budget)
+    return out
+
+
+@dataclass(frozen=True)
+class _TimeGate:
+    """Whether a cluster may start now as far as time goes (notBefore, windows)."""
+
+    may_start: bool
+    next_start: datetime | None = None
+    #: The Pending reason while closed: NotBefore or MaintenanceWindow.
+    word: str = ""
+    message: str = ""
+
+
+_OPEN = _TimeGate(True)
+
+
+def _minor_changes(current: str, target: str) -> bool:
+    a, b = versions.parse(current), versions.parse(target)
+    return (a.major, a.minor) != (b.major, b.minor)
+
+
+def _time_gate(run: _Run, stage: api.Stage | None, u: Upgrade) -> _TimeGate:
+    """The time gate of one cluster: the run's notBefore, then the maintenance of its stage
+    (else the run's) over the provider's windows (orchestrator.windows)."""
+    text = run.strategy.not_before
+    if text:
+        not_before = api.parse_instant(text)
+        if run.now < not_before:
+            return _TimeGate(
+                False,
+                not_before,
+                "NotBefore",
+                f"scheduled start: not before {format_time(not_before)} (strategy.notBefore)",
+            )
+    return _OPEN
+
+
 def decide(inp: RunInput) -> Decision:
     """One step of a run. Pure: the caller persists `changed` before making `calls`."""
     run = _Run(inp)
     by_stage: dict[int, list[Upgrade]] = {}
     for u in sorted(inp.upgrades.values(), key=lambda x: (x.spec.stage_index, x.cluster_id)):
         by_stage.setdefault(u.spec.stage_index, []).append(u)
-    # People first: skips, then retries (each consumed once by the driver).
-    for u in inp.upgrades.values():
-        st = run.status[u.name]
-        if u.cluster_id in inp.skip_clusters and st.phase in (U.PENDING, U.BLOCKED, U.FAILED):
-            run.set(
-                u,
-                phase=U.SKIPPED,
-                reason="SkippedByUser",
-                message=f"skipped by {api.ANNOTATION_SKIP_CLUSTERS}",
-            )
-            run.skipped.add(u.cluster_id)
-        elif u.cluster_id in inp.retry_clusters and st.phase in (U.FAILED, U.BLOCKED):
-            run.set(
-                u,
-                phase=U.PENDING,
-                attempt=st.attempt + 1,
-                step=None,
-                request_id=None,
-                operation_id=None,
-                reasks=0,
-                health=None,
-                step_start_time=None,
-                reason="Retry",
-                message=f"retry requested (attempt {st.attempt + 2})",
-            )
-            run.retried.add(u.cluster_id)
-            obs = inp.snapshot.clusters.get(u.cluster_id)
-            if st.step and obs is not None and not obs.in_service and not run.holder(u.cluster_id):
-                # Invariant 4: the failed attempt took it out; the retry keeps it (no new
-                # service-out, no budget) and `follow` carries it on from where it stands.
-                run.set(
-                    u,
-                    phase=U.SERVICING_OUT,
-                    step=OpKind.SERVICE_OUT.value,
-                    request_id=request_id(
-                        inp.uid,
-                        u.cluster_id,
-                        OpKind.SERVICE_OUT.value,
-                        u.spec.version,
-                        st.attempt + 1,
-                    ),
-                    step_start_time=run.stamp,
-                )
+    # People first: skips, then retries (annotations are consumed by the controller; spec
+    # fields are level-triggered, a retry round applies once per cluster).
+    _people(run)
     for u in inp.upgrades.values():
         if run.status[u.name].phase in ACTIVE:
             run.follow(u)
-    # A failed cluster this run took out stays ours: if it is back in service, it is released.
+    if run.strategy.failed_cluster_policy == api.FailedClusterPolicy.SERVICE_IN_IF_HEALTHY:
+        for u in inp.upgrades.values():
+            if run.status[u.name].phase == U.FAILED:
+                _recover(run, u)
     stages_spec = run.strategy.stages or []
     names = [s.name for s in stages_spec] or ["default"]
     prev = {s.name: s for s in inp.stages}
-    on_failure = run.strategy.on_failure
-    any_failed = any(s.phase == U.FAILED for s in run.status.values())
-    halted = any_failed and on_failure == api.OnFailure.HALT
+    skipped_stages = _skip_stages(run, names, by_stage)
+    budgets = _budgets(run, names, by_stage, skipped_stages)
+    halted = budgets.halted
+    waiting = "Halted" if halted else ""
     stage_status: list[api.StageStatus] = []
     active_index: int | None = None
     blocked = ""
     for index, name in enumerate(names):
         members = by_stage.get(index, [])
         spec_stage = stages_spec[index] if stages_spec else None
-        phases = [run.status[u.name].phase for u in members]
-        n_done = sum(1 for p in phases if p in _DONE)
-        n_failed = sum(1 for p in phases if p == U.FAILED)
-        n_never = sum(
-            1
-            for u in members
-            if run.status[u.name].phase == U.BLOCKED and run.status[u.name].reason == "Refused"
-        )
-        tolerated = n_failed + n_never if on_failure == api.OnFailure.CONTINUE else 0
-        complete = n_done + tolerated == len(members)
+        n_done, n_failed, _, settled = budgets.stats[index]
+        over = budgets.over[index]
         old = prev.get(name)
         start = old.start_time if old else None
         completion = old.completion_time if old else None
         health = old.health if old else None
         phase = api.StagePhase.PENDING
         last = index + 1 == len(names)
-        if active_index is None and complete:
+        if name in skipped_stages:
+            # Skipped by a person: its checks are not evaluated and the run moves on.
+            phase = api.StagePhase.SKIPPED
+            health = None
+        elif active_index is None and settled and not over:
             checks = None if last else run.checks_for(name)
             verdict = judge(health, checks, inp.now) if checks is not None else None
             if verdict is not None and not verdict.passed:
@@ -706,9 +1209,11 @@ def decide(inp: RunInput) -> Decision:
                 if verdict.failed:
                     phase = api.StagePhase.FAILED
                     halted = True
+                    waiting = "Halted"
                     blocked = f"stage {name}: {verdict.message}"
                 else:
                     phase = api.StagePhase.VERIFYING
+                    waiting = waiting or "StageVerifying"
                     blocked = f"stage {name}: {verdict.message}"
                     run.wake(max(verdict.wait_seconds, 0.5))
             else:
@@ -720,29 +1225,15 @@ def decide(inp: RunInput) -> Decision:
                     if left > timedelta(0):
                         phase = api.StagePhase.SOAKING
                         active_index = -1
+                        waiting = waiting or "Soaking"
                         blocked = f"stage {name} soaking for {int(left.total_seconds())}s more"
                         run.wake(left.total_seconds())
         elif active_index is None:
             active_index = index
             # Invariant 3: a stage that is incomplete again (a member retried) verifies anew.
             health = None
-            if n_failed and on_failure == api.OnFailure.HALT:
+            if over or (halted and n_failed):
                 phase = api.StagePhase.FAILED
-            elif n_never and n_done + n_never == len(members):
-                # Invariant 5: all that is left of the stage is refused by the provider, which
-                # waiting cannot change (onFailure Halt): the run halts and says why.
-                phase = api.StagePhase.FAILED
-                halted = True
-                first = next(
-                    u
-                    for u in members
-                    if run.status[u.name].phase == U.BLOCKED
-                    and run.status[u.name].reason == "Refused"
-                )
-                blocked = (
-                    f"{n_never} cluster(s) blocked; {first.cluster_id}: "
-                    f"{run.status[first.name].message}"
-                )
             elif (
                 spec_stage is not None
                 and spec_stage.approval == api.Approval.MANUAL
@@ -750,6 +1241,7 @@ def decide(inp: RunInput) -> Decision:
                 and not start
             ):
                 phase = api.StagePhase.AWAITING_APPROVAL
+                waiting = waiting or "AwaitingApproval"
                 blocked = (
                     f"stage {name} awaits approval: add it to the "
                     f"{api.ANNOTATION_APPROVE_STAGES} annotation"
@@ -763,6 +1255,7 @@ def decide(inp: RunInput) -> Decision:
                 total=len(members),
                 upgraded=n_done,
                 failed=n_failed,
+                max_failures=budgets.stage_budgets[index],
                 start_time=start,
                 completion_time=completion
                 if phase in (api.StagePhase.COMPLETED, api.StagePhase.SOAKING)
@@ -771,6 +1264,12 @@ def decide(inp: RunInput) -> Decision:
             )
         )
     current = names[active_index] if active_index is not None and active_index >= 0 else None
+    next_start: datetime | None = None
+    time_waits: set[str] = set()
+    if run.stopping:
+        waiting = "Stopped"
+    elif run.strategy.paused and not halted:
+        waiting = "Paused"
     if (
         active_index is not None
         and active_index >= 0
@@ -792,7 +1291,19 @@ def decide(inp: RunInput) -> Decision:
         floor_budgets = run.floor_budgets()
         started = False
         waiting_budget = False
-        for u in members:
+        # Time: clusters whose gate (notBefore, windows) is open go first, in stable order.
+        gates = {
+            u.name: _time_gate(run, spec_stage, u)
+            for u in members
+            if run.status[u.name].phase in (U.PENDING, U.BLOCKED)
+        }
+        waits = [g for g in gates.values() if not g.may_start]
+        if waits:
+            nexts = [g.next_start for g in waits if g.next_start is not None]
+            if nexts:
+                next_start = min(nexts)
+                run.wake(max((next_start - inp.now).total_seconds(), 1.0))
+        for u in sorted(members, key=lambda x: x.name in gates and not gates[x.name].may_start):
             st = run.status[u.name]
             if st.phase not in (U.PENDING, U.BLOCKED):
                 continue
@@ -854,6 +1365,11 @@ def decide(inp: RunInput) -> Decision:
                     message="out of service outside this run; waiting for it to return",
                 )
                 continue
+            gate = gates[u.name]
+            if not gate.may_start:
+                run.set(u, phase=U.PENDING, reason=gate.word, message=gate.message)
+                time_waits.add(gate.word)
+                continue
             if in_flight >= limit:
                 break
             # Invariant 1: an unavailable cluster costs budget too. It is down already, but once
@@ -894,22 +1410,47 @@ def decide(inp: RunInput) -> Decision:
                 floor_budgets[i] -= cost
             in_flight += 1
             started = True
-            run.issue(u, OpKind.SERVICE_OUT)
+            # The preUpgrade hook runs first, the cluster held and still in service.
+            if not run.start_hook(u, PRE_HOOK):
+                run.issue(u, OpKind.SERVICE_OUT)
         if waiting_budget and not blocked:
             blocked = (
                 f"waiting for availability budget: {inp.spec.required_available_count} "
                 "clusters must stay available and in service"
             )
+            waiting = waiting or "AvailabilityBudget"
             run.wake(POLL_SECONDS * 5)
+        if time_waits and not started:
+            word = "NotBefore" if "NotBefore" in time_waits else "MaintenanceWindow"
+            waiting = waiting or word
+            if not blocked:
+                first = next(g for g in waits if g.word == word)
+                blocked = f"waiting: {first.message}"
         if started and not stage_status[active_index].start_time:
             stage_status[active_index] = stage_status[active_index].model_copy(
                 update={"start_time": run.stamp}
             )
-    return _summarise(run, stage_status, current, halted, blocked)
+    return _summarise(
+        run,
+        stage_status,
+        current,
+        halted,
+        blocked,
+        budgets,
+        next_start=format_time(next_start) if next_start is not None else None,
+        waiting=waiting or None,
+    )
 
 
 def _summarise(
-    run: _Run, stages: list[api.StageStatus], current: str | None, halted: bool, blocked: str
+    run: _Run,
+    stages: list[api.StageStatus],
+    current: str | None,
+    halted: bool,
+    blocked: str,
+    budgets: _Budgets,
+    next_start: str | None = None,
+    waiting: str | None = None,
 ) -> Decision:
     counts = {"pending": 0, "in_flight": 0, "upgraded": 0, "failed": 0, "blocked": 0, "skipped": 0}
     for st in run.status.values():
@@ -923,7 +1464,21 @@ def _summarise(
         counts[key] += 1
     total = len(run.status)
     in_flight = counts["in_flight"]
-    finished = all(s.phase == api.StagePhase.COMPLETED for s in stages)
+    # A failed cluster being serviced back in (failedClusterPolicy) keeps the run going.
+    recovering = sum(
+        1 for st in run.status.values() if st.phase == U.FAILED and st.step == RECOVER_STEP
+    )
+    finished = (
+        all(s.phase in (api.StagePhase.COMPLETED, api.StagePhase.SKIPPED) for s in stages)
+        and not recovering
+    )
+    failures = None
+    if budgets.counted or run.strategy.max_failures is not None:
+        failures = api.FailureSummary(
+            count=len(budgets.counted),
+            max_failures=budgets.run_budget,
+            clusters=[cid for cid, _, _ in budgets.counted[:20]] or None,
+        )
     if run.stopping:
         phase = api.RunPhase.STOPPING if in_flight else api.RunPhase.STOPPED
         message = f"stopped by spec.state; {in_flight} cluster(s) finishing their step"
@@ -940,6 +1495,23 @@ def _summarise(
         )
         if why:  # the run says why, not only how many
             message += f"; {why[0][0]}: {why[0][1]}"
+    elif halted and budgets.counted:
+        phase = api.RunPhase.HALTED
+        limit = "unlimited" if budgets.run_budget is None else str(budgets.run_budget)
+        past = [
+            f"stage {s.name} ({s.failed} failed, maxFailures {s.max_failures})"
+            for s, over in zip(stages, budgets.over, strict=True)
+            if over and s.max_failures is not None and s.phase != api.StagePhase.SKIPPED
+        ]
+        message = (
+            f"halted: {len(budgets.counted)} failure(s) past the budget (run maxFailures "
+            f"{limit}{'; ' + ', '.join(past) if past else ''}): "
+            + "; ".join(
+                f"{cid} ({reason}): {_short(text)}" for cid, reason, text in budgets.counted[:3]
+            )
+        )
+        if len(budgets.counted) > 3:
+            message += f"; and {len(budgets.counted) - 3} more"
     elif halted:
         phase = api.RunPhase.HALTED
         failed = sorted(
@@ -971,6 +1543,10 @@ def _summarise(
         events=run.events,
         retried=run.retried,
         skipped=run.skipped,
+        hook_calls=run.hook_calls,
+        failures=failures,
+        next_start_time=next_start,
+        waiting_reason=waiting,
     )
 
 

@@ -56,6 +56,8 @@ def as_cluster_version_spec(spec: api.UpdateRunSpec) -> api.ClusterVersionSpec:
         clusters=spec.clusters,
         strategy=spec.strategy,
         health_checks=spec.health_checks,
+        skip=spec.skip,
+        retry=spec.retry,
     )
 
 

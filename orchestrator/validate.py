@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 from orchestrator import api
 from orchestrator.fleet import ClusterObs
 from orchestrator.health import check_problems
+from orchestrator.windows import maintenance_problems
 from plugins.sdk import versions
 
 __all__ = ["Problem", "Targets", "parse_model", "parse_spec", "resolve_targets", "validate_spec"]
@@ -110,12 +111,27 @@ def validate_spec(spec: api.ClusterVersionSpec) -> list[Problem]:
             except ValueError as err:
                 problems.append(Problem(f"{where}.soakTime", str(err)))
     problems += _concurrency_problems("spec.strategy.maxConcurrency", strategy.max_concurrency)
+    problems += _failures_problems("spec.strategy.maxFailures", strategy.max_failures)
+    for i, stage in enumerate(stages):
+        problems += _failures_problems(f"spec.strategy.stages[{i}].maxFailures", stage.max_failures)
+    problems += _people_problems(spec.skip, spec.retry)
+    if strategy.not_before is not None:
+        try:
+            api.parse_instant(strategy.not_before)
+        except ValueError as err:
+            problems.append(Problem("spec.strategy.notBefore", str(err)))
     blocks = [("spec.healthChecks", spec.health_checks)] + [
         (f"spec.strategy.stages[{i}].healthChecks", st.health_checks) for i, st in enumerate(stages)
     ]
     for where, checks in blocks:
         if checks is not None:
             problems += [Problem(f, m) for f, m in check_problems(where, checks)]
+    maintained = [("spec.strategy.maintenance", strategy.maintenance)] + [
+        (f"spec.strategy.stages[{i}].maintenance", st.maintenance) for i, st in enumerate(stages)
+    ]
+    for where, maintenance in maintained:
+        if maintenance is not None:
+            problems += [Problem(f, m) for f, m in maintenance_problems(where, maintenance)]
     listed = len(spec.clusters or [])
     if listed and not stages and spec.required_available_count >= listed:
         problems.append(_floor_problem(spec.required_available_count, listed))
@@ -138,6 +154,32 @@ def _concurrency_problems(field: str, value: int | str | None) -> list[Problem]:
     except ValueError as err:
         return [Problem(field, str(err))]
     return []
+
+
+def _failures_problems(field: str, value: int | str | None) -> list[Problem]:
+    if value is None:
+        return []
+    try:
+        api.parse_max_failures(value, 100)
+    except ValueError as err:
+        return [Problem(field, str(err))]
+    return []
+
+
+def _people_problems(skip: api.SkipSpec | None, retry: api.RetrySpec | None) -> list[Problem]:
+    """A cluster cannot be skipped and retried at once (level-triggered skip would win)."""
+    both = sorted(
+        set((skip.clusters if skip else None) or ()) & set(retry.clusters if retry else ())
+    )
+    if not both:
+        return []
+    return [
+        Problem(
+            "spec.retry.clusters",
+            f"{', '.join(both[:5])} also in spec.skip.clusters; remove each from one of "
+            "spec.skip.clusters and spec.retry.clusters",
+        )
+    ]
 
 
 def _version_problems(where: str, cluster: api.ClusterSpec) -> list[Problem]:

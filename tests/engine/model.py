@@ -121,6 +121,8 @@ def as_run_spec(spec: api.ClusterVersionSpec) -> api.UpdateRunSpec:
         strategy=spec.strategy,
         health_checks=spec.health_checks,
         timeouts=spec.timeouts,
+        skip=spec.skip,
+        retry=spec.retry,
     )
 
 
@@ -184,6 +186,10 @@ class Harness:
     events: list[tuple[str, str, str, bool]] = field(default_factory=list)
     #: After each step, the clusters held (in an active phase) by the run.
     held: list[frozenset[str]] = field(default_factory=list)
+    #: The level-triggered people's annotations: skip-stages, requested-by, reason.
+    skip_stages: frozenset[str] = frozenset()
+    requested_by: str = ""
+    reason: str = ""
 
     def __post_init__(self) -> None:
         pinned = pin_upgrades("run", self.spec, self.fleet.clusters)
@@ -257,6 +263,9 @@ class Harness:
             retry=retry,
             skip=skip,
             floors=self.floors,
+            skip_stages=self.skip_stages,
+            requested_by=self.requested_by,
+            reason=self.reason,
         )
         self.stages = list(self.last.decision.stages)
         self.events.extend(self.last.decision.events)
