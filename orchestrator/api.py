@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import timedelta
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -74,7 +74,6 @@ __all__ = [
     "WorkloadRef",
     "WorkloadsCheck",
     "parse_duration",
-    "parse_instant",
     "parse_max_concurrency",
     "parse_max_failures",
 ]
@@ -120,17 +119,6 @@ def parse_max_concurrency(value: int | str, total: int) -> int:
     if not match or not 1 <= int(match.group(1)) <= 100:
         raise ValueError(f"{value!r} must be a count such as 3 or a percentage such as 25%")
     return max(1, total * int(match.group(1)) // 100)
-
-
-def parse_instant(text: str) -> datetime:
-    """An RFC 3339 time with a zone ("2026-12-20T00:00:00Z", "...+01:00") as an aware datetime."""
-    try:
-        moment = datetime.fromisoformat(text.strip())
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        raise ValueError(f"{text!r} is not an RFC 3339 time with a zone, e.g. 2026-12-20T06:00:00Z")
-    return moment
 
 
 def parse_max_failures(value: int | str, total: int) -> int:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from orchestrator import api
+from orchestrator import api, windows
 from orchestrator.conditions import format_time, parse_time
 from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, Snapshot, apply_succeeded
 from orchestrator.health import judge
@@ -1142,19 +1142,30 @@ def _minor_changes(current: str, target: str) -> bool:
 
 
 def _time_gate(run: _Run, stage: api.Stage | None, u: Upgrade) -> _TimeGate:
-    """The time gate of one cluster: the run's notBefore, then the maintenance of its stage
-    (else the run's) over the provider's windows (orchestrator.windows)."""
+    """The time gate of one cluster (orchestrator.windows): the run's notBefore, and the
+    maintenance of its stage (else the run's) with the provider's windows of the cluster."""
+    maintenance = (
+        stage.maintenance
+        if stage is not None and stage.maintenance is not None
+        else run.strategy.maintenance
+    )
     text = run.strategy.not_before
-    if text:
-        not_before = api.parse_instant(text)
-        if run.now < not_before:
-            return _TimeGate(
-                False,
-                not_before,
-                "NotBefore",
-                f"scheduled start: not before {format_time(not_before)} (strategy.notBefore)",
-            )
-    return _OPEN
+    if maintenance is None and not text:
+        return _OPEN
+    not_before = windows.parse_time(text) if text else None
+    obs = run.effective.get(u.cluster_id)
+    provider = obs.maintenance_windows if obs is not None else ()
+    minor = obs is None or _minor_changes(obs.control_plane_version, u.spec.version)
+    gate = windows.gate(maintenance, provider, run.now, not_before=not_before, minor=minor)
+    if gate.may_start:
+        return _OPEN
+    word = "NotBefore" if not_before is not None and run.now < not_before else "MaintenanceWindow"
+    when = (
+        f"may start at {format_time(gate.next_start)}"
+        if gate.next_start is not None
+        else "no start within the windows' horizon"
+    )
+    return _TimeGate(False, gate.next_start, word, f"{gate.reason}; {when}")
 
 
 def decide(inp: RunInput) -> Decision:

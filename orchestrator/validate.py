@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 from orchestrator import api
 from orchestrator.fleet import ClusterObs
 from orchestrator.health import check_problems
-from orchestrator.windows import maintenance_problems
+from orchestrator.windows import maintenance_problems, parse_time
 from plugins.sdk import versions
 
 __all__ = ["Problem", "Targets", "parse_model", "parse_spec", "resolve_targets", "validate_spec"]
@@ -117,7 +117,7 @@ def validate_spec(spec: api.ClusterVersionSpec) -> list[Problem]:
     problems += _people_problems(spec.skip, spec.retry)
     if strategy.not_before is not None:
         try:
-            api.parse_instant(strategy.not_before)
+            parse_time(strategy.not_before)
         except ValueError as err:
             problems.append(Problem("spec.strategy.notBefore", str(err)))
     blocks = [("spec.healthChecks", spec.health_checks)] + [

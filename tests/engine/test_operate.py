@@ -4,6 +4,7 @@ budgets (run and stage, count and percent), failedClusterPolicy, skips of cluste
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from orchestrator import api
 from orchestrator.conditions import format_time
 from orchestrator.engine import RECOVER_GAVE_UP
-from orchestrator.fleet import OpKind
+from orchestrator.fleet import OpKind, WindowObs
 from orchestrator.simulate import T0
 from orchestrator.validate import validate_spec
 from tests.engine.model import (
@@ -404,3 +405,79 @@ def test_paused_says_so() -> None:
     h.step()
     assert h.last is not None and h.last.decision.waiting_reason == "Paused"
     assert h.last.decision.calls == [] and not h.touched()
+
+
+# -- maintenance windows ---------------------------------------------------------------------
+
+
+def test_a_closed_window_holds_clusters_until_it_opens_and_they_start_inside_it() -> None:
+    fleet = make_fleet(3)
+    # T0 is 2026-01-01T00:00Z: the window opens at 01:00 UTC for 2 h; an upgrade takes 30 min.
+    maintenance = {
+        "windows": [{"start": "01:00", "duration": "2h", "timeZone": "UTC"}],
+        "expectedDuration": "30m",
+    }
+    h = harness(spec_for(fleet, NEW, required=2, maintenance=maintenance), fleet)
+    h.step()
+    d = h.last.decision if h.last else None
+    assert d is not None and d.calls == [] and d.preflight_needed == []
+    assert d.waiting_reason == "MaintenanceWindow"
+    assert d.next_start_time == "2026-01-01T01:00:00Z"
+    st = h.by_cluster()["c00000"]
+    assert (st.phase, st.reason) == (U.PENDING, "MaintenanceWindow")
+    assert "2026-01-01T01:00:00Z" in (st.message or "")
+    assert h.run()
+    assert h.phase == api.RunPhase.SUCCEEDED
+    outs = [
+        at
+        for (_, kind, _, _), at in zip(fleet.started_steps, fleet.started_at, strict=True)
+        if kind is OpKind.SERVICE_OUT
+    ]
+    assert len(outs) == 3 and all(3600.0 <= at <= 3600.0 + 90 * 60 for at in outs), outs
+
+
+def test_a_stage_window_overrides_the_run_window() -> None:
+    always = {"windows": [{"start": "00:00", "duration": "24h"}], "expectedDuration": "1m"}
+    later = {"windows": [{"start": "05:00", "duration": "1h"}], "expectedDuration": "1m"}
+    h = _staged(
+        6,
+        4,
+        _three_stages(early={"maintenance": later}),
+        strategy={"maintenance": always, "maxConcurrency": 2},
+    )
+    assert h.run()
+    assert h.phase == api.RunPhase.SUCCEEDED
+    by_stage = {c: o.labels["stage"] for c, o in h.fleet.clusters.items()}
+    outs = [
+        (by_stage[cid], at)
+        for (cid, kind, _, _), at in zip(h.fleet.started_steps, h.fleet.started_at, strict=True)
+        if kind is OpKind.SERVICE_OUT
+    ]
+    assert all(at < 5 * 3600 for s, at in outs if s == "canary")
+    assert all(5 * 3600 <= at < 6 * 3600 for s, at in outs if s == "early")
+
+
+def test_clusters_whose_provider_window_is_open_go_first() -> None:
+    fleet = make_fleet(3)
+    # c00000 and c00001 report a provider window opening at 10:00; c00002 one open now.
+    late = WindowObs("window", "late", T0 + timedelta(hours=10), T0 + timedelta(hours=12))
+    now = WindowObs("window", "now", T0, T0 + timedelta(hours=2))
+    for cid, w in (("c00000", late), ("c00001", late), ("c00002", now)):
+        fleet.clusters[cid] = replace(fleet.clusters[cid], maintenance_windows=(w,))
+    maintenance = {"providerWindows": "Windows", "expectedDuration": "10m"}
+    h = harness(spec_for(fleet, NEW, required=2, maintenance=maintenance), fleet)
+    h.step()
+    assert h.last is not None
+    assert h.last.decision.preflight_needed == ["c00002"] or [
+        c.cluster_id for c in h.last.decision.calls
+    ] == ["c00002"]
+    assert h.by_cluster()["c00000"].reason == "MaintenanceWindow"
+    assert h.run()
+    first = [cid for (cid, kind, _, _) in fleet.started_steps if kind is OpKind.SERVICE_OUT]
+    assert first[0] == "c00002"
+    late_outs = [
+        at
+        for (cid, kind, _, _), at in zip(fleet.started_steps, fleet.started_at, strict=True)
+        if kind is OpKind.SERVICE_OUT and cid != "c00002"
+    ]
+    assert late_outs and all(at >= 10 * 3600 for at in late_outs)
