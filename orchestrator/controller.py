@@ -18,6 +18,7 @@ from orchestrator.cache import AccessCatalog, ObjectCache
 from orchestrator.clusterversion import DEFAULT_HISTORY, ClusterVersionController
 from orchestrator.driver import Fence
 from orchestrator.fleet import OpObs
+from orchestrator.hooks import HookExecutor
 from orchestrator.kube import Conflict, KubeClient, KubeError
 from orchestrator.metrics import Metrics
 from orchestrator.notify import Notifier
@@ -109,6 +110,8 @@ class Controller:
         self.catalog = AccessCatalog(self.kube, policy, self._catalog_changed)
         tls = TLSResolver(self.kube)
         self.notifier = Notifier(tls, self.metrics)
+        # HTTP hooks finish on worker threads; the end of one wakes its run, like an operation's.
+        self.hooks = HookExecutor(self.kube, tls, wake=self._wake_run)
         self.run_controller = UpdateRunController(
             self.kube,
             self.metrics,
@@ -121,6 +124,7 @@ class Controller:
             runs=self.runs,
             emit_event=self._queue_event,
             notifier=self.notifier,
+            hooks=self.hooks,
         )
         self.cv_controller = ClusterVersionController(
             self.kube, self.runs, self.upgrades, self.catalog, history=self.history
@@ -167,6 +171,7 @@ class Controller:
             self.tracker.stop()
             self.pool.close()
             self.notifier.close()
+            self.hooks.close()
 
     def ready(self) -> bool:
         """Caches synced (the /readyz answer)."""
@@ -213,6 +218,10 @@ class Controller:
         for (ns, name), used in list(self.run_controller.endpoints.items()):
             if used == endpoint:
                 self.queue.add(("ur", ns, name))
+
+    def _wake_run(self, run: str) -> None:
+        ns, _, name = run.partition("/")
+        self.queue.add(("ur", ns, name))
 
     def _catalog_changed(self, event: str, obj: dict[str, Any]) -> None:
         """A FleetProvider or MetricSource changed: who may use what may have changed."""

@@ -24,7 +24,7 @@ from orchestrator.access import Access
 from orchestrator.analysis import Analyzer, PrometheusTarget
 from orchestrator.cache import AccessCatalog, ObjectCache
 from orchestrator.conditions import format_time, get_condition, set_condition
-from orchestrator.driver import CallError, Fence, RunDriver, WriteConflict
+from orchestrator.driver import CallError, Fence, HookRunner, RunDriver, WriteConflict
 from orchestrator.engine import ACTIVE, Floor, Preflight, Upgrade
 from orchestrator.fleet import ClusterObs, OpObs, OpState
 from orchestrator.initialize import pin_upgrades, run_name
@@ -146,6 +146,8 @@ class UpdateRunController:
     fence: Fence = field(default_factory=AlwaysLeader)
     #: UpdateRuns (for the floors of other runs sharing clusters), when the controller has them.
     runs: ObjectCache | None = None
+    #: Runs pre/post-upgrade hooks (orchestrator.hooks); None: a run with hooks fails them.
+    hooks: HookRunner | None = None
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     #: Records a core/v1 Event: (object, reason, message, warning, Event name).
     emit_event: Callable[[dict[str, Any], str, str, bool, str], None] | None = None
@@ -439,6 +441,7 @@ class UpdateRunController:
             self.fence,
             self._preflight.setdefault((ns, name), {}),
             parallelism=WRITE_PARALLELISM,
+            hooks=self.hooks,
         )
         # The driver's memory of failed health evaluations whose write was lost (invariant 3)
         # lives as long as the controller, not one reconcile.
