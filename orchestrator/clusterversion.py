@@ -44,6 +44,15 @@ _PHASE = {
 }
 #: Annotations handed from the ClusterVersion to its current run (retry and skip are moved).
 _MOVED = (api.ANNOTATION_RETRY_CLUSTERS, api.ANNOTATION_SKIP_CLUSTERS)
+#: Level-triggered annotations copied to the current run as they are (unset: removed).
+_COPIED = (
+    api.ANNOTATION_APPROVE_STAGES,
+    api.ANNOTATION_SKIP_STAGES,
+    api.ANNOTATION_REASON,
+    api.ANNOTATION_REQUESTED_BY,
+)
+#: Spec fields (initialize.LIVE_FIELDS besides the floor) copied to the current run in place.
+_LIVE_SPEC = ("skip", "retry", "notifications")
 
 
 @dataclass
@@ -103,6 +112,9 @@ class ClusterVersionController:
             return None
         spec = parsed
         run_name, run_spec = run_for(name, gen, spec, spec.timeouts)
+        run_spec = run_spec.model_copy(
+            update={"skip": spec.skip, "retry": spec.retry, "notifications": spec.notifications}
+        )
         current = next((r for r in mine if r["metadata"]["name"] == run_name), None)
         if current is None:
             current = self._create(cv, run_name, run_spec)
@@ -120,11 +132,7 @@ class ClusterVersionController:
         self, cv: dict[str, Any], name: str, spec: api.UpdateRunSpec
     ) -> dict[str, Any] | None:
         meta = cv["metadata"]
-        annotations = {
-            k: v
-            for k, v in (meta.get("annotations") or {}).items()
-            if k == api.ANNOTATION_APPROVE_STAGES
-        }
+        annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k in _COPIED}
         body = {
             "apiVersion": api.API_VERSION,
             "kind": api.UPDATE_RUN_KIND,
@@ -166,7 +174,8 @@ class ClusterVersionController:
     def _apply_live(
         self, cv: dict[str, Any], run: dict[str, Any], spec: api.ClusterVersionSpec
     ) -> None:
-        """Floor, paused and people's annotations go to the current run in place."""
+        """Floor, paused, spec.skip/retry/notifications and people's annotations go to the
+        current run in place."""
         patch: dict[str, Any] = {}
         rspec = run.get("spec") or {}
         if rspec.get("requiredAvailableCount") != spec.required_available_count:
@@ -174,13 +183,17 @@ class ClusterVersionController:
         paused = bool(spec.strategy and spec.strategy.paused)
         if bool((rspec.get("strategy") or {}).get("paused")) != paused:
             patch.setdefault("spec", {})["strategy"] = {"paused": paused}
+        wanted = spec.dump()
+        for key in _LIVE_SPEC:
+            if rspec.get(key) != wanted.get(key):
+                patch.setdefault("spec", {})[key] = _replacing(rspec.get(key), wanted.get(key))
         cv_ann = cv["metadata"].get("annotations") or {}
         run_ann = run["metadata"].get("annotations") or {}
-        approve = cv_ann.get(api.ANNOTATION_APPROVE_STAGES)
-        if approve != run_ann.get(api.ANNOTATION_APPROVE_STAGES):
-            patch.setdefault("metadata", {}).setdefault("annotations", {})[
-                api.ANNOTATION_APPROVE_STAGES
-            ] = approve
+        for key in _COPIED:
+            if cv_ann.get(key) != run_ann.get(key):
+                patch.setdefault("metadata", {}).setdefault("annotations", {})[key] = cv_ann.get(
+                    key
+                )
         moved = {k: cv_ann[k] for k in _MOVED if cv_ann.get(k)}
         for k, v in moved.items():
             merged = ",".join(sorted({*_csv(run_ann.get(k)), *_csv(v)}))
@@ -347,6 +360,15 @@ def _cv_status(cv: dict[str, Any]) -> api.ClusterVersionStatus:
         return api.ClusterVersionStatus.model_validate(cv.get("status") or {})
     except ValidationError:
         return api.ClusterVersionStatus()
+
+
+def _replacing(old: Any, new: Any) -> Any:
+    """The JSON merge patch (RFC 7386) value that turns old into exactly new."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = dict.fromkeys(k for k in old if k not in new)
+        out.update({k: _replacing(old.get(k), v) for k, v in new.items()})
+        return out
+    return new
 
 
 def _csv(value: str | None) -> set[str]:
