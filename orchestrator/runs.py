@@ -195,7 +195,14 @@ class UpdateRunController:
         if isinstance(parsed, list):
             return self._invalid(obj, status, parsed, gen, now)
         spec = parsed
-        if status.phase in FINISHED and spec.state == api.RunState.RUN and not _people(obj):
+        if (
+            status.phase in FINISHED
+            and spec.state == api.RunState.RUN
+            and not _people(obj)
+            and status.observed_generation == gen
+        ):
+            # Finished and nothing new: a spec edit (resume after a stop, spec.retry,
+            # spec.skip) bumps the generation and is looked at once.
             return None
         # Who may do what: before any plugin is called or URL fetched (orchestrator.access).
         access = self.catalog.check(namespace, spec)
@@ -503,7 +510,7 @@ class UpdateRunController:
                 "failures": d.failures,
                 "next_start_time": d.next_start_time,
                 "waiting_reason": d.waiting_reason,
-                "end_time": status.end_time or (format_time(now) if finished else None),
+                "end_time": (status.end_time or format_time(now)) if finished else None,
                 "conditions": conds,
                 "observed_generation": gen,
             }
