@@ -661,7 +661,8 @@ def skip(
             if phases[c] in done
         ]
         notes += [
-            f"note: {c} is {phases[c]}: it finishes its step and is serviced back in first"
+            f"note: {c} is {phases[c]} (in flight): skip applies to Pending, Blocked and "
+            "Failed clusters; this one finishes its upgrade"
             for c in clusters
             if phases[c] in _IN_FLIGHT
         ]

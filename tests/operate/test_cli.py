@@ -336,6 +336,7 @@ def test_retry_and_skip_merge_with_what_is_there(
         "c3",
         "c4",
         "c1",
+        "c2",
         "--reason",
         "quota in europe-west1, CHG-1234",
         "--requested-by",
@@ -344,11 +345,12 @@ def test_retry_and_skip_merge_with_what_is_there(
     )
     assert code == 0
     assert "note: c1 is Upgraded already: skip does nothing to it" in err
+    assert "note: c2 is UpgradingNodePools (in flight): skip applies to Pending" in err
     run_annotations = objects.annotations(api.UPDATE_RUN_PLURAL, "prod-1")
-    assert run_annotations[api.ANNOTATION_SKIP_CLUSTERS] == "c4,c3,c1"
+    assert run_annotations[api.ANNOTATION_SKIP_CLUSTERS] == "c4,c3,c1,c2"
     assert run_annotations[api.ANNOTATION_REASON] == "quota in europe-west1, CHG-1234"
     assert run_annotations[api.ANNOTATION_REQUESTED_BY] == "jane@example.com"
-    assert out == (f"UpdateRun {objects.ns}/prod-1: {api.ANNOTATION_SKIP_CLUSTERS}=c4,c3,c1\n")
+    assert out == (f"UpdateRun {objects.ns}/prod-1: {api.ANNOTATION_SKIP_CLUSTERS}=c4,c3,c1,c2\n")
     # A later request without --reason does not inherit the earlier one.
     assert cli(control_plane, objects.ns, "retry", "prod-1", "c3", capsys=capsys)[0] == 0
     run_annotations = objects.annotations(api.UPDATE_RUN_PLURAL, "prod-1")
