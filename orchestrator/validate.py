@@ -11,7 +11,6 @@ from pydantic import BaseModel, ValidationError
 from orchestrator import api
 from orchestrator.fleet import ClusterObs
 from orchestrator.health import check_problems
-from orchestrator.windows import maintenance_problems
 from orchestrator.windows import maintenance_problems, parse_time
 from plugins.sdk import versions
 
@@ -127,12 +126,6 @@ def validate_spec(spec: api.ClusterVersionSpec) -> list[Problem]:
     for where, checks in blocks:
         if checks is not None:
             problems += [Problem(f, m) for f, m in check_problems(where, checks)]
-    maintained = [("spec.strategy.maintenance", strategy.maintenance)] + [
-        (f"spec.strategy.stages[{i}].maintenance", st.maintenance) for i, st in enumerate(stages)
-    ]
-    for where, maintenance in maintained:
-        if maintenance is not None:
-            problems += [Problem(f, m) for f, m in maintenance_problems(where, maintenance)]
     maintained = [("spec.strategy.maintenance", strategy.maintenance)] + [
         (f"spec.strategy.stages[{i}].maintenance", st.maintenance) for i, st in enumerate(stages)
     ]
