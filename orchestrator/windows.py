@@ -485,9 +485,10 @@ class _Provider:
 
 def _provider_spans(w: WindowObs, lo_us: int, hi_us: int) -> list[Span]:
     length = w.end - w.start
-    label = f"'{w.name}'" if w.name else "window"
+    words = [f"'{w.name}'"] if w.name else []
     if w.kind == "exclusion" and w.scope:
-        label += f" (scope {w.scope})"
+        words.append(f"(scope {w.scope})")
+    label = " ".join(words)
     if not w.recurrence:
         starts = [w.start]
     else:
@@ -666,31 +667,34 @@ def _why(
 
     def excluded(spans: Sequence[Span], whose: str) -> None:
         for a, b, label in sorted(spans):
+            named = f" {label}" if label else ""
             if a <= now < b:
-                parts.append(f"inside {whose}maintenance exclusion {label} until {_iso(b)}")
+                parts.append(f"inside {whose}maintenance exclusion{named} until {_iso(b)}")
             elif d and now < a < now + d:
                 parts.append(
-                    f"{whose}maintenance exclusion {label} starts at {_iso(a)}, before {take}"
+                    f"{whose}maintenance exclusion{named} starts at {_iso(a)}, before {take}"
                 )
 
-    def outside(cover: _Cover, whose: str, names: str) -> None:
+    def outside(cover: _Cover, whose: str, closed: str) -> None:
         if cover.allows(now, d):
             return
         i = cover.at(now)
         if i >= 0 and now < cover.ends[i]:
+            label = f" {cover.labels[i]}" if cover.labels[i] else ""
             parts.append(
-                f"{whose}maintenance window {cover.labels[i]} closes at "
+                f"{whose}maintenance window{label} closes at "
                 f"{_iso(cover.ends[i])}, before {take} (allowOverrun: false)"
             )
         else:
-            parts.append(f"no {whose}maintenance window is open{names}")
+            parts.append(closed)
 
     excluded(own, "")
     if run is not None:
-        outside(run, "", f" ({plan.window_names})" if plan.window_names else "")
+        names = f" ({plan.window_names})" if plan.window_names else ""
+        outside(run, "", f"no maintenance window is open{names}")
     excluded(prov.exclusions, "the provider's ")
     if prov.cover is not None:
-        outside(prov.cover, "the provider's ", "")
+        outside(prov.cover, "the provider's ", "outside the provider's maintenance windows")
     if not parts and blocked.blocks(now):  # pragma: no cover - every block is named above
         parts.append("a maintenance exclusion applies")
     return "; ".join(parts)
