@@ -71,6 +71,9 @@ EXPECTED_GRANTS = {
         ("fleet-upgrade-system", "coordination.k8s.io", "leases", v)
         for v in ("get", "create", "update")
     ),
+    # Job hooks of runs in the orchestrator's own namespace (created, then read by name);
+    # other namespaces opt in with manifests/overlays/hook-jobs.
+    *(("fleet-upgrade-system", "batch", "jobs", v) for v in ("create", "get")),
 }
 #: Kinds without a namespace.
 CLUSTER_SCOPED = {"Namespace", "ValidatingWebhookConfiguration"}
