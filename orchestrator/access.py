@@ -165,6 +165,19 @@ def check_access(
                 continue
             if found is not None:
                 plugins[key] = found
+    hooks = spec.strategy.hooks if spec.strategy else None
+    for kind, hook in (
+        ("preUpgrade", hooks.pre_upgrade if hooks else None),
+        ("postUpgrade", hooks.post_upgrade if hooks else None),
+    ):
+        if hook is not None and hook.http is not None and not rules.inline:
+            # The spec (or a Secret of its namespace) chooses the URL the orchestrator calls.
+            rules._refuse(
+                f"spec.strategy.hooks.{kind}.http",
+                f"HTTP hooks call a URL the spec chooses, allowed only where inline endpoints "
+                f"are: ask a platform admin for {INLINE_FLAG}={namespace} on the orchestrator, "
+                "or use a job hook",
+            )
     if rules.problems or provider is None:
         return rules.problems
     return Access(provider, plugins, prometheus)
