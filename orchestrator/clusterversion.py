@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 #: Finished runs kept per ClusterVersion (the current one is always kept).
 DEFAULT_HISTORY = 10
 _FINISHED = {"Succeeded", "Failed", "Stopped", "Invalid"}
+#: On a run the ClusterVersion controller stopped because the ClusterVersion became invalid
+#: (or its provider stopped allowing the namespace): it resumes when that is fixed.
+ANNOTATION_STOPPED_FOR = f"{api.GROUP}/stopped-for"
 _PHASE = {
     api.RunPhase.INITIALIZING.value: api.RolloutPhase.PENDING,
     api.RunPhase.PROGRESSING.value: api.RolloutPhase.PROGRESSING,
@@ -92,7 +95,7 @@ class ClusterVersionController:
             # Invariant 7: a spec error stops the current run (its clusters in flight are
             # serviced back in first) and says what is wrong; nothing new starts.
             for run in mine:
-                self._stop(run)
+                self._stop(run, invalid=True)
             text = "; ".join(str(p) for p in problems[:5])
             conds = set_condition(
                 list(status.conditions or []), "Ready", False, "InvalidSpec", text, gen, now
@@ -124,6 +127,7 @@ class ClusterVersionController:
         for run in mine:
             if run is not current:
                 self._stop(run)
+        self._resume_if_stopped_for_invalid(current)
         self._apply_live(cv, current, spec)
         self._prune(namespace, mine, current)
         return self._summarise(cv, status, current, mine, gen, now)
@@ -164,12 +168,32 @@ class ClusterVersionController:
         self.runs.put(obj)
         return obj
 
-    def _stop(self, run: dict[str, Any]) -> None:
+    def _stop(self, run: dict[str, Any], invalid: bool = False) -> None:
+        """Stop a run; `invalid`: because the ClusterVersion is invalid (or no longer allowed),
+        recorded so that the run resumes once the ClusterVersion is valid again."""
         if (run.get("status") or {}).get("phase") in _FINISHED:
             return
         if (run.get("spec") or {}).get("state") == api.RunState.STOP.value:
             return
-        self._patch(run, {"spec": {"state": api.RunState.STOP.value}})
+        patch: dict[str, Any] = {"spec": {"state": api.RunState.STOP.value}}
+        if invalid:
+            patch["metadata"] = {"annotations": {ANNOTATION_STOPPED_FOR: "InvalidSpec"}}
+        self._patch(run, patch)
+
+    def _resume_if_stopped_for_invalid(self, run: dict[str, Any]) -> None:
+        """The run this ClusterVersion wants was stopped only because the ClusterVersion was
+        invalid (or its provider access revoked): now that it is valid, the run goes on. A
+        run a person stopped carries no such mark and stays stopped."""
+        annotations = run["metadata"].get("annotations") or {}
+        if ANNOTATION_STOPPED_FOR not in annotations:
+            return
+        self._patch(
+            run,
+            {
+                "spec": {"state": api.RunState.RUN.value},
+                "metadata": {"annotations": {ANNOTATION_STOPPED_FOR: None}},
+            },
+        )
 
     def _apply_live(
         self, cv: dict[str, Any], run: dict[str, Any], spec: api.ClusterVersionSpec

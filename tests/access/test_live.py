@@ -8,6 +8,7 @@ import http.server
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -662,6 +663,107 @@ def test_inline_tls_in_an_allowed_namespace_needs_the_opt_in_secret_binding(
         )
         assert done["summary"]["upToDate"] == 3
         assert monitor(sim)["clusters_by_version"] == {NEW: 3}
+    finally:
+        if orchestrator.proc is not None:
+            orchestrator.stop()
+        sim.stop()
+
+
+def test_access_revoked_mid_run_calls_nothing_says_who_waits_and_resumes_when_restored(
+    control_plane: KubeCluster,
+    namespace: str,
+    shipped_rbac: None,
+    declare: Declare,
+    tmp_path: Path,
+) -> None:
+    """The admin removes the namespace from a FleetProvider while clusters are out of service:
+    the orchestrator calls the provider no more for that run (no new mutation), the run says
+    how many clusters wait and where to see them, and restoring access finishes the rollout
+    with every cluster back in service and the floor kept."""
+    path = fleet_file(tmp_path)
+    fleet = yaml.safe_load(path.read_text())
+    fleet["defaults"]["stepSeconds"]["controlPlane"] = 4.0  # time to revoke mid-step
+    path.write_text(yaml.safe_dump(fleet))
+    sim = Simulator(
+        SimOptions(
+            fleet_file=str(path), listen="localhost:0", reload_interval=0, target_version=NEW
+        )
+    )
+    orchestrator = orchestrator_as_installed(control_plane, namespace, tmp_path)
+    name = f"revoke-{namespace}"
+    endpoint = f"localhost:{sim.address.rsplit(':', 1)[1]}"
+    allowed = {"names": [namespace]}
+    try:
+        declare(
+            api.FLEET_PROVIDER_KIND,
+            name,
+            {"endpoint": endpoint, "insecure": True, "allowedNamespaces": allowed},
+        )
+        orchestrator.start()
+        cvs = CV(control_plane, namespace)
+        cvs.create(cluster_version("revoked", providerRef={"name": name}))
+        wait_for(
+            "a cluster is out of service",
+            lambda: monitor(sim)["available_in_service"] < len(IDS),
+            timeout=60,
+        )
+        with control_plane.api_client() as client:
+            objects = k8s.CustomObjectsApi(client)
+            objects.patch_cluster_custom_object(
+                api.GROUP,
+                api.VERSION,
+                api.FLEET_PROVIDER_PLURAL,
+                name,
+                {"spec": {"allowedNamespaces": {"names": ["somewhere-else"]}}},
+            )
+            current = wait_for("the run starts", lambda: cvs.current_run("revoked"), 30)
+            run = str(current["metadata"]["name"])
+            invalid = wait_for(
+                "the run says access is gone and who waits",
+                lambda: _status(
+                    k8s.CustomObjectsApi(client), namespace, run, api.RunPhase.INVALID.value
+                ),
+                timeout=30,
+            )
+            assert "in flight wait where they are" in invalid["message"], invalid
+            assert f"{api.LABEL_RUN}={run}" in invalid["message"], invalid
+            # Nothing is called for this run while access is revoked: once the operations
+            # started before end, no new one starts (watched for a few seconds, polling).
+            wait_for(
+                "in-flight operations end",
+                lambda: monitor(sim)["operations_in_flight"] == 0,
+                timeout=30,
+            )
+            started = monitor(sim)["mutations_total"]
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                assert monitor(sim)["mutations_total"] == started, "a call made without access"
+                time.sleep(0.2)
+            objects.patch_cluster_custom_object(
+                api.GROUP,
+                api.VERSION,
+                api.FLEET_PROVIDER_PLURAL,
+                name,
+                {"spec": {"allowedNamespaces": allowed}},
+            )
+        try:
+            done = wait_for(
+                "the rollout completes once access is restored",
+                lambda: cvs.phase_is("revoked", "Completed", "Halted"),
+                timeout=120,
+            )
+        except TimeoutError as err:
+            run_now = cvs.current_run("revoked") or {}
+            raise AssertionError(
+                f"{err}: run status {run_now.get('status')}; log tail "
+                f"{orchestrator.log.read_text()[-2000:]}"
+            ) from err
+        assert done["phase"] == "Completed", done
+        m = monitor(sim)
+        assert m["clusters_by_version"] == {NEW: len(IDS)}
+        assert m["available_in_service"] == len(IDS)
+        assert m["min_available_in_service"] >= 2
+        assert m["duplicate_mutations"] == 0
     finally:
         if orchestrator.proc is not None:
             orchestrator.stop()
