@@ -569,11 +569,35 @@ def _line(target: _Target, values: Mapping[str, str]) -> str:
     return f"{target.kind} {target.namespace}/{target.name}: {shown}"
 
 
-def approve(kube: KubeClient, namespace: str, name: str, stage: str) -> str:
-    """Add STAGE to the approve-stages annotation; a line saying what was done."""
+def _writable(kube: KubeClient, namespace: str, name: str) -> tuple[_Target, list[str]]:
+    """Where a person's annotations go: the object named, except the current run of a
+    ClusterVersion, whose annotations the ClusterVersion keeps in step with its own (a value
+    written on the run alone would be undone): then the ClusterVersion, with a note."""
     target = _resolve(kube, namespace, name)
+    if target.kind != _RUN:
+        return target, []
+    owner = str(((target.obj.get("spec") or {}).get("clusterVersionRef") or {}).get("name") or "")
+    if not owner:
+        return target, []
+    try:
+        cv = kube.get_object(api.PLURAL, namespace, owner)
+    except NotFound:
+        return target, []
+    if (cv.get("status") or {}).get("currentRun") != name:
+        return target, []
+    note = (
+        f"note: UpdateRun {name} is the current run of ClusterVersion {owner}: written on "
+        f"ClusterVersion {owner}, which hands it to the run"
+    )
+    return _Target(_CV, api.PLURAL, namespace, owner, cv), [note]
+
+
+def approve(kube: KubeClient, namespace: str, name: str, stage: str) -> tuple[str, list[str]]:
+    """Add STAGE to the approve-stages annotation; a line saying what was done, and notes."""
+    target, notes = _writable(kube, namespace, name)
     _check_stages(kube, target, [stage])
-    return _line(target, _annotate(kube, target, {api.ANNOTATION_APPROVE_STAGES: [stage]}))
+    done = _annotate(kube, target, {api.ANNOTATION_APPROVE_STAGES: [stage]})
+    return _line(target, done), notes
 
 
 def _cluster_phases(kube: KubeClient, target: _Target) -> dict[str, str]:
@@ -624,11 +648,11 @@ def retry(
     kube: KubeClient, namespace: str, name: str, clusters: list[str], request: Request
 ) -> tuple[str, list[str]]:
     """Add clusters to retry-clusters (with who and why); a line saying what was done, notes."""
-    target = _resolve(kube, namespace, name)
+    target, notes = _writable(kube, namespace, name)
     phases = _check_clusters(kube, target, clusters)
     retryable = {api.UpgradePhase.FAILED.value, api.UpgradePhase.BLOCKED.value}
     retryable.add(api.UpgradePhase.SKIPPED.value)
-    notes = [
+    notes += [
         f"note: {c} is {phases[c]}, not Failed, Blocked or Skipped: retry does nothing to it"
         for c in clusters
         if phases[c] not in retryable
@@ -649,8 +673,7 @@ def skip(
     write; a line saying what was done, and notes."""
     if not clusters and not stages:
         raise OperateError("name the clusters to skip, or a stage with --stage STAGE")
-    target = _resolve(kube, namespace, name)
-    notes: list[str] = []
+    target, notes = _writable(kube, namespace, name)
     merge: dict[str, list[str]] = {}
     if clusters:
         phases = _check_clusters(kube, target, clusters)
@@ -845,7 +868,10 @@ def _dispatch(
     elif command == "history":
         out.write(render_history(namespace, args.name, _history(kube, namespace, args.name)))
     elif command == "approve":
-        print(approve(kube, namespace, args.name, args.stage), file=out)
+        line, notes = approve(kube, namespace, args.name, args.stage)
+        print(line, file=out)
+        for note in notes:
+            print(note, file=sys.stderr)
     elif command in ("retry", "skip"):
         request = Request(who.requested_by, args.reason)
         if command == "retry":

@@ -175,6 +175,23 @@ class Objects:
         meta = obj["metadata"]
         self.kube.write_status(plural, self.ns, meta["name"], status, meta["resourceVersion"])
 
+    def standalone(self) -> None:
+        """An UpdateRun "solo" applied directly (no ClusterVersion), not started yet."""
+        self.kube.create_object(
+            api.UPDATE_RUN_PLURAL,
+            self.ns,
+            {
+                "apiVersion": api.API_VERSION,
+                "kind": api.UPDATE_RUN_KIND,
+                "metadata": {"name": "solo"},
+                "spec": {
+                    "opsEndpoint": {"endpoint": "127.0.0.1:1", "insecure": True},
+                    "clusters": CLUSTERS,
+                    "strategy": {"stages": STAGES},
+                },
+            },
+        )
+
     def timeless(self) -> None:
         """Drop the times the view counts from now (c2's step start, the run's next start), so
         a render changes only when the objects do."""
@@ -306,9 +323,17 @@ def test_approve_adds_the_stage(
     assert cli(control_plane, objects.ns, "approve", "prod", "wave-1", capsys=capsys)[0] == 0
     assert cli(control_plane, objects.ns, "approve", "prod", "wave-1", capsys=capsys)[0] == 0
     assert objects.annotations(api.PLURAL, "prod")[key] == "canary,wave-1"
-    # On a run directly.
-    assert cli(control_plane, objects.ns, "approve", "prod-1", "wave-1", capsys=capsys)[0] == 0
-    assert objects.annotations(api.UPDATE_RUN_PLURAL, "prod-1")[key] == "wave-1"
+    # The current run of a ClusterVersion: written on the ClusterVersion, which keeps its
+    # run's approve-stages in step with its own (a value on the run alone would be undone).
+    code, out, err = cli(control_plane, objects.ns, "approve", "prod-1", "wave-1", capsys=capsys)
+    assert code == 0
+    assert out == f"ClusterVersion {objects.ns}/prod: {key}=canary,wave-1\n"
+    assert "note: UpdateRun prod-1 is the current run of ClusterVersion prod" in err
+    assert key not in objects.annotations(api.UPDATE_RUN_PLURAL, "prod-1")
+    # A run applied directly.
+    objects.standalone()
+    assert cli(control_plane, objects.ns, "approve", "solo", "wave-1", capsys=capsys)[0] == 0
+    assert objects.annotations(api.UPDATE_RUN_PLURAL, "solo")[key] == "wave-1"
     code, _, err = cli(control_plane, objects.ns, "approve", "prod", "wave-9", capsys=capsys)
     assert code == 1
     assert "ClusterVersion 'prod' has no stage 'wave-9': its stages are canary, wave-1" in err
@@ -327,7 +352,8 @@ def test_retry_and_skip_merge_with_what_is_there(
     # Who asked, in the same write: the kubeconfig context's user (the control plane's admin).
     assert cv[api.ANNOTATION_REQUESTED_BY] == "admin"
     assert api.ANNOTATION_REASON not in cv
-    assert cli(control_plane, objects.ns, "skip", "prod-1", "c4", capsys=capsys)[0] == 0
+    assert cli(control_plane, objects.ns, "skip", "prod", "c4", capsys=capsys)[0] == 0
+    # Named by its current run: written on the ClusterVersion (it hands skips to the run).
     code, out, err = cli(
         control_plane,
         objects.ns,
@@ -346,20 +372,32 @@ def test_retry_and_skip_merge_with_what_is_there(
     assert code == 0
     assert "note: c1 is Upgraded already: skip does nothing to it" in err
     assert "note: c2 is UpgradingNodePools (in flight): skip applies to Pending" in err
-    run_annotations = objects.annotations(api.UPDATE_RUN_PLURAL, "prod-1")
-    assert run_annotations[api.ANNOTATION_SKIP_CLUSTERS] == "c4,c3,c1,c2"
-    assert run_annotations[api.ANNOTATION_REASON] == "quota in europe-west1, CHG-1234"
-    assert run_annotations[api.ANNOTATION_REQUESTED_BY] == "jane@example.com"
-    assert out == (f"UpdateRun {objects.ns}/prod-1: {api.ANNOTATION_SKIP_CLUSTERS}=c4,c3,c1,c2\n")
+    assert "note: UpdateRun prod-1 is the current run of ClusterVersion prod" in err
+    cv = objects.annotations(api.PLURAL, "prod")
+    assert cv[api.ANNOTATION_SKIP_CLUSTERS] == "c4,c3,c1,c2"
+    assert cv[api.ANNOTATION_REASON] == "quota in europe-west1, CHG-1234"
+    assert cv[api.ANNOTATION_REQUESTED_BY] == "jane@example.com"
+    assert out == f"ClusterVersion {objects.ns}/prod: {api.ANNOTATION_SKIP_CLUSTERS}=c4,c3,c1,c2\n"
+    assert api.ANNOTATION_SKIP_CLUSTERS not in objects.annotations(api.UPDATE_RUN_PLURAL, "prod-1")
     # A later request without --reason does not inherit the earlier one.
-    assert cli(control_plane, objects.ns, "retry", "prod-1", "c3", capsys=capsys)[0] == 0
-    run_annotations = objects.annotations(api.UPDATE_RUN_PLURAL, "prod-1")
-    assert api.ANNOTATION_REASON not in run_annotations
-    assert run_annotations[api.ANNOTATION_REQUESTED_BY] == "admin"
+    assert cli(control_plane, objects.ns, "retry", "prod", "c3", capsys=capsys)[0] == 0
+    cv = objects.annotations(api.PLURAL, "prod")
+    assert api.ANNOTATION_REASON not in cv
+    assert cv[api.ANNOTATION_REQUESTED_BY] == "admin"
+    # A run applied directly takes them itself.
+    objects.standalone()
+    code, out, _ = cli(
+        control_plane, objects.ns, "skip", "solo", "c2", "--reason", "spare", capsys=capsys
+    )
+    assert code == 0 and out == f"UpdateRun {objects.ns}/solo: {api.ANNOTATION_SKIP_CLUSTERS}=c2\n"
+    solo = objects.annotations(api.UPDATE_RUN_PLURAL, "solo")
+    assert solo[api.ANNOTATION_REASON] == "spare"
+    assert solo[api.ANNOTATION_REQUESTED_BY] == "admin"
     code, _, err = cli(control_plane, objects.ns, "skip", "prod", "c4", "zz", capsys=capsys)
     assert code == 1
     assert "ClusterVersion 'prod' has no cluster 'zz': its clusters are c1, c2, c3, c4" in err
-    assert api.ANNOTATION_SKIP_CLUSTERS not in objects.annotations(api.PLURAL, "prod")
+    # Nothing was written: the annotation is as the last successful skip left it.
+    assert objects.annotations(api.PLURAL, "prod")[api.ANNOTATION_SKIP_CLUSTERS] == "c4,c3,c1,c2"
 
 
 def test_skip_a_stage(
@@ -393,12 +431,11 @@ def test_skip_a_stage(
     _, out, _ = cli(control_plane, objects.ns, "status", "prod", capsys=capsys)
     assert "Skipped stages: wave-1, canary" in out
     # An unknown stage is named, with the stages there are; nothing is written.
-    code, _, err = cli(
-        control_plane, objects.ns, "skip", "prod-1", "--stage", "wave9", capsys=capsys
-    )
+    objects.standalone()
+    code, _, err = cli(control_plane, objects.ns, "skip", "solo", "--stage", "wave9", capsys=capsys)
     assert code == 1
-    assert "UpdateRun 'prod-1' has no stage 'wave9': its stages are canary, wave-1" in err
-    assert api.ANNOTATION_SKIP_STAGES not in objects.annotations(api.UPDATE_RUN_PLURAL, "prod-1")
+    assert "UpdateRun 'solo' has no stage 'wave9': its stages are canary, wave-1" in err
+    assert api.ANNOTATION_SKIP_STAGES not in objects.annotations(api.UPDATE_RUN_PLURAL, "solo")
     code, _, err = cli(control_plane, objects.ns, "skip", "prod", capsys=capsys)
     assert code == 1 and "name the clusters to skip, or a stage with --stage STAGE" in err
 
