@@ -13,7 +13,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -87,6 +87,18 @@ class _KubeStore:
     writes: int = 0
     #: The writes that took effect, in order (what orchestrator.transitions reads).
     changes: list[ClusterChange] = field(default_factory=list)
+    #: The decision's statuses by name, with the phases it took each through (engine events).
+    decided: dict[str, tuple[api.ClusterUpgradeStatus, list[tuple[U, str]]]] = field(
+        default_factory=dict
+    )
+
+    def cluster_changes(self) -> list[ClusterChange]:
+        """The writes that took effect; a decision's write with the phases it went through."""
+        out = []
+        for c in self.changes:
+            status, steps = self.decided.get(c.name, (None, []))
+            out.append(replace(c, steps=tuple(steps)) if steps and c.new == status else c)
+        return out
 
     def write_upgrade_status(self, upgrade: Upgrade, status: api.ClusterUpgradeStatus) -> None:
         obj = self.objects[upgrade.name]
@@ -479,6 +491,11 @@ class UpdateRunController:
             return self._degraded(obj, status, "SecretError", str(err), gen, now, 30.0)
         d = result.decision
         self.metrics.api_writes.inc(store.writes)
+        names = {u.cluster_id: u.name for u in upgrades.values()}
+        for cid, phase, message, _ in d.events:
+            name = names.get(cid)
+            if name is not None and name in d.changed:
+                store.decided.setdefault(name, (d.changed[name], []))[1].append((U(phase), message))
         finished = d.phase in FINISHED
         conds = list(status.conditions or [])
         conds = set_condition(
@@ -616,7 +633,7 @@ class UpdateRunController:
         meta = obj["metadata"]
         prev = _run_status({"status": before})
         new = written if written is not None else prev
-        found = transitions(meta["uid"], prev, new, store.changes if store is not None else ())
+        found = transitions(meta["uid"], prev, new, store.cluster_changes() if store else ())
         if not found:
             return
         if self.emit_event is not None:

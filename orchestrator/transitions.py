@@ -50,6 +50,9 @@ class ClusterChange:
     stage: str
     old: api.ClusterUpgradeStatus
     new: api.ClusterUpgradeStatus
+    #: The phases the decision took it through in this write, with their messages (the
+    #: engine's record: a retry goes Failed → Pending → on in one pass); empty: old → new.
+    steps: tuple[tuple[api.UpgradePhase, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,13 +103,41 @@ def transitions(
             )
         )
     before = {s.name: s for s in prev.stages or []}
+    by_stage: dict[str, list[ClusterChange]] = {}
+    for change in clusters:
+        if change.old.phase != change.new.phase or change.steps:
+            by_stage.setdefault(change.stage, []).append(change)
+    # Stage by stage, in the order things happen: it starts, its clusters move, it ends.
     for stage in new.stages or []:
         old = before.get(stage.name)
-        was = old.phase if old is not None else S.PENDING
-        now = stage.phase
-        if was == now:
-            continue
-        counts = f"{stage.upgraded}/{stage.total} upgraded, {stage.failed} failed"
+        out += _stage(uid, stage, old.phase if old is not None else S.PENDING, mark, "start")
+        out += [t for c in by_stage.pop(stage.name, []) for t in _cluster(uid, c)]
+        out += _stage(uid, stage, old.phase if old is not None else S.PENDING, mark, "end")
+    out += [t for changes in by_stage.values() for c in changes for t in _cluster(uid, c)]
+    end = _RUN_END.get(new.phase) if new.phase is not None else None
+    if end is not None and new.phase != prev.phase:
+        out.append(
+            Transition(
+                f"{uid}/{end.value}/{mark}",
+                end.value,
+                end,
+                new.message or end.value,
+                end in (E.RUN_FAILED, E.RUN_HALTED),
+                stage=new.current_stage,
+            )
+        )
+    return out
+
+
+def _stage(
+    uid: str, stage: api.StageStatus, was: api.StagePhase, mark: str, part: str
+) -> list[Transition]:
+    """A stage's transitions: its start ("start") or its end ("end")."""
+    now = stage.phase
+    out: list[Transition] = []
+    if was == now:
+        return out
+    if part == "start":
         if now == S.AWAITING_APPROVAL:
             out.append(
                 Transition(
@@ -129,32 +160,43 @@ def transitions(
                     stage=stage.name,
                 )
             )
-        if now in _DONE and was not in _DONE:
-            out.append(
-                Transition(
-                    f"{uid}/StageCompleted/{stage.name}/{stage.completion_time or mark}",
-                    E.STAGE_COMPLETED,
-                    E.STAGE_COMPLETED,
-                    f"stage {stage.name} completed: {counts}",
-                    False,
-                    stage=stage.name,
-                )
+        return out
+    counts = f"{stage.upgraded}/{stage.total} upgraded, {stage.failed} failed"
+    if now in _DONE and was not in _DONE:
+        out.append(
+            Transition(
+                f"{uid}/StageCompleted/{stage.name}/{stage.completion_time or mark}",
+                E.STAGE_COMPLETED,
+                E.STAGE_COMPLETED,
+                f"stage {stage.name} completed: {counts}",
+                False,
+                stage=stage.name,
             )
-        if now == S.FAILED:
-            out.append(
-                Transition(
-                    f"{uid}/StageFailed/{stage.name}/{mark}",
-                    E.STAGE_FAILED,
-                    E.STAGE_FAILED,
-                    f"stage {stage.name} failed: {counts}",
-                    True,
-                    stage=stage.name,
-                )
+        )
+    if now == S.FAILED:
+        out.append(
+            Transition(
+                f"{uid}/StageFailed/{stage.name}/{mark}",
+                E.STAGE_FAILED,
+                E.STAGE_FAILED,
+                f"stage {stage.name} failed: {counts}",
+                True,
+                stage=stage.name,
             )
-    for change in clusters:
-        if change.old.phase == change.new.phase:
-            continue
-        phase = change.new.phase
+        )
+    return out
+
+
+def _cluster(uid: str, change: ClusterChange) -> list[Transition]:
+    """A cluster's phase changes (a notification only when it failed)."""
+    steps = change.steps or (
+        (
+            change.new.phase,
+            change.new.message or f"{change.old.phase.value} → {change.new.phase.value}",
+        ),
+    )
+    out = []
+    for phase, message in steps:
         failed = phase == api.UpgradePhase.FAILED
         what = E.CLUSTER_FAILED.value if failed else phase.value
         out.append(
@@ -162,23 +204,11 @@ def transitions(
                 f"{uid}/{what}/{change.cluster_id}/{change.new.attempt}",
                 phase.value,
                 E.CLUSTER_FAILED if failed else None,
-                change.new.message or f"{change.old.phase.value} → {phase.value}",
+                message,
                 failed,
                 stage=change.stage,
                 cluster=change.cluster_id,
                 upgrade=change.name,
-            )
-        )
-    end = _RUN_END.get(new.phase) if new.phase is not None else None
-    if end is not None and new.phase != prev.phase:
-        out.append(
-            Transition(
-                f"{uid}/{end.value}/{mark}",
-                end.value,
-                end,
-                new.message or end.value,
-                end in (E.RUN_FAILED, E.RUN_HALTED),
-                stage=new.current_stage,
             )
         )
     return out

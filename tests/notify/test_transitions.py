@@ -205,3 +205,22 @@ def test_event_names_are_deterministic_and_valid() -> None:
     assert a != event_name("fleet-0123456789-cluster-00", f"{UID}/ClusterFailed/cluster-00/1")
     long = event_name("x" * 253, "id")
     assert len(long) <= 253 and long.startswith("x" * 200 + ".")
+
+
+def test_a_retry_is_recorded_with_the_phases_the_decision_took_it_through() -> None:
+    status = run(R.PROGRESSING, [stage("canary", S.PROGRESSING)])
+    failed = api.ClusterUpgradeStatus(phase=U.FAILED, attempt=0)
+    verifying = api.ClusterUpgradeStatus(phase=U.VERIFYING, attempt=1, message="checks 0/2")
+    steps = (
+        (U.PENDING, "retry requested by alice (attempt 2)"),
+        (U.SERVICING_OUT, "Pending → ServicingOut"),
+        (U.VERIFYING, "checks 0/2"),
+    )
+    change = ClusterChange("run-c1", "c1", "canary", failed, verifying, steps)
+    found = transitions(UID, status, status, [change])
+    assert [(t.reason, t.message, t.id) for t in found] == [
+        ("Pending", "retry requested by alice (attempt 2)", f"{UID}/Pending/c1/1"),
+        ("ServicingOut", "Pending → ServicingOut", f"{UID}/ServicingOut/c1/1"),
+        ("Verifying", "checks 0/2", f"{UID}/Verifying/c1/1"),
+    ]
+    assert all(t.event is None and t.upgrade == "run-c1" for t in found)
