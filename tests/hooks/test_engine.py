@@ -15,7 +15,7 @@ from orchestrator import api
 from orchestrator.conditions import parse_time
 from orchestrator.driver import HookRequest
 from orchestrator.engine import POST_HOOK, PRE_HOOK, HookObs, hook_id
-from orchestrator.simulate import T0
+from orchestrator.simulate import T0, simulate
 from tests.engine.model import LIFECYCLE, Harness, U, harness, health_checks, make_fleet, spec_for
 from tests.sim.hooks import HookWorld, MemoryHooks
 
@@ -281,3 +281,12 @@ def test_a_hook_start_is_never_made_before_its_intent_is_on_record() -> None:
     assert len(seen) == 2
     assert all(s is not None and s.phase == api.HookPhase.RUNNING for s in seen)
     assert h.steps_of("c00000") == LIFECYCLE
+
+
+def test_the_what_if_plan_assumes_hooks_pass() -> None:
+    fleet = make_fleet(3)
+    spec = spec_for(fleet, NEW, required=2, hooks={"preUpgrade": _job(), "postUpgrade": _http()})
+    rollout = simulate(fleet, spec)
+    assert rollout.settled and rollout.last is not None
+    assert rollout.last.decision.phase == api.RunPhase.SUCCEEDED
+    assert {u.status.hook.kind for u in rollout.upgrades.values() if u.status.hook} == {POST_HOOK}
