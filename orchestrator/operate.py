@@ -47,6 +47,8 @@ _CV = "ClusterVersion"
 _RUN = "UpdateRun"
 _IN_FLIGHT = frozenset(
     {
+        api.UpgradePhase.PRE_HOOK,
+        api.UpgradePhase.POST_HOOK,
         api.UpgradePhase.SERVICING_OUT,
         api.UpgradePhase.UPGRADING_CONTROL_PLANE,
         api.UpgradePhase.UPGRADING_NODE_POOLS,
@@ -170,6 +172,13 @@ class Snapshot:
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
 
 
+def _hook_step(hook: Any) -> str:
+    """A running hook as a step: "preUpgrade Running"."""
+    if not isinstance(hook, dict) or not hook.get("kind"):
+        return ""
+    return f"{hook['kind']} {hook.get('phase') or api.HookPhase.RUNNING.value}"
+
+
 def snapshot(kube: KubeClient, namespace: str, name: str) -> Snapshot:
     """Read a ClusterVersion (and its current run) or an UpdateRun, and its ClusterUpgrades."""
     target = _resolve(kube, namespace, name)
@@ -188,7 +197,7 @@ def snapshot(kube: KubeClient, namespace: str, name: str) -> Snapshot:
             cluster=str(spec.get("clusterId", cu["metadata"]["name"])),
             stage=str(spec.get("stage", "")),
             phase=str(phase),
-            step=str(cu_status.get("step") or ""),
+            step=str(cu_status.get("step") or _hook_step(cu_status.get("hook"))),
             attempt=int(cu_status.get("attempt") or 0),
             reason=str(cu_status.get("reason") or ""),
             message=str(cu_status.get("message") or ""),

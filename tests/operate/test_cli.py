@@ -268,6 +268,39 @@ def test_status_of_a_run_and_of_the_namespace(
     assert out.count("ClusterVersion ") == 1 and "UpdateRun " not in out
 
 
+def test_a_cluster_in_its_hook_is_in_flight(
+    control_plane: KubeCluster, objects: Objects, capsys: pytest.CaptureFixture[str]
+) -> None:
+    objects.standalone()
+    cu = objects.kube.create_object(
+        api.CLUSTER_UPGRADE_PLURAL,
+        objects.ns,
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": api.CLUSTER_UPGRADE_KIND,
+            "metadata": {"name": "solo-c1", "labels": {api.LABEL_RUN: "solo"}},
+            "spec": {
+                "clusterId": "c1",
+                "stage": "canary",
+                "stageIndex": 0,
+                "version": "1.29.1",
+                "nodeVersion": "1.29.1",
+                "provider": "127.0.0.1:1",
+            },
+        },
+    )
+    hook = {"kind": "preUpgrade", "id": "solo-c1-pre-1", "startTime": "2026-11-23T01:13:00Z"}
+    objects.write_status(
+        api.CLUSTER_UPGRADE_PLURAL,
+        cu,
+        {"phase": "PreUpgradeHook", "attempt": 1, "hook": hook},
+    )
+    code, out, _ = cli(control_plane, objects.ns, "status", "solo", capsys=capsys)
+    assert code == 0
+    assert "In flight (1):" in out
+    assert "  c1       canary  PreUpgradeHook  preUpgrade Running" in out
+
+
 def test_unknown_object_names_the_fix(
     control_plane: KubeCluster, objects: Objects, capsys: pytest.CaptureFixture[str]
 ) -> None:
