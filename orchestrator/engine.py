@@ -15,6 +15,8 @@ ships. Each safety invariant of DESIGN.md has one place here:
    operations are re-asked with the same request id, then failed.
 5. Refused before drained: a candidate is admitted only with a fresh ACCEPTED preflight.
 6. No duplicate mutation: request ids are deterministic; the driver persists before calling.
+   Hooks likewise: a HookStatus Running with a deterministic id (`hook_id`) is persisted before
+   the hook starts; an HTTP hook whose outcome a restart lost fails instead of being resent.
 7. Drift is local: a vanished, already-upgraded or busy cluster is recorded on its own upgrade.
 """
 
