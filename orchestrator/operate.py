@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 COMMANDS = ("status", "history", "approve", "retry", "skip", "stop", "resume")
+_HOOK_PHASES = frozenset({api.UpgradePhase.PRE_HOOK.value, api.UpgradePhase.POST_HOOK.value})
 _CV = "ClusterVersion"
 _RUN = "UpdateRun"
 _IN_FLIGHT = frozenset(
@@ -203,6 +204,7 @@ def snapshot(kube: KubeClient, namespace: str, name: str) -> Snapshot:
             message=str(cu_status.get("message") or ""),
             since=str(
                 cu_status.get("stepStartTime")
+                or (phase in _HOOK_PHASES and (cu_status.get("hook") or {}).get("startTime"))
                 or cu_status.get("lastTransitionTime")
                 or cu_status.get("startTime")
                 or ""
@@ -243,7 +245,14 @@ def snapshot(kube: KubeClient, namespace: str, name: str) -> Snapshot:
         failed=tuple(lines["failed"]),
         blocked=tuple(lines["blocked"]),
         approved=tuple(_csv(annotations.get(api.ANNOTATION_APPROVE_STAGES))),
-        skipped_stages=tuple(_csv(annotations.get(api.ANNOTATION_SKIP_STAGES))),
+        skipped_stages=tuple(
+            dict.fromkeys(
+                [
+                    *_csv(annotations.get(api.ANNOTATION_SKIP_STAGES)),
+                    *(((target.obj.get("spec") or {}).get("skip") or {}).get("stages") or []),
+                ]
+            )
+        ),
         failures=None
         if not failures
         else Budget(

@@ -299,6 +299,17 @@ def test_a_cluster_in_its_hook_is_in_flight(
     assert code == 0
     assert "In flight (1):" in out
     assert "  c1       canary  PreUpgradeHook  preUpgrade Running" in out
+    # The hook's age, from its start.
+    snap = replace(snapshot(objects.kube, objects.ns, "solo"), now=NOW)
+    assert "  c1       canary  PreUpgradeHook  preUpgrade Running  1m" in render(snap)
+    # Stages skipped in the spec (GitOps) are shown like those of the annotation.
+    objects.kube.merge_patch(
+        api.UPDATE_RUN_PLURAL, objects.ns, "solo", {"spec": {"skip": {"stages": ["wave-1"]}}}
+    )
+    assert (
+        "Skipped stages: wave-1"
+        in cli(control_plane, objects.ns, "status", "solo", capsys=capsys)[1]
+    )
 
 
 def test_unknown_object_names_the_fix(
