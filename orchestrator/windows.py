@@ -71,6 +71,8 @@ _SHORT = timedelta(days=7)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
 _DAY_US = 86_400_000_000
+#: Longest window and expected duration accepted.
+_LONGEST = timedelta(days=366)
 #: A run window's rrule without DTSTART counts from this date (a Saturday, the 1st of January):
 #: FREQ=MONTHLY alone opens on the 1st, FREQ=WEEKLY alone on Saturdays, INTERVAL=2 from here.
 RRULE_ANCHOR = date(2000, 1, 1)
@@ -493,7 +495,9 @@ def _provider_spans(w: WindowObs, lo_us: int, hi_us: int) -> list[Span]:
         starts = [w.start]
     else:
         rec = parse_recurrence(w.recurrence, local=False)
-        starts = _occurrences(rec, w.start, _dt(lo_us) - length, _dt(hi_us))
+        since = _dt(lo_us)  # occurrences that began up to one length earlier are still open
+        first = w.start if length >= since - w.start else since - length
+        starts = _occurrences(rec, w.start, first, _dt(hi_us))
     spans = [(_us(s), _us(s + length), label) for s in starts]
     return [sp for sp in spans if sp[0] < hi_us and sp[1] > lo_us]
 
@@ -506,8 +510,7 @@ def _provider(
     span: timedelta,
     expected_us: int,
 ) -> _Provider:
-    longest = max((w.end - w.start for w in (*windows, *exclusions)), default=timedelta(0))
-    lo = bucket * _DAY_US - (longest + timedelta(days=1)) // _US
+    lo = (bucket - 1) * _DAY_US
     hi = (bucket + 1) * _DAY_US + span // _US + expected_us
     try:
         cover_spans: list[Span] = []
@@ -516,7 +519,7 @@ def _provider(
         excluded: list[Span] = []
         for w in exclusions:
             excluded += _provider_spans(w, lo, hi)
-    except ValueError as err:
+    except (ValueError, OverflowError) as err:
         return _Provider(None, (), str(err))
     return _Provider(_cover(cover_spans) if windows else None, tuple(excluded), "")
 
@@ -722,8 +725,16 @@ def _read_problems(where: str, m: api.Maintenance) -> list[tuple[str, str]]:
                 problems.append(
                     (f"{at}.rrule", f"{w.rrule!r}: {err} (RFC 5545, e.g. FREQ=MONTHLY;BYDAY=1SA)")
                 )
-        if _duration(w.duration) is None:
+        length = _duration(w.duration)
+        if length is None:
             problems.append((f"{at}.duration", f"{w.duration!r} is not a duration such as 4h"))
+        elif length > _LONGEST:
+            problems.append((f"{at}.duration", f"{w.duration} is longer than 366 days; shorten it"))
+    expected = _duration(m.expected_duration)
+    if expected is not None and expected > _LONGEST:
+        problems.append(
+            (f"{dot}expectedDuration", f"{m.expected_duration} is longer than 366 days; shorten it")
+        )
     for i, x in enumerate(m.exclusions or []):
         at = f"{dot}exclusions[{i}]"
         times = []

@@ -23,6 +23,11 @@ __all__ = ["as_datetime", "exclusion_scope", "maintenance_windows"]
 _Scope = container_v1.MaintenanceExclusionOptions.Scope
 _DURATION = re.compile(r"^P?T?(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?$")
 _DEFAULT_DAILY = timedelta(hours=4)  # GKE's daily windows last four hours
+#: An exclusion GKE answers without an end (endTimeBehavior UNTIL_END_OF_SUPPORT ends with the
+#: support of the cluster's version) or without a start: reported as until further notice / since
+#: always, the contract's times being REQUIRED.
+_FOREVER = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+_ALWAYS = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def as_datetime(value: object) -> datetime:
@@ -132,9 +137,9 @@ def maintenance_windows(
             name=name,
             scope=_scope_name(exclusion_scope(window)),
         )
-        if "start_time" in window:
-            entry.start_time.CopyFrom(_stamp(as_datetime(window.start_time)))
-        if "end_time" in window:
-            entry.end_time.CopyFrom(_stamp(as_datetime(window.end_time)))
+        start = as_datetime(window.start_time) if "start_time" in window else _ALWAYS
+        end = as_datetime(window.end_time) if "end_time" in window else _FOREVER
+        entry.start_time.CopyFrom(_stamp(start))
+        entry.end_time.CopyFrom(_stamp(end))
         found.append(entry)
     return found

@@ -115,3 +115,43 @@ def test_gke_policies_reach_the_gate_as_gke_states_them(
     op = client.upgrade_control_plane("minor-in-exclusion", weekly, NEW)
     assert (op.target_version, op.state != cluster_pb2.OPERATION_STATE_FAILED) == (NEW, True)
     assert emulator.requests("UpdateMaster") == [{"masterVersion": NEW}]
+
+
+def test_an_exclusion_until_end_of_support_without_an_end_is_reported_until_further_notice(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    since = datetime(2026, 11, 1, tzinfo=UTC)
+    frozen = emulator.add_cluster(
+        cluster_id("frozen"),
+        master_version=OLD,
+        exclusions=[
+            {
+                "name": "eos",
+                "start": since,
+                "end": None,
+                "scope": "NO_MINOR_OR_NODE_UPGRADES",
+                "endTimeBehavior": "UNTIL_END_OF_SUPPORT",
+            }
+        ],
+    )
+    excluded = emulator.cluster(frozen)["maintenancePolicy"]["window"]["maintenanceExclusions"]
+    assert excluded["eos"] == {
+        "startTime": "2026-11-01T00:00:00Z",
+        "maintenanceExclusionOptions": {
+            "scope": "NO_MINOR_OR_NODE_UPGRADES",
+            "endTimeBehavior": "UNTIL_END_OF_SUPPORT",
+        },
+    }
+    client = start_plugin(plugin_config(emulator, [*NAMES, "frozen"], mode="none")).client
+    (reported,) = cluster_from_pb(client.get_cluster(frozen)).maintenance_windows
+    assert (reported.kind, reported.start, reported.end) == (
+        "exclusion",
+        since,
+        datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC),
+    )
+    held = gate(honouring("WindowsAndExclusions"), (reported,), MONDAY, minor=False)
+    assert (held.may_start, held.next_start) == (False, None)
+    assert held.reason == (
+        "inside the provider's maintenance exclusion 'eos' (scope NO_MINOR_OR_NODE_UPGRADES) "
+        "until 9999-12-31T23:59:59Z; nothing opens within 400 days"
+    )

@@ -133,7 +133,8 @@ class GkeEmulator:
         window: Mapping[str, Any] | None = None,
     ) -> str:
         """Adds a cluster; node_pools items: name, version, imageType, nodes, upgradeSettings,
-        status; exclusions items: name, start, end (datetimes), scope; window: {"daily":
+        status; exclusions items: name, start, end (datetimes; None with endTimeBehavior
+        UNTIL_END_OF_SUPPORT), scope, endTimeBehavior; window: {"daily":
         "HH:MM"} or {"start", "end", "recurrence"}; autopilot: an Autopilot cluster."""
         project, location, name = split_cluster_id(cluster_id)
         cluster = build_cluster(

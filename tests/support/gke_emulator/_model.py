@@ -54,6 +54,7 @@ OpStatus = container_v1.Operation.Status
 ClusterStatus = container_v1.Cluster.Status
 PoolStatus = container_v1.NodePool.Status
 Scope = container_v1.MaintenanceExclusionOptions.Scope
+EndTimeBehavior = container_v1.MaintenanceExclusionOptions.EndTimeBehavior
 Channel = container_v1.ReleaseChannel.Channel
 
 CONTAINER_BASE = "https://container.googleapis.com/v1"
@@ -785,9 +786,14 @@ def build_cluster(
     for exclusion in exclusions:
         excluded = cluster.maintenance_policy.window.maintenance_exclusions[exclusion["name"]]
         excluded.start_time.FromDatetime(exclusion["start"])
-        excluded.end_time.FromDatetime(exclusion["end"])
+        if exclusion.get("end") is not None:  # absent: UNTIL_END_OF_SUPPORT with no end given
+            excluded.end_time.FromDatetime(exclusion["end"])
         if "scope" in exclusion:
             excluded.maintenance_exclusion_options.scope = Scope[exclusion["scope"]]
+        if "endTimeBehavior" in exclusion:
+            # google/container/v1/cluster_service.proto MaintenanceExclusionOptions.
+            behavior = EndTimeBehavior[exclusion["endTimeBehavior"]]
+            excluded.maintenance_exclusion_options.end_time_behavior = behavior
     if autopilot:
         # Autopilot clusters are always in a release channel (release-channels docs).
         cluster.autopilot.enabled = True
