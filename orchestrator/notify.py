@@ -140,7 +140,7 @@ class Notifier:
 
     secrets: SecretSource
     metrics: Metrics
-    workers: int = 2
+    workers: int = 4
     capacity: int = DEFAULT_CAPACITY
     max_age: float = DEFAULT_MAX_AGE
     #: First retry delay, and the longest (tenacity wait_exponential multiplier and max).

@@ -217,3 +217,24 @@ def test_each_transition_is_delivered_once_after_the_receiver_comes_back(
     logs = orchestrators.logs()
     assert TOKEN not in logs and "T0SECRET" not in logs and "xoxSECRETPATH" not in logs
     assert not reconcile_errors(logs)
+
+    # A restart sends nothing again: transitions come only from a pass's own writes.
+    proc.stop()
+    delivered, recorded_events = len(receiver.requests()), len(ours())
+    again = orchestrators.start(identity="orchestrator-e2e-restarted")
+
+    def reconciled() -> bool:
+        try:
+            text = again.metrics()
+        except OSError:
+            return False
+        success = 'multicluster_controller_reconcile_total{result="success"}'
+        return any(
+            line.startswith(success) and not line.endswith(" 0.0") for line in text.splitlines()
+        )
+
+    wait_for("the restarted orchestrator reconciles the run", reconciled, timeout=60)
+    time.sleep(7.0)  # quiet period: more than a resync (5 s) of the halted run
+    assert len(receiver.requests()) == delivered
+    assert len(ours()) == recorded_events
+    assert not reconcile_errors(orchestrators.logs())
