@@ -132,9 +132,42 @@ def validate_spec(spec: api.ClusterVersionSpec) -> list[Problem]:
     for where, maintenance in maintained:
         if maintenance is not None:
             problems += [Problem(f, m) for f, m in maintenance_problems(where, maintenance)]
+    problems += _hook_problems(strategy.hooks)
     listed = len(spec.clusters or [])
     if listed and not stages and spec.required_available_count >= listed:
         problems.append(_floor_problem(spec.required_available_count, listed))
+    return problems
+
+
+def _hook_problems(hooks: api.Hooks | None) -> list[Problem]:
+    """A Job hook's template must make a Job the apiserver accepts: caught here, not when the
+    first cluster's hook starts (the apiserver's own validation still has the last word)."""
+    problems: list[Problem] = []
+    for kind, hook in (
+        ("preUpgrade", hooks.pre_upgrade if hooks else None),
+        ("postUpgrade", hooks.post_upgrade if hooks else None),
+    ):
+        where = f"spec.strategy.hooks.{kind}"
+        if hook is None:
+            continue
+        if api.parse_duration(hook.timeout).total_seconds() < 1:
+            problems.append(Problem(f"{where}.timeout", "must be at least 1s"))
+        if hook.job is None:
+            continue
+        pod = (hook.job.template.get("template") or {}).get("spec")
+        at = f"{where}.job.template.template.spec"
+        if not isinstance(pod, dict):
+            problems.append(Problem(at, "is required: the Job's pod template (a JobSpec)"))
+            continue
+        containers = pod.get("containers")
+        if not isinstance(containers, list) or not containers:
+            problems.append(Problem(f"{at}.containers", "needs at least one container"))
+        elif not all(isinstance(c, dict) and c.get("name") for c in containers):
+            problems.append(Problem(f"{at}.containers", "every container needs a name"))
+        if pod.get("restartPolicy") not in ("Never", "OnFailure"):
+            problems.append(
+                Problem(f"{at}.restartPolicy", "must be Never or OnFailure (a Job's pods end)")
+            )
     return problems
 
 

@@ -1,0 +1,53 @@
+"""A Job hook's template is checked when the spec is (webhook and controllers), not when the
+first cluster's hook starts; every problem names the field and the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator import api
+from orchestrator.validate import validate_spec
+
+
+def _problems(hooks: dict[str, Any]) -> dict[str, str]:
+    spec = api.ClusterVersionSpec.model_validate(
+        {
+            "requiredAvailableCount": 1,
+            "clusters": [{"id": "a", "version": "1.29.1"}, {"id": "b", "version": "1.29.1"}],
+            "strategy": {"hooks": hooks},
+        }
+    )
+    return {p.field: p.message for p in validate_spec(spec)}
+
+
+def _job(pod: dict[str, Any] | None) -> dict[str, Any]:
+    return {"job": {"template": {} if pod is None else {"template": {"spec": pod}}}}
+
+
+def test_a_good_job_template_and_an_http_hook_pass() -> None:
+    pod = {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}
+    assert (
+        _problems({"preUpgrade": _job(pod), "postUpgrade": {"http": {"url": "http://h/x"}}}) == {}
+    )
+
+
+def test_job_templates_that_would_not_make_a_job_are_refused() -> None:
+    at = "spec.strategy.hooks.{}.job.template.template.spec"
+    assert _problems({"preUpgrade": _job(None)}) == {
+        at.format("preUpgrade"): "is required: the Job's pod template (a JobSpec)"
+    }
+    found = _problems({"postUpgrade": _job({"containers": [{"image": "busybox"}]})})
+    assert found == {
+        at.format("postUpgrade") + ".containers": "every container needs a name",
+        at.format("postUpgrade")
+        + ".restartPolicy": "must be Never or OnFailure (a Job's pods end)",
+    }
+    found = _problems({"postUpgrade": _job({"restartPolicy": "OnFailure", "containers": []})})
+    assert found == {at.format("postUpgrade") + ".containers": "needs at least one container"}
+
+
+def test_a_zero_timeout_is_refused() -> None:
+    hook = {"http": {"url": "http://h/x"}, "timeout": "0s"}
+    assert _problems({"preUpgrade": hook}) == {
+        "spec.strategy.hooks.preUpgrade.timeout": "must be at least 1s"
+    }
