@@ -718,6 +718,10 @@ class _Run:
         assert hook is not None  # only called for a recorded hook
         text = _cut(message)
         self.set(u, hook=hook.model_copy(update={"phase": api.HookPhase.FAILED, "message": text}))
+        if kind == PRE_HOOK:
+            # Never taken out by this attempt: no step on record, so neither a retry nor the
+            # failed-cluster policy takes it for one of ours that is out of service.
+            self.set(u, step=None, step_start_time=None)
         reason = "PreUpgradeHookFailed" if kind == PRE_HOOK else "PostUpgradeHookFailed"
         self.fail(u, reason, f"{kind} hook {hook.id}: {text}")
 

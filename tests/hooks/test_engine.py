@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -290,3 +290,25 @@ def test_the_what_if_plan_assumes_hooks_pass() -> None:
     assert rollout.settled and rollout.last is not None
     assert rollout.last.decision.phase == api.RunPhase.SUCCEEDED
     assert {u.status.hook.kind for u in rollout.upgrades.values() if u.status.hook} == {POST_HOOK}
+
+
+def test_a_cluster_failed_by_its_pre_hook_is_never_taken_for_one_of_ours() -> None:
+    """Drained by someone else after its pre-hook failed: neither the failed-cluster policy nor
+    a retry services it in or goes on with it as if this run had taken it out."""
+    h, _ = _setup(
+        3,
+        required=1,
+        pre=_http(),
+        outcome=lambda r: (r.cluster_id != "c00001", 2.0),
+        onFailure="Continue",
+        failedClusterPolicy="ServiceInIfHealthy",
+    )
+    assert h.run(until=lambda x: _status(x, "c00001").phase == U.FAILED)
+    h.fleet.clusters["c00001"] = replace(h.fleet.clusters["c00001"], in_service=False)
+    h.run()
+    assert "c00001" not in h.touched()
+    assert not h.fleet.clusters["c00001"].in_service
+    h.run(retry=frozenset({"c00001"}))
+    st = _status(h, "c00001")
+    assert st.phase == U.PENDING and st.reason == "OutOfService", st
+    assert "c00001" not in h.touched()
