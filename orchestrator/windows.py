@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -442,8 +443,8 @@ def _key(m: api.Maintenance) -> str:
 class _Cover:
     """Merged open spans: a start at t needs one of them to contain [t, t + D]."""
 
-    starts: tuple[int, ...]
-    ends: tuple[int, ...]
+    starts: Sequence[int]  # array('q'): 8 bytes a time, as a 400-day schedule is cached
+    ends: Sequence[int]
     labels: tuple[str, ...]
 
     def at(self, t: int) -> int:
@@ -456,7 +457,8 @@ class _Cover:
 
 
 def _cover(spans: list[Span]) -> _Cover:
-    return _Cover(*_merged(spans))
+    starts, ends, labels = _merged(spans)
+    return _Cover(array("q", starts), array("q", ends), labels)
 
 
 def _bounds(bucket: int, span: timedelta, plan: _Plan) -> tuple[int, int]:
@@ -502,8 +504,20 @@ def _provider_spans(w: WindowObs, lo_us: int, hi_us: int) -> list[Span]:
     return [sp for sp in spans if sp[0] < hi_us and sp[1] > lo_us]
 
 
-@functools.lru_cache(maxsize=4096)
 def _provider(
+    windows: tuple[WindowObs, ...],
+    exclusions: tuple[WindowObs, ...],
+    bucket: int,
+    span: timedelta,
+    expected_us: int,
+) -> _Provider:
+    """The provider's schedule: short spans cached for many clusters, full horizons for fewer
+    (they are only needed while nothing opens within a week)."""
+    cached = _provider_short if span is _SHORT else _provider_long
+    return cached(windows, exclusions, bucket, span, expected_us)
+
+
+def _provider_expanded(
     windows: tuple[WindowObs, ...],
     exclusions: tuple[WindowObs, ...],
     bucket: int,
@@ -522,6 +536,10 @@ def _provider(
     except (ValueError, OverflowError) as err:
         return _Provider(None, (), str(err))
     return _Provider(_cover(cover_spans) if windows else None, tuple(excluded), "")
+
+
+_provider_short = functools.lru_cache(maxsize=8192)(_provider_expanded)
+_provider_long = functools.lru_cache(maxsize=1024)(_provider_expanded)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -601,6 +619,58 @@ def gate(
     return answer
 
 
+#: What an earlier call learnt per input: (from, clear until, next start or None): nothing is
+#: allowed in [from, clear until), and the next start is clear until (or, when None, nothing was
+#: found up to there: only the new stretch of a later now's horizon needs a look). Later
+#: decisions (a new `now`) thus skip the search until the next start comes.
+_CLOSED: dict[tuple[object, ...], tuple[int, int, int | None]] = {}
+_CLOSED_MAX = 16384
+
+
+def _remember(memo: tuple[object, ...], value: tuple[int, int, int | None]) -> None:
+    if len(_CLOSED) >= _CLOSED_MAX:
+        _CLOSED.clear()
+    _CLOSED[memo] = value
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    run: _Cover | None
+    prov: _Provider
+    blocked: _Blocked
+
+    def allows(self, t: int, d: int, nb: int | None) -> bool:
+        return (
+            (nb is None or t >= nb)
+            and (self.run is None or self.run.allows(t, d))
+            and (self.prov.cover is None or self.prov.cover.allows(t, d))
+            and not self.blocked.blocks(t)
+        )
+
+    def candidates(self, nb: int | None) -> set[int]:
+        """Every left end of an allowed stretch: openings, exclusion ends, notBefore."""
+        found = set(self.blocked.ends)
+        for cover in (self.run, self.prov.cover):
+            if cover is not None:
+                found.update(cover.starts)
+        if nb is not None:
+            found.add(nb)
+        return found
+
+
+def _schedule(
+    plan: _Plan,
+    key: str,
+    windows: tuple[WindowObs, ...],
+    exclusions: tuple[WindowObs, ...],
+    bucket: int,
+    span: timedelta,
+) -> _Schedule:
+    run = _run_cover(key, bucket, span) if plan.windows is not None else None
+    prov = _provider(windows, exclusions, bucket, span, plan.expected_us)
+    return _Schedule(run, prov, _blocked((*plan.exclusions, *prov.exclusions), plan.d_us))
+
+
 @functools.lru_cache(maxsize=16384)
 def _gate(
     key: str,
@@ -614,53 +684,49 @@ def _gate(
         return Gate(False, None, f"the maintenance spec cannot be honoured: {plan.error}")
     d = plan.d_us
     bucket = now_us // _DAY_US
-    for span in (_SHORT, HORIZON):
+    memo = (key, windows, exclusions, nb_us)
+    known = _CLOSED.get(memo)
+    spans: tuple[timedelta, ...] = (_SHORT, HORIZON)
+    after = now_us  # candidates strictly after this are searched
+    if known is not None and known[0] <= now_us < known[1]:
+        if known[2] is not None:  # the same next start; the reason is now's
+            near = _schedule(plan, key, windows, exclusions, bucket, _SHORT)
+            if near.prov.error:
+                return _unreadable(near.prov.error)
+            return Gate(False, _dt(known[2]), _why(plan, near, now_us, nb_us))
+        spans, after = (HORIZON,), known[1] - 1
+    for span in spans:
         limit = now_us + span // _US
-        run = _run_cover(key, bucket, span) if plan.windows is not None else None
-        prov = _provider(windows, exclusions, bucket, span, plan.expected_us)
-        if prov.error:
-            return Gate(
-                False,
-                None,
-                f"the provider reports a maintenance window that cannot be read ({prov.error}); "
-                "set maintenance.providerWindows: Off to ignore the provider's windows",
-            )
-        blocked = _blocked((*plan.exclusions, *prov.exclusions), d)
-        covers = [c for c in (run, prov.cover) if c is not None]
-
-        def allows(t: int, covers: list[_Cover] = covers, blocked: _Blocked = blocked) -> bool:
-            return (
-                (nb_us is None or t >= nb_us)
-                and all(c.allows(t, d) for c in covers)
-                and not blocked.blocks(t)
-            )
-
-        if allows(now_us):
+        sched = _schedule(plan, key, windows, exclusions, bucket, span)
+        if sched.prov.error:
+            return _unreadable(sched.prov.error)
+        if after == now_us and sched.allows(now_us, d, nb_us):
             return Gate(True, _dt(now_us), "")
-        candidates = {nb_us} if nb_us is not None else set()
-        for c in covers:
-            candidates.update(c.starts)
-        candidates.update(blocked.ends)
-        found = next(
-            (t for t in sorted(x for x in candidates if now_us < x <= limit) if allows(t)), None
-        )
-        if found is not None or span is HORIZON:
-            why = _why(plan, run, prov, blocked, (*plan.exclusions,), now_us, nb_us)
-            if found is None:
-                why += f"; nothing opens within {HORIZON.days} days"
-            return Gate(False, None if found is None else _dt(found), why)
+        ahead = sorted(t for t in sched.candidates(nb_us) if after < t <= limit)
+        found = next((t for t in ahead if sched.allows(t, d, nb_us)), None)
+        if found is not None:
+            _remember(
+                memo, (now_us if known is None or after == now_us else known[0], found, found)
+            )
+            return Gate(False, _dt(found), _why(plan, sched, now_us, nb_us))
+        if span is HORIZON:
+            start = now_us if known is None or after == now_us else known[0]
+            _remember(memo, (start, limit + 1, None))
+            why = _why(plan, sched, now_us, nb_us)
+            return Gate(False, None, f"{why}; nothing opens within {HORIZON.days} days")
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _why(
-    plan: _Plan,
-    run: _Cover | None,
-    prov: _Provider,
-    blocked: _Blocked,
-    own: tuple[Span, ...],
-    now: int,
-    nb: int | None,
-) -> str:
+def _unreadable(error: str) -> Gate:
+    return Gate(
+        False,
+        None,
+        f"the provider reports a maintenance window that cannot be read ({error}); "
+        "set maintenance.providerWindows: Off to ignore the provider's windows",
+    )
+
+
+def _why(plan: _Plan, sched: _Schedule, now: int, nb: int | None) -> str:
     """What refuses a start at now, in words (every reason that applies)."""
     d = plan.d_us
     take = f"an upgrade expected to take {plan.expected} would finish"
@@ -691,6 +757,7 @@ def _why(
         else:
             parts.append(closed)
 
+    run, prov, own = sched.run, sched.prov, plan.exclusions
     excluded(own, "")
     if run is not None:
         names = f" ({plan.window_names})" if plan.window_names else ""
@@ -698,7 +765,7 @@ def _why(
     excluded(prov.exclusions, "the provider's ")
     if prov.cover is not None:
         outside(prov.cover, "the provider's ", "outside the provider's maintenance windows")
-    if not parts and blocked.blocks(now):  # pragma: no cover - every block is named above
+    if not parts and sched.blocked.blocks(now):  # pragma: no cover - every block is named above
         parts.append("a maintenance exclusion applies")
     return "; ".join(parts)
 

@@ -67,14 +67,14 @@ class Model:
             day += timedelta(days=1)
         return cells
 
-    def next_start(self, d_cells: int, nb: int) -> int | None:
-        """First cell t >= 0 from which [t, t+D) is covered and free (D = 0: cell t itself)."""
+    def next_start(self, d_cells: int, nb: int, since: int = 0) -> int | None:
+        """First cell t >= since from which [t, t+D) is covered and free (D = 0: cell t)."""
         span = max(d_cells, 1)
         gaps = [
             list(accumulate((0 if c else 1 for c in cover), initial=0)) for cover in self.covers
         ]
         blocks = list(accumulate((1 if x else 0 for x in self.excluded), initial=0))
-        for t in range(max(0, nb), CELLS - span):
+        for t in range(max(since, nb), CELLS - span):
             if all(g[t + span] == g[t] for g in gaps) and blocks[t + span] == blocks[t]:
                 return t
         return None
@@ -178,3 +178,26 @@ def test_gate_agrees_with_the_cell_model(seed: int) -> None:
         )
         assert not before.may_start and before.next_start == got.next_start, (seed, before)
         assert gate(maintenance, provider, got.next_start, not_before=nb, minor=minor).may_start
+
+
+@pytest.mark.parametrize("seed", range(0, 300, 7))
+def test_later_decisions_agree_with_the_cell_model(seed: int) -> None:
+    """As `now` moves on (remembered answers reused between decisions), every answer is still
+    the model's."""
+    maintenance, provider, now, nb, minor, model = case(seed)
+    d_cells = (
+        0
+        if maintenance.allow_overrun
+        else int(api.parse_duration(maintenance.expected_duration) / CELL)
+    )
+    nb_cell = 0 if nb is None else (nb - now) // CELL
+    horizon = now + CELL * (CELLS - max(d_cells, 1) - 1)
+    for step in range(0, 8 * 24 * 12, 97):  # every 8h05m over 8 days
+        at = now + CELL * step
+        expected = model.next_start(d_cells, nb_cell, since=step)
+        got = gate(maintenance, provider, at, not_before=nb, minor=minor)
+        if expected is None:
+            assert got.next_start is None or got.next_start > horizon, (seed, step, got)
+        else:
+            assert got.next_start == now + CELL * expected, (seed, step, got, expected)
+        assert got.may_start is (expected == step), (seed, step, got)
