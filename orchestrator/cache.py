@@ -48,8 +48,12 @@ class ObjectCache:
         namespace: str | None,
         index_label: str | None = None,
         on_change: Callable[[str, dict[str, Any]], None] | None = None,
+        quiet_echoes: bool = False,
     ) -> None:
+        """quiet_echoes: a watch event for a version `put` already recorded (the echo of a
+        write whose writer acted on it) does not call on_change."""
         self._kube = kube
+        self._quiet_echoes = quiet_echoes
         self._plural = plural
         self._namespace = namespace
         self._label = index_label
@@ -65,25 +69,28 @@ class ObjectCache:
         value = (obj["metadata"].get("labels") or {}).get(self._label)
         return (obj["metadata"].get("namespace", ""), value) if value else None
 
-    def put(self, obj: dict[str, Any], deleted: bool = False) -> None:
-        """Record an object (from a watch event or a write's answer)."""
+    def put(self, obj: dict[str, Any], deleted: bool = False) -> bool:
+        """Record an object (from a watch event or a write's answer); False when it is no news
+        (an older copy, or the echo of our own write already recorded from its answer)."""
         meta = obj["metadata"]
         key = (meta.get("namespace", ""), meta["name"])  # "": a cluster-scoped kind
         with self._lock:
             old = self._objs.get(key)
-            if old is not None and _rv(old) > _rv(obj):
-                return
+            if old is not None:
+                seen, rv = _rv(old), _rv(obj)
+                if seen > rv or (seen == rv and rv != 0 and not deleted):
+                    return False
             if old is not None:
                 ik = self._index_key(old)
                 if ik is not None:
                     self._index.get(ik, set()).discard(key)
             if deleted:
-                self._objs.pop(key, None)
-                return
+                return self._objs.pop(key, None) is not None
             self._objs[key] = obj
             ik = self._index_key(obj)
             if ik is not None:
                 self._index.setdefault(ik, set()).add(key)
+            return True
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         """One object, or None."""
@@ -119,8 +126,10 @@ class ObjectCache:
                     rv = meta.get("resourceVersion", rv)
                     if event.type == "BOOKMARK":
                         continue
-                    self.put(event.obj, deleted=event.type == "DELETED")
-                    if self._on_change is not None:
+                    news = self.put(event.obj, deleted=event.type == "DELETED")
+                    # With quiet_echoes, the echo of our own write wakes nobody: the reconcile
+                    # that wrote it already decided on it (a pass per change, not per event).
+                    if (news or not self._quiet_echoes) and self._on_change is not None:
                         self._on_change(event.type, event.obj)
                     if stop.is_set():
                         return

@@ -103,8 +103,15 @@ class Controller:
         self.runs = ObjectCache(
             self.kube, api.UPDATE_RUN_PLURAL, ns, api.LABEL_CLUSTER_VERSION, self._run_changed
         )
+        # Only the run's own reconcile writes ClusterUpgrade status (write-through): the echo
+        # of those writes is no news to it.
         self.upgrades = ObjectCache(
-            self.kube, api.CLUSTER_UPGRADE_PLURAL, None, api.LABEL_RUN, self._upgrade_changed
+            self.kube,
+            api.CLUSTER_UPGRADE_PLURAL,
+            None,
+            api.LABEL_RUN,
+            self._upgrade_changed,
+            quiet_echoes=True,
         )
         policy = self.policy or AccessPolicy.default(self.namespace or "default")
         self.catalog = AccessCatalog(self.kube, policy, self._catalog_changed)

@@ -312,6 +312,9 @@ class GrpcProvider:
     tracker: OperationTracker
     clock: Callable[[], datetime]
     on_operation: Callable[[OpObs], None] = field(default=lambda op: None)
+    #: Clusters converted before, by id with the wire bytes they came from (kept by the caller
+    #: across passes: a cluster whose answer did not change is not converted again).
+    converted: dict[str, tuple[bytes, ClusterObs]] = field(default_factory=dict)
     _inventory: dict[str, ClusterObs] | None = None
     _forgotten: frozenset[str] = frozenset()
 
@@ -327,7 +330,18 @@ class GrpcProvider:
                 pbs = _READ_RETRY.copy()(self.client.list_clusters)
             except PluginCallError as err:
                 raise call_error(err) from err
-            self._inventory = {c.id: cluster_from_pb(c) for c in pbs}
+            inventory: dict[str, ClusterObs] = {}
+            converted = self.converted
+            for c in pbs:
+                wire = c.SerializeToString(deterministic=True)
+                known = converted.get(c.id)
+                if known is None or known[0] != wire:
+                    known = (wire, cluster_from_pb(c))
+                    converted[c.id] = known
+                inventory[c.id] = known[1]
+            for gone in converted.keys() - inventory.keys():
+                del converted[gone]
+            self._inventory = inventory
         return self._inventory
 
     def snapshot(self, cluster_ids: Sequence[str]) -> Snapshot:
