@@ -211,3 +211,13 @@ def test_rfc3339_times_keep_their_offset_and_fraction() -> None:
     t = parse_time("2026-12-20T10:00:00.1234567+02:00")
     assert (t.utcoffset() is not None, t.microsecond) == (True, 123456)
     assert parse_time("2026-12-20t10:00:00z") == parse_time("2026-12-20T10:00:00Z")
+
+
+def test_durations_over_a_year_are_refused() -> None:
+    long = {"windows": [{"start": "01:00", "duration": "9000h"}], "expectedDuration": "8785h"}
+    assert admitted(api.KIND, cv_spec({"maintenance": long})) == {
+        "spec.strategy.maintenance.windows[0].duration": (
+            "9000h is longer than 366 days; shorten it"
+        ),
+        "spec.strategy.maintenance.expectedDuration": "8785h is longer than 366 days; shorten it",
+    }
