@@ -16,7 +16,9 @@ expectedDuration (D = 0 when allowOverrun is true):
   the gap (02:30 in Europe/Berlin on the last Sunday of March opens at 03:30 CEST); a start that
   occurs twice (fall back) is the first of the two. Occurrences that overlap or touch form one
   open span. A start at t needs [t, t + D] inside one open span (with allowOverrun: t inside
-  one). Unset or empty `windows`: always open.
+  one). Unset or empty `windows`: always open. An rrule counts from its DTSTART line's date
+  ("DTSTART:20261107\nRRULE:FREQ=WEEKLY;INTERVAL=2;BYDAY=SA"), else from RRULE_ANCHOR; its
+  time of day is always `start` (no BYHOUR/BYMINUTE/BYSECOND; daily or longer; UNTIL in UTC).
 - The run's exclusions [start, end): a start at t is refused when t is inside one, or (without
   allowOverrun) when one begins before t + D; a start that would end exactly when an exclusion
   begins is allowed.
@@ -32,9 +34,12 @@ expectedDuration (D = 0 when allowOverrun is true):
   days); None when nothing opens within it, or when the spec cannot be read (the reason says
   which field and the fix).
 
-Compiled schedules are cached per maintenance spec (keyed on its JSON), per provider window tuple
-and per UTC day, and whole answers per (spec, provider windows, now, notBefore): the engine calls
-this for every cluster of a decision with mostly identical inputs.
+Cost: the engine calls this for every cluster of a decision with mostly identical inputs.
+Schedules are compiled per maintenance spec (keyed on its JSON, remembered per model object),
+per honoured provider window tuple and per UTC day (a week ahead first, 400 days only when
+nothing opens within the week); whole answers are cached per (spec, provider windows, now,
+notBefore), and a closed answer's next start is reused by later decisions until it comes.
+`python -m benchmarks.bench_windows` prints µs per call at 10,000 clusters.
 """
 
 from __future__ import annotations
