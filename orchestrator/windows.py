@@ -61,6 +61,7 @@ from orchestrator.fleet import WindowObs
 
 __all__ = [
     "HORIZON",
+    "RRULE_ANCHOR",
     "Gate",
     "Recurrence",
     "gate",
