@@ -425,7 +425,11 @@ class Maintenance(_Model):
 
 
 class HttpHook(_Model):
-    """An HTTP call (POST, JSON body): 2xx passes, anything else fails the cluster."""
+    """An HTTP call: POST of JSON {hook, run, namespace, cluster, currentVersion,
+    targetVersion, attempt, id} with the header Idempotency-Key: id (one id per cluster, hook
+    and attempt; never sent twice). 2xx passes; any other answer fails the cluster with its
+    status and a body excerpt; redirects are not followed. Allowed only in namespaces where
+    inline endpoints are."""
 
     url: str | None = Field(
         default=None, pattern=r"^https?://", description="Endpoint (or urlSecretRef)."
@@ -433,10 +437,20 @@ class HttpHook(_Model):
     url_secret_ref: SecretKeyRef | None = Field(
         default=None, description="A Secret key holding the URL (for URLs with tokens)."
     )
-    bearer_token_secret_ref: SecretKeyRef | None = None
-    ca_secret_ref: SecretKeyRef | None = None
+    bearer_token_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="A Secret key holding a bearer token (Authorization header)."
+    )
+    ca_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="A Secret key holding the CA bundle (PEM) of an https URL."
+    )
     timeout: Duration = Field(default="30s", description="Per request.")
-    retries: int = Field(default=3, ge=0, le=10, description="Further tries on 5xx/timeouts.")
+    retries: int = Field(
+        default=3,
+        ge=0,
+        le=10,
+        description="Further tries on connection errors, timeouts and 5xx (exponential "
+        "backoff), all within the hook's timeout.",
+    )
 
     @model_validator(mode="after")
     def _one_url(self) -> HttpHook:
@@ -450,7 +464,11 @@ class JobHook(_Model):
 
     template: dict[str, Any] = Field(
         description="A batch/v1 JobSpec; its containers get CLUSTER_ID, CLUSTER_VERSION, "
-        "TARGET_VERSION, HOOK and RUN as environment variables.",
+        "TARGET_VERSION, HOOK, RUN and ATTEMPT as environment variables. The Job is named "
+        "after the cluster, hook and attempt, owned by the ClusterUpgrade, its "
+        "activeDeadlineSeconds at most the hook's timeout; ttlSecondsAfterFinished is dropped "
+        "(a Job gone before its outcome was read would run again). Complete passes, Failed "
+        "fails the cluster.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
 
