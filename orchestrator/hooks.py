@@ -186,7 +186,7 @@ class HookExecutor:
         kube: KubeClient,
         secrets: TLSResolver,
         wake: Callable[[str], None] = lambda run: None,
-        workers: int = 4,
+        workers: int = 16,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.kube = kube
@@ -194,6 +194,7 @@ class HookExecutor:
         #: Called with "namespace/name" of the run when one of its HTTP hooks finished.
         self.wake = wake
         self.clock = clock
+        # Waiting on receivers, not CPU: a hook queued behind others spends its own timeout.
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hook-http")
         self._lock = threading.Lock()
         self._http: dict[str, _HttpRun] = {}
