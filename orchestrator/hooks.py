@@ -381,15 +381,20 @@ class HookExecutor:
                 with self._lock:
                     self._job_errors[request.id] = why
             log.warning("hook %s of %s: %s", request.id, request.run, why)
+            return
+        with self._lock:  # created or adopted: an earlier refusal no longer stands
+            self._job_errors.pop(request.id, None)
 
     def _observe_job(self, request: HookRequest) -> HookObs:
         try:
             job = self.kube.get_job(request.namespace, request.id)
-        except NotFound:
+        except KubeError as err:
             with self._lock:
                 why = self._job_errors.get(request.id)
-            return HookObs(HookState.FAILED, why) if why else HookObs(HookState.UNKNOWN)
-        except KubeError as err:
+            if why:  # its create was refused for good (and it is not there, or not readable)
+                return HookObs(HookState.FAILED, why)
+            if isinstance(err, NotFound):
+                return HookObs(HookState.UNKNOWN)
             return HookObs(HookState.RUNNING, f"Job {request.id} not read: {err.status}")
         labels = job.get("metadata", {}).get("labels") or {}
         if labels.get(LABEL_HOOK_ID) != request.id:
