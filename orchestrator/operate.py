@@ -10,6 +10,7 @@ import argparse
 import getpass
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ __all__ = [
     "Request",
     "Snapshot",
     "StageLine",
+    "UpgradeCache",
     "add_commands",
     "bar",
     "render",
@@ -110,6 +112,86 @@ def _upgrades(kube: KubeClient, namespace: str, run_name: str) -> list[dict[str,
     return items
 
 
+Upgrades = Callable[[str], list[dict[str, Any]]]
+
+
+class UpgradeCache:
+    """The ClusterUpgrades of one run, listed once and then kept current by a watch, so that
+    `status --watch` costs the apiserver one LIST per run (and the changes), not one LIST of
+    every ClusterUpgrade per interval (10,000 objects at fleet scale).
+
+    A read for another run (a ClusterVersion's new run), or after the watch failed, lists
+    again; the watch thread drops events of a watch started before the latest list.
+    """
+
+    def __init__(self, kube: KubeClient, namespace: str, watch_seconds: int = 60) -> None:
+        self._kube, self._namespace, self._watch_seconds = kube, namespace, watch_seconds
+        self._lock = threading.Lock()
+        self._run = ""
+        self._items: dict[str, dict[str, Any]] = {}
+        self._version = ""
+        self._generation = 0
+        self._synced = False
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, run_name: str) -> list[dict[str, Any]]:
+        """The run's ClusterUpgrades as last seen."""
+        with self._lock:
+            if not (self._synced and run_name == self._run):
+                items, version = self._kube.list_objects(
+                    api.CLUSTER_UPGRADE_PLURAL,
+                    self._namespace,
+                    label_selector=f"{api.LABEL_RUN}={run_name}",
+                )
+                self._items = {o["metadata"]["name"]: o for o in items}
+                self._run, self._version, self._synced = run_name, version, True
+                self._generation += 1
+                self._wake.set()
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._follow, name="status-watch", daemon=True
+                )
+                self._thread.start()
+            return list(self._items.values())
+
+    def _follow(self) -> None:
+        while True:
+            self._wake.wait()
+            with self._lock:
+                self._wake.clear()
+                generation, version = self._generation, self._version
+            try:
+                for event in self._kube.watch_objects(
+                    api.CLUSTER_UPGRADE_PLURAL, self._namespace, version, self._watch_seconds
+                ):
+                    if not self._apply(generation, event.type, event.obj):
+                        break
+                else:
+                    self._wake.set()  # the watch timed out: go on from where it stood
+            except Exception:
+                # Gone (410), the apiserver away, a broken stream: the next read lists again.
+                with self._lock:
+                    if generation == self._generation:
+                        self._synced = False
+                time.sleep(1.0)
+
+    def _apply(self, generation: int, kind: str, obj: dict[str, Any]) -> bool:
+        """Apply one event; False when a newer list made this watch stale."""
+        with self._lock:
+            if generation != self._generation:
+                return False
+            meta = obj.get("metadata") or {}
+            self._version = str(meta.get("resourceVersion") or self._version)
+            if kind == "BOOKMARK" or (meta.get("labels") or {}).get(api.LABEL_RUN) != self._run:
+                return True
+            if kind == "DELETED":
+                self._items.pop(meta["name"], None)
+            else:
+                self._items[meta["name"]] = obj
+            return True
+
+
 @dataclass(frozen=True)
 class StageLine:
     """One stage as `status` shows it."""
@@ -180,16 +262,20 @@ def _hook_step(hook: Any) -> str:
     return f"{hook['kind']} {hook.get('phase') or api.HookPhase.RUNNING.value}"
 
 
-def snapshot(kube: KubeClient, namespace: str, name: str) -> Snapshot:
-    """Read a ClusterVersion (and its current run) or an UpdateRun, and its ClusterUpgrades."""
+def snapshot(
+    kube: KubeClient, namespace: str, name: str, upgrades: Upgrades | None = None
+) -> Snapshot:
+    """Read a ClusterVersion (and its current run) or an UpdateRun, and its ClusterUpgrades
+    (listed, or from `upgrades`, e.g. an UpgradeCache)."""
     target = _resolve(kube, namespace, name)
+    read = upgrades or (lambda run: _upgrades(kube, namespace, run))
     status = target.obj.get("status") or {}
     run = _current_run(kube, target)
     run_status = (run or {}).get("status") or {}
     run_name = str((run or {}).get("metadata", {}).get("name", ""))
     lines: dict[str, list[ClusterLine]] = {"in_flight": [], "failed": [], "blocked": []}
     for cu in sorted(
-        _upgrades(kube, namespace, run_name) if run_name else [],
+        read(run_name) if run_name else [],
         key=lambda o: (o["spec"].get("stageIndex", 0), o["spec"].get("clusterId", "")),
     ):
         spec, cu_status = cu.get("spec") or {}, cu.get("status") or {}
@@ -878,7 +964,7 @@ def _dispatch(
 ) -> int:
     command = args.command
     if command == "status":
-        read = _status_reader(kube, namespace, args.name)
+        read = _status_reader(kube, namespace, args.name, args.watch)
         if args.watch:
             _watch(read, out, args.interval)
         else:
@@ -905,9 +991,12 @@ def _dispatch(
     return 0
 
 
-def _status_reader(kube: KubeClient, namespace: str, name: str | None) -> Callable[[], Text]:
+def _status_reader(
+    kube: KubeClient, namespace: str, name: str | None, watch: bool = False
+) -> Callable[[], Text]:
     if name:
-        return lambda: renderable(snapshot(kube, namespace, name))
+        cache = UpgradeCache(kube, namespace) if watch else None
+        return lambda: renderable(snapshot(kube, namespace, name, cache))
 
     def every() -> Text:
         cvs, _ = kube.list_objects(api.PLURAL, namespace)

@@ -839,3 +839,79 @@ def test_printer_columns_show_phase_progress_failures_and_age(
     for row in (cv, run, c3):
         assert re.fullmatch(r"[0-9]+[smhd].*", str(row["Age"])), row
     assert re.fullmatch(r"[0-9]+[smhd].*", str(c3["Since"])), c3
+
+
+def _upgrade_lists(control_plane: KubeCluster) -> float:
+    """Requests the apiserver counted as LISTs of clusterupgrades (apiserver_request_total).
+
+    This apiserver counts a GET of one custom object under the LIST verb too, so a test that
+    counts LISTs reads no ClusterUpgrade by name meanwhile.
+    """
+    api_client = control_plane.api_client()
+    try:
+        request = api_client.param_serialize(
+            "GET", "/metrics", header_params={"Accept": "text/plain"}, auth_settings=["BearerToken"]
+        )
+        text = api_client.call_api(*request).read().decode()
+    finally:
+        api_client.close()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("apiserver_request_total{")
+        and 'resource="clusterupgrades"' in line
+        and 'verb="LIST"' in line
+    )
+
+
+def test_watch_keeps_the_upgrades_current_with_one_list(
+    control_plane: KubeCluster, objects: Objects
+) -> None:
+    """`status --watch` reads the run's ClusterUpgrades through an UpgradeCache: one LIST,
+    then the watch's changes (across the watch's own restarts); another run lists again."""
+    cache = operate.UpgradeCache(objects.kube, objects.ns, watch_seconds=3)
+    lists = _upgrade_lists(control_plane)
+
+    def phases() -> dict[str, str]:
+        return {o["spec"]["clusterId"]: o["status"]["phase"] for o in cache("prod-1")}
+
+    def cached(cluster: str) -> dict[str, Any]:
+        return next(o for o in cache("prod-1") if o["spec"]["clusterId"] == cluster)
+
+    expected = {"c1": "Upgraded", "c2": "UpgradingNodePools", "c3": "Failed", "c4": "Blocked"}
+    assert phases() == expected
+    # Written with the cached resourceVersion: the write is refused unless the cache is current.
+    objects.write_status(api.CLUSTER_UPGRADE_PLURAL, cached("c2"), {"phase": "Verifying"})
+    objects.kube.delete_object(api.CLUSTER_UPGRADE_PLURAL, objects.ns, "prod-1-c4")
+    objects.standalone()
+    objects.kube.create_object(
+        api.CLUSTER_UPGRADE_PLURAL,
+        objects.ns,
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": api.CLUSTER_UPGRADE_KIND,
+            "metadata": {"name": "solo-c1", "labels": {api.LABEL_RUN: "solo"}},
+            "spec": {
+                "clusterId": "c1",
+                "stage": "canary",
+                "stageIndex": 0,
+                "version": "1.29.1",
+                "nodeVersion": "1.29.1",
+                "provider": "127.0.0.1:1",
+            },
+        },
+    )
+    expected = {"c1": "Upgraded", "c2": "Verifying", "c3": "Failed"}
+    wait_for("the watch to bring the changes", lambda: phases() == expected, timeout=20)
+    # Past the watch's own timeout (3 s) it carries on from where it stood.
+    time.sleep(4)
+    objects.write_status(api.CLUSTER_UPGRADE_PLURAL, cached("c3"), {"phase": "Pending"})
+    expected["c3"] = "Pending"
+    wait_for("a change after the watch restarted", lambda: phases() == expected, timeout=20)
+    objects.write_status(api.CLUSTER_UPGRADE_PLURAL, cached("c3"), {"phase": "Failed"})
+    expected["c3"] = "Failed"
+    wait_for("the next change", lambda: phases() == expected, timeout=20)
+    assert _upgrade_lists(control_plane) - lists == 1
+    # Another run: listed once, its own objects only.
+    assert [o["metadata"]["name"] for o in cache("solo")] == ["solo-c1"]
+    assert _upgrade_lists(control_plane) - lists == 2
