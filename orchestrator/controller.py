@@ -118,7 +118,7 @@ class Controller:
         tls = TLSResolver(self.kube)
         self.notifier = Notifier(tls, self.metrics)
         # HTTP hooks finish on worker threads; the end of one wakes its run, like an operation's.
-        self.hooks = HookExecutor(self.kube, tls, wake=self._wake_run)
+        self.hooks = HookExecutor(self.kube, tls, wake=self._wake_run, metrics=self.metrics)
         self.run_controller = UpdateRunController(
             self.kube,
             self.metrics,

@@ -46,6 +46,7 @@ from orchestrator import api
 from orchestrator.driver import HookRequest
 from orchestrator.engine import HookObs, HookState
 from orchestrator.kube import Conflict, KubeClient, KubeError, NotFound
+from orchestrator.metrics import Metrics
 from orchestrator.secrets import SecretError, TLSResolver
 
 __all__ = [
@@ -188,8 +189,10 @@ class HookExecutor:
         wake: Callable[[str], None] = lambda run: None,
         workers: int = 16,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        metrics: Metrics | None = None,
     ) -> None:
         self.kube = kube
+        self.metrics = metrics
         self.secrets = secrets
         #: Called with "namespace/name" of the run when one of its HTTP hooks finished.
         self.wake = wake
@@ -200,6 +203,8 @@ class HookExecutor:
         self._http: dict[str, _HttpRun] = {}
         #: Job hooks whose create the apiserver refused for good (id → why).
         self._job_errors: dict[str, str] = {}
+        #: Job hooks whose outcome was counted (a Job is observed on every pass).
+        self._counted: set[str] = set()
 
     def close(self) -> None:
         """Stop the workers (calls in flight are abandoned; their ids stay UNKNOWN)."""
@@ -245,6 +250,7 @@ class HookExecutor:
             outcome = HookObs(HookState.FAILED, f"unexpected error ({type(err).__name__})")
         with self._lock:
             self._http[request.id] = _HttpRun(outcome, self.clock())
+        self._count(request, "http", outcome)
         log.info("hook %s of %s: %s", request.id, request.run, outcome.state.value)
         self.wake(request.run)
 
@@ -341,6 +347,19 @@ class HookExecutor:
             outcome = HookObs(HookState.FAILED, f"{where}: the URL is not valid")
         return outcome
 
+    def _count(self, request: HookRequest, type_: str, outcome: HookObs) -> None:
+        if self.metrics is None or outcome.state not in (HookState.SUCCEEDED, HookState.FAILED):
+            return
+        if type_ == "job":
+            with self._lock:
+                if request.id in self._counted:
+                    return
+                if len(self._counted) > 100_000:  # bounded: an old id counted twice at worst
+                    self._counted.clear()
+                self._counted.add(request.id)
+        result = outcome.state.value.lower()
+        self.metrics.hook_runs.labels(request.kind, type_, result).inc()
+
     def _sleep_until(self, deadline: datetime) -> Callable[[float], None]:
         def sleep(seconds: float) -> None:
             left = (deadline - self.clock()).total_seconds()
@@ -386,6 +405,11 @@ class HookExecutor:
             self._job_errors.pop(request.id, None)
 
     def _observe_job(self, request: HookRequest) -> HookObs:
+        seen = self._read_job(request)
+        self._count(request, "job", seen)
+        return seen
+
+    def _read_job(self, request: HookRequest) -> HookObs:
         try:
             job = self.kube.get_job(request.namespace, request.id)
         except KubeError as err:

@@ -81,6 +81,14 @@ class Metrics:
             registry=r,
         )
 
+        self.hook_runs = Counter(
+            "multicluster_controller_hook_runs",
+            "Pre/post-upgrade hook outcomes by hook (preUpgrade, postUpgrade), type (http, job) "
+            "and result (succeeded, failed), each hook id counted once per process.",
+            ["hook", "type", "result"],
+            registry=r,
+        )
+
         self.notification_deliveries = Counter(
             "multicluster_controller_notification_deliveries",
             "Notification delivery attempts by result (delivered, retried, dropped).",

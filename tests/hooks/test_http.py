@@ -21,10 +21,13 @@ from orchestrator.driver import HookRequest
 from orchestrator.engine import PRE_HOOK, HookObs, HookState, hook_id
 from orchestrator.hooks import HookExecutor
 from orchestrator.kube import KubeClient
+from orchestrator.metrics import Metrics
 from orchestrator.secrets import TLSResolver
 from tests.hooks.receiver import Receiver, serve
 from tests.support.certs import generate_pki
 from tests.support.kube import KubeCluster, wait_for
+
+RUNS = "multicluster_controller_hook_runs"
 
 
 def _request(hook: dict[str, Any], namespace: str = "team-a", attempt: int = 0) -> HookRequest:
@@ -46,7 +49,7 @@ def _request(hook: dict[str, Any], namespace: str = "team-a", attempt: int = 0) 
 @pytest.fixture
 def executor() -> Iterator[tuple[HookExecutor, list[str]]]:
     woken: list[str] = []
-    ex = HookExecutor(None, TLSResolver(None), wake=woken.append)  # type: ignore[arg-type]
+    ex = HookExecutor(None, TLSResolver(None), wake=woken.append, metrics=Metrics())  # type: ignore[arg-type]
     try:
         yield ex, woken
     finally:
@@ -89,6 +92,9 @@ def test_a_2xx_passes_and_the_receiver_gets_the_body_once(
         "id": req.id,
     }
     assert woken == ["team-a/rollout-1"]
+    assert ex.metrics is not None
+    labels = {"hook": "preUpgrade", "type": "http", "result": "succeeded"}
+    assert ex.metrics.registry.get_sample_value(f"{RUNS}_total", labels) == 1
 
 
 def test_5xx_is_retried_with_the_same_key_until_it_passes(

@@ -18,10 +18,13 @@ from orchestrator.driver import HookRequest
 from orchestrator.engine import POST_HOOK, HookObs, HookState, hook_id
 from orchestrator.hooks import LABEL_HOOK_ID, HookExecutor
 from orchestrator.kube import KubeClient
+from orchestrator.metrics import Metrics
 from orchestrator.secrets import TLSResolver
 from tests.support.kube import KubeCluster
 
 pytestmark = pytest.mark.kube
+
+RUNS = "multicluster_controller_hook_runs"
 
 
 def _template(**spec: Any) -> dict[str, Any]:
@@ -162,7 +165,8 @@ def test_the_outcome_comes_from_the_job_conditions(
     kube: KubeClient, batch: k8s.BatchV1Api, namespace: str
 ) -> None:
     _upgrade(kube, namespace)
-    ex = HookExecutor(kube, TLSResolver(kube))
+    metrics = Metrics()
+    ex = HookExecutor(kube, TLSResolver(kube), metrics=metrics)
     ok, bad = _request(namespace, _template(), 0), _request(namespace, _template(), 1)
     ex.start(ok)
     ex.start(bad)
@@ -177,6 +181,14 @@ def test_the_outcome_comes_from_the_job_conditions(
         assert executor.observe(bad) == HookObs(
             HookState.FAILED, f"Job {bad.id} failed: BackoffLimitExceeded: exit code 3"
         )
+    assert ex.observe(ok).state == HookState.SUCCEEDED
+    counted = {
+        result: metrics.registry.get_sample_value(
+            f"{RUNS}_total", {"hook": "postUpgrade", "type": "job", "result": result}
+        )
+        for result in ("succeeded", "failed")
+    }
+    assert counted == {"succeeded": 1, "failed": 1}  # observed on every pass, counted once
 
 
 def test_a_job_not_created_yet_is_unknown(kube: KubeClient, namespace: str) -> None:
