@@ -373,6 +373,8 @@ _PHASE_STYLE = {
     "Invalid": "bold red",
 }
 BAR_WIDTH = 20
+#: Clusters listed per section (in flight, failed, blocked); the rest is counted.
+SHOWN = 20
 
 
 def _time(text: str) -> datetime | None:
@@ -520,24 +522,29 @@ def renderable(snap: Snapshot) -> Text:
                 ]
             )
         out.extend(_table(rows))
+    more = f"kubectl get cu -n {snap.namespace} -l {api.LABEL_RUN}={snap.run or snap.name}"
     if snap.in_flight:
         out.append(Text(f"In flight ({len(snap.in_flight)}):"))
         rows = [["CLUSTER", "STAGE", "PHASE", "STEP", "AGE"]]
         rows += [
             [c.cluster, c.stage, _phase(c.phase), c.step or "-", _age(c.since, snap.now)]
-            for c in snap.in_flight
+            for c in snap.in_flight[:SHOWN]
         ]
         out.extend(_table(rows))
+        if len(snap.in_flight) > SHOWN:
+            out.append(Text(f"  ... and {len(snap.in_flight) - SHOWN} more: {more}"))
     for title, items in (("Failed", snap.failed), ("Blocked", snap.blocked)):
         if not items:
             continue
         out.append(Text(f"{title} ({len(items)}):", style="bold red" if title == "Failed" else ""))
-        for c in items:
+        for c in items[:SHOWN]:
             why = ": ".join(p for p in (c.reason, c.message) if p) or "no reason recorded"
             attempt = f", attempt {c.attempt}" if c.attempt else ""
             out.append(Text(f"  {c.cluster} (stage {c.stage}{attempt}): {why}"))
+        if len(items) > SHOWN:
+            out.append(Text(f"  ... and {len(items) - SHOWN} more: {more}"))
         if title == "Failed":
-            ids = " ".join(c.cluster for c in items)
+            ids = " ".join(c.cluster for c in items[:SHOWN])
             out.append(Text(f"  retry: fleet-orchestrator retry {snap.name} {ids}", style="dim"))
             out.append(Text(f"  or skip: fleet-orchestrator skip {snap.name} {ids}", style="dim"))
     waiting = [s.name for s in snap.stages if s.phase == api.StagePhase.AWAITING_APPROVAL]

@@ -558,6 +558,29 @@ def test_render_of_a_snapshot() -> None:
     )
 
 
+def test_long_lists_are_cut_short() -> None:
+    """At fleet scale the view stays a screen: 20 clusters per section, the rest counted with
+    the kubectl command that lists them."""
+    snap = Snapshot(
+        kind="UpdateRun",
+        namespace="ns",
+        name="r",
+        phase="Progressing",
+        in_flight=tuple(ClusterLine(f"f{i:03}", "s", "Verifying") for i in range(300)),
+        failed=tuple(ClusterLine(f"x{i:03}", "s", "Failed") for i in range(25)),
+        now=NOW,
+    )
+    lines = render(snap).splitlines()
+    assert (
+        lines.count("  ... and 280 more: kubectl get cu -n ns -l multicluster-ops.io/update-run=r")
+        == 1
+    )
+    assert "  ... and 5 more: kubectl get cu -n ns -l multicluster-ops.io/update-run=r" in lines
+    assert sum(1 for line in lines if line.startswith("  f")) == 20
+    retry = next(line for line in lines if line.startswith("  retry:"))
+    assert retry.split()[4:] == [f"x{i:03}" for i in range(20)]
+
+
 def test_live_view_as_rich_renders_it() -> None:
     """The live view through a rich Console (what --watch draws on a terminal): progress bars
     with done and failed cells, the budget past its limit, the wait with its countdown, ages of
