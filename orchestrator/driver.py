@@ -268,7 +268,8 @@ class RunDriver:
         result = StepResult(decision, requeue_after=decision.requeue_after)
         # Record intents (and health progress) before any call: a crash after this write
         # resumes with the same request ids; a crash before it never called.
-        to_write = dict(health_changed)
+        # In the decision's order (it writes new service-outs last), health-only writes first.
+        to_write = {k: v for k, v in health_changed.items() if k not in decision.changed}
         to_write.update(decision.changed)
         written = self._write_all(upgrades, to_write, result)
         self.unrecorded_failures -= written & health_changed.keys()

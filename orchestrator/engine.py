@@ -387,13 +387,19 @@ class _Run:
     def advance(self, u: Upgrade, obs: ClusterObs) -> None:
         """The next step of a cluster that has no operation in flight."""
         spec = u.spec
-        if self.stopping:
+        if self.stopping and (not obs.in_service or needs_upgrade(obs, spec)):
             if not obs.in_service:
                 self.verify(u, obs)
             else:
+                # A resumed run starts it over as a new attempt (invariant 6: this attempt's
+                # service-out request id is spent; asked again, the plugin would answer with
+                # the old, succeeded operation and its next step would run in service).
                 self.set(
                     u,
                     phase=U.PENDING,
+                    attempt=self.status[u.name].attempt + 1,
+                    reasks=0,
+                    health=None,
                     step=None,
                     request_id=None,
                     operation_id=None,
@@ -882,7 +888,11 @@ def counts_as_failure(st: api.ClusterUpgradeStatus) -> bool:
 def awaits_checks(st: api.ClusterUpgradeStatus) -> bool:
     """Whether the driver evaluates the cluster's checks: Verifying, or a Failed cluster that
     failedClusterPolicy ServiceInIfHealthy may service back in."""
-    return st.phase == U.VERIFYING or (st.phase == U.FAILED and st.step == RECOVER_STEP)
+    return st.phase == U.VERIFYING or (
+        # Until its service-in back is asked for (then, as for Servicing-in, the intent
+        # stands on the evaluations before it).
+        st.phase == U.FAILED and st.step == RECOVER_STEP and st.request_id is None
+    )
 
 
 def _retriable(st: api.ClusterUpgradeStatus) -> bool:
@@ -907,6 +917,8 @@ def _people(run: _Run) -> None:
     skip = inp.spec.skip or api.SkipSpec()
     spec_skip = frozenset(skip.clusters or ())
     retry = inp.spec.retry
+    if not (spec_skip or retry or inp.skip_clusters or inp.retry_clusters):
+        return
     for u in inp.upgrades.values():
         st = run.status[u.name]
         cid = u.cluster_id
@@ -931,6 +943,29 @@ def _people(run: _Run) -> None:
             _retry(run, u, st, who)
 
 
+def _returned(run: _Run) -> None:
+    """Invariant 4 for drift: a cluster recorded Skipped (ClusterGone) after it left the
+    inventory mid-upgrade, back now and still out of service, is this run's to bring back:
+    a fresh attempt carries it on from where it stands (no new service-out, no budget)."""
+    for u in run.inp.upgrades.values():
+        st = run.status[u.name]
+        if st.phase != U.SKIPPED or st.reason != "ClusterGone" or not st.step:
+            continue
+        obs = run.inp.snapshot.clusters.get(u.cluster_id)
+        if obs is None or obs.in_service or run.holder(u.cluster_id):
+            continue
+        cur = obs.current_operation
+        if cur is not None and not cur.state.terminal and not run._ours(cur):
+            continue  # someone else is acting on it: wait for them
+        _retry(run, u, st, "the cluster's return")
+        run.set(
+            u,
+            reason="ClusterReturned",
+            message=f"back in the inventory out of service after {st.step}: carrying it on "
+            f"(attempt {st.attempt + 2})",
+        )
+
+
 def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, who: str) -> None:
     """A fresh attempt with the run's pinned targets: new request ids, fresh health."""
     inp = run.inp
@@ -949,17 +984,21 @@ def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, who: str) -> Non
     )
     run.retried.add(u.cluster_id)
     obs = inp.snapshot.clusters.get(u.cluster_id)
-    recovering = st.step == RECOVER_STEP and st.request_id is not None
-    if (
-        st.step
-        and not recovering
-        and obs is not None
-        and not obs.in_service
-        and not run.holder(u.cluster_id)
-    ):
+    if st.step == RECOVER_STEP and st.request_id is not None and obs is not None:
+        # Its service-in back (failedClusterPolicy) was asked for: the new attempt adopts
+        # that operation (the same request id) and goes on from its outcome, so no other
+        # step of ours can run on the cluster while it is in flight.
+        run.set(
+            u,
+            phase=U.SERVICING_IN,
+            step=OpKind.SERVICE_IN.value,
+            request_id=st.request_id,
+            step_start_time=run.stamp,
+        )
+        return
+    if st.step and obs is not None and not obs.in_service and not run.holder(u.cluster_id):
         # Invariant 4: the failed attempt took it out; the retry keeps it (no new
-        # service-out, no budget) and `follow` carries it on from where it stands. (A cluster
-        # whose service-in back is in flight waits Pending for it, then is admitted anew.)
+        # service-out, no budget) and `follow` carries it on from where it stands.
         run.set(
             u,
             phase=U.SERVICING_OUT,
@@ -1183,6 +1222,11 @@ def decide(inp: RunInput) -> Decision:
     # People first: skips, then retries (annotations are consumed by the controller; spec
     # fields are level-triggered, a retry round applies once per cluster).
     _people(run)
+    stages_spec = run.strategy.stages or []
+    names = [s.name for s in stages_spec] or ["default"]
+    # Before anything issues calls: a skipped stage's members not started never are.
+    skipped_stages = _skip_stages(run, names, by_stage)
+    _returned(run)
     for u in inp.upgrades.values():
         if run.status[u.name].phase in ACTIVE:
             run.follow(u)
@@ -1190,10 +1234,7 @@ def decide(inp: RunInput) -> Decision:
         for u in inp.upgrades.values():
             if run.status[u.name].phase == U.FAILED:
                 _recover(run, u)
-    stages_spec = run.strategy.stages or []
-    names = [s.name for s in stages_spec] or ["default"]
     prev = {s.name: s for s in inp.stages}
-    skipped_stages = _skip_stages(run, names, by_stage)
     budgets = _budgets(run, names, by_stage, skipped_stages)
     halted = budgets.halted
     waiting = "Halted" if halted else ""
@@ -1309,9 +1350,14 @@ def decide(inp: RunInput) -> Decision:
         started = False
         waiting_budget = False
         # Time: clusters whose gate (notBefore, windows) is open go first, in stable order.
+        timed = (
+            run.strategy.not_before
+            or run.strategy.maintenance
+            or (spec_stage is not None and spec_stage.maintenance)
+        )
         gates = {
             u.name: _time_gate(run, spec_stage, u)
-            for u in members
+            for u in (members if timed else ())
             if run.status[u.name].phase in (U.PENDING, U.BLOCKED)
         }
         waits = [g for g in gates.values() if not g.may_start]
@@ -1320,7 +1366,9 @@ def decide(inp: RunInput) -> Decision:
             if nexts:
                 next_start = min(nexts)
                 run.wake(max((next_start - inp.now).total_seconds(), 1.0))
-        for u in sorted(members, key=lambda x: x.name in gates and not gates[x.name].may_start):
+        if waits:
+            members = sorted(members, key=lambda x: not gates.get(x.name, _OPEN).may_start)
+        for u in members:
             st = run.status[u.name]
             if st.phase not in (U.PENDING, U.BLOCKED):
                 continue
@@ -1382,7 +1430,7 @@ def decide(inp: RunInput) -> Decision:
                     message="out of service outside this run; waiting for it to return",
                 )
                 continue
-            gate = gates[u.name]
+            gate = gates.get(u.name, _OPEN)
             if not gate.may_start:
                 run.set(u, phase=U.PENDING, reason=gate.word, message=gate.message)
                 time_waits.add(gate.word)
@@ -1457,6 +1505,21 @@ def decide(inp: RunInput) -> Decision:
         next_start=format_time(next_start) if next_start is not None else None,
         waiting=waiting or None,
     )
+
+
+def _outs_last(run: _Run) -> dict[str, api.ClusterUpgradeStatus]:
+    """The changed statuses, new service-outs last: a pass cut short (crash, conflict) has
+    recorded the failures, skips and retries its admissions were decided on."""
+    fresh = {
+        n
+        for n, st in run.changed.items()
+        if st.phase == U.SERVICING_OUT and run.inp.upgrades[n].status.phase not in ACTIVE
+    }
+    if not fresh:
+        return run.changed
+    out = {n: st for n, st in run.changed.items() if n not in fresh}
+    out.update((n, run.changed[n]) for n in run.changed if n in fresh)
+    return out
 
 
 def _summarise(
@@ -1548,7 +1611,7 @@ def _summarise(
             + (f", stage {current}" if current else "")
         )
     return Decision(
-        changed=run.changed,
+        changed=_outs_last(run),
         calls=run.calls,
         preflight_needed=run.preflight_needed,
         stages=stages,

@@ -64,6 +64,10 @@ WORLD_ACTIONS = {
     "new_run": 1,
     "retry": 2,
     "health": 2,
+    "skip": 1,
+    "skip_stage": 1,
+    "retry_round": 2,
+    "run_resume": 1,
     **DRIFT_ACTIONS,
 }
 PROFILES = {
@@ -561,6 +565,123 @@ class Adversary:
             self.sick[cid] = self.world.now + self.rng.randint(30, 400)
             self.touch(cid, "health")
             self.world.log(f"adversary: {cid} unhealthy until t={self.sick[cid]}")
+
+    # -- people operating a rollout (issue 12) -------------------------------------------
+
+    def _live_runs(self) -> list[str]:
+        return sorted(k for k, r in self.world.api.runs.items() if r.initialized)
+
+    def _people_spec(
+        self, run: str, skip: api.SkipSpec | None, retry: api.RetrySpec | None, what: str
+    ) -> None:
+        """spec.skip / spec.retry through the run's ClusterVersion (a live field: the same
+        run gets it in place) or, for a direct run, on the run itself."""
+        w = self.world
+        obj = w.api.runs[run]
+        cv = w.api.cvs.get(obj.cv) if obj.cv else None
+        if cv is not None:
+            cv.spec = cv.spec.model_copy(update={"skip": skip, "retry": retry})
+            cv.generation += 1
+            w.log(f"adversary: a person edits {cv.key}: {what}")
+        else:
+            w.api.update_run(run, spec=obj.spec.model_copy(update={"skip": skip, "retry": retry}))
+            w.log(f"adversary: a person edits {run}: {what}")
+        w.due[run] = w.now
+
+    def _spec_of(self, run: str) -> tuple[api.SkipSpec, api.RetrySpec | None]:
+        w = self.world
+        obj = w.api.runs[run]
+        cv = w.api.cvs.get(obj.cv) if obj.cv else None
+        spec = cv.spec if cv is not None else obj.spec
+        return spec.skip or api.SkipSpec(), spec.retry
+
+    def _do_skip(self) -> None:
+        """A person skips a cluster: the annotation (acted on once) or spec.skip.clusters."""
+        w = self.world
+        runs = self._live_runs()
+        if not runs:
+            return
+        run = self.rng.choice(runs)
+        cids = sorted(o.upgrade.cluster_id for o in w.api.upgrades_of(run))
+        if not cids:
+            return
+        cid = self.rng.choice(cids)
+        self.touch(cid, "skip")
+        if self.rng.random() < 0.5:
+            w.api.update_run(run, skip=w.api.runs[run].skip | {cid})
+            w.due[run] = w.now
+            w.log(f"adversary: a person skips {cid} in {run} (annotation)")
+            return
+        skip, retry = self._spec_of(run)
+        clusters = sorted({*(skip.clusters or ()), cid})
+        if retry is not None and cid in retry.clusters:  # one or the other (validation)
+            rest = [c for c in retry.clusters if c != cid]
+            retry = retry.model_copy(update={"clusters": rest}) if rest else None
+        skip = skip.model_copy(
+            update={"clusters": clusters, "reason": "simulated", "requested_by": "a-person"}
+        )
+        self._people_spec(run, skip, retry, f"skip.clusters += {cid}")
+
+    def _do_skip_stage(self) -> None:
+        """A person skips a stage: spec.skip.stages or the skip-stages annotation (level)."""
+        w = self.world
+        runs = [r for r in self._live_runs() if w.api.runs[r].stage_names]
+        if not runs:
+            return
+        run = self.rng.choice(runs)
+        name = self.rng.choice(w.api.runs[run].stage_names)
+        if self.rng.random() < 0.5:
+            w.api.update_run(run, skip_stages=w.api.runs[run].skip_stages | {name})
+            w.due[run] = w.now
+            w.log(f"adversary: a person skips stage {name} of {run} (annotation)")
+            return
+        skip, retry = self._spec_of(run)
+        stages = sorted({*(skip.stages or ()), name})
+        self._people_spec(
+            run, skip.model_copy(update={"stages": stages}), retry, f"skip.stages += {name}"
+        )
+
+    def _do_retry_round(self) -> None:
+        """spec.retry: a new round for some Failed/Blocked/skipped clusters, or the same
+        round applied again (a GitOps re-sync must not retry twice)."""
+        w = self.world
+        up = api.UpgradePhase
+        runs = self._live_runs()
+        if not runs:
+            return
+        run = self.rng.choice(runs)
+        cands = sorted(
+            o.upgrade.cluster_id
+            for o in w.api.upgrades_of(run)
+            if o.upgrade.status.phase in (up.FAILED, up.BLOCKED, up.SKIPPED)
+        )
+        skip, retry = self._spec_of(run)
+        if retry is not None and self.rng.random() < 0.3:
+            self._people_spec(run, skip, retry.model_copy(), f"retry round {retry.round} again")
+            return
+        if not cands:
+            return
+        picked = sorted(self.rng.sample(cands, min(len(cands), self.rng.randint(1, 3))))
+        for cid in picked:
+            self.touch(cid, "retry")
+        rnd = (retry.round if retry is not None else 0) + 1
+        left = [c for c in (skip.clusters or ()) if c not in picked]
+        skip = skip.model_copy(update={"clusters": left or None})
+        new = api.RetrySpec(clusters=picked, round=rnd, requested_by="a-person")
+        self._people_spec(run, skip, new, f"retry round {rnd}: {picked}")
+
+    def _do_run_resume(self) -> None:
+        """A person resumes a direct run they stopped."""
+        w = self.world
+        runs = sorted(
+            k for k, r in w.api.runs.items() if not r.cv and r.spec.state == api.RunState.STOP
+        )
+        if runs:
+            key = self.rng.choice(runs)
+            run = w.api.runs[key]
+            w.api.update_run(key, spec=run.spec.model_copy(update={"state": api.RunState.RUN}))
+            w.due[key] = w.now
+            w.log(f"adversary: a person resumes {key}")
 
 
 def op_in_flight(op: MOp) -> bool:

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from orchestrator import api
-from orchestrator.engine import ACTIVE, Call, checks_for
+from orchestrator import api, windows
+from orchestrator.engine import ACTIVE, RECOVER_STEP, SKIPPED_BY_PEOPLE, Call, checks_for
 from orchestrator.fleet import OpKind
-from tests.sim.model import ADVERSARY, Evaluation, MCluster, MOp, UpObj, seconds
+from plugins.sdk import versions
+from tests.sim.model import ADVERSARY, Evaluation, MCluster, MOp, UpObj, at, seconds
 
 if TYPE_CHECKING:
     from tests.sim.world import World
@@ -90,6 +91,14 @@ class Monitor:
         if grace:
             self.grace[run] = grace
 
+    def run_resumed(self, run: str) -> None:
+        """A person resumed a stopped run: its floor binds again (like a run pinned now).
+
+        Precondition: what other runs took out while it was stopped (its floor bound no one)
+        counts against it once back."""
+        if run in self.members:
+            self._grant_grace(run)
+
     def floor_changed(self, run: str) -> None:
         """A person raised or lowered the floor of a run in flight.
 
@@ -116,6 +125,11 @@ class Monitor:
                 # A service-out decided now: the stage gate is checked once this pass's
                 # writes are all in (the members of the stage before may be written later).
                 self._decided_outs.append((obj.run, obj.key))
+                self._admission(
+                    obj.run,
+                    obj.upgrade,
+                    f"service-out of {obj.upgrade.cluster_id} decided by {obj.run}",
+                )
         if new.health is not None and new.health.last_check_time:
             t = seconds(new.health.last_check_time)
             self.recorded.setdefault((obj.run, obj.upgrade.cluster_id), set()).add(t)
@@ -142,6 +156,77 @@ class Monitor:
         if fleet.cp_running(c) and op is not None and op.owner == ADVERSARY:
             return "adversary"
         return "ours"
+
+    # -- operating a rollout (issue 12) ---------------------------------------------------
+
+    def _admission(self, run: str, up: object, what: str) -> None:
+        """At the moment a new service-out is decided (its intent written, every earlier write
+        of the pass in): no cluster a person skipped, no member of a skipped stage, nothing
+        once a failure budget is exceeded, nothing before notBefore or while the cluster's
+        maintenance gate is closed."""
+        w = self.w
+        obj = w.api.runs[run]
+        spec = up.spec  # type: ignore[attr-defined]
+        strategy = obj.spec.strategy or api.Strategy()
+        skip = obj.spec.skip or api.SkipSpec()
+        skipped_stages = set(skip.stages or ()) | obj.skip_stages
+        if spec.cluster_id in (skip.clusters or ()):
+            raise Violation("people", f"{what}: the cluster is in spec.skip.clusters")
+        if spec.stage in skipped_stages:
+            raise Violation("people", f"{what}: its stage {spec.stage} was skipped")
+        # Failure budgets: Failed clusters, and Blocked/Refused ones once their stage has
+        # nothing else left to do (a refusal takes nothing out).
+        by_stage: dict[int, list[api.ClusterUpgradeStatus]] = {}
+        names: dict[int, str] = {}
+        for o in w.api.upgrades_of(run):
+            by_stage.setdefault(o.upgrade.spec.stage_index, []).append(o.upgrade.status)
+            names[o.upgrade.spec.stage_index] = o.upgrade.spec.stage
+        stage_specs = {s.name: s for s in strategy.stages or []}
+        total = 0
+        for index, sts in sorted(by_stage.items()):
+            failed = sum(1 for st in sts if st.phase == U.FAILED)
+            refused = sum(1 for st in sts if st.phase == U.BLOCKED and st.reason == "Refused")
+            settled = failed + refused + sum(
+                1 for st in sts if st.phase in (U.UPGRADED, U.SKIPPED)
+            ) == len(sts)
+            count = failed + (refused if settled else 0)
+            total += count
+            stage = stage_specs.get(names[index])
+            if (
+                stage is not None
+                and stage.max_failures is not None
+                and names[index] not in skipped_stages
+                and count > api.parse_max_failures(stage.max_failures, len(sts))
+            ):
+                raise Violation(
+                    "budget",
+                    f"{what}: stage {names[index]} has {count} failure(s), past its "
+                    f"maxFailures {stage.max_failures}",
+                )
+        members = sum(len(v) for v in by_stage.values())
+        if strategy.max_failures is not None:
+            budget: int | None = api.parse_max_failures(strategy.max_failures, members)
+        else:
+            budget = 0 if strategy.on_failure == api.OnFailure.HALT else None
+        if budget is not None and total > budget:
+            raise Violation(
+                "budget", f"{what}: {total} failure(s) in the run, past its budget {budget}"
+            )
+        now = at(w.now)
+        if strategy.not_before and now < windows.parse_time(strategy.not_before):
+            raise Violation("time", f"{what}: before notBefore {strategy.not_before}")
+        stage = stage_specs.get(spec.stage)
+        maintenance = (
+            stage.maintenance
+            if stage is not None and stage.maintenance is not None
+            else strategy.maintenance
+        )
+        if maintenance is not None:
+            c = w.fleet.clusters[spec.cluster_id]
+            minor = versions.parse(c.cp)[:2] != versions.parse(spec.version)[:2]
+            gate = windows.gate(maintenance, (), now, minor=minor)
+            if not gate.may_start:
+                raise Violation("time", f"{what}: its maintenance gate is closed: {gate.reason}")
 
     # -- 1. floor ------------------------------------------------------------------------
 
@@ -206,14 +291,25 @@ class Monitor:
         obj = w.api.runs[run]
         up = w.api.upgrades[f"{obj.namespace}/{call.upgrade}"].upgrade
         st = up.status
-        if st.request_id != call.request_id or st.phase not in ACTIVE:
+        # failedClusterPolicy ServiceInIfHealthy: a Failed cluster's service-in back, its
+        # intent persisted on the Failed upgrade (not held: Failed is not an active phase).
+        recovering = (
+            call.kind is OpKind.SERVICE_IN
+            and st.phase == U.FAILED
+            and st.step == RECOVER_STEP
+            and st.request_id == call.request_id
+        )
+        policy = (obj.spec.strategy or api.Strategy()).failed_cluster_policy
+        if recovering and policy != api.FailedClusterPolicy.SERVICE_IN_IF_HEALTHY:
+            raise Violation("3 gate", f"{what}: a Failed cluster serviced in under {policy}")
+        if not recovering and (st.request_id != call.request_id or st.phase not in ACTIVE):
             raise Violation(
                 "6 no duplicate mutation",
                 f"{what}: request id {call.request_id} is not the persisted intent "
                 f"(on record: {st.phase} {st.request_id})",
             )
         holders = w.api.active.get(call.cluster_id, set())
-        if holders != {run}:
+        if holders != (set() if recovering else {run}):
             raise Violation(
                 "2 one owner",
                 f"{what}: the cluster is held by {sorted(holders)} at the moment of the call",
@@ -239,7 +335,8 @@ class Monitor:
             return
         self.seen_ops.add(op.id)
         target = op.target
-        key = (run, call.cluster_id, call.kind.value, call.node_pool, target, attempt)
+        kind = "recover" if f":{RECOVER_STEP}:" in call.request_id else call.kind.value
+        key = (run, call.cluster_id, kind, call.node_pool, target, attempt)
         ops = self.step_ops.setdefault(key, [])
         ops.append(op.id)
         fleet = self.w.fleet
@@ -282,10 +379,24 @@ class Monitor:
         for j in range(spec.stage_index):
             members = by_stage.get(j, [])
             ends = []
+            name = obj.stage_names[j] if j < len(obj.stage_names) else ""
+            skip = obj.spec.skip or api.SkipSpec()
+            if name in set(skip.stages or ()) | obj.skip_stages:
+                continue  # skipped by a person: not completed, not checked; the run moves on
+            budgeted = (
+                on_failure == api.OnFailure.CONTINUE
+                or (obj.spec.strategy is not None and obj.spec.strategy.max_failures is not None)
+                or any(
+                    s.max_failures is not None
+                    for s in (obj.spec.strategy.stages if obj.spec.strategy else None) or []
+                    if s.name == name
+                )
+            )
             for o in members:
                 st = o.upgrade.status
                 done = st.phase in (U.UPGRADED, U.SKIPPED)
-                tolerated = on_failure == api.OnFailure.CONTINUE and (
+                # Failures within the budgets (checked at every admission) are tolerated.
+                tolerated = budgeted and (
                     st.phase == U.FAILED or (st.phase == U.BLOCKED and st.reason == "Refused")
                 )
                 if not (done or tolerated):
@@ -411,6 +522,10 @@ class Monitor:
             st = w.api.upgrades[key].upgrade.status
             ok_states = (U.FAILED,) if final else (U.FAILED, U.BLOCKED)
             if st.phase in ok_states and st.reason:
+                continue
+            if st.phase == U.SKIPPED and st.reason in SKIPPED_BY_PEOPLE:
+                # Precondition: a person skipped a cluster that was out (Failed, or its stage);
+                # what happens to it is theirs to decide.
                 continue
             if st.phase == U.SKIPPED and st.reason == "ClusterGone":
                 # Precondition: the world removed the cluster from the inventory while it was

@@ -635,6 +635,11 @@ class RunObj:
     source: api.ClusterVersionSpec | None = None
     retry: frozenset[str] = frozenset()
     skip: frozenset[str] = frozenset()
+    #: The skip-stages annotation (level-triggered, never consumed).
+    skip_stages: frozenset[str] = frozenset()
+    #: The spec changed since the last reconcile (the product's generation ahead of
+    #: observedGeneration): a finished run is looked at once more (resume, retry, skip).
+    edited: bool = False
     initialized: bool = False
     stage_names: list[str] = field(default_factory=list)
 
@@ -723,6 +728,8 @@ class ModelApiServer:
         obj = self.runs[key]
         for k, v in changes.items():
             setattr(obj, k, v)
+        if "spec" in changes:
+            obj.edited = True
         obj.rv = self.bump()
 
 

@@ -179,6 +179,9 @@ class World:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
+        #: Draws of the operating features (issue 12): budgets, policy, notBefore, windows. A
+        #: stream of its own, so the histories of the other draws stay what they were.
+        self.ops_rng = random.Random(cfg.seed * 7727 + 11)
         self.now = 0
         self.history: list[str] = []
         self.fleet = ModelFleet(self._clusters(), OFFERED)
@@ -274,7 +277,48 @@ class World:
             body["healthChecks"] = self._checks()
         top = max(1, size - 1)
         body["requiredAvailableCount"] = rng.randint(max(1, size // 2), top)
+        self._operate(strategy, stages)
         return api.ClusterVersionSpec.model_validate(body)
+
+    def _operate(self, strategy: dict[str, object], stages: list[dict[str, object]]) -> None:
+        """Failure budgets (run, stage; count, percent), failedClusterPolicy, notBefore and
+        maintenance windows (run, stage) on the simulated clock. Not in drift histories (their
+        liveness check wants every run to succeed) nor on large fleets."""
+        if self.cfg.profile in ("drift", "none") or self.cfg.clusters > 120:
+            return
+        rng = self.ops_rng
+        if rng.random() < 0.4:
+            strategy["maxFailures"] = rng.choice((0, 1, 2, 3, "0%", "10%", "25%"))
+        for stage in stages:
+            if rng.random() < 0.25:
+                stage["maxFailures"] = rng.choice((0, 1, 2, "50%"))
+            if rng.random() < 0.08:
+                stage["maintenance"] = self._maintenance()
+        if rng.random() < 0.4:
+            strategy["failedClusterPolicy"] = "ServiceInIfHealthy"
+        if rng.random() < 0.12:
+            strategy["notBefore"] = format_time(at(self.now + rng.randint(30, 900)))
+        if rng.random() < 0.12:
+            strategy["maintenance"] = self._maintenance()
+
+    def _maintenance(self) -> dict[str, object]:
+        """A daily window opening within the first 20 minutes of the simulated day (or one
+        already open), a few to 40 minutes long; sometimes overrun allowed, sometimes an
+        exclusion inside it."""
+        rng = self.ops_rng
+        opens = rng.choice((0, 0, 5, 10, 20))
+        length = rng.choice((3, 10, 20, 40))
+        body: dict[str, object] = {
+            "windows": [{"start": f"00:{opens:02d}", "duration": f"{length}m"}],
+            "expectedDuration": rng.choice(("1m", "2m", "5m")),
+            "allowOverrun": rng.random() < 0.3,
+        }
+        if rng.random() < 0.3:
+            a = (opens + rng.randint(0, length)) * 60
+            body["exclusions"] = [
+                {"start": format_time(at(a)), "end": format_time(at(a + rng.randint(60, 600)))}
+            ]
+        return body
 
     def _checks(self) -> dict[str, object]:
         rng = self.rng
@@ -328,6 +372,8 @@ class World:
             strategy=s.strategy,
             health_checks=s.health_checks,
             timeouts=self.timeouts,
+            skip=s.skip,
+            retry=s.retry,
         )
         return self._create_run(owner.namespace, name, spec, "", None)
 
@@ -375,6 +421,12 @@ class World:
             if key not in self.api.runs:
                 self._create_run(cv.namespace, name, spec, cv.key, cv.spec)
             current = self.api.runs[key]
+            live = {"skip": cv.spec.skip, "retry": cv.spec.retry}
+            if any(getattr(current.spec, k) != v for k, v in live.items()):
+                # initialize.LIVE_FIELDS: the current run gets them in place.
+                self.api.update_run(key, spec=current.spec.model_copy(update=live))
+                self.due[key] = self.now
+                current = self.api.runs[key]
             if current.spec.required_available_count != cv.spec.required_available_count:
                 self.api.update_run(
                     key,
@@ -427,6 +479,9 @@ class World:
             retry=run.retry,
             skip=run.skip,
             floors=floors,
+            skip_stages=run.skip_stages,
+            requested_by="a-person",
+            reason="simulated",
         )
         d = result.decision
         if d.calls or d.changed:
@@ -453,14 +508,20 @@ class World:
                 "current_stage": d.current_stage,
                 "counts": d.counts,
                 "stages": d.stages,
+                "failures": d.failures,
+                "next_start_time": d.next_start_time,
+                "waiting_reason": d.waiting_reason,
                 "end_time": (old.end_time or format_time(now)) if finished else None,
             }
         )
         if status != old:
             self.adversary.run_write_fault(key)
             rep.store.write_run_status(key, status)
+            if old.phase == api.RunPhase.STOPPED and status.phase not in NOT_LIVE:
+                self.monitor.run_resumed(key)
             if status.phase != old.phase:
                 self.log(f"{key}: {old.phase} → {status.phase}: {d.message}")
+        self.api.runs[key].edited = False  # looked at (observedGeneration caught up)
         wait = 30.0 if result.requeue_after is None else result.requeue_after
         self.due[key] = self.now + int(min(30.0, max(float(self.cfg.min_requeue), wait)))
 
@@ -518,7 +579,7 @@ class World:
     def _due_runs(self) -> Iterator[str]:
         for key in sorted(k for k, t in self.due.items() if t <= self.now):
             run = self.api.runs[key]
-            if run.status.phase in FINISHED and run.initialized:
+            if run.status.phase in FINISHED and run.initialized and not run.edited:
                 del self.due[key]
                 continue
             yield key
