@@ -7,16 +7,18 @@ orchestrator/hooks.py where it matters to the invariants:
 - Job hooks live in the shared model apiserver (`HookWorld.jobs`): a start of an existing name
   adopts it (orchestrator/hooks.py `_start_job`: AlreadyExists), so they survive crashes; a Job
   still running at its activeDeadlineSeconds (Hook.timeout) fails with DeadlineExceeded, as the
-  job controller does (kubernetes pkg/controller/job: `pastActiveDeadline`).
+  job controller does (kubernetes pkg/controller/job/job_controller.go, the active-deadline
+  check: the Job ends Failed with reason DeadlineExceeded).
 
 `HookWorld.runs` is the ground truth of every hook that actually ran (one entry per execution),
 so a test or an invariant can check that no id ran twice.
 
-To plug it into tests/sim: one `HookWorld(outcome, now)` per world, one `MemoryHooks(world)` per
-replica incarnation (a new one in `Replica.crash`), set as `RunDriver.hooks`; draw
-`strategy.hooks` in a spec (http or job, a timeout); the invariant "never twice" is
-`world.hooks.twice() == []`, and a cluster in PreUpgradeHook/PostUpgradeHook is bounded by its
-HookStatus.startTime + Hook.timeout (invariant 4).
+tests/sim/test_hooks.py plugs it into the simulation without touching world.py (a World
+subclass): one `HookWorld` per world, one `MemoryHooks` per replica incarnation (a new one when
+the replica crashes) set as `RunDriver.hooks`, `strategy.hooks` drawn into the specs, the
+monitor's invariant-4 bound of PreUpgradeHook/PostUpgradeHook = Hook.timeout, `twice() == []`
+after every step, and a failing, late or lost (UNKNOWN HTTP) hook marks its cluster as touched
+by the world (invariant 7).
 """
 
 from __future__ import annotations
