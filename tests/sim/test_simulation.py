@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable
 
 import pytest
 
@@ -13,7 +14,7 @@ from orchestrator import api
 from orchestrator.fleet import OpKind
 from tests.sim.invariants import Violation
 from tests.sim.model import ADVERSARY
-from tests.sim.world import ENDPOINT, Config, World, simulate
+from tests.sim.world import ENDPOINT, Config, Owner, World, simulate
 
 #: `make test` sweeps SEEDS histories in CHUNKS tests; `make simulate SEEDS=N` sweeps more.
 SEEDS = int(os.environ.get("SIM_SEEDS", "2000"))
@@ -221,3 +222,70 @@ def test_refused_target_drains_nothing() -> None:
     assert set(others.values()) == {api.UpgradePhase.UPGRADED}
     run = next(iter(world.api.runs.values()))
     assert run.status.message, "the run says why it cannot finish"
+
+
+# -- operating a rollout (issue 12) -----------------------------------------------------------
+
+
+def test_the_sweep_reaches_every_operating_feature() -> None:
+    """The histories of the sweep do exercise what issue 12 added (else the invariants above
+    would hold vacuously): budget halts, failed clusters serviced back in, skipped clusters
+    and stages, retry rounds, clusters held by notBefore and by windows."""
+    seen: Counter[str] = Counter()
+    for seed in range(80):
+        world = simulate(seed, Config.draw(seed, large=False))
+        for o in world.api.upgrades.values():
+            st = o.upgrade.status
+            seen[st.reason or ""] += 1
+            seen["retry round"] += bool(st.retry_round)
+            seen["serviced back in"] += "serviced back in" in (st.message or "")
+        for run in world.api.runs.values():
+            seen["budget halt"] += "past the budget" in (run.status.message or "")
+            for stage in run.status.stages or []:
+                seen["skipped stage"] += stage.phase == api.StagePhase.SKIPPED
+    for what in (
+        "budget halt",
+        "serviced back in",
+        "skipped stage",
+        "StageSkipped",
+        "SkippedByUser",
+        "retry round",
+        "NotBefore",
+        "MaintenanceWindow",
+    ):
+        assert seen[what] > 0, (what, seen)
+
+
+def test_stop_and_resume_mid_stage_keep_the_floor() -> None:
+    """A direct run stopped mid-stage brings what it holds back in service, and resumed it
+    finishes; the floor holds throughout (checked after every step by the monitor)."""
+    world = _world(12)
+    ids = sorted(world.fleet.clusters)
+    owner = Owner("ns-a", "direct", "run", _spec(ids, 9, maxConcurrency=3))
+    world.owners.append(owner)
+    key = world.create_direct_run(owner)
+
+    def state(value: api.RunState) -> Callable[[World], None]:
+        def edit(w: World) -> None:
+            run = w.api.runs[key]
+            w.api.update_run(key, spec=run.spec.model_copy(update={"state": value}))
+            w.due[key] = w.now
+
+        return edit
+
+    world.at(40, state(api.RunState.STOP), "a person stops the run")
+    stopped: dict[str, object] = {}
+
+    def look(w: World) -> None:
+        stopped["phase"] = w.api.runs[key].status.phase
+        stopped["in service"] = all(c.in_service for c in w.fleet.clusters.values())
+        stopped["upgraded"] = sum(1 for c in w.fleet.clusters.values() if c.cp == "1.29.3")
+
+    world.at(250, look, "look at the stopped run")
+    world.at(260, state(api.RunState.RUN), "a person resumes the run")
+    world.run()
+    assert stopped["phase"] == api.RunPhase.STOPPED and stopped["in service"], stopped
+    assert 0 < stopped["upgraded"] < 12, stopped  # type: ignore[operator]  # stopped mid-way
+    assert world.monitor.min_up and min(world.monitor.min_up.values()) >= 9
+    assert world.api.runs[key].status.phase == api.RunPhase.SUCCEEDED
+    assert all(c.cp == "1.29.3" and c.in_service for c in world.fleet.clusters.values())
