@@ -9,7 +9,11 @@ WatchOperations. Prints numbers; it is not a test. Targets (issue 11): 5,000 clu
 
     python -m benchmarks.bench_orchestrator [--clusters 5000] [--floor 4000] [--step-seconds 2]
         [--planner-clusters 10000] [--planner-floor 8000] [--runs 5] [--skip-rollout]
-        [--json PATH] [--profile PATH]
+        [--rss-clusters 10000] [--json PATH] [--profile PATH]
+
+--rss-clusters N runs a second fleet of N clusters only until its first wave (N/5 clusters)
+is up to date: the orchestrator's peak RSS at N with every ClusterUpgrade cached and a full
+budget in flight, in a fraction of a whole rollout's time.
 
 --profile attaches py-spy to the orchestrator during the rollout (it slows the process down, so
 the numbers of a profiled run are worse); the output is collapsed stacks per thread, e.g. for
@@ -378,8 +382,15 @@ def _metric(text: str, name: str) -> float:
 
 
 def _rollout(
-    count: int, floor: int, step: float, timeout: float, profile: Path | None = None
+    count: int,
+    floor: int,
+    step: float,
+    timeout: float,
+    profile: Path | None = None,
+    first_wave: bool = False,
 ) -> dict[str, Any]:
+    """The rollout's numbers; with first_wave, only until the first budget's worth of clusters
+    is up to date (peak RSS and CPU of a large fleet without waiting for all of it)."""
     from kubernetes import client as k8s  # noqa: PLC0415
     from kubernetes.config import new_client_from_config  # noqa: PLC0415
 
@@ -441,6 +452,8 @@ def _rollout(
             status_sizes.append(len(json.dumps(status, separators=(",", ":")).encode()))
             if status.get("phase") in ("Halted", "Failed", "Invalid"):
                 raise SystemExit(f"the rollout ended {status['phase']}: {status.get('conditions')}")
+            if first_wave:
+                return int((status.get("summary") or {}).get("upToDate", 0)) >= budget
             return status.get("phase") == "Completed"
 
         _wait("the rollout completes", completed, timeout, interval=0.1)
@@ -449,6 +462,17 @@ def _rollout(
         peak_rss = _peak_rss_mib(orch.pid)
         metrics_text = _get(metrics_url) or ""
         monitor = json.loads(_get(f"http://{admin}/monitor") or "{}")
+        if first_wave:
+            return {
+                "clusters": count,
+                "floor": floor,
+                "first_wave_seconds": observed_done - created,
+                "orchestrator_cpu_seconds": cpu,
+                "orchestrator_peak_rss_mib": peak_rss,
+                "reconciles": _metric(metrics_text, "multicluster_controller_reconcile_total"),
+                "min_available_in_service": monitor.get("min_available_in_service"),
+                "duplicate_mutations": monitor.get("duplicate_mutations"),
+            }
         _wait(
             "every operation seen terminal",
             lambda: (
@@ -492,7 +516,11 @@ def _rollout(
         "refill_p95_ms": _pct(refill, 0.95) * 1e3,
         "max_status_bytes": max(status_sizes),
         "orchestrator_cpu_seconds": cpu,
+        "orchestrator_cpu_ms_per_cluster_step": cpu * 1e3 / (count * STEPS_PER_CLUSTER),
         "reconciles": _metric(metrics_text, "multicluster_controller_reconcile_total"),
+        "cpu_ms_per_reconcile": cpu
+        * 1e3
+        / max(1.0, _metric(metrics_text, "multicluster_controller_reconcile_total")),
         "plugin_calls": _metric(metrics_text, "multicluster_controller_success_plugin_call_total"),
         "api_writes": _metric(metrics_text, "multicluster_controller_api_writes_total"),
         "api_writes_per_step": _metric(metrics_text, "multicluster_controller_api_writes_total")
@@ -585,7 +613,34 @@ def _rollout_rows(r: dict[str, Any]) -> list[_Row]:
             None,
         ),
         (
+            "orchestrator CPU per reconcile / per cluster step",
+            f"{r['cpu_ms_per_reconcile']:.0f} / {r['orchestrator_cpu_ms_per_cluster_step']:.2f} ms",
+            "",
+            None,
+        ),
+        (
             "sim: lowest available in service / duplicate mutations",
+            f"{r['min_available_in_service']} / {r['duplicate_mutations']}",
+            f">= {r['floor']} / 0",
+            floor_ok,
+        ),
+    ]
+
+
+def _first_wave_rows(r: dict[str, Any]) -> list[_Row]:
+    floor_ok = r["min_available_in_service"] >= r["floor"] and r["duplicate_mutations"] == 0
+    title = f"{r['clusters']:,} clusters, floor {r['floor']:,}, first wave"
+    return [
+        (f"orchestrator peak RSS ({title})", f"{r['orchestrator_peak_rss_mib']:.0f} MiB", "", None),
+        (
+            "  ... time to first wave up to date / CPU s / reconciles",
+            f"{r['first_wave_seconds']:.1f} s / {r['orchestrator_cpu_seconds']:.1f} / "
+            f"{r['reconciles']:.0f}",
+            "",
+            None,
+        ),
+        (
+            "  ... sim: lowest available in service / duplicate mutations",
             f"{r['min_available_in_service']} / {r['duplicate_mutations']}",
             f">= {r['floor']} / 0",
             floor_ok,
@@ -641,6 +696,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--planner-floor", type=int, default=8_000)
     parser.add_argument("--runs", type=int, default=5, help="engine runs (median)")
     parser.add_argument("--skip-rollout", action="store_true", help="engine and sizes only")
+    parser.add_argument(
+        "--rss-clusters",
+        type=int,
+        default=0,
+        help="also run a fleet of this many clusters (floor 80%%) until its first wave is up to "
+        "date, for the orchestrator's peak RSS at that size (e.g. 10000)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the numbers here as JSON")
     parser.add_argument(
         "--profile",
@@ -668,7 +730,17 @@ def main(argv: list[str] | None = None) -> int:
             args.clusters, args.floor, args.step_seconds, args.timeout, profile
         )
 
+    if args.rss_clusters:
+        results["first_wave"] = _rollout(
+            args.rss_clusters,
+            args.rss_clusters * 4 // 5,
+            args.step_seconds,
+            args.timeout,
+            first_wave=True,
+        )
     rows: list[_Row] = _rollout_rows(results["rollout"]) if "rollout" in results else []
+    if "first_wave" in results:
+        rows += _first_wave_rows(results["first_wave"])
     for case in cases:
         rows += _engine_rows(case)
     print(_table(rows))

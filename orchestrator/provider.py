@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 #: An operation the watch showed running, gone from the inventory, unheard of for this long,
 #: is asked about once with GetOperation.
 STALE_SECONDS = 5.0
+#: ListClusters page size (the contract's maximum): 5,000 clusters are one round trip, not ten.
+INVENTORY_PAGE = 5000
 
 _KIND = {
     cluster_pb2.OPERATION_KIND_SERVICE_OUT: OpKind.SERVICE_OUT,
@@ -327,7 +329,7 @@ class GrpcProvider:
         """The whole inventory (read once per reconcile; re-read when the pass asks again)."""
         if self._inventory is None:
             try:
-                pbs = _READ_RETRY.copy()(self.client.list_clusters)
+                pbs = _READ_RETRY.copy()(self.client.list_clusters, page_size=INVENTORY_PAGE)
             except PluginCallError as err:
                 raise call_error(err) from err
             inventory: dict[str, ClusterObs] = {}
