@@ -315,6 +315,9 @@ class _Run:
         self.requeue: float | None = None
         self.effective: dict[str, ClusterObs] = dict(inp.snapshot.clusters)
         self.stopping = inp.spec.state == api.RunState.STOP
+        #: The run is past a failure budget as the statuses stood before this decision's
+        #: follow-ups: a pre-hook that passes now does not lead to a drain (decide sets it).
+        self.halted_hint = False
         self.retried: set[str] = set()
         self.skipped: set[str] = set()
         self.hook_calls: list[HookCall] = []
@@ -746,6 +749,10 @@ class _Run:
         cur = obs.current_operation
         if self.stopping:
             reason, wait = "RunStopped", "run stopped; still in service"
+        elif self.halted_hint:
+            reason, wait = "RunHalted", "the run halted on its failure budget; still in service"
+        elif self.strategy.paused:
+            reason, wait = "Paused", "the run is paused; still in service"
         elif not needs_upgrade(obs, u.spec):
             self.set(
                 u,
@@ -1227,6 +1234,7 @@ def decide(inp: RunInput) -> Decision:
     # Before anything issues calls: a skipped stage's members not started never are.
     skipped_stages = _skip_stages(run, names, by_stage)
     _returned(run)
+    run.halted_hint = _budgets(run, names, by_stage, skipped_stages).halted
     for u in inp.upgrades.values():
         if run.status[u.name].phase in ACTIVE:
             run.follow(u)

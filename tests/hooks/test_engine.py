@@ -312,3 +312,29 @@ def test_a_cluster_failed_by_its_pre_hook_is_never_taken_for_one_of_ours() -> No
     st = _status(h, "c00001")
     assert st.phase == U.PENDING and st.reason == "OutOfService", st
     assert "c00001" not in h.touched()
+
+
+def test_a_pre_hook_passing_after_the_run_halted_never_drains_its_cluster() -> None:
+    """c00000's pre-hook fails fast and halts the run (no failure budget); c00001's pre-hook,
+    running meanwhile, passes later: c00001 stays in service, Pending with the reason."""
+
+    def outcome(r: HookRequest) -> tuple[bool, float]:
+        return (False, 5.0) if r.cluster_id == "c00000" else (True, 30.0)
+
+    h, world = _setup(3, required=1, pre=_http(), outcome=outcome, maxConcurrency=2)
+    assert h.run()
+    assert h.phase == api.RunPhase.HALTED
+    for _ in range(200):  # the halted run is still reconciled: c00001's hook passes
+        result = h.step(frozenset(), frozenset(), frozenset())
+        if _status(h, "c00001").phase != U.PRE_HOOK:
+            break
+        h.fleet.now += max(result.requeue_after or 1.0, 0.001)
+        h.fleet.advance_to(h.fleet.now)
+    assert h.phase == api.RunPhase.HALTED
+    assert _status(h, "c00000").phase == U.FAILED
+    st = _status(h, "c00001")
+    assert st.phase == U.PENDING, st
+    assert st.reason == "RunHalted", st
+    assert st.hook is not None and st.hook.phase == api.HookPhase.SUCCEEDED
+    assert h.touched() == set()  # nothing was ever taken out of service
+    assert sorted(r.cluster_id for r in world.runs) == ["c00000", "c00001"]
