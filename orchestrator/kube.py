@@ -98,7 +98,7 @@ class KubeClient:
             except config.ConfigException:
                 cfg = client.Configuration()
                 config.load_kube_config(client_configuration=cfg)
-        cfg.connection_pool_maxsize = 16  # parallel writes of one reconcile + watches
+        cfg.connection_pool_maxsize = 64  # parallel writes of one reconcile (32) + watches
         self._api = client.ApiClient(cfg)
         self._host = cfg.host.rstrip("/")
         self._custom = client.CustomObjectsApi(self._api)

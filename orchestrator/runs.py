@@ -41,7 +41,7 @@ __all__ = ["AlwaysLeader", "UpdateRunController", "upgrade_from_obj"]
 log = logging.getLogger(__name__)
 U = api.UpgradePhase
 #: ClusterUpgrade writes and plugin calls made at once by one reconcile (API latency, not CPU).
-WRITE_PARALLELISM = 8
+WRITE_PARALLELISM = 32
 #: A pass that wrote ClusterUpgrades but made no call looks again this soon.
 AFTER_WRITES = 0.05
 FINISHED = frozenset({api.RunPhase.SUCCEEDED, api.RunPhase.FAILED, api.RunPhase.STOPPED})
