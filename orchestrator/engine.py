@@ -1376,6 +1376,14 @@ def decide(inp: RunInput) -> Decision:
                 run.wake(max((next_start - inp.now).total_seconds(), 1.0))
         if waits:
             members = sorted(members, key=lambda x: not gates.get(x.name, _OPEN).may_start)
+        for u in members:  # their time came: no stale wait shown while they queue
+            st = run.status[u.name]
+            if (
+                st.phase == U.PENDING
+                and st.reason in ("NotBefore", "MaintenanceWindow")
+                and gates.get(u.name, _OPEN).may_start
+            ):
+                run.set(u, reason=None, message=None)
         for u in members:
             st = run.status[u.name]
             if st.phase not in (U.PENDING, U.BLOCKED):

@@ -376,7 +376,9 @@ def test_stop_mid_stage_keeps_the_floor_and_resume_finishes() -> None:
 def test_not_before_holds_every_cluster_until_the_scheduled_start() -> None:
     fleet = make_fleet(4)
     start = T0 + timedelta(hours=2)
-    h = harness(spec_for(fleet, NEW, required=2, notBefore=format_time(start)), fleet)
+    h = harness(
+        spec_for(fleet, NEW, required=2, notBefore=format_time(start), maxConcurrency=1), fleet
+    )
     h.step()
     d = h.last.decision if h.last else None
     assert d is not None and d.calls == [] and d.preflight_needed == []
@@ -385,6 +387,9 @@ def test_not_before_holds_every_cluster_until_the_scheduled_start() -> None:
     st = h.by_cluster()["c00000"]
     assert (st.phase, st.reason) == (U.PENDING, "NotBefore")
     assert format_time(start) in (st.message or "")
+    assert h.run(until=lambda x: bool(x.touched()))
+    waiting = [s for s in h.by_cluster().values() if s.phase == U.PENDING]
+    assert waiting and all(s.reason != "NotBefore" for s in waiting)  # no stale wait shown
     assert h.run()
     assert h.phase == api.RunPhase.SUCCEEDED
     assert min(fleet.started_at) >= 7200.0
