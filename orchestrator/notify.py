@@ -19,6 +19,7 @@ the next replica does not send them (it computes transitions only from its own w
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import ssl
@@ -106,7 +107,7 @@ def slack_message(transition: Transition, namespace: str, run: str) -> dict[str,
     return {"text": text.replace("\n", " ")[:3000]}
 
 
-@dataclass
+@dataclass(eq=False)  # identity: an item is removed from its lane by itself
 class _Item:
     """One notification waiting for delivery."""
 
@@ -119,7 +120,7 @@ class _Item:
     attempt: int = 0
 
 
-@dataclass
+@dataclass(eq=False)
 class _Lane:
     """One endpoint: its notifications in order, delivered one at a time."""
 
@@ -368,12 +369,16 @@ class Notifier:
         except SecretError as err:
             raise _SecretUnreadable(str(err)) from err
         target = url.decode("utf-8", "replace").strip()
-        scheme = urllib.parse.urlsplit(target).scheme.lower()
+        not_http = _Permanent(
+            f"{where}.urlSecretRef: Secret {n.url_secret_ref.name} key "
+            f"{n.url_secret_ref.key} must hold an http or https URL"
+        )
+        try:
+            scheme = urllib.parse.urlsplit(target).scheme.lower()
+        except ValueError:
+            raise not_http from None
         if scheme not in ("http", "https"):
-            raise _Permanent(
-                f"{where}.urlSecretRef: Secret {n.url_secret_ref.name} key "
-                f"{n.url_secret_ref.key} must hold an http or https URL"
-            )
+            raise not_http
         headers = {"Content-Type": item.content_type, "User-Agent": "fleet-orchestrator"}
         if token is not None:
             headers["Authorization"] = f"Bearer {token.decode('utf-8', 'replace').strip()}"
@@ -392,6 +397,11 @@ class Notifier:
             if err.code in _RETRY_STATUS or err.code >= 500:
                 raise _Retry(f"HTTP {err.code}") from None
             raise _Permanent(f"the endpoint answered HTTP {err.code}") from None
+        except (ValueError, http.client.InvalidURL):
+            # http.client's words would quote the URL or the header: never shown.
+            raise _Permanent(
+                f"{where}: the URL or the bearer token read from its Secrets is malformed"
+            ) from None
 
 
 class _Retry(Exception):

@@ -505,7 +505,7 @@ class UpdateRunController:
             return self._degraded(obj, status, "SecretError", str(err), gen, now, 30.0)
         d = result.decision
         self.metrics.api_writes.inc(store.writes)
-        names = {u.cluster_id: u.name for u in upgrades.values()}
+        names = {u.cluster_id: u.name for u in upgrades.values()} if d.events else {}
         for cid, phase, message, _ in d.events:
             name = names.get(cid)
             if name is not None and name in d.changed:

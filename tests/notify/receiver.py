@@ -81,7 +81,11 @@ class Receiver:
         server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         server.daemon_threads = True
         if self.tls is not None:
-            server.socket = self.tls.wrap_socket(server.socket, server_side=True)
+            # The handshake happens in the handler's thread (a failed one closes that socket),
+            # not in accept(), where a failure would leak it.
+            server.socket = self.tls.wrap_socket(
+                server.socket, server_side=True, do_handshake_on_connect=False
+            )
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, daemon=True)
         self._thread.start()

@@ -256,9 +256,25 @@ def test_urls_and_tokens_never_reach_the_logs(
         api.Notification.model_validate(
             {"name": "nokey", "urlSecretRef": {"name": "missing", "key": "url"}}
         ),
+        api.Notification.model_validate(
+            {
+                "name": "badtoken",
+                "urlSecretRef": {"name": "hook", "key": "url"},
+                "bearerTokenSecretRef": {"name": "hook", "key": "broken-token"},
+            }
+        ),
+        api.Notification.model_validate(
+            {"name": "spaces", "urlSecretRef": {"name": "hook", "key": "spaced-url"}}
+        ),
     ]
+    secrets.put("hook", "broken-token", f"{TOKEN}\r\nX-Injected: {TOKEN}")
+    secrets.put("hook", "spaced-url", receiver.url + "/with a space")
     notifier.notify(NS, RUN, endpoints, [transition(1)], STATUS, WHEN)
-    wait_for("all three dropped", lambda: count(metrics, "dropped") == 3, timeout=15)
+    wait_for("all five dropped", lambda: count(metrics, "dropped") == 5, timeout=15)
+    assert receiver.requests() == []
+    malformed = "the URL or the bearer token read from its Secrets is malformed"
+    assert f"spec.notifications[3] (badtoken): {malformed}" in caplog.text
+    assert f"spec.notifications[4] (spaces): {malformed}" in caplog.text
     # Errors name the field and the fix, never the value.
     assert "spec.notifications[1] (local).urlSecretRef: Secret bad key url must hold an http" in (
         caplog.text
@@ -278,8 +294,8 @@ def test_https_with_the_ca_from_a_secret(
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(pki.server.cert_file, pki.server.key_file)
     receiver = Receiver(tls=context).start()
+    notifier, metrics, secrets = make()
     try:
-        notifier, metrics, secrets = make()
         secrets.put("hook", "url", receiver.url)
         secrets.put("hook", "ca.crt", pki.ca_pem.decode())
         secrets.put("other", "url", receiver.url)
@@ -293,4 +309,8 @@ def test_https_with_the_ca_from_a_secret(
         wait_for("the untrusted one retried", lambda: count(metrics, "retried") >= 2, timeout=10)
         assert len(receiver.requests()) == 1 and count(metrics, "delivered") == 1
     finally:
+        # The sender stops first: a TLS connection the closing listener resets before the
+        # handshake leaks its socket in CPython's ssl (SSLSocket._create re-raises ECONNRESET
+        # without closing), a ResourceWarning that would fail the test at random.
+        notifier.close()
         receiver.stop()
