@@ -18,6 +18,7 @@ from tests.e2e.conftest import (
     Objects,
     Orchestrators,
     Sim,
+    cluster_version,
     fleet_file,
     ids,
     metric_checks,
@@ -238,3 +239,38 @@ def test_each_transition_is_delivered_once_after_the_receiver_comes_back(
     assert len(receiver.requests()) == delivered
     assert len(ours()) == recorded_events
     assert not reconcile_errors(orchestrators.logs())
+
+
+def test_a_cluster_versions_notifications_are_its_runs(
+    sim: Callable[..., Sim],
+    objects: Objects,
+    orchestrators: Orchestrators,
+    receiver: Receiver,
+) -> None:
+    fleet = sim(fleet_file(2, step=0.2))
+    receiver.start()
+    secret(objects, "hooks", {"url": receiver.url})
+    orchestrators.start()
+    notifications = [
+        {
+            "name": "events",
+            "urlSecretRef": {"name": "hooks", "key": "url"},
+            "events": ["RunStarted", "RunSucceeded"],
+        }
+    ]
+    objects.create_cv(
+        cluster_version("fleet", fleet.address, ids(2), 1, notifications=notifications)
+    )
+    run = objects.current_run("fleet")
+    wait_for("the rollout completes", lambda: objects.cv_phase_is("fleet", "Completed"), timeout=60)
+    uid = objects.run(run)["metadata"]["uid"]
+
+    def ids_received() -> list[str]:
+        return [b["id"] for b in receiver.bodies()]
+
+    wait_for("both arrive", lambda: len(ids_received()) == 2, timeout=30)
+    time.sleep(2.0)  # quiet period: nothing else was asked for
+    received = ids_received()
+    assert received[0] == f"{uid}/RunStarted" and received[1].startswith(f"{uid}/RunSucceeded/")
+    assert len(received) == 2
+    assert all(b["source"].endswith(f"/updateruns/{run}") for b in receiver.bodies())
