@@ -274,3 +274,60 @@ def test_a_cluster_versions_notifications_are_its_runs(
     assert received[0] == f"{uid}/RunStarted" and received[1].startswith(f"{uid}/RunSucceeded/")
     assert len(received) == 2
     assert all(b["source"].endswith(f"/updateruns/{run}") for b in receiver.bodies())
+
+
+def test_no_notification_where_inline_endpoints_are_not_allowed(
+    sim: Callable[..., Sim],
+    objects: Objects,
+    orchestrators: Orchestrators,
+    receiver: Receiver,
+) -> None:
+    """A notification URL is an address the namespace's users choose (in a Secret): like an
+    inline endpoint, it is used only where the orchestrator's configuration allows. The rollout
+    itself (through a FleetProvider the admin declared) goes on, and a Warning Event says why."""
+    fleet = sim(fleet_file(2, step=0.2))
+    receiver.start()
+    secret(objects, "hooks", {"url": receiver.url})
+    provider = f"notify-{objects.ns}"[:63]
+    objects.api.create_cluster_custom_object(
+        api.GROUP,
+        api.VERSION,
+        api.FLEET_PROVIDER_PLURAL,
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": api.FLEET_PROVIDER_KIND,
+            "metadata": {"name": provider},
+            "spec": {
+                "endpoint": fleet.address,
+                "insecure": True,
+                "allowedNamespaces": {"names": [objects.ns]},
+            },
+        },
+    )
+    try:
+        orchestrators.start(f"--allow-inline-endpoints-in={objects.ns}-elsewhere")
+        body = cluster_version("fleet", fleet.address, ids(2), 1)
+        del body["spec"]["opsEndpoint"]
+        body["spec"]["providerRef"] = {"name": provider}
+        body["spec"]["notifications"] = [
+            {"name": "events", "urlSecretRef": {"name": "hooks", "key": "url"}}
+        ]
+        objects.create_cv(body)
+        wait_for(
+            "the rollout completes", lambda: objects.cv_phase_is("fleet", "Completed"), timeout=60
+        )
+        refused = wait_for(
+            "a Warning Event says why",
+            lambda: [e for e in objects.events() if e.reason == "NotificationsNotAllowed"],
+            timeout=30,
+        )
+        assert len(refused) == 1 and refused[0].type == "Warning"
+        assert "--allow-inline-endpoints-in" in refused[0].message
+        time.sleep(2.0)  # quiet period: nothing is sent
+        assert receiver.requests() == []
+        assert not reconcile_errors(orchestrators.logs())
+    finally:
+        orchestrators.stop_all()
+        objects.api.delete_cluster_custom_object(
+            api.GROUP, api.VERSION, api.FLEET_PROVIDER_PLURAL, provider
+        )
