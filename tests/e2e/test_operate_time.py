@@ -12,6 +12,7 @@ simulated clock by tests/windows and tests/sim.
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -29,6 +30,21 @@ from tests.e2e.conftest import (
 from tests.support.kube import wait_for
 
 
+def _ready(orchestrators: Orchestrators) -> None:
+    """Start the orchestrator and wait for its /readyz (its startup is no part of a wait)."""
+    proc = orchestrators.start()
+
+    def ready() -> bool:
+        try:
+            url = f"http://127.0.0.1:{proc.metrics_port}/readyz"
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    wait_for("the orchestrator is ready", ready, timeout=90, interval=0.2)
+
+
 def _soon(seconds: int) -> datetime:
     """A whole second `seconds` from now (status times have second precision)."""
     return datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=seconds + 1)
@@ -38,7 +54,7 @@ def test_a_closed_window_holds_a_cluster_until_it_opens_and_open_ones_go_first(
     sim: Callable[..., Sim], objects: Objects, orchestrators: Orchestrators
 ) -> None:
     fleet = sim(fleet_file(3, step=0.2))
-    orchestrators.start()
+    _ready(orchestrators)
     # Placed once everything runs (startup time under load is not part of the window).
     opens = _soon(12)
     later = {"kind": "window", "name": "later", "start": format_time(opens)}
@@ -67,7 +83,7 @@ def test_a_closed_window_holds_a_cluster_until_it_opens_and_open_ones_go_first(
         status = objects.run(run).get("status") or {}
         ups = objects.upgrades(run)
         done = all(
-            (ups[c].get("status") or {}).get("phase") == "Upgraded"
+            (ups.get(c, {}).get("status") or {}).get("phase") == "Upgraded"
             for c in ("cluster-01", "cluster-02")
         )
         return status if done and status.get("waitingReason") == "MaintenanceWindow" else None
@@ -98,8 +114,8 @@ def test_a_scheduled_start_holds_every_cluster_until_not_before(
     sim: Callable[..., Sim], objects: Objects, orchestrators: Orchestrators
 ) -> None:
     fleet = sim(fleet_file(3, step=0.2))
-    orchestrators.start()
-    not_before = _soon(8)
+    _ready(orchestrators)
+    not_before = _soon(10)
     objects.create_cv(
         cluster_version(
             "fleet",
@@ -120,7 +136,7 @@ def test_a_scheduled_start_holds_every_cluster_until_not_before(
     )
     assert status["nextStartTime"] == format_time(not_before), status
     time.sleep(1.0)  # a quiet period in which a wrong controller would start a cluster
-    assert datetime.now(UTC) < not_before, "the test machine is too slow for an 8 s wait"
+    assert datetime.now(UTC) < not_before, "the test machine is too slow for a 10 s wait"
     assert fleet.monitor()["mutations_total"] == 0
     st = objects.upgrade_status(run, "cluster-00")
     assert (st["phase"], st["reason"]) == ("Pending", "NotBefore"), st
