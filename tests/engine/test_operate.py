@@ -345,6 +345,7 @@ def test_a_cluster_both_skipped_and_retried_is_a_spec_error_naming_both_fields()
         NEW,
         required=1,
         maxFailures="x%",
+        notBefore="tomorrow",
         _skip={"clusters": ["c00001"]},
         _retry={"clusters": ["c00001"], "round": 1},
     )
@@ -352,6 +353,7 @@ def test_a_cluster_both_skipped_and_retried_is_a_spec_error_naming_both_fields()
     assert "spec.skip.clusters" in problems["spec.retry.clusters"]
     assert "c00001" in problems["spec.retry.clusters"]
     assert "spec.strategy.maxFailures" in problems
+    assert "RFC 3339" in problems["spec.strategy.notBefore"]
 
 
 # -- stop and resume, scheduled start --------------------------------------------------------
