@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 import urllib3
@@ -102,11 +103,27 @@ class KubeClient:
         self._api = client.ApiClient(cfg)
         self._host = cfg.host.rstrip("/")
         self._custom = client.CustomObjectsApi(self._api)
-        self._core = client.CoreV1Api(self._api)
-        self._coord = client.CoordinationV1Api(self._api)
-        self._ext = client.ApiextensionsV1Api(self._api)
-        self._batch = client.BatchV1Api(self._api)
         self._lock = threading.Lock()
+
+    # The other API groups are built on first use: importing CoreV1Api alone costs about 1 s of
+    # CPU (half of the process's start), and a gate loop or a run without Secrets, Jobs, leader
+    # election or CRD installs never needs them. Under load that is tens of seconds of start.
+
+    @cached_property
+    def _core(self) -> Any:
+        return client.CoreV1Api(self._api)
+
+    @cached_property
+    def _coord(self) -> Any:
+        return client.CoordinationV1Api(self._api)
+
+    @cached_property
+    def _ext(self) -> Any:
+        return client.ApiextensionsV1Api(self._api)
+
+    @cached_property
+    def _batch(self) -> Any:
+        return client.BatchV1Api(self._api)
 
     def close(self) -> None:
         """Release connections."""
