@@ -40,7 +40,8 @@ from tests.support.orchestrator import OrchestratorProcess
 STEP = 60.0  # seconds any one step may take on a loaded machine
 FOLLOWING = "following the gates of plugin kubefleet"
 """What the orchestrator logs once its gate loop runs. Starting the process is a step of its own:
-it is ~1 s of CPU (imports), which took 20-45 s of wall time on 2 cores at load 14-16."""
+about 1 s of CPU (imports), 9-15 s of wall time on 2 cores at load 11 (2.4 s and 30-48 s at
+load 13-16 while orchestrator/kube.py still imported every API group up front)."""
 
 
 def _log(proc: OrchestratorProcess) -> str:
