@@ -1434,6 +1434,7 @@ def decide(inp: RunInput) -> Decision:
                         inp.uid, u.cluster_id, OpKind.SERVICE_OUT.value, u.spec.version, st.attempt
                     )
                 )
+                and gates.get(u.name, _OPEN).may_start  # a start, so within its window too
             ):
                 run.issue(u, OpKind.SERVICE_OUT)  # ours already (unconfirmed): resume it
                 in_flight += 1
