@@ -456,7 +456,23 @@ def _rollout(
                 return int((status.get("summary") or {}).get("upToDate", 0)) >= budget
             return status.get("phase") == "Completed"
 
-        _wait("the rollout completes", completed, timeout, interval=0.1)
+        try:
+            _wait("the rollout completes", completed, timeout, interval=0.1)
+        except SystemExit:
+            summary = _last_summary(custom)
+            sim = json.loads(_get(f"http://{admin}/monitor") or "{}")
+            numbers = _get(metrics_url) or ""
+            print(
+                f"timed out after {time.time() - created:.0f} s: {summary.get('upToDate', 0)} of "
+                f"{count} up to date, orchestrator CPU {_cpu_seconds(orch.pid) - cpu_before:.1f} s"
+                f", peak RSS {_peak_rss_mib(orch.pid):.0f} MiB, API writes "
+                f"{_metric(numbers, 'multicluster_controller_api_writes_total'):.0f}"
+                f", reconciles "
+                f"{_metric(numbers, 'multicluster_controller_reconcile_total'):.0f}"
+                f", sim lowest available in service {sim.get('min_available_in_service')}, "
+                f"duplicate mutations {sim.get('duplicate_mutations')}"
+            )
+            raise
         observed_done = time.time()
         cpu = _cpu_seconds(orch.pid) - cpu_before
         peak_rss = _peak_rss_mib(orch.pid)
@@ -530,6 +546,11 @@ def _rollout(
         "duplicate_mutations": monitor.get("duplicate_mutations"),
         "clusters_at_target": monitor.get("clusters_at_target"),
     }
+
+
+def _last_summary(custom: Any) -> dict[str, Any]:
+    obj = custom.get_namespaced_custom_object(api.GROUP, api.VERSION, "bench", api.PLURAL, "bench")
+    return dict((obj.get("status") or {}).get("summary") or {})
 
 
 def _probe(client: PluginClient) -> bool:
