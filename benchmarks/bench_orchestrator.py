@@ -250,6 +250,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: --etcd-on-disk: etcd's data on the work disk (fsync per write) instead of tmpfs.
+ETCD_ON_DISK = False
+
+
 @contextmanager
 def _control_plane(workdir: Path) -> Iterator[Path]:
     """A private etcd + kube-apiserver with the ClusterVersion CRD; yields its kubeconfig."""
@@ -257,7 +261,9 @@ def _control_plane(workdir: Path) -> Iterator[Path]:
     from tests.support.kube import PROJECT_CRDS, KubeCluster  # noqa: PLC0415
 
     apiserver, etcd = ensure_binaries()
-    plane = ControlPlane(workdir, kube_apiserver=apiserver, etcd=etcd)
+    plane = ControlPlane(
+        workdir, kube_apiserver=apiserver, etcd=etcd, etcd_in_memory=not ETCD_ON_DISK
+    )
     try:
         server = plane.start()
         cluster = KubeCluster(server)
@@ -724,6 +730,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also run a fleet of this many clusters (floor 80%%) until its first wave is up to "
         "date, for the orchestrator's peak RSS at that size (e.g. 10000)",
     )
+    parser.add_argument(
+        "--etcd-on-disk",
+        action="store_true",
+        help="keep etcd's data on disk (an fsync per write) instead of tmpfs: what the "
+        "apiserver's write rate is on this machine's disk",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the numbers here as JSON")
     parser.add_argument(
         "--profile",
@@ -732,6 +744,8 @@ def main(argv: list[str] | None = None) -> int:
         "one thread per stack root; needs py-spy: pip install py-spy)",
     )
     args = parser.parse_args(argv)
+    global ETCD_ON_DISK  # noqa: PLW0603 - one switch read where the plane starts
+    ETCD_ON_DISK = args.etcd_on_disk
     if not 0 < args.floor < args.clusters:
         parser.error("--floor must be between 1 and --clusters - 1")
     load = os.getloadavg()

@@ -59,7 +59,8 @@ def _kube_plane(
 ) -> Iterator[ControlPlane]:
     apiserver, etcd = kube_binaries
     workdir = tmp_path_factory.mktemp("control-plane")
-    plane = ControlPlane(workdir, kube_apiserver=apiserver, etcd=etcd)
+    # A throwaway plane: etcd's data on tmpfs (no disk fsync per write).
+    plane = ControlPlane(workdir, kube_apiserver=apiserver, etcd=etcd, etcd_in_memory=True)
     try:
         plane.start()
     except ControlPlaneError as error:
