@@ -550,14 +550,7 @@ class _Run:
                 )
             if kind is OpKind.SERVICE_OUT and not needs_upgrade(obs, u.spec):
                 # Invariants 5 and 7: upgraded elsewhere before our service-out took effect.
-                self.set(
-                    u,
-                    phase=U.SKIPPED,
-                    step=None,
-                    step_start_time=None,
-                    reason="AtTarget",
-                    message=f"already at or past target ({obs.control_plane_version})",
-                )
+                self.at_target(u, obs)
                 return
             # Invariant 1: a service-out that is issued again passes admission again.
             if kind is OpKind.SERVICE_OUT and not self.budget_allows(u.cluster_id, own=u.name):
@@ -721,6 +714,17 @@ class _Run:
             self.hook_calls.append(HookCall(kind, u.name, u.cluster_id, hook.id, st.attempt))
         self.wake(max(1.0, min(left.total_seconds(), HOOK_POLL_SECONDS)))
 
+    def at_target(self, u: Upgrade, obs: ClusterObs) -> None:
+        """Invariant 7: already at or past its target (upgraded elsewhere): Skipped, no step."""
+        self.set(
+            u,
+            phase=U.SKIPPED,
+            step=None,
+            step_start_time=None,
+            reason="AtTarget",
+            message=f"already at or past target ({obs.control_plane_version})",
+        )
+
     def hook_failed(self, u: Upgrade, kind: str, message: str) -> None:
         """The hook failed or timed out: the cluster fails with the hook's own words."""
         hook = self.status[u.name].hook
@@ -754,14 +758,7 @@ class _Run:
         elif self.strategy.paused:
             reason, wait = "Paused", "the run is paused; still in service"
         elif not needs_upgrade(obs, u.spec):
-            self.set(
-                u,
-                phase=U.SKIPPED,
-                step=None,
-                step_start_time=None,
-                reason="AtTarget",
-                message=f"already at or past target ({obs.control_plane_version})",
-            )
+            self.at_target(u, obs)
             return
         elif not obs.in_service:
             reason, wait = "OutOfService", "out of service outside this run; waiting for it"
@@ -1400,12 +1397,7 @@ def decide(inp: RunInput) -> Decision:
                 )
                 continue
             if not needs_upgrade(obs, u.spec):
-                run.set(
-                    u,
-                    phase=U.SKIPPED,
-                    reason="AtTarget",
-                    message=f"already at or past target ({obs.control_plane_version})",
-                )
+                run.at_target(u, obs)
                 continue
             holder = run.holder(u.cluster_id)
             if holder is not None:
