@@ -28,7 +28,6 @@ from orchestrator.kube import Conflict, KubeClient, KubeError, NotFound
 
 __all__ = [
     "COMMANDS",
-    "Budget",
     "ClusterLine",
     "OperateError",
     "Request",
@@ -220,15 +219,6 @@ class ClusterLine:
 
 
 @dataclass(frozen=True)
-class Budget:
-    """status.failures of a run: failed clusters against maxFailures."""
-
-    count: int
-    max_failures: int | None = None
-    clusters: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class Snapshot:
     """What `status` shows about a ClusterVersion or an UpdateRun, read at one moment."""
 
@@ -248,7 +238,7 @@ class Snapshot:
     blocked: tuple[ClusterLine, ...] = ()
     approved: tuple[str, ...] = ()
     skipped_stages: tuple[str, ...] = ()
-    failures: Budget | None = None
+    failures: api.FailureSummary | None = None
     next_start_time: str = ""
     waiting_reason: str = ""
     #: The moment ages and "in 2h5m" are measured from.
@@ -339,15 +329,7 @@ def snapshot(
                 ]
             )
         ),
-        failures=None
-        if not failures
-        else Budget(
-            count=int(failures.get("count") or 0),
-            max_failures=None
-            if failures.get("maxFailures") is None
-            else int(failures["maxFailures"]),
-            clusters=tuple(str(c) for c in failures.get("clusters") or []),
-        ),
+        failures=api.FailureSummary.model_validate(failures) if failures else None,
         next_start_time=str(run_status.get("nextStartTime") or ""),
         waiting_reason=str(run_status.get("waitingReason") or ""),
     )

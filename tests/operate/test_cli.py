@@ -26,7 +26,6 @@ from orchestrator import api, operate
 from orchestrator.cli import main
 from orchestrator.kube import KubeClient
 from orchestrator.operate import (
-    Budget,
     ClusterLine,
     Snapshot,
     StageLine,
@@ -539,7 +538,7 @@ def test_render_of_a_snapshot() -> None:
             StageLine("b", "AwaitingApproval", 2, 0, 0, max_failures=1),
         ),
         blocked=(ClusterLine("x", "b", "Blocked"),),
-        failures=Budget(0, None),
+        failures=api.FailureSummary(count=0),
         now=NOW,
     )
     assert render(snap) == (
@@ -601,7 +600,7 @@ def test_live_view_as_rich_renders_it() -> None:
             ClusterLine("c7", "wave", "Failed", attempt=2, reason="PreUpgradeHookFailed"),
             ClusterLine("c8", "wave", "Failed", attempt=1, reason="StepTimedOut"),
         ),
-        failures=Budget(2, 1, ("c7", "c8")),
+        failures=api.FailureSummary(count=2, max_failures=1, clusters=["c7", "c8"]),
         next_start_time="2026-11-24T02:00:00Z",
         waiting_reason="the maintenance window is closed",
         now=NOW,
