@@ -227,6 +227,11 @@ class Objects:
             )
         )
 
+    def run_phase_is(self, name: str, *phases: str) -> dict[str, Any] | None:
+        """The UpdateRun's status once its phase is one of `phases`, else None."""
+        status = dict(self.run(name).get("status") or {})
+        return status if status.get("phase") in phases else None
+
     def current_run(self, cv: str) -> str:
         return str(
             wait_for("a current run", lambda: self.cv_status(cv).get("currentRun"), timeout=60)

@@ -42,10 +42,7 @@ def test_failures_within_the_budget_let_the_rollout_finish(
     run = objects.current_run("fleet")
     status = wait_for(
         "the run finishes",
-        lambda: (
-            (objects.run(run).get("status") or {}).get("phase") == "Failed"
-            and objects.run(run)["status"]
-        ),
+        lambda: objects.run_phase_is(run, "Failed"),
         timeout=90,
         interval=0.2,
     )
@@ -83,10 +80,7 @@ def test_one_failure_past_the_budget_halts_and_starts_nothing_more(
     run = objects.current_run("fleet")
     status = wait_for(
         "the run halts",
-        lambda: (
-            (objects.run(run).get("status") or {}).get("phase") == "Halted"
-            and objects.run(run)["status"]
-        ),
+        lambda: objects.run_phase_is(run, "Halted"),
         timeout=90,
         interval=0.2,
     )

@@ -128,7 +128,7 @@ def test_stop_and_resume_mid_stage_keep_the_floor(
     _patch_run(objects, run, {"spec": {"state": "Stop"}})
     wait_for(
         "the run stops",
-        lambda: (objects.run(run).get("status") or {}).get("phase") == "Stopped",
+        lambda: objects.run_phase_is(run, "Stopped"),
         timeout=60,
         interval=0.2,
     )
@@ -143,7 +143,7 @@ def test_stop_and_resume_mid_stage_keep_the_floor(
     _patch_run(objects, run, {"spec": {"state": "Run"}})
     wait_for(
         "the resumed run completes",
-        lambda: (objects.run(run).get("status") or {}).get("phase") == "Succeeded",
+        lambda: objects.run_phase_is(run, "Succeeded"),
         timeout=90,
         interval=0.2,
     )
