@@ -1387,6 +1387,12 @@ def decide(inp: RunInput) -> Decision:
                 continue
             if st.phase == U.BLOCKED and st.reason == "Refused":
                 continue
+            if u.cluster_id in run.retried:
+                # Retried in this pass: admitted from the next one, once every retry of the
+                # pass is on record (a pass cut short, or writes made in parallel, must not
+                # leave a new service-out on record beside failures it was decided without).
+                run.wake(0.0)
+                continue
             obs = run.effective.get(u.cluster_id)
             if obs is None:
                 run.set(

@@ -178,11 +178,14 @@ class Monitor:
         # nothing else left to do (a refusal takes nothing out).
         by_stage: dict[int, list[api.ClusterUpgradeStatus]] = {}
         names: dict[int, str] = {}
+        ids: dict[int, str] = {}  # id(status) → cluster id, to name the failures counted
         for o in w.api.upgrades_of(run):
             by_stage.setdefault(o.upgrade.spec.stage_index, []).append(o.upgrade.status)
+            ids[id(o.upgrade.status)] = o.upgrade.spec.cluster_id
             names[o.upgrade.spec.stage_index] = o.upgrade.spec.stage
         stage_specs = {s.name: s for s in strategy.stages or []}
         total = 0
+        counted: list[str] = []
         for index, sts in sorted(by_stage.items()):
             failed = sum(1 for st in sts if st.phase == U.FAILED)
             refused = sum(1 for st in sts if st.phase == U.BLOCKED and st.reason == "Refused")
@@ -191,6 +194,12 @@ class Monitor:
             ) == len(sts)
             count = failed + (refused if settled else 0)
             total += count
+            counted += [
+                f"{ids[id(st)]} {st.phase.value}/{st.reason}"
+                for st in sts
+                if st.phase == U.FAILED
+                or (settled and st.phase == U.BLOCKED and st.reason == "Refused")
+            ]
             stage = stage_specs.get(names[index])
             if (
                 stage is not None
@@ -210,7 +219,9 @@ class Monitor:
             budget = 0 if strategy.on_failure == api.OnFailure.HALT else None
         if budget is not None and total > budget:
             raise Violation(
-                "budget", f"{what}: {total} failure(s) in the run, past its budget {budget}"
+                "budget",
+                f"{what}: {total} failure(s) in the run, past its budget {budget} "
+                f"({', '.join(sorted(counted))})",
             )
         now = at(w.now)
         if strategy.not_before and now < windows.parse_time(strategy.not_before):
