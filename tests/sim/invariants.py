@@ -63,10 +63,19 @@ class Monitor:
         self.calls = 0
         self.service_ins: dict[str, int] = {}
         self._replica = ""
-        self._decided_outs: list[tuple[str, str]] = []
+        #: (run, upgrade key, replica, incarnation) of each service-out decided in this step.
+        self._decided_outs: list[tuple[str, str, str, int]] = []
+        #: The replica whose reconcile is running (its writes are its decisions).
+        self.acting: tuple[str, int] = ("", 0)
         self._bounds: dict[tuple[str, api.UpgradePhase, str], int] = {}
         #: (run, cluster) → simulated seconds of evaluations some write recorded.
         self.recorded: dict[tuple[str, str], set[int]] = {}
+        #: (run, stage index) whose gate a service-out of a later stage already proved; a member
+        #: going active again (a retry) reopens it. Later status-only changes (a person
+        #: skipping a member that had failed) do no work, so they do not move its end.
+        self._stage_proven: set[tuple[str, int]] = set()
+        #: (run, stage) → simulated seconds of stage evaluations some run-status write recorded.
+        self.stage_recorded: dict[tuple[str, str], set[int]] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -111,20 +120,24 @@ class Monitor:
         self.floors[run] = new
 
     def record(self, e: Evaluation) -> None:
-        if len(e.clusters) == 1:
-            self.evals.setdefault((e.run, e.clusters[0]), []).append(e)
-        self.stage_evals.setdefault((e.run, e.stage), []).append(e)
+        if e.scope == "stage":
+            self.stage_evals.setdefault((e.run, e.stage), []).append(e)
+        else:
+            [cid] = e.clusters
+            self.evals.setdefault((e.run, cid), []).append(e)
 
     def on_write(self, obj: UpObj, old: api.ClusterUpgradeStatus) -> None:
         new = obj.upgrade.status
         if new.phase != old.phase:
             self.last_change = self.w.now
+            if new.phase in ACTIVE and old.phase not in ACTIVE:
+                self._stage_proven.discard((obj.run, obj.upgrade.spec.stage_index))
             c = self.w.fleet.clusters.get(obj.upgrade.cluster_id)
             ours_out = c is not None and not c.in_service and c.out_by == obj.run
             if new.phase == U.SERVICING_OUT and old.phase not in ACTIVE and not ours_out:
                 # A service-out decided now: the stage gate is checked once this pass's
                 # writes are all in (the members of the stage before may be written later).
-                self._decided_outs.append((obj.run, obj.key))
+                self._decided_outs.append((obj.run, obj.key, *self.acting))
                 self._admission(
                     obj.run,
                     obj.upgrade,
@@ -133,6 +146,13 @@ class Monitor:
         if new.health is not None and new.health.last_check_time:
             t = seconds(new.health.last_check_time)
             self.recorded.setdefault((obj.run, obj.upgrade.cluster_id), set()).add(t)
+
+    def on_run_write(self, run: str, status: api.UpdateRunStatus) -> None:
+        """A run-status write took effect: the stage evaluations it carries are on record."""
+        for stage in status.stages or ():
+            if stage.health is not None and stage.health.last_check_time:
+                t = seconds(stage.health.last_check_time)
+                self.stage_recorded.setdefault((run, stage.name), set()).add(t)
 
     def spec_version(self, run: str, upgrade: str) -> str:
         ns = self.w.api.runs[run].namespace
@@ -374,11 +394,14 @@ class Monitor:
                 f"{refused[1]}) and it is being taken out of service anyway",
             )
 
-    def _stage_order(self, run: str, up: object, what: str) -> None:
+    def _stage_order(
+        self, run: str, up: object, what: str, decider: tuple[str, int] = ("", 0)
+    ) -> None:
         """3. No cluster of stage N+1 goes out before stage N completed and passed its checks.
 
         Checked when the service-out is decided (its intent written): a re-issue of that
-        intent later, e.g. after a crash, follows the decision made then."""
+        intent later, e.g. after a crash, follows the decision made then. `decider` is the
+        replica (and incarnation) that wrote the decision."""
         spec = up.spec  # type: ignore[attr-defined]
         if spec.stage_index == 0:
             return
@@ -394,6 +417,8 @@ class Monitor:
             skip = obj.spec.skip or api.SkipSpec()
             if name in set(skip.stages or ()) | obj.skip_stages:
                 continue  # skipped by a person: not completed, not checked; the run moves on
+            if (run, j) in self._stage_proven:
+                continue
             budgeted = (
                 on_failure == api.OnFailure.CONTINUE
                 or (obj.spec.strategy is not None and obj.spec.strategy.max_failures is not None)
@@ -423,7 +448,15 @@ class Monitor:
             if checks is None or not members:
                 continue
             since = max(ends, default=0)
-            evals = [e for e in self.stage_evals.get((run, name), []) if e.t >= since]
+            # Precondition (as for a cluster's gate): an evaluation no run-status write recorded
+            # counts if the deciding replica made it in this incarnation; one lost with a crashed
+            # or another replica's memory (deposed, or its write lost) was never acted on.
+            recorded = self.stage_recorded.get((run, name), set())
+            evals = [
+                e
+                for e in self.stage_evals.get((run, name), [])
+                if e.t >= since and (e.t in recorded or (e.replica, e.epoch) == decider)
+            ]
             need = checks.success_threshold
             if len(evals) < need or not all(e.passed for e in evals[-need:]):
                 raise Violation(
@@ -432,6 +465,7 @@ class Monitor:
                     f"{need} time(s) in a row since (evaluations: "
                     f"{[(e.t, e.passed) for e in evals[-5:]]})",
                 )
+            self._stage_proven.add((run, j))
 
     def _gate(self, run: str, up: object, what: str) -> None:
         """3. Service-in only after successThreshold passing evaluations since the upgrade."""
@@ -483,9 +517,11 @@ class Monitor:
         at every service-out's effect, and when a run is pinned."""
         w = self.w
         while self._decided_outs:
-            run, key = self._decided_outs.pop(0)
+            run, key, replica, epoch = self._decided_outs.pop(0)
             up = w.api.upgrades[key].upgrade
-            self._stage_order(run, up, f"service-out of {up.cluster_id} decided by {run}")
+            self._stage_order(
+                run, up, f"service-out of {up.cluster_id} decided by {run}", (replica, epoch)
+            )
         for run in self.members if world_changed else ():
             if self._live(run):
                 self._floor(run, label)

@@ -527,6 +527,9 @@ class Evaluation:
     #: Who asked: the replica and its incarnation (a crash starts a new one).
     replica: str = ""
     epoch: int = 0
+    #: "cluster" (one cluster's gate) or "stage" (the gate at a stage's end), as the driver
+    #: asked: a one-member stage evaluates the same cluster in both.
+    scope: str = "cluster"
 
 
 class ModelChecker:
@@ -547,6 +550,8 @@ class ModelChecker:
         self.run = run
         self.replica = replica
         self.epoch = epoch
+        #: Set by the sim's driver while it evaluates stage checks (see world.SimDriver).
+        self.scope = "cluster"
 
     def evaluate(
         self, checks: api.HealthChecks, clusters: Sequence[ClusterObs], stage: str
@@ -572,6 +577,7 @@ class ModelChecker:
                 all(r.passed for r in results),
                 self.replica,
                 self.epoch(),
+                self.scope,
             )
         )
         return results
@@ -678,6 +684,8 @@ class ModelApiServer:
         self.active: dict[str, set[str]] = {}
         #: Called after every applied ClusterUpgrade write (key, old status, new status).
         self.on_write: Callable[[UpObj, api.ClusterUpgradeStatus], None] = lambda o, s: None
+        #: Called after every applied UpdateRun status write (run key, new status).
+        self.on_run_write: Callable[[str, api.UpdateRunStatus], None] = lambda k, s: None
 
     def bump(self) -> int:
         self.rv += 1
@@ -721,6 +729,7 @@ class ModelApiServer:
             raise WriteConflict(f"{key}: resourceVersion {rv} is stale (now {obj.rv})")
         obj.status = status
         obj.rv = self.bump()
+        self.on_run_write(key, status)
         return obj.rv
 
     def update_run(self, key: str, **changes: Any) -> None:

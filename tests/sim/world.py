@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator import api
 from orchestrator.conditions import format_time
@@ -128,6 +129,20 @@ class Config:
         )
 
 
+class SimDriver(RunDriver):
+    """The real driver; it tells the model checker when it evaluates a stage's checks, so the
+    monitor keeps a stage's evaluations apart from its members' own (both name the stage)."""
+
+    def _evaluate_stages(self, *args: Any, **kwargs: Any) -> list[api.StageStatus]:
+        checker = self.checker
+        assert isinstance(checker, ModelChecker)
+        checker.scope = "stage"
+        try:
+            return super()._evaluate_stages(*args, **kwargs)
+        finally:
+            checker.scope = "cluster"
+
+
 class Replica:
     """One orchestrator process: its drivers (and their preflight caches) and its store client."""
 
@@ -155,7 +170,7 @@ class Replica:
         key = "*" if self.world.cfg.shared_driver else run.key
         drv = self.drivers.get(key)
         if drv is None:
-            drv = RunDriver(
+            drv = SimDriver(
                 provider=self.provider,
                 store=self.store.view(run.namespace),
                 checker=self._checker(run.key),
@@ -193,6 +208,7 @@ class World:
         self.fleet.on_effect = self.monitor.on_effect
         self.fleet.on_end = self._watch_event
         self.api.on_write = self.monitor.on_write
+        self.api.on_run_write = self.monitor.on_run_write
         self.lease.on_flip = lambda holder: self.log(f"lease → {holder}")
         self.replicas = [Replica(self, f"r{i}") for i in range(cfg.replicas)]
         self.due: dict[str, int] = {}
@@ -445,6 +461,7 @@ class World:
                     self.log(f"stop UpdateRun {other.key} (superseded by {key})")
 
     def reconcile_run(self, rep: Replica, key: str) -> None:
+        self.monitor.acting = (rep.name, rep.incarnation)
         run = rep.store.read_run(key)
         now = at(self.now)
         rep.provider.run = key
