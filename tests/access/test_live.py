@@ -59,8 +59,26 @@ def token_kubeconfig(cluster: KubeCluster, namespace: str, account: str, path: P
     return path
 
 
+_OPEN: list[k8s.ApiClient] = []
+
+
+def _client(kubeconfig: Path) -> k8s.ApiClient:
+    """An ApiClient for the kubeconfig, closed when the test ends (an unclosed one leaves its
+    pooled TLS sockets to the garbage collector, whose ResourceWarning fails a later test)."""
+    client = new_client_from_config(config_file=str(kubeconfig))
+    _OPEN.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
 def as_user(kubeconfig: Path) -> k8s.CustomObjectsApi:
-    return k8s.CustomObjectsApi(new_client_from_config(config_file=str(kubeconfig)))
+    return k8s.CustomObjectsApi(_client(kubeconfig))
 
 
 def forbidden(call: Any, *args: Any) -> bool:
@@ -484,7 +502,7 @@ def test_the_orchestrators_service_account_reads_secrets_only_in_its_namespace(
             with pytest.raises(KubeError) as err:
                 kube.read_secret(namespace, f"probe-{namespace}")
             assert err.value.status == 403
-            core = k8s.CoreV1Api(new_client_from_config(config_file=str(kubeconfig)))
+            core = k8s.CoreV1Api(_client(kubeconfig))
             assert forbidden(core.list_secret_for_all_namespaces)
             assert forbidden(core.list_namespaced_secret, HOME)  # get by name only
             # Opting a namespace in (manifests/overlays/inline-tls-secrets) grants exactly it.
