@@ -552,6 +552,10 @@ class _Run:
                 # Invariants 5 and 7: upgraded elsewhere before our service-out took effect.
                 self.at_target(u, obs)
                 return
+            if kind is OpKind.SERVICE_OUT and not self.accepted_now(u):
+                # Invariant 5: the cluster may have changed since admission (a foreign
+                # control-plane upgrade past the target makes it a downgrade).
+                return
             # Invariant 1: a service-out that is issued again passes admission again.
             if kind is OpKind.SERVICE_OUT and not self.budget_allows(u.cluster_id, own=u.name):
                 self.set(
@@ -778,12 +782,21 @@ class _Run:
             )
             self.wake(POLL_SECONDS)
             return
+        # Invariant 5: a hook may take minutes; the verdict must be fresh at the drain.
+        if self.accepted_now(u):
+            self.issue(u, OpKind.SERVICE_OUT)
+
+    def accepted_now(self, u: Upgrade) -> bool:
+        """Invariant 5 when a service-out is issued later than its admission (after a hook, or
+        again after a call that did not take effect): True with a fresh ACCEPTED preflight; else
+        a fresh one is asked for (the driver decides again with it), or the refusal is recorded
+        and nothing is drained."""
+        cid = u.cluster_id
         pre = self.inp.preflight.get(cid)
         if self.inp.preflight_supported and (pre is None or self.now - pre.at > PREFLIGHT_TTL):
-            # Invariant 5: a hook may take minutes; the verdict must be fresh at the drain.
             self.preflight_needed.append(cid)
             self.wake(1.0)
-            return
+            return False
         if pre is not None and pre.verdict != Verdict.ACCEPTED:
             never = pre.verdict == Verdict.REFUSED_NEVER
             self.set(
@@ -797,8 +810,8 @@ class _Run:
             )
             if not never:
                 self.wake(pre.retry_after or 30.0)
-            return
-        self.issue(u, OpKind.SERVICE_OUT)
+            return False
+        return True
 
     # -- admission -------------------------------------------------------------------------
 

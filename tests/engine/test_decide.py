@@ -219,6 +219,49 @@ def test_a_reissued_service_out_passes_the_budget_again() -> None:
     assert st.phase == U.PENDING and st.reason == "WaitingForBudget"
 
 
+def test_a_reissued_service_out_asks_the_provider_again_once_its_verdict_is_stale() -> None:
+    """Invariant 5 on re-issue (simulation seed 9225): admitted with an ACCEPTED verdict, the
+    service-out did not take effect; a minute later someone upgraded the control plane past the
+    target, so the provider now refuses. The re-issue asks again and drains nothing."""
+    fleet = make_fleet(4)
+    spec = spec_for(fleet, NEW, required=2)
+    rid = request_id(UID, "c00000", OpKind.SERVICE_OUT.value, NEW, 0)
+    unconfirmed = api.ClusterUpgradeStatus(
+        phase=U.SERVICING_OUT,
+        step=OpKind.SERVICE_OUT.value,
+        request_id=rid,
+        step_start_time="2026-01-01T00:00:00Z",
+    )
+    at_admission = {"c00000": Preflight(Verdict.ACCEPTED, T0)}
+    # Fresh: the re-issue goes out.
+    d, _ = _decide(
+        fleet, spec, {"c00000": unconfirmed}, 30, preflight_supported=True, preflight=at_admission
+    )
+    assert [c.request_id for c in d.calls if c.cluster_id == "c00000"] == [rid]
+    # Stale: nothing goes out for c00000 before the provider is asked again.
+    d, _ = _decide(
+        fleet, spec, {"c00000": unconfirmed}, 90, preflight_supported=True, preflight=at_admission
+    )
+    assert "c00000" in d.preflight_needed
+    assert [c for c in d.calls if c.cluster_id == "c00000"] == []
+    # The fresh answer refuses: recorded, and still nothing is drained.
+    refused = Preflight(
+        Verdict.REFUSED_NEVER, T0 + timedelta(seconds=90), "DOWNGRADE", "control plane is past"
+    )
+    d, by_id = _decide(
+        fleet,
+        spec,
+        {"c00000": unconfirmed},
+        90,
+        preflight_supported=True,
+        preflight={"c00000": refused},
+    )
+    assert [c for c in d.calls if c.cluster_id == "c00000"] == []
+    st = _status(d, by_id, "c00000")
+    assert st.phase == U.BLOCKED and st.reason == "Refused" and st.step is None
+    assert "control plane is past" in (st.message or "")
+
+
 def test_a_refused_preflight_blocks_before_anything_is_taken_out() -> None:
     fleet = make_fleet(3)
     refused = Preflight(Verdict.REFUSED_NEVER, T0, "SKIPS_MINOR", "1.28 to 1.30 skips a minor")
