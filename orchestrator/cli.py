@@ -161,6 +161,14 @@ def _parser() -> argparse.ArgumentParser:
         "(e.g. 127.0.0.1 for a webhook configured by URL); repeatable",
     )
 
+    run.add_argument(
+        "--step-events",
+        action="store_true",
+        help="also record a Kubernetes Event for every step of a cluster (control plane, node "
+        "pools, verifying, post-hook, service-in); by default a ClusterUpgrade gets Events for "
+        "its start and its end, and its status records each step",
+    )
+
     p = sub.add_parser("plan", help="print the rollout plan of a ClusterVersion; changes nothing")
     p.add_argument("-f", "--file", required=True, help="the ClusterVersion YAML")
     p.add_argument("--endpoint", default=None, help="plugin HOST:PORT (default: spec.opsEndpoint)")
@@ -288,6 +296,7 @@ def _run(args: argparse.Namespace) -> int:
         stop=stop,
         probes=probes,
         policy=policy,
+        step_events=args.step_events,
     )
     tls = None
     if args.plugin_tls_ca or args.plugin_tls_cert:

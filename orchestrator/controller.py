@@ -91,6 +91,8 @@ class Controller:
     #: Who may do what (orchestrator.access); default: inline endpoints only in the namespace
     #: watched (or "default" when watching all).
     policy: AccessPolicy | None = None
+    #: An Event for every step of a cluster, not only its start and end (--step-events).
+    step_events: bool = False
 
     def __post_init__(self) -> None:
         self.pool = PluginPool(self.metrics, self.caller)
@@ -130,6 +132,7 @@ class Controller:
             fence=self.fence,
             runs=self.runs,
             emit_event=self._queue_event,
+            step_events=self.step_events,
             notifier=self.notifier,
             hooks=self.hooks,
         )

@@ -165,6 +165,9 @@ class UpdateRunController:
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     #: Records a core/v1 Event: (object, reason, message, warning, Event name).
     emit_event: Callable[[dict[str, Any], str, str, bool, str], None] | None = None
+    #: Also an Event for each step of a cluster inside an attempt (Transition.detail); by
+    #: default a ClusterUpgrade gets Events for its start and its end only.
+    step_events: bool = False
     #: Delivers spec.notifications (orchestrator.notify); None: none are sent.
     notifier: Notifier | None = None
     #: Run key → plugin endpoint (so an operation's end wakes the runs that use it).
@@ -657,6 +660,8 @@ class UpdateRunController:
             return
         if self.emit_event is not None:
             for t in found:
+                if t.detail and not self.step_events:
+                    continue
                 target = store.objects.get(t.upgrade, obj) if store and t.upgrade else obj
                 name = event_name(target["metadata"]["name"], t.id)
                 self.emit_event(target, t.reason, t.message, t.warning, name)

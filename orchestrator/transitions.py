@@ -26,6 +26,18 @@ from orchestrator.conditions import get_condition
 
 __all__ = ["ClusterChange", "Transition", "event_name", "transitions"]
 
+#: A cluster's phases inside an attempt, between its start (PreUpgradeHook or ServicingOut) and
+#: its end (Upgraded, Failed...): `Transition.detail`.
+STEP_PHASES = frozenset(
+    {
+        api.UpgradePhase.UPGRADING_CONTROL_PLANE,
+        api.UpgradePhase.UPGRADING_NODE_POOLS,
+        api.UpgradePhase.VERIFYING,
+        api.UpgradePhase.POST_HOOK,
+        api.UpgradePhase.SERVICING_IN,
+    }
+)
+
 E = api.NotificationEvent
 S = api.StagePhase
 R = api.RunPhase
@@ -71,6 +83,9 @@ class Transition:
     cluster: str | None = None
     #: The ClusterUpgrade the Event is about; None: the UpdateRun.
     upgrade: str | None = None
+    #: A cluster's step inside an attempt (control plane, node pools, verifying, post-hook,
+    #: service-in): its ClusterUpgrade's status records it; an Event only with --step-events.
+    detail: bool = False
 
     @property
     def subject(self) -> str | None:
@@ -198,6 +213,7 @@ def _cluster(uid: str, change: ClusterChange) -> list[Transition]:
     out = []
     for phase, message in steps:
         failed = phase == api.UpgradePhase.FAILED
+        detail = phase in STEP_PHASES
         what = E.CLUSTER_FAILED.value if failed else phase.value
         out.append(
             Transition(
@@ -209,6 +225,7 @@ def _cluster(uid: str, change: ClusterChange) -> list[Transition]:
                 stage=change.stage,
                 cluster=change.cluster_id,
                 upgrade=change.name,
+                detail=detail,
             )
         )
     return out

@@ -106,7 +106,7 @@ def test_each_transition_is_delivered_once_after_the_receiver_comes_back(
     )
     receiver.mode = "503"  # the receiver is there but failing
     receiver.start()
-    proc = orchestrators.start()
+    proc = orchestrators.start("--step-events")  # every step of a cluster: an Event each
     objects.api.create_namespaced_custom_object(
         api.GROUP, api.VERSION, objects.ns, api.UPDATE_RUN_PLURAL, update_run(fleet.address)
     )
@@ -222,7 +222,7 @@ def test_each_transition_is_delivered_once_after_the_receiver_comes_back(
     # A restart sends nothing again: transitions come only from a pass's own writes.
     proc.stop()
     delivered, recorded_events = len(receiver.requests()), len(ours())
-    again = orchestrators.start(identity="orchestrator-e2e-restarted")
+    again = orchestrators.start("--step-events", identity="orchestrator-e2e-restarted")
 
     def reconciled() -> bool:
         try:
