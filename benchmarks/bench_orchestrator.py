@@ -687,6 +687,16 @@ def _cpu_rows(r: dict[str, Any]) -> list[_Row]:
             None,
         )
     ]
+    stack = sum(v for k, v in r["cpu_seconds_by_process"].items() if not k.startswith("bench"))
+    floor = stack / r["cores"]
+    rows.append(
+        (
+            "stack CPU s / cores: the wall this work needs here at best",
+            f"{floor:.1f} s ({floor / r['lower_bound_seconds']:.2f} x lower bound)",
+            "",
+            None,
+        )
+    )
     for name, seconds in sorted(r["cpu_seconds_by_process"].items(), key=lambda kv: -kv[1]):
         used = f"{seconds:.1f} ({seconds / wall:.2f})"
         rows.append((f"  ... {name} CPU s (cores used)", used, "", None))
