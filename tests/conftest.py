@@ -23,6 +23,9 @@ from devtools.controlplane import MAIN, ControlPlane, ControlPlaneError, find_bi
 from orchestrator.kube import KubeError
 from tests.support.kube import PROJECT_CRDS, KubeCluster
 
+# Names where an unclosed TLS socket was opened when its ResourceWarning fails a test.
+pytest_plugins = ["tests.support.socket_origins"]
+
 _KUBE_FIXTURES = frozenset({"control_plane", "extra_apiserver", "kube_binaries", "namespace"})
 
 
