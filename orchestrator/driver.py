@@ -260,7 +260,7 @@ class RunDriver:
                     log.info("preflight of %s failed: %s", cid, err)
                     return
                 with self._lock:
-                    self.preflight_cache[cid] = answer
+                    self.preflight_cache[cid] = replace(answer, version=u.spec.version)
 
             # A wave of admissions asks about each cluster at once (bounded, like the writes).
             self._each(ask, list(decision.preflight_needed))

@@ -90,6 +90,8 @@ _STEP_PHASE = {
 }
 #: A forgotten operation is re-asked (same request id) this many times, then the cluster fails.
 MAX_REASKS = 2
+#: Phases in which an attempt has ended (`end_time` set).
+ENDED = frozenset({U.UPGRADED, U.FAILED, U.SKIPPED})
 #: How long an ACCEPTED preflight verdict stands.
 PREFLIGHT_TTL = timedelta(seconds=60)
 #: How often a step in flight is looked at again even without news from the watch.
@@ -122,6 +124,9 @@ class Preflight:
     reason: str = ""
     message: str = ""
     retry_after: float = 0.0
+    #: The control-plane version it was asked for ("": any): a verdict answers one target, so
+    #: a cache shared by runs with other targets never lends one run another's answer.
+    version: str = ""
 
 
 class HookState(StrEnum):
@@ -248,6 +253,27 @@ class Decision:
     waiting_reason: str | None = None
 
 
+def _ended_since(
+    members: Sequence[Upgrade], status: Mapping[str, api.ClusterUpgradeStatus], since: str
+) -> bool:
+    """Whether a member of a stage ended later than `since` (a stage analysis's start)."""
+    start = parse_time(since)
+    return any(
+        (end := status[u.name].end_time) is not None and parse_time(end) > start for u in members
+    )
+
+
+def verdict_for(inp: RunInput, u: Upgrade) -> Preflight | None:
+    """The provider's verdict on this upgrade if one stands: fresh (PREFLIGHT_TTL) and asked
+    for this upgrade's target; None: ask again before anything is drained (invariant 5)."""
+    pre = inp.preflight.get(u.cluster_id)
+    if pre is None or inp.now - pre.at > PREFLIGHT_TTL:
+        return None
+    if pre.version and pre.version != u.spec.version:
+        return None
+    return pre
+
+
 def request_id(uid: str, cluster_id: str, step: str, target: str, attempt: int) -> str:
     """The deterministic request id of one step of one attempt: never started twice."""
     return f"{uid}:{cluster_id}:{step}:{target}:{attempt}"
@@ -332,7 +358,9 @@ class _Run:
         phase = changes.get("phase", old.phase)
         if phase != old.phase:
             changes.setdefault("last_transition_time", self.stamp)
-            if phase in (U.UPGRADED, U.FAILED, U.SKIPPED):
+            if phase in ENDED and (old.phase not in ENDED or old.end_time is None):
+                # When the attempt's work ended: a person skipping a cluster that had failed
+                # does not move it (a stage verified after that failure stays verified).
                 changes.setdefault("end_time", self.stamp)
             if old.phase == U.PENDING and phase in ACTIVE:
                 changes.setdefault("start_time", old.start_time or self.stamp)
@@ -792,8 +820,8 @@ class _Run:
         a fresh one is asked for (the driver decides again with it), or the refusal is recorded
         and nothing is drained."""
         cid = u.cluster_id
-        pre = self.inp.preflight.get(cid)
-        if self.inp.preflight_supported and (pre is None or self.now - pre.at > PREFLIGHT_TTL):
+        pre = verdict_for(self.inp, u)
+        if self.inp.preflight_supported and pre is None:
             self.preflight_needed.append(cid)
             self.wake(1.0)
             return False
@@ -1276,6 +1304,10 @@ def decide(inp: RunInput) -> Decision:
             health = None
         elif active_index is None and settled and not over:
             checks = None if last else run.checks_for(name)
+            if health is not None and _ended_since(members, run.status, health.since):
+                # Invariant 3: a member ended after this analysis began (it was retried and the
+                # stage's reopening never reached the run's status): verify the stage anew.
+                health, completion = None, None
             verdict = judge(health, checks, inp.now) if checks is not None else None
             if verdict is not None and not verdict.passed:
                 if health is None:
@@ -1472,8 +1504,8 @@ def decide(inp: RunInput) -> Decision:
             if cost > budget or any(floor_budgets[i] < cost for i in shared):
                 waiting_budget = True
                 continue
-            pre = inp.preflight.get(u.cluster_id)
-            if inp.preflight_supported and (pre is None or inp.now - pre.at > PREFLIGHT_TTL):
+            pre = verdict_for(inp, u)
+            if inp.preflight_supported and pre is None:
                 run.preflight_needed.append(u.cluster_id)
                 budget -= cost
                 for i in shared:

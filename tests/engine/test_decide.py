@@ -262,6 +262,87 @@ def test_a_reissued_service_out_asks_the_provider_again_once_its_verdict_is_stal
     assert "control plane is past" in (st.message or "")
 
 
+def test_a_person_skipping_a_failed_cluster_keeps_when_its_attempt_ended() -> None:
+    """endTime is when the attempt's work ended (simulation seeds 4585, 12521: a skip after the
+    stage was verified moved it, and the stage looked completed without checks since)."""
+    fleet = make_fleet(3)
+    spec = spec_for(fleet, NEW, required=1)
+    failed = api.ClusterUpgradeStatus(
+        phase=U.FAILED,
+        reason="OperationFailed",
+        end_time="2026-01-01T00:00:10Z",
+        last_transition_time="2026-01-01T00:00:10Z",
+    )
+    d, by_id = _decide(fleet, spec, {"c00000": failed}, 300, skip_clusters=frozenset({"c00000"}))
+    st = _status(d, by_id, "c00000")
+    assert st.phase == U.SKIPPED and st.reason == "SkippedByUser"
+    assert st.end_time == "2026-01-01T00:00:10Z"
+    assert st.last_transition_time != st.end_time  # the skip itself is when it was recorded
+
+
+def test_a_stage_verdict_older_than_a_members_end_is_not_reused() -> None:
+    """Invariant 3: a canary member ended after the stage's passing analysis began (it was
+    retried, and the stage's reopening never reached the run's status): the stage verifies
+    anew instead of completing on the old verdict, and the next stage waits."""
+    fleet = make_fleet(6, version=NEW, staged=True)
+    stages = [
+        {"name": n, "selector": {"matchLabels": {"stage": n}}} for n in ("canary", "early", "main")
+    ]
+    spec = spec_for(fleet, NEW, required=1).model_copy(
+        update={
+            "strategy": api.Strategy.model_validate({"stages": stages}),
+            "health_checks": api.HealthChecks.model_validate(health_checks(success=2)),
+        }
+    )
+    for cid in ("c00001", "c00002", "c00004", "c00005"):  # early and main still to do
+        fleet.clusters[cid] = replace(fleet.clusters[cid], control_plane_version="1.28.5")
+    canary = {
+        "c00000": api.ClusterUpgradeStatus(
+            phase=U.UPGRADED, attempt=1, end_time="2026-01-01T00:05:00Z"
+        ),
+        "c00003": api.ClusterUpgradeStatus(phase=U.UPGRADED, end_time="2026-01-01T00:01:00Z"),
+    }
+    passed = api.HealthState(since="2026-01-01T00:02:00Z", passes=2)
+    old = [
+        api.StageStatus(
+            name="canary", phase=api.StagePhase.COMPLETED, total=2, upgraded=2, health=passed
+        ),
+        api.StageStatus(name="early", phase=api.StagePhase.PENDING, total=2, upgraded=0),
+        api.StageStatus(name="main", phase=api.StagePhase.PENDING, total=2, upgraded=0),
+    ]
+    d, _ = _decide(fleet, spec, canary, 310, stages=old)
+    assert [s.phase for s in d.stages][:2] == [api.StagePhase.VERIFYING, api.StagePhase.PENDING]
+    assert d.stages[0].health is not None and d.stages[0].health.passes == 0
+    assert _out(d) == []
+    # The same verdict, begun after every member ended, stands.
+    begun_after = passed.model_copy(update={"since": "2026-01-01T00:05:00Z"})
+    d, _ = _decide(
+        fleet,
+        spec,
+        canary,
+        310,
+        stages=[old[0].model_copy(update={"health": begun_after}), *old[1:]],
+    )
+    assert d.stages[0].phase == api.StagePhase.COMPLETED
+    assert _out(d)
+
+
+def test_a_verdict_asked_for_another_target_is_asked_again() -> None:
+    """Simulation seeds 12831, 13378: a preflight cache shared by runs with different targets
+    lent one run another's ACCEPTED verdict; a verdict answers the version it was asked for."""
+    fleet = make_fleet(3)
+    other = Preflight(Verdict.ACCEPTED, T0, version="1.30.1")
+    mine = Preflight(Verdict.ACCEPTED, T0, version=NEW)
+    d, _ = _decide(
+        fleet,
+        spec_for(fleet, NEW, required=1),
+        preflight_supported=True,
+        preflight={"c00000": other, "c00001": mine},
+    )
+    assert _out(d) == ["c00001"]
+    assert d.preflight_needed == ["c00000"]  # (the budget of 2 is spent on these two)
+
+
 def test_a_refused_preflight_blocks_before_anything_is_taken_out() -> None:
     fleet = make_fleet(3)
     refused = Preflight(Verdict.REFUSED_NEVER, T0, "SKIPS_MINOR", "1.28 to 1.30 skips a minor")
