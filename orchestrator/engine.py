@@ -1722,7 +1722,10 @@ def call_failed(
                 "message": f"refused before drain: {text}",
             }
         else:
-            update = {"phase": U.FAILED, "reason": "Refused", "message": text, "end_time": stamp}
+            # A failed cluster's service-in (failedClusterPolicy) refused: its attempt ended
+            # when it failed, and that is when its stage's analysis may begin.
+            ended = status.end_time if status.phase in ENDED and status.end_time else stamp
+            update = {"phase": U.FAILED, "reason": "Refused", "message": text, "end_time": ended}
         return status.model_copy(update={**update, "last_transition_time": stamp}), None
     wait = 30.0 if code == "FAILED_PRECONDITION" else 2.0
     return status.model_copy(update={"message": f"will ask again: {text}"}), wait

@@ -11,12 +11,14 @@ from typing import Any
 
 from orchestrator import api
 from orchestrator.engine import (
+    Call,
     Decision,
     Floor,
     Preflight,
     RunInput,
     Upgrade,
     Verdict,
+    call_failed,
     decide,
     request_id,
     with_status,
@@ -341,6 +343,26 @@ def test_a_verdict_asked_for_another_target_is_asked_again() -> None:
     )
     assert _out(d) == ["c00001"]
     assert d.preflight_needed == ["c00000"]  # (the budget of 2 is spent on these two)
+
+
+def test_a_refused_service_in_of_a_failed_cluster_keeps_when_its_attempt_ended() -> None:
+    """failedClusterPolicy services a failed cluster back in; when the plugin refuses that
+    service-in, the cluster stays Failed and its attempt still ended when it failed (seed
+    14569: the moved end made a verified stage look unverified)."""
+    failed = api.ClusterUpgradeStatus(
+        phase=U.FAILED, reason="OperationFailed", end_time="2026-01-01T00:06:56Z"
+    )
+    call = Call(OpKind.SERVICE_IN, "c00000", "rid", "run-c0", reissue=False)
+    new, wait = call_failed(
+        failed, call, "FAILED_PRECONDITION", False, "refused", T0 + timedelta(seconds=426)
+    )
+    assert wait is None
+    assert new.phase == U.FAILED and new.reason == "Refused"
+    assert new.end_time == "2026-01-01T00:06:56Z"
+    # A cluster in flight whose call is refused ends now.
+    flying = api.ClusterUpgradeStatus(phase=U.SERVICING_IN)
+    new, _ = call_failed(flying, call, "FAILED_PRECONDITION", False, "refused", T0)
+    assert new.phase == U.FAILED and new.end_time is not None
 
 
 def test_a_refused_preflight_blocks_before_anything_is_taken_out() -> None:
