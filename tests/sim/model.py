@@ -474,6 +474,11 @@ class ModelProvider:
         self._supports_preflight = supports_preflight
         #: The run whose reconcile is in progress (set by the harness before each step).
         self.run = ""
+        #: Request id → the last terminal state this replica saw: like the product's
+        #: OperationTracker, which keeps what WatchOperations showed and never asks the plugin
+        #: again about an operation it saw end (orchestrator.provider.GrpcProvider.learn), so
+        #: a plugin forgetting an ended operation matters only to a replica that restarted.
+        self.ended: dict[str, OpObs] = {}
 
     @property
     def supports_preflight(self) -> bool:
@@ -481,7 +486,18 @@ class ModelProvider:
 
     def snapshot(self, cluster_ids: Sequence[str]) -> Snapshot:
         self.adversary.rpc("ListClusters", "")
-        return self.fleet.snapshot(cluster_ids)
+        snap = self.fleet.snapshot(cluster_ids)
+        operations = dict(snap.operations)
+        for rid, op in operations.items():
+            if op.state.terminal:
+                self.ended[rid] = op
+        forgotten = set(snap.forgotten)
+        for rid in snap.forgotten:
+            known = self.ended.get(rid)
+            if known is not None:
+                operations[rid] = known
+                forgotten.discard(rid)
+        return Snapshot(snap.clusters, operations, frozenset(forgotten))
 
     def preflight(self, cluster_id: str, version: str, pools: Mapping[str, str]) -> Preflight:
         self.monitor.on_preflight(self.replica, self.run, cluster_id)
@@ -509,7 +525,10 @@ class ModelProvider:
         )
         self.monitor.on_op(self.run, call.upgrade, call, op, attempt)
         self.adversary.after_call(call, op)
-        return op.obs()
+        seen = op.obs()
+        if seen.state.terminal:  # the product tracks a call's answer at once
+            self.ended[call.request_id] = seen
+        return seen
 
 
 # -- health ------------------------------------------------------------------------------

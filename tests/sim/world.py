@@ -165,6 +165,7 @@ class Replica:
         self.incarnation += 1
         self.drivers.clear()
         self.store.rvs.clear()
+        self.provider.ended.clear()
 
     def driver(self, run: RunObj) -> RunDriver:
         key = "*" if self.world.cfg.shared_driver else run.key
