@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_orchestrator import control_plane
 from orchestrator import api
 from orchestrator.kube import KubeClient
 
@@ -45,20 +46,11 @@ def _cpu_seconds(pid: int) -> float:
 
 @contextmanager
 def _plane() -> Iterator[tuple[Path, dict[str, int]]]:
-    from devtools.controlplane import ControlPlane, ensure_binaries  # noqa: PLC0415
-    from tests.support.kube import PROJECT_CRDS, KubeCluster  # noqa: PLC0415
-
-    apiserver, etcd = ensure_binaries()
-    with tempfile.TemporaryDirectory(prefix="bench-apiserver-") as tmp:
-        plane = ControlPlane(Path(tmp), kube_apiserver=apiserver, etcd=etcd, etcd_in_memory=True)
-        try:
-            server = plane.start()
-            cluster = KubeCluster(server)
-            cluster.install_crds(PROJECT_CRDS)
-            cluster.close()
-            yield server.kubeconfig, {p.name: p.pid for p in plane.processes()}
-        finally:
-            plane.stop(purge=True)
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-apiserver-") as tmp,
+        control_plane(Path(tmp) / "plane") as plane,
+    ):
+        yield plane
 
 
 def _measure(pids: dict[str, int], count: int, work: Callable[[], None]) -> dict[str, float]:

@@ -54,7 +54,7 @@ from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, PoolObs, Snap
 from orchestrator.initialize import as_cluster_version_spec, pin_upgrades
 from plugins.sdk.client import PluginCallError, PluginClient
 
-__all__ = ["main"]
+__all__ = ["control_plane", "main"]
 
 OLD, NEW = "1.28.5", "1.29.4"
 POOLS = ("default-pool", "workers")
@@ -256,15 +256,17 @@ ETCD_ON_DISK = False
 
 
 @contextmanager
-def _control_plane(workdir: Path) -> Iterator[tuple[Path, dict[str, int]]]:
-    """A private etcd + kube-apiserver with the ClusterVersion CRD; yields its kubeconfig and
-    the pids of its processes by name (for CPU accounting)."""
+def control_plane(
+    workdir: Path, etcd_in_memory: bool = True
+) -> Iterator[tuple[Path, dict[str, int]]]:
+    """A private etcd + kube-apiserver with the project's CRDs; yields its kubeconfig and the
+    pids of its processes by name (for CPU accounting). Also used by bench_apiserver."""
     from devtools.controlplane import ControlPlane, ensure_binaries  # noqa: PLC0415
     from tests.support.kube import PROJECT_CRDS, KubeCluster  # noqa: PLC0415
 
     apiserver, etcd = ensure_binaries()
     plane = ControlPlane(
-        workdir, kube_apiserver=apiserver, etcd=etcd, etcd_in_memory=not ETCD_ON_DISK
+        workdir, kube_apiserver=apiserver, etcd=etcd, etcd_in_memory=etcd_in_memory
     )
     try:
         server = plane.start()
@@ -416,7 +418,9 @@ def _rollout(
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-orch-")))
         started = time.perf_counter()
-        kubeconfig, pids = stack.enter_context(_control_plane(tmp / "plane"))
+        kubeconfig, pids = stack.enter_context(
+            control_plane(tmp / "plane", etcd_in_memory=not ETCD_ON_DISK)
+        )
         print(f"control plane ready in {time.perf_counter() - started:.1f} s")
         _fleet_file(tmp / "fleet.yaml", count, step)
         address = f"127.0.0.1:{_free_port()}"

@@ -198,16 +198,21 @@ def test_the_floor_of_another_run_sharing_clusters_holds_too() -> None:
     assert _out(d) == ["c00000", "c00001", "c00002"]
 
 
-def test_a_reissued_service_out_passes_the_budget_again() -> None:
-    fleet = make_fleet(4)
-    spec = spec_for(fleet, NEW, required=2)
-    rid = request_id(UID, "c00000", OpKind.SERVICE_OUT.value, NEW, 0)
-    unconfirmed = api.ClusterUpgradeStatus(
+def _unconfirmed_service_out(cid: str) -> tuple[str, api.ClusterUpgradeStatus]:
+    """A service-out on record whose call has not taken effect (no operation seen)."""
+    rid = request_id(UID, cid, OpKind.SERVICE_OUT.value, NEW, 0)
+    return rid, api.ClusterUpgradeStatus(
         phase=U.SERVICING_OUT,
         step=OpKind.SERVICE_OUT.value,
         request_id=rid,
         step_start_time="2026-01-01T00:00:00Z",
     )
+
+
+def test_a_reissued_service_out_passes_the_budget_again() -> None:
+    fleet = make_fleet(4)
+    spec = spec_for(fleet, NEW, required=2)
+    rid, unconfirmed = _unconfirmed_service_out("c00000")
     d, by_id = _decide(fleet, spec, {"c00000": unconfirmed}, 5)
     assert [(c.kind, c.request_id, c.reissue) for c in d.calls if c.cluster_id == "c00000"] == [
         (OpKind.SERVICE_OUT, rid, True)
@@ -227,13 +232,7 @@ def test_a_reissued_service_out_asks_the_provider_again_once_its_verdict_is_stal
     target, so the provider now refuses. The re-issue asks again and drains nothing."""
     fleet = make_fleet(4)
     spec = spec_for(fleet, NEW, required=2)
-    rid = request_id(UID, "c00000", OpKind.SERVICE_OUT.value, NEW, 0)
-    unconfirmed = api.ClusterUpgradeStatus(
-        phase=U.SERVICING_OUT,
-        step=OpKind.SERVICE_OUT.value,
-        request_id=rid,
-        step_start_time="2026-01-01T00:00:00Z",
-    )
+    rid, unconfirmed = _unconfirmed_service_out("c00000")
     at_admission = {"c00000": Preflight(Verdict.ACCEPTED, T0)}
     # Fresh: the re-issue goes out.
     d, _ = _decide(
