@@ -378,8 +378,13 @@ class ModelFleet:
         return moved
 
     def _finish(self, op: MOp, c: MCluster) -> None:
+        try:
+            self._end(op, c)
+        finally:
+            self.on_end(op)  # WatchOperations sends the operation as it ended
+
+    def _end(self, op: MOp, c: MCluster) -> None:
         c.touch()
-        self.on_end(op)
         self.in_flight.discard(op.id)
         op.ended_at = self.now
         if c.op == op.id:
@@ -479,12 +484,16 @@ class ModelProvider:
         #: again about an operation it saw end (orchestrator.provider.GrpcProvider.learn), so
         #: a plugin forgetting an ended operation matters only to a replica that restarted.
         self.ended: dict[str, OpObs] = {}
+        #: Whether this replica follows the plugin's WatchOperations (it reconciled since it
+        #: last started): then every operation's end reaches `ended` (World._watch_event).
+        self.following = False
 
     @property
     def supports_preflight(self) -> bool:
         return self._supports_preflight
 
     def snapshot(self, cluster_ids: Sequence[str]) -> Snapshot:
+        self.following = True
         self.adversary.rpc("ListClusters", "")
         snap = self.fleet.snapshot(cluster_ids)
         operations = dict(snap.operations)

@@ -34,6 +34,7 @@ from tests.sim.model import (
     ModelFence,
     ModelFleet,
     ModelProvider,
+    MOp,
     MPool,
     RunObj,
     StoreClient,
@@ -166,6 +167,7 @@ class Replica:
         self.drivers.clear()
         self.store.rvs.clear()
         self.provider.ended.clear()
+        self.provider.following = False
 
     def driver(self, run: RunObj) -> RunDriver:
         key = "*" if self.world.cfg.shared_driver else run.key
@@ -628,7 +630,12 @@ class World:
             self.monitor.after_step(f"{rep.name} reconciled {key}")
 
     def _watch_event(self, op: object) -> None:
-        """WatchOperations: the end of an operation wakes the run that started it."""
+        """WatchOperations: the end of an operation wakes the run that started it, and reaches
+        the operation tracker of every replica that follows the plugin."""
+        obs = op.obs() if isinstance(op, MOp) else None
+        for rep in self.replicas:
+            if obs is not None and rep.provider.following and obs.state.terminal:
+                rep.provider.ended[obs.request_id] = obs
         owner = getattr(op, "owner", "")
         if owner in self.due:
             self.due[owner] = min(self.due[owner], self.now)
