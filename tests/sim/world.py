@@ -537,7 +537,9 @@ class World:
         if status != old:
             self.adversary.run_write_fault(key)
             rep.store.write_run_status(key, status)
-            if old.phase == api.RunPhase.STOPPED and status.phase not in NOT_LIVE:
+            if old.phase in NOT_LIVE and status.phase not in NOT_LIVE:
+                # Resumed (a stopped run set to Run, or a finished one given a retry round):
+                # its floor bound no one while it was not live.
                 self.monitor.run_resumed(key)
             if status.phase != old.phase:
                 self.log(f"{key}: {old.phase} → {status.phase}: {d.message}")
