@@ -207,9 +207,6 @@ class RunInput:
     now: datetime
     #: Clusters (of this provider) held by other runs: cluster id → holder "namespace/name".
     held_by: Mapping[str, str] = field(default_factory=dict)
-    #: Clusters another run's failed attempt took out of service and keeps out (`keeps_out`):
-    #: cluster id → that run. A retry here never adopts one of them as its own.
-    kept_out_by: Mapping[str, str] = field(default_factory=dict)
     preflight: Mapping[str, Preflight] = field(default_factory=dict)
     #: False when the provider does not implement PreflightUpgrade (nothing to ask).
     preflight_supported: bool = True
@@ -254,12 +251,6 @@ class Decision:
     #: Why no cluster starts now, in a word: Paused, Stopped, Halted, AwaitingApproval,
     #: Soaking, Verifying, AvailabilityBudget, NotBefore, MaintenanceWindow (None: not waiting).
     waiting_reason: str | None = None
-
-
-def keeps_out(phase: str, step: str | None) -> bool:
-    """Whether a ClusterUpgrade in this phase and step is a failed attempt that certainly took
-    its cluster out of service (its step is past the service-out) and may keep it out."""
-    return phase == U.FAILED.value and step is not None and step != OpKind.SERVICE_OUT.value
 
 
 def _ended_since(
@@ -1050,17 +1041,9 @@ def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, who: str) -> Non
             step_start_time=run.stamp,
         )
         return
-    if (
-        st.step
-        and obs is not None
-        and not obs.in_service
-        and not run.holder(u.cluster_id)
-        and u.cluster_id not in inp.kept_out_by
-    ):
+    if st.step and obs is not None and not obs.in_service and not run.holder(u.cluster_id):
         # Invariant 4: the failed attempt took it out; the retry keeps it (no new
-        # service-out, no budget) and `follow` carries it on from where it stands. Not when
-        # another run's failed attempt keeps it out (simulation seed 18657): ours may have
-        # failed at the service-out, and adopting theirs would strand their record of it.
+        # service-out, no budget) and `follow` carries it on from where it stands.
         run.set(
             u,
             phase=U.SERVICING_OUT,

@@ -25,7 +25,7 @@ from orchestrator.analysis import Analyzer, PrometheusTarget
 from orchestrator.cache import AccessCatalog, ObjectCache
 from orchestrator.conditions import format_time, get_condition, set_condition
 from orchestrator.driver import CallError, Fence, HookRunner, RunDriver, WriteConflict
-from orchestrator.engine import ACTIVE, Floor, Preflight, Upgrade, keeps_out
+from orchestrator.engine import ACTIVE, Floor, Preflight, Upgrade
 from orchestrator.fleet import ClusterObs, OpObs, OpState
 from orchestrator.initialize import pin_upgrades, run_name
 from orchestrator.kube import Conflict, KubeClient, KubeError, NotFound
@@ -432,7 +432,7 @@ class UpdateRunController:
                 f"points at {endpoint}; point it back, or stop this run and start a new one",
             )
             return self._invalid(obj, status, [problem], gen, now)
-        held_by, kept_out_by, floors = self._neighbours(
+        held_by, floors = self._neighbours(
             endpoint, ns, name, {u.cluster_id for u in upgrades.values()}
         )
         try:
@@ -494,7 +494,6 @@ class UpdateRunController:
                 stages=status.stages or [],
                 held_by=held_by,
                 now=now,
-                kept_out_by=kept_out_by,
                 approved=_csv(annotations.get(api.ANNOTATION_APPROVE_STAGES)),
                 retry=_csv(annotations.get(api.ANNOTATION_RETRY_CLUSTERS)),
                 skip=_csv(annotations.get(api.ANNOTATION_SKIP_CLUSTERS)),
@@ -570,12 +569,10 @@ class UpdateRunController:
 
     def _neighbours(
         self, provider: str, ns: str, name: str, own: set[str]
-    ) -> tuple[dict[str, str], dict[str, str], list[Floor]]:
+    ) -> tuple[dict[str, str], list[Floor]]:
         """Across namespaces, for this provider: the clusters other runs hold (id → "ns/run"),
-        those another run's failed attempt keeps out of service (`engine.keeps_out`), and the
-        floors of the other live runs that share clusters with this one."""
+        and the floors of the other live runs that share clusters with this one."""
         held: dict[str, str] = {}
-        kept: dict[str, str] = {}
         members: dict[tuple[str, str], set[str]] = {}
         active = {p.value for p in ACTIVE}
         for o in self.upgrades.items():
@@ -586,11 +583,8 @@ class UpdateRunController:
                 continue
             cid = o["spec"]["clusterId"]
             members.setdefault(key, set()).add(cid)
-            status = o.get("status") or {}
-            if status.get("phase") in active:
+            if (o.get("status") or {}).get("phase") in active:
                 held[cid] = f"{key[0]}/{run}"
-            elif keeps_out(status.get("phase", ""), status.get("step")):
-                kept[cid] = f"{key[0]}/{run}"
         floors: list[Floor] = []
         for (rns, run), cids in sorted(members.items()):
             if not cids & own:
@@ -600,7 +594,7 @@ class UpdateRunController:
                 continue
             required = int((obj.get("spec") or {}).get("requiredAvailableCount", 1))
             floors.append(Floor(f"{rns}/{run}", frozenset(cids), required))
-        return held, kept, floors
+        return held, floors
 
     def _consume(self, obj: dict[str, Any], key: str) -> None:
         """Remove the ids a people-annotation named: each is acted on once, then consumed."""

@@ -20,7 +20,6 @@ from orchestrator.engine import (
     Verdict,
     call_failed,
     decide,
-    keeps_out,
     request_id,
     with_status,
 )
@@ -363,39 +362,6 @@ def test_a_refused_service_in_of_a_failed_cluster_keeps_when_its_attempt_ended()
     flying = api.ClusterUpgradeStatus(phase=U.SERVICING_IN)
     new, _ = call_failed(flying, call, "FAILED_PRECONDITION", False, "refused", T0)
     assert new.phase == U.FAILED and new.end_time is not None
-
-
-def test_a_retry_adopts_an_out_of_service_cluster_only_when_no_other_run_keeps_it_out() -> None:
-    """Simulation seed 18657: this run failed c00000 at its service-out (it stayed in); another
-    run then took it out and failed it at a node pool. A retry here must not adopt it as ours:
-    it waits (out of service outside this run). Kept out by no one, it carries on (invariant 4)."""
-    fleet = make_fleet(3)
-    fleet.clusters["c00000"] = replace(fleet.clusters["c00000"], in_service=False)
-    spec = spec_for(fleet, NEW, required=1)
-    failed = api.ClusterUpgradeStatus(
-        phase=U.FAILED,
-        reason="OperationFailed",
-        step=OpKind.SERVICE_OUT.value,
-        end_time="2026-01-01T00:00:10Z",
-    )
-    retry = frozenset({"c00000"})
-    d, by_id = _decide(
-        fleet, spec, {"c00000": failed}, 60, retry_clusters=retry, kept_out_by={"c00000": "b/run"}
-    )
-    st = _status(d, by_id, "c00000")
-    assert st.phase == U.PENDING and st.attempt == 1 and st.step is None
-    assert [c for c in d.calls if c.cluster_id == "c00000"] == []
-    d, by_id = _decide(fleet, spec, {"c00000": failed}, 60, retry_clusters=retry)
-    st = _status(d, by_id, "c00000")
-    assert st.phase != U.PENDING and st.step is not None and st.attempt == 1
-
-
-def test_keeps_out_is_a_failed_attempt_past_its_service_out() -> None:
-    assert keeps_out("Failed", "nodePool/pool-0")
-    assert keeps_out("Failed", "controlPlane")
-    assert not keeps_out("Failed", "serviceOut")  # it may never have taken the cluster out
-    assert not keeps_out("Failed", None)
-    assert not keeps_out("UpgradingNodePools", "nodePool/pool-0")  # active: held, not kept
 
 
 def test_a_refused_preflight_blocks_before_anything_is_taken_out() -> None:

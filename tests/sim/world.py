@@ -19,7 +19,7 @@ from typing import Any
 from orchestrator import api
 from orchestrator.conditions import format_time
 from orchestrator.driver import CallError, RunDriver, WriteConflict
-from orchestrator.engine import ACTIVE, Floor, keeps_out
+from orchestrator.engine import ACTIVE, Floor
 from orchestrator.initialize import pin_upgrades, run_for
 from tests.sim.adversary import Adversary
 from tests.sim.invariants import Monitor, Violation
@@ -485,14 +485,6 @@ class World:
             others = self.api.active.get(cid, set()) - {key}
             if others:
                 held_by[cid] = sorted(others)[0]
-        # As orchestrator.runs._neighbours: another run's failed attempt keeping a cluster out.
-        kept_out_by = {
-            o.upgrade.cluster_id: o.run
-            for o in self.api.upgrades.values()
-            if o.run != key
-            and o.upgrade.cluster_id in own
-            and keeps_out(o.upgrade.status.phase.value, o.upgrade.status.step)
-        }
         drv = rep.driver(run)
         approved = frozenset(run.stage_names)
         result = drv.step(
@@ -503,7 +495,6 @@ class World:
             stages=run.status.stages or [],
             held_by=held_by,
             now=now,
-            kept_out_by=kept_out_by,
             approved=approved,
             retry=run.retry,
             skip=run.skip,
