@@ -253,6 +253,7 @@ class Kube:
         with self._streams_lock:
             if self.closed:
                 resp.release_conn()
+                self._closed_meanwhile()
                 return
             self._streams.add(resp)
         try:
@@ -274,6 +275,7 @@ class Kube:
             with self._streams_lock:
                 self._streams.discard(resp)
             resp.release_conn()
+            self._closed_meanwhile()
 
     def create(self, res: Resource, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST a new object; KubeConflict when it exists already."""
@@ -414,12 +416,23 @@ class Kube:
         return self._call(cluster, res.group, res.version, res.plural, name, *rest, **kwargs)
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.closed:
+            raise KubeError(0, f"{self._label}: client closed")
         try:
             return fn(*args, _request_timeout=_REQUEST_TIMEOUT, **kwargs)
         except ApiException as exc:
             raise self._wrap(exc) from exc
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             raise self._unreachable(exc) from exc
+        finally:
+            self._closed_meanwhile()
+
+    def _closed_meanwhile(self) -> None:
+        """A request that raced close() (an informer's relist) may have opened a connection in
+        a pool close() had already emptied: close it now rather than leave it to the garbage
+        collector (the ResourceWarning that failed CI; tests/support/socket_origins named it)."""
+        if self.closed:
+            self._api.rest_client.pool_manager.clear()
 
     def _wrap(self, exc: ApiException) -> KubeError:
         return _error(int(exc.status or 0), exc.body, str(exc.reason))
