@@ -253,6 +253,14 @@ class Decision:
     waiting_reason: str | None = None
 
 
+def attempt_end(old: api.ClusterUpgradeStatus, now: str) -> str:
+    """The endTime of an attempt that ends (or is recorded again) now: when its work ended. A
+    cluster that had already ended keeps it (a person skipping it after it failed, or a refused
+    service-in of a failed one under failedClusterPolicy), so a stage verified after that end
+    stays verified."""
+    return old.end_time if old.phase in ENDED and old.end_time else now
+
+
 def _ended_since(
     members: Sequence[Upgrade], status: Mapping[str, api.ClusterUpgradeStatus], since: str
 ) -> bool:
@@ -358,10 +366,8 @@ class _Run:
         phase = changes.get("phase", old.phase)
         if phase != old.phase:
             changes.setdefault("last_transition_time", self.stamp)
-            if phase in ENDED and (old.phase not in ENDED or old.end_time is None):
-                # When the attempt's work ended: a person skipping a cluster that had failed
-                # does not move it (a stage verified after that failure stays verified).
-                changes.setdefault("end_time", self.stamp)
+            if phase in ENDED:
+                changes.setdefault("end_time", attempt_end(old, self.stamp))
             if old.phase == U.PENDING and phase in ACTIVE:
                 changes.setdefault("start_time", old.start_time or self.stamp)
             msg = str(changes.get("message") or f"{old.phase.value} → {phase}")
@@ -1722,10 +1728,12 @@ def call_failed(
                 "message": f"refused before drain: {text}",
             }
         else:
-            # A failed cluster's service-in (failedClusterPolicy) refused: its attempt ended
-            # when it failed, and that is when its stage's analysis may begin.
-            ended = status.end_time if status.phase in ENDED and status.end_time else stamp
-            update = {"phase": U.FAILED, "reason": "Refused", "message": text, "end_time": ended}
+            update = {
+                "phase": U.FAILED,
+                "reason": "Refused",
+                "message": text,
+                "end_time": attempt_end(status, stamp),
+            }
         return status.model_copy(update={**update, "last_transition_time": stamp}), None
     wait = 30.0 if code == "FAILED_PRECONDITION" else 2.0
     return status.model_copy(update={"message": f"will ask again: {text}"}), wait
