@@ -67,25 +67,18 @@ class ClusterVersionController:
     upgrades: ObjectCache
     #: FleetProviders, MetricSources and the policy: what this namespace's spec may use.
     catalog: AccessCatalog
+    #: The ClusterVersions' watch cache, read instead of a GET per reconcile (at 5,000 clusters
+    #: a ClusterVersion is ~250 KB and one GET costs the apiserver ~70 ms of CPU); it holds the
+    #: version whose event scheduled this reconcile, and our own writes go through it.
+    cvs: ObjectCache
     history: int = DEFAULT_HISTORY
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
-    #: The ClusterVersions' watch cache (None: GET each one). At 5,000 clusters a
-    #: ClusterVersion is ~250 KB and one GET costs the apiserver ~70 ms of CPU; the cache holds
-    #: the version whose event scheduled this reconcile, and our status writes go through it.
-    cvs: ObjectCache | None = None
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """Make the ClusterVersion's run exist and the others stop; summarise."""
-        if self.cvs is not None:
-            cached = self.cvs.get(namespace, name)
-            if cached is None:
-                return None
-            cv = cached
-        else:
-            try:
-                cv = self.kube.get_object(api.PLURAL, namespace, name)
-            except NotFound:
-                return None
+        cv = self.cvs.get(namespace, name)
+        if cv is None:
+            return None
         meta = cv["metadata"]
         gen = int(meta.get("generation", 1))
         now = self.clock()
@@ -243,8 +236,7 @@ class ClusterVersionController:
                     meta["name"],
                     {"metadata": {"annotations": dict.fromkeys(moved)}},
                 )
-                if self.cvs is not None:  # consumed: no later pass may hand them over again
-                    self.cvs.put(answer)
+                self.cvs.put(answer)  # consumed: no later pass may hand them over again
             except KubeError as err:
                 log.info("could not move annotations of %s: %s", meta["name"], err)
 
@@ -371,8 +363,7 @@ class ClusterVersionController:
             written = self.kube.write_status(
                 api.PLURAL, meta["namespace"], meta["name"], body, meta["resourceVersion"]
             )
-            if self.cvs is not None:
-                self.cvs.put(written)
+            self.cvs.put(written)
         except Conflict:
             log.debug("ClusterVersion %s changed meanwhile; next reconcile writes", meta["name"])
 

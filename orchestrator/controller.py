@@ -137,7 +137,7 @@ class Controller:
             hooks=self.hooks,
         )
         self.cv_controller = ClusterVersionController(
-            self.kube, self.runs, self.upgrades, self.catalog, history=self.history, cvs=self.cvs
+            self.kube, self.runs, self.upgrades, self.catalog, self.cvs, history=self.history
         )
         self._failures: dict[Key, int] = {}
         self._backoff = wait_exponential(multiplier=0.5, max=60.0) + wait_random(0, 0.5)
