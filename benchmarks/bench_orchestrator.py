@@ -58,6 +58,8 @@ __all__ = ["control_plane", "main"]
 
 OLD, NEW = "1.28.5", "1.29.4"
 POOLS = ("default-pool", "workers")
+#: The orchestrator's name among the processes whose CPU is accounted.
+ORCH = "fleet-orchestrator"
 STEPS_PER_CLUSTER = 2 + 1 + len(POOLS)  # service-out, control plane, pools, service-in
 KIB = 1024
 _KIND = {
@@ -437,7 +439,7 @@ def _rollout(
         orch_argv += ["--kubeconfig", str(kubeconfig), "--namespace", "bench"]
         orch_argv += ["--sync-period-seconds", "30", "--metrics-addr", f"127.0.0.1:{metrics_port}"]
         orch = stack.enter_context(_process(orch_argv, tmp / "orchestrator.log"))
-        pids["fleet-orchestrator"] = orch.pid
+        pids[ORCH] = orch.pid
         pids["benchmark (observer)"] = os.getpid()
         if profile is not None:
             stack.enter_context(_py_spy(orch.pid, profile, tmp / "py-spy.log"))
@@ -462,7 +464,6 @@ def _rollout(
                 "clusters": [{"id": f"cluster-{i:03d}", "version": NEW} for i in range(count)],
             },
         }
-        cpu_before = _cpu_seconds(orch.pid)
         each_before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
         machine_before = _machine_cpu()
         created = time.time()
@@ -495,9 +496,10 @@ def _rollout(
             summary = _last_summary(custom)
             sim = json.loads(_get(f"http://{admin}/monitor") or "{}")
             numbers = _get(metrics_url) or ""
+            spent = _cpu_seconds(orch.pid) - each_before[ORCH]
             print(
                 f"timed out after {time.time() - created:.0f} s: {summary.get('upToDate', 0)} of "
-                f"{count} up to date, orchestrator CPU {_cpu_seconds(orch.pid) - cpu_before:.1f} s"
+                f"{count} up to date, orchestrator CPU {spent:.1f} s"
                 f", peak RSS {_peak_rss_mib(orch.pid):.0f} MiB, API writes "
                 f"{_metric(numbers, 'multicluster_controller_api_writes_total'):.0f}"
                 f", reconciles "
@@ -507,8 +509,8 @@ def _rollout(
             )
             raise
         observed_done = time.time()
-        cpu = _cpu_seconds(orch.pid) - cpu_before
         each_cpu = {name: _cpu_seconds(pid) - each_before[name] for name, pid in pids.items()}
+        cpu = each_cpu[ORCH]
         busy_now, total_now = _machine_cpu()
         machine_busy, machine_total = busy_now - machine_before[0], total_now - machine_before[1]
         peak_rss = _peak_rss_mib(orch.pid)
@@ -621,7 +623,7 @@ def _watch_object(
                     seen = obj["metadata"]["resourceVersion"]
                     yield obj
         except (OSError, urllib3.exceptions.HTTPError):
-            yield from ()  # read timeout: no news within a second
+            pass  # read timeout: no news within a second
         finally:
             w.stop()
         yield {}  # hand the clock back to the caller between watches
