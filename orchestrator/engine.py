@@ -870,6 +870,14 @@ class _Run:
         cur = obs.current_operation
         return cur is not None and not cur.state.terminal and not self._ours(cur)
 
+    def busy_ours(self, obs: ClusterObs, st: api.ClusterUpgradeStatus) -> bool:
+        """Whether an operation of this run may still act on the cluster."""
+        cur = obs.current_operation
+        if cur is not None and not cur.state.terminal and self._ours(cur):
+            return True
+        op = self.inp.snapshot.operations.get(st.request_id or "")
+        return op is not None and not op.state.terminal
+
     def _ours(self, op: OpObs) -> bool:
         return op.request_id.startswith(f"{self.inp.uid}:")
 
@@ -1017,6 +1025,36 @@ def _returned(run: _Run) -> None:
         )
 
 
+def _released(run: _Run) -> None:
+    """Invariant 4 across runs. An ended attempt that keeps its `step` may still have its
+    cluster out of service: a retry carries it on from there, failedClusterPolicy brings it
+    back, a return resumes it. Once the cluster is seen in service with no operation of this
+    run in flight on it, the attempt keeps nothing out (its service-out failed, or someone
+    serviced it back in) and its step is cleared, so that a later retry never adopts a
+    cluster that another run has taken out since."""
+    for u in run.inp.upgrades.values():
+        st = run.status[u.name]
+        if not st.step or st.phase in ACTIVE or st.phase in (U.PENDING, U.UPGRADED):
+            continue
+        obs = run.inp.snapshot.clusters.get(u.cluster_id)
+        if obs is None or not obs.in_service or run.busy_ours(obs, st):
+            continue
+        message = st.message
+        if st.step == RECOVER_STEP:
+            message = (
+                "serviced back in (failedClusterPolicy ServiceInIfHealthy) after it failed: "
+                f"{st.message or st.reason}"
+            )
+        run.set(
+            u,
+            step=None,
+            request_id=None,
+            operation_id=None,
+            step_start_time=None,
+            message=message,
+        )
+
+
 def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, who: str) -> None:
     """A fresh attempt with the run's pinned targets: new request ids, fresh health."""
     inp = run.inp
@@ -1078,17 +1116,7 @@ def _recover(run: _Run, u: Upgrade) -> None:
     if run.holder(u.cluster_id) is not None:
         return
     if obs.in_service:
-        if st.step == RECOVER_STEP:
-            run.set(
-                u,
-                step=None,
-                request_id=None,
-                operation_id=None,
-                step_start_time=None,
-                message=f"serviced back in (failedClusterPolicy ServiceInIfHealthy) after it "
-                f"failed: {st.message or st.reason}",
-            )
-        return
+        return  # serviced back in: `_released` clears the step
     inp = run.inp
     rid = request_id(inp.uid, u.cluster_id, RECOVER_STEP, u.spec.version, st.attempt)
     if st.step == RECOVER_STEP and st.request_id == rid:
@@ -1272,6 +1300,7 @@ def decide(inp: RunInput) -> Decision:
         by_stage.setdefault(u.spec.stage_index, []).append(u)
     # People first: skips, then retries (annotations are consumed by the controller; spec
     # fields are level-triggered, a retry round applies once per cluster).
+    _released(run)
     _people(run)
     stages_spec = run.strategy.stages or []
     names = [s.name for s in stages_spec] or ["default"]
@@ -1286,6 +1315,7 @@ def decide(inp: RunInput) -> Decision:
         for u in inp.upgrades.values():
             if run.status[u.name].phase == U.FAILED:
                 _recover(run, u)
+    _released(run)  # an attempt that ended in this pass with its cluster still in service
     prev = {s.name: s for s in inp.stages}
     budgets = _budgets(run, names, by_stage, skipped_stages)
     halted = budgets.halted

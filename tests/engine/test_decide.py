@@ -51,12 +51,12 @@ def _decide(
     for cid, st in (statuses or {}).items():
         by_id[cid] = with_status(by_id[cid], st)
     kw.setdefault("preflight_supported", False)
+    kw.setdefault("snapshot", fleet.snapshot())
     inp = RunInput(
         key="ns/run",
         uid=UID,
         spec=as_run_spec(spec),
         upgrades={u.name: u for u in by_id.values()},
-        snapshot=fleet.snapshot(),
         now=T0 + timedelta(seconds=seconds),
         **kw,
     )
@@ -261,6 +261,73 @@ def test_a_reissued_service_out_asks_the_provider_again_once_its_verdict_is_stal
     st = _status(d, by_id, "c00000")
     assert st.phase == U.BLOCKED and st.reason == "Refused" and st.step is None
     assert "control plane is past" in (st.message or "")
+
+
+def _failed_service_out(state: OpState) -> tuple[api.ClusterUpgradeStatus, Snapshot]:
+    """c00000 Failed at its service-out (timed out), its operation in the given state."""
+    fleet = make_fleet(4)
+    rid = request_id(UID, "c00000", OpKind.SERVICE_OUT.value, NEW, 0)
+    failed = api.ClusterUpgradeStatus(
+        phase=U.FAILED,
+        step=OpKind.SERVICE_OUT.value,
+        request_id=rid,
+        operation_id="op-1",
+        reason="OperationFailed",
+        message="serviceOut failed: INTERNAL: injected",
+        end_time="2026-01-01T00:00:10Z",
+    )
+    op = OpObs("op-1", OpKind.SERVICE_OUT, "c00000", state, rid)
+    return failed, Snapshot(fleet.clusters, {rid: op})
+
+
+def test_a_retry_never_adopts_a_cluster_another_run_took_out_after_its_own_attempt_let_go() -> None:
+    """Invariant 4 across runs (simulation seed 18657). Run A's service-out of c00000 failed and
+    the cluster stayed in service; later run B took it out, failed it at a node pool and kept it
+    out (not an active holder). A retry in A must not adopt B's cluster: once A sees the cluster
+    in service with nothing of its own in flight, its failed attempt keeps nothing out."""
+    fleet = make_fleet(4)
+    spec = spec_for(fleet, NEW, required=1)
+    failed, snap = _failed_service_out(OpState.FAILED)
+    d, by_id = _decide(fleet, spec, {"c00000": failed}, 20, snapshot=snap)
+    let_go = _status(d, by_id, "c00000")
+    assert let_go.phase == U.FAILED and let_go.reason == "OperationFailed"
+    assert let_go.step is None and let_go.request_id is None
+    assert let_go.message == failed.message and let_go.end_time == failed.end_time
+    # B takes it out and keeps it out; then a person retries c00000 in A.
+    fleet.clusters["c00000"] = replace(fleet.clusters["c00000"], in_service=False)
+    d, by_id = _decide(fleet, spec, {"c00000": let_go}, 600, retry_clusters=frozenset({"c00000"}))
+    st = _status(d, by_id, "c00000")
+    assert st.phase == U.PENDING and st.attempt == 1 and st.step is None
+    assert [c for c in d.calls if c.cluster_id == "c00000"] == []
+    # Without the release, the same retry would carry B's cluster on as A's.
+    d, by_id = _decide(fleet, spec, {"c00000": failed}, 600, retry_clusters=frozenset({"c00000"}))
+    assert [c.kind for c in d.calls if c.cluster_id == "c00000"] == [OpKind.CONTROL_PLANE]
+
+
+def test_a_failed_attempt_with_its_service_out_still_in_flight_keeps_the_cluster() -> None:
+    """A service-out that timed out may still take effect: while it runs the attempt keeps
+    its step (a retry carries the cluster on), even though the cluster is still in service."""
+    fleet = make_fleet(4)
+    spec = spec_for(fleet, NEW, required=1)
+    failed, snap = _failed_service_out(OpState.RUNNING)
+    failed = failed.model_copy(update={"reason": "StepTimedOut"})
+    d, by_id = _decide(fleet, spec, {"c00000": failed}, 20, snapshot=snap)
+    assert _status(d, by_id, "c00000").step == OpKind.SERVICE_OUT.value
+
+
+def test_a_failed_cluster_someone_serviced_back_in_is_no_longer_kept_out() -> None:
+    fleet = make_fleet(4)
+    spec = spec_for(fleet, NEW, required=1)
+    kept_out = api.ClusterUpgradeStatus(
+        phase=U.FAILED, step="nodePool/pool-0", reason="OperationFailed", message="pool failed"
+    )
+    fleet.clusters["c00000"] = replace(fleet.clusters["c00000"], in_service=False)
+    d, by_id = _decide(fleet, spec, {"c00000": kept_out}, 20)
+    assert "c00000" not in d.changed or _status(d, by_id, "c00000").step == kept_out.step
+    fleet.clusters["c00000"] = replace(fleet.clusters["c00000"], in_service=True)
+    d, by_id = _decide(fleet, spec, {"c00000": kept_out}, 20)
+    st = _status(d, by_id, "c00000")
+    assert st.phase == U.FAILED and st.step is None and st.message == "pool failed"
 
 
 def test_a_person_skipping_a_failed_cluster_keeps_when_its_attempt_ended() -> None:
