@@ -52,6 +52,7 @@ __all__ = [
     "REASON_JOB_FAILED",
     "REASON_JOB_FINISHED",
     "RESET_PATCH",
+    "asks_for",
     "curator_patch",
     "curator_preflight",
     "curator_verdict",
@@ -125,6 +126,17 @@ def curator_patch(
         },
         "spec": {"desiredCuration": "upgrade", "upgrade": upgrade},
     }
+
+
+def asks_for(curator: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
+    """True when the curator's spec already asks for the curation `patch` (curator_patch) asks
+    for: the same desiredCuration and every spec.upgrade field the patch sets."""
+    spec = curator.get("spec") or {}
+    wanted = patch["spec"]
+    upgrade = spec.get("upgrade") or {}
+    return spec.get("desiredCuration") == wanted["desiredCuration"] and all(
+        upgrade.get(k) == v for k, v in wanted["upgrade"].items()
+    )
 
 
 def intermediate_update(curator: Mapping[str, Any]) -> str:

@@ -455,6 +455,8 @@ class OcmFleet:
         self, cluster: str, version: str, request_id: str, op_id: str, now: datetime
     ) -> datetime:
         """Creates or patches ClusterCurator <cluster>/<cluster>; returns the start time."""
+        reset = False  # this call cleared the curator's status
+        patch = curator.curator_patch(self.cfg, cluster, version, request_id, op_id, now)
         for _ in range(_RETRIES):
             try:
                 current = self._hub.get(CLUSTER_CURATORS, cluster, cluster)
@@ -467,6 +469,20 @@ class OcmFleet:
                 if notes.get(ANNOTATION_REQUEST_ID) == request_id:  # ours, from before a restart
                     return parse_time(notes.get(ANNOTATION_STARTED_AT)) or now
                 job = curator.running_job(current)
+                if job and reset and curator.asks_for(current, patch):
+                    # The controller acted on our reset: a reconcile queued by the last
+                    # curation's end (its predicate passes a write that clears curatorJob) ran
+                    # between our two writes, found no failed record and launched the curation
+                    # we ask for. It is ours: annotated as ours, it is followed as ours.
+                    rv = current["metadata"]["resourceVersion"]
+                    mark = {"metadata": {**patch["metadata"], "resourceVersion": rv}}
+                    try:
+                        self._hub.merge_patch(CLUSTER_CURATORS, cluster, cluster, mark)
+                    except KubeConflict:
+                        continue
+                    except KubeError as exc:
+                        raise self._hub_unavailable("annotate the ClusterCurator", exc) from exc
+                    return now
                 if job:
                     raise FailedPrecondition(
                         f"ClusterCurator {cluster}/{cluster} is running curation job {job}; "
@@ -481,7 +497,6 @@ class OcmFleet:
                         f"{step} (an EUS upgrade): the curator controller ignores every update "
                         "of it and desiredUpdate cannot change; finish or remove that curator"
                     )
-            patch = curator.curator_patch(self.cfg, cluster, version, request_id, op_id, now)
             try:
                 if current is None:
                     body = {
@@ -493,13 +508,18 @@ class OcmFleet:
                     return now
                 version_read = current["metadata"]["resourceVersion"]
                 if curator.needs_reset(current, version):
-                    # Its own write: the controller drops it (status changed) and starts nothing.
-                    reset = {**curator.RESET_PATCH, "metadata": {"resourceVersion": version_read}}
-                    written = self._hub.merge_patch(CLUSTER_CURATORS, cluster, cluster, reset)
+                    # Its own write: the controller drops it (status changed) and starts
+                    # nothing, unless a reconcile queued before runs now (handled above).
+                    cleared = {
+                        **curator.RESET_PATCH,
+                        "metadata": {"resourceVersion": version_read},
+                    }
+                    written = self._hub.merge_patch(CLUSTER_CURATORS, cluster, cluster, cleared)
+                    reset = True
                     version_read = written["metadata"]["resourceVersion"]
                 # The status untouched: the controller acts on this one.
-                patch["metadata"]["resourceVersion"] = version_read
-                self._hub.merge_patch(CLUSTER_CURATORS, cluster, cluster, patch)
+                ask = {**patch, "metadata": {**patch["metadata"], "resourceVersion": version_read}}
+                self._hub.merge_patch(CLUSTER_CURATORS, cluster, cluster, ask)
                 return now
             except KubeConflict:
                 continue

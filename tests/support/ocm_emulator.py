@@ -580,6 +580,11 @@ class OcmEmulator:
         with self._lock:
             self._members[cluster].curation_failure = (step, message)
 
+    def reconcile_curator_now(self, cluster: str) -> None:
+        """The curator controller's reconcile of <cluster>/<cluster>, run now: what a reconcile
+        queued earlier (by an event its predicate passed) does if it runs at this moment."""
+        self._reconcile_curator(f"{cluster}/{cluster}", time.monotonic())
+
     def fail_next_upgrade_object(self, cluster: str, reason: str, message: str) -> None:
         """The next delivered upgrade object ends Complete=False with reason and message."""
         with self._lock:

@@ -17,6 +17,7 @@ import pytest
 from kubernetes import client as k8s
 
 from fleetupgrade.plugin.v1 import cluster_pb2
+from plugins.ocm.objects import ANNOTATION_REQUEST_ID
 from plugins.sdk.client import PluginCallError
 from tests.plugins.ocm.conftest import NEW, OLD, RunningPlugin, StartPlugin, curator_config
 from tests.support.kube import KubeCluster, wait_for
@@ -148,6 +149,46 @@ def test_a_retry_to_the_same_version_after_a_failure_starts_a_new_curation(
     retry = _end(plugin, plugin.client.upgrade_control_plane("try-2", name, NEW).id)
     assert retry.state == SUCCEEDED, retry.error_message
     assert emulator.curations_started == {name: 2}
+
+
+def test_a_curation_the_controller_launches_between_the_reset_and_the_ask_is_followed(
+    emulator: OcmEmulator,
+    start_plugin: StartPlugin,
+    names: Callable[[int], list[str]],
+    curators: Curators,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The failed job's end clears spec.curatorJob, a write the controller's predicate passes,
+    so a reconcile is queued. When it runs between the retry's two writes (the status reset,
+    then the ask), it finds no failed record and launches the curation to the same version
+    itself; the ask then conflicts. The plugin follows that curation as the retry's instead
+    of refusing the retry as busy (seen as a CI flake of the test above)."""
+    [name] = names(1)
+    emulator.add_cluster(name, OLD)
+    emulator.fail_next_curation(name, "Timed out waiting for monitor upgrade job")
+    plugin = start_plugin(curator_config())
+    failed = _end(plugin, plugin.client.upgrade_control_plane("try-1", name, NEW).id)
+    assert failed.state == FAILED
+    emulator.wait_idle()
+    [fleet] = plugin.plugin.fleet.fleets.values()
+    hub = fleet._hub
+    write = hub.merge_patch
+    raced: list[str] = []
+
+    def reconcile_after_the_reset(res: Any, namespace: str, obj: str, body: Any) -> Any:
+        written = write(res, namespace, obj, body)
+        if "status" in body and not raced:
+            emulator.reconcile_curator_now(name)
+            raced.append(curators.get(name)["spec"].get("curatorJob", ""))
+        return written
+
+    monkeypatch.setattr(hub, "merge_patch", reconcile_after_the_reset)
+    retry = _end(plugin, plugin.client.upgrade_control_plane("try-2", name, NEW).id)
+    assert raced and raced[0], "the controller did not launch a job on the reset state"
+    assert retry.state == SUCCEEDED, retry.error_message
+    assert emulator.curations_started == {name: 2}
+    notes = curators.get(name)["metadata"]["annotations"]
+    assert notes[ANNOTATION_REQUEST_ID] == "try-2"
 
 
 def test_a_curator_acm_created_and_upgraded_before_is_upgraded_and_keeps_its_fields(
