@@ -266,15 +266,15 @@ def test_a_reissued_service_out_asks_the_provider_again_once_its_verdict_is_stal
 def _failed_service_out(state: OpState) -> tuple[api.ClusterUpgradeStatus, Snapshot]:
     """c00000 Failed at its service-out (timed out), its operation in the given state."""
     fleet = make_fleet(4)
-    rid = request_id(UID, "c00000", OpKind.SERVICE_OUT.value, NEW, 0)
-    failed = api.ClusterUpgradeStatus(
-        phase=U.FAILED,
-        step=OpKind.SERVICE_OUT.value,
-        request_id=rid,
-        operation_id="op-1",
-        reason="OperationFailed",
-        message="serviceOut failed: INTERNAL: injected",
-        end_time="2026-01-01T00:00:10Z",
+    rid, unconfirmed = _unconfirmed_service_out("c00000")
+    failed = unconfirmed.model_copy(
+        update={
+            "phase": U.FAILED,
+            "operation_id": "op-1",
+            "reason": "OperationFailed",
+            "message": "serviceOut failed: INTERNAL: injected",
+            "end_time": "2026-01-01T00:00:10Z",
+        }
     )
     op = OpObs("op-1", OpKind.SERVICE_OUT, "c00000", state, rid)
     return failed, Snapshot(fleet.clusters, {rid: op})
@@ -547,14 +547,8 @@ def test_every_object_stays_small_at_ten_thousand_clusters() -> None:
 def test_snapshot_operations_carry_a_step_forward() -> None:
     fleet = make_fleet(2)
     spec = spec_for(fleet, NEW, required=1)
-    rid = request_id(UID, "c00000", OpKind.SERVICE_OUT.value, NEW, 0)
-    out = api.ClusterUpgradeStatus(
-        phase=U.SERVICING_OUT,
-        step=OpKind.SERVICE_OUT.value,
-        request_id=rid,
-        operation_id="op-1",
-        step_start_time="2026-01-01T00:00:00Z",
-    )
+    rid, unconfirmed = _unconfirmed_service_out("c00000")
+    out = unconfirmed.model_copy(update={"operation_id": "op-1"})
     done = OpObs("op-1", OpKind.SERVICE_OUT, "c00000", OpState.SUCCEEDED, rid)
     fleet.clusters["c00000"] = replace(fleet.clusters["c00000"], in_service=False)
     by_id = _pinned(fleet, spec)

@@ -15,6 +15,7 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 from prometheus_client import CollectorRegistry
 
+from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.ocm import OcmOptions, OcmPlugin, parse_config
 from plugins.sdk.client import PluginClient
 from tests.plugins.ocm.webhook import managed_cluster_webhook
@@ -172,8 +173,31 @@ class RunningPlugin:
     def address(self) -> str:
         return self.plugin.address
 
+    def end(self, op_id: str, timeout: float = 30) -> cluster_pb2.Operation:
+        """The operation once it has ended (SUCCEEDED or FAILED)."""
+        final: cluster_pb2.Operation = wait_for(
+            f"operation {op_id} ends",
+            lambda: (o := self.client.get_operation(op_id)).state in _ENDED and o,
+            timeout=timeout,
+        )
+        return final
+
+
+_ENDED = (cluster_pb2.OPERATION_STATE_SUCCEEDED, cluster_pb2.OPERATION_STATE_FAILED)
 
 StartPlugin = Callable[..., RunningPlugin]
+
+
+def failed_curation(
+    emulator: OcmEmulator, start_plugin: StartPlugin, name: str, request_id: str
+) -> tuple[RunningPlugin, cluster_pb2.Operation]:
+    """A curator plugin whose first upgrade of the (new) cluster failed in its curation job."""
+    emulator.add_cluster(name, OLD)
+    emulator.fail_next_curation(name, "Timed out waiting for monitor upgrade job")
+    plugin = start_plugin(curator_config())
+    failed = plugin.end(plugin.client.upgrade_control_plane(request_id, name, NEW).id)
+    assert failed.state == cluster_pb2.OPERATION_STATE_FAILED, failed
+    return plugin, failed
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from kubernetes import client as k8s
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.ocm.objects import ANNOTATION_REQUEST_ID
 from plugins.sdk.client import PluginCallError
-from tests.plugins.ocm.conftest import NEW, OLD, RunningPlugin, StartPlugin, curator_config
+from tests.plugins.ocm.conftest import NEW, OLD, StartPlugin, curator_config, failed_curation
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.ocm_emulator import CURATOR, OcmEmulator
 from tests.support.upstream import cel_rules
@@ -27,15 +27,6 @@ from tests.support.upstream import cel_rules
 SUCCEEDED, FAILED = cluster_pb2.OPERATION_STATE_SUCCEEDED, cluster_pb2.OPERATION_STATE_FAILED
 THIRD, FOURTH = "1.30.0", "1.31.0"
 CURATOR_CRD = "ocm_clustercurators.yaml"
-
-
-def _end(plugin: RunningPlugin, op_id: str, timeout: float = 30) -> cluster_pb2.Operation:
-    final: cluster_pb2.Operation = wait_for(
-        f"operation {op_id} ends",
-        lambda: (o := plugin.client.get_operation(op_id)).state in (SUCCEEDED, FAILED) and o,
-        timeout=timeout,
-    )
-    return final
 
 
 class Curators:
@@ -116,7 +107,7 @@ def test_a_second_and_a_third_upgrade_of_the_same_cluster_each_start_a_curation(
     before: dict[str, Any] | None = None
     for count, target in enumerate((NEW, THIRD, FOURTH), start=1):
         op = plugin.client.upgrade_control_plane(f"up-{target}", name, target)
-        final = _end(plugin, op.id)
+        final = plugin.end(op.id)
         assert final.state == SUCCEEDED, final.error_message
         assert plugin.client.get_cluster(name).control_plane_version == target
         assert emulator.curations_started == {name: count}
@@ -137,16 +128,13 @@ def test_a_retry_to_the_same_version_after_a_failure_starts_a_new_curation(
     curators: Curators,
 ) -> None:
     [name] = names(1)
-    emulator.add_cluster(name, OLD)
-    emulator.fail_next_curation(name, "Timed out waiting for monitor upgrade job")
-    plugin = start_plugin(curator_config())
-    failed = _end(plugin, plugin.client.upgrade_control_plane("try-1", name, NEW).id)
-    assert failed.state == FAILED and failed.error_code == "CURATION_FAILED"
+    plugin, failed = failed_curation(emulator, start_plugin, name, "try-1")
+    assert failed.error_code == "CURATION_FAILED"
     [job] = [
         c for c in curators.get(name)["status"]["conditions"] if c["type"] == "clustercurator-job"
     ]
     assert job["reason"] == "Job_failed" and f"Version ({NEW};" in job["message"]
-    retry = _end(plugin, plugin.client.upgrade_control_plane("try-2", name, NEW).id)
+    retry = plugin.end(plugin.client.upgrade_control_plane("try-2", name, NEW).id)
     assert retry.state == SUCCEEDED, retry.error_message
     assert emulator.curations_started == {name: 2}
 
@@ -164,11 +152,7 @@ def test_a_curation_the_controller_launches_between_the_reset_and_the_ask_is_fol
     itself; the ask then conflicts. The plugin follows that curation as the retry's instead
     of refusing the retry as busy (seen as a CI flake of the test above)."""
     [name] = names(1)
-    emulator.add_cluster(name, OLD)
-    emulator.fail_next_curation(name, "Timed out waiting for monitor upgrade job")
-    plugin = start_plugin(curator_config())
-    failed = _end(plugin, plugin.client.upgrade_control_plane("try-1", name, NEW).id)
-    assert failed.state == FAILED
+    plugin, _ = failed_curation(emulator, start_plugin, name, "try-1")
     emulator.wait_idle()
     [fleet] = plugin.plugin.fleet.fleets.values()
     hub = fleet._hub
@@ -183,7 +167,7 @@ def test_a_curation_the_controller_launches_between_the_reset_and_the_ask_is_fol
         return written
 
     monkeypatch.setattr(hub, "merge_patch", reconcile_after_the_reset)
-    retry = _end(plugin, plugin.client.upgrade_control_plane("try-2", name, NEW).id)
+    retry = plugin.end(plugin.client.upgrade_control_plane("try-2", name, NEW).id)
     assert raced and raced[0], "the controller did not launch a job on the reset state"
     assert retry.state == SUCCEEDED, retry.error_message
     assert emulator.curations_started == {name: 2}
@@ -261,7 +245,7 @@ def test_a_curator_acm_created_and_upgraded_before_is_upgraded_and_keeps_its_fie
     originals = {c: curators.get(c) for c in (done, failed)}
     plugin = start_plugin(curator_config(clusterCurator={"channel": "stable"}))
     for cluster in (done, failed):
-        final = _end(plugin, plugin.client.upgrade_control_plane(f"up-{cluster}", cluster, NEW).id)
+        final = plugin.end(plugin.client.upgrade_control_plane(f"up-{cluster}", cluster, NEW).id)
         assert final.state == SUCCEEDED, (cluster, final.error_message)
         after = curators.get(cluster)
         assert_cel_rules_hold(originals[cluster], after)

@@ -12,7 +12,7 @@ from kubernetes import client as k8s
 
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.sdk.client import PluginCallError
-from tests.plugins.ocm.conftest import NEW, OLD, RunningPlugin, StartPlugin, curator_config
+from tests.plugins.ocm.conftest import NEW, OLD, StartPlugin, curator_config
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.ocm_emulator import CURATOR, OcmEmulator
 
@@ -21,15 +21,6 @@ RUNNING, SUCCEEDED, FAILED = (
     cluster_pb2.OPERATION_STATE_SUCCEEDED,
     cluster_pb2.OPERATION_STATE_FAILED,
 )
-
-
-def _end(plugin: RunningPlugin, op_id: str, timeout: float = 20) -> cluster_pb2.Operation:
-    final: cluster_pb2.Operation = wait_for(
-        f"operation {op_id} ends",
-        lambda: (o := plugin.client.get_operation(op_id)).state in (SUCCEEDED, FAILED) and o,
-        timeout=timeout,
-    )
-    return final
 
 
 def _curator(hub: KubeCluster, cluster: str) -> dict[str, Any]:
@@ -62,7 +53,7 @@ def test_curated_upgrade_reports_progress_and_ends_when_the_hub_sees_the_version
     wait_for("watch registered", lambda: True)  # registration is synchronous on the server
     op = plugin.client.upgrade_control_plane("up-1", name, NEW)
     assert op.state == RUNNING and op.target_version == NEW
-    final = _end(plugin, op.id)
+    final = plugin.end(op.id)
     watch.cancel()
     reader.join(timeout=5)
     assert final.state == SUCCEEDED and final.progress_percent == 100
@@ -85,7 +76,7 @@ def test_a_failed_curation_fails_the_operation_with_the_curator_message(
     emulator.add_cluster(name, OLD)
     emulator.fail_next_curation(name, "Timed out waiting for monitor upgrade job")
     plugin = start_plugin(curator_config())
-    final = _end(plugin, plugin.client.upgrade_control_plane("up-1", name, NEW).id)
+    final = plugin.end(plugin.client.upgrade_control_plane("up-1", name, NEW).id)
     assert final.state == FAILED and final.error_code == "CURATION_FAILED"
     assert final.error_message == (
         f"ClusterCurator {name}: curation step monitor-upgrade failed: "
@@ -93,7 +84,7 @@ def test_a_failed_curation_fails_the_operation_with_the_curator_message(
     )
     assert plugin.client.get_cluster(name).control_plane_version == OLD
     # A new request after the failure starts a new curation (the curator is free again).
-    retry = _end(plugin, plugin.client.upgrade_control_plane("up-2", name, NEW).id)
+    retry = plugin.end(plugin.client.upgrade_control_plane("up-2", name, NEW).id)
     assert retry.state == SUCCEEDED
     assert emulator.curations_started == {name: 2}
 
@@ -106,7 +97,7 @@ def test_an_upgrade_past_monitor_timeout_fails(
     emulator.add_cluster(name, OLD)
     plugin = start_plugin(curator_config(monitorTimeout="2s"))
     op = plugin.client.upgrade_control_plane("up-1", name, NEW)
-    final = _end(plugin, op.id, timeout=10)
+    final = plugin.end(op.id, timeout=10)
     assert final.state == FAILED and final.error_code == "TIMEOUT"
     assert final.error_message.startswith("no result within monitorTimeout (2 s); last state: ")
     assert "Upgrade status" in final.error_message or "DesiredCuration" in final.error_message
@@ -132,7 +123,7 @@ def test_a_new_request_during_an_upgrade_is_aborted_naming_the_operation(
     with pytest.raises(PluginCallError) as err:
         plugin.client.upgrade_control_plane("up-1", name, "1.30.0")  # same id, other request
     assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT
-    assert _end(plugin, op.id).state == SUCCEEDED
+    assert plugin.end(op.id).state == SUCCEEDED
 
 
 def test_user_hooks_on_the_curator_are_kept_and_a_running_curation_is_refused(
@@ -176,7 +167,7 @@ def test_user_hooks_on_the_curator_are_kept_and_a_running_curation_is_refused(
     assert _curator(hub, busy)["spec"]["desiredCuration"] == "install"  # untouched
     assert not plugin.client.get_cluster(busy).HasField("current_operation")
 
-    final = _end(plugin, plugin.client.upgrade_control_plane("up-hooked", hooked, NEW).id)
+    final = plugin.end(plugin.client.upgrade_control_plane("up-hooked", hooked, NEW).id)
     assert final.state == SUCCEEDED
     upgrade = _curator(hub, hooked)["spec"]["upgrade"]
     # The upstream schema defaults each hook's type to Job.
@@ -228,7 +219,7 @@ def test_a_restarted_plugin_adopts_the_upgrade_and_never_starts_a_second_curatio
     assert adopted.target_version == NEW and adopted.kind == op.kind
     assert second.client.get_cluster(name).current_operation.id == op.id
     assert second.client.upgrade_control_plane("up-1", name, NEW).id == op.id
-    assert _end(second, op.id).state == SUCCEEDED
+    assert second.end(op.id).state == SUCCEEDED
     assert emulator.curations_started == {name: 1}
 
     third = start_plugin(curator_config())  # after the end: still answers for the operation

@@ -11,8 +11,14 @@ import pytest
 from fleetupgrade.plugin.v1 import cluster_pb2, identity_pb2
 from plugins.ocm.ledger import ANNOTATION_OPERATIONS, LEDGER_SIZE
 from plugins.sdk.client import PluginCallError
-from tests.plugins.ocm.conftest import NEW, OLD, RunningPlugin, StartPlugin, curator_config
-from tests.support.kube import wait_for
+from tests.plugins.ocm.conftest import (
+    NEW,
+    OLD,
+    RunningPlugin,
+    StartPlugin,
+    curator_config,
+    failed_curation,
+)
 from tests.support.ocm_emulator import OcmEmulator
 
 RUNNING, SUCCEEDED, FAILED = (
@@ -25,15 +31,6 @@ OUT, IN, UPGRADE = (
     cluster_pb2.OPERATION_KIND_SERVICE_IN,
     cluster_pb2.OPERATION_KIND_UPGRADE_CONTROL_PLANE,
 )
-
-
-def _end(plugin: RunningPlugin, op_id: str, timeout: float = 30) -> cluster_pb2.Operation:
-    final: cluster_pb2.Operation = wait_for(
-        f"operation {op_id} ends",
-        lambda: (o := plugin.client.get_operation(op_id)).state in (SUCCEEDED, FAILED) and o,
-        timeout=timeout,
-    )
-    return final
 
 
 def _restart(old: RunningPlugin, start_plugin: StartPlugin) -> RunningPlugin:
@@ -55,11 +52,11 @@ def test_operations_and_their_request_ids_survive_a_restart(
     second = _restart(first, start_plugin)
     again = second.client.service_out("out-1", name)
     assert again.id == out.id and again.kind == OUT and again.request_id == "out-1"
-    assert _end(second, out.id).state == SUCCEEDED
-    back = _end(second, second.client.service_in("in-1", name).id)
+    assert second.end(out.id).state == SUCCEEDED
+    back = second.end(second.client.service_in("in-1", name).id)
     assert back.state == SUCCEEDED
     up = second.client.upgrade_control_plane("up-1", name, NEW)
-    assert _end(second, up.id).state == SUCCEEDED
+    assert second.end(up.id).state == SUCCEEDED
 
     third = _restart(second, start_plugin)
     found = {op_id: third.client.get_operation(op_id) for op_id in (out.id, back.id, up.id)}
@@ -91,15 +88,11 @@ def test_a_failed_upgrade_is_remembered_with_its_error_and_the_ledger_stays_boun
     emulator: OcmEmulator, start_plugin: StartPlugin, names: Callable[[int], list[str]]
 ) -> None:
     [name] = names(1)
-    emulator.add_cluster(name, OLD)
-    emulator.fail_next_curation(name, "Timed out waiting for monitor upgrade job")
-    first = start_plugin(curator_config())
-    failed = _end(first, first.client.upgrade_control_plane("up-1", name, NEW).id)
-    assert failed.state == FAILED
+    first, failed = failed_curation(emulator, start_plugin, name, "up-1")
     flips: list[str] = []
     for index in range(LEDGER_SIZE + 2):
         kind = first.client.service_out if index % 2 == 0 else first.client.service_in
-        flip = _end(first, kind(f"flip-{index}", name).id)
+        flip = first.end(kind(f"flip-{index}", name).id)
         assert flip.state == SUCCEEDED
         flips.append(flip.id)
     newest = f"flip-{LEDGER_SIZE + 1}"  # an odd index: a service-in
@@ -111,7 +104,7 @@ def test_a_failed_upgrade_is_remembered_with_its_error_and_the_ledger_stays_boun
     with pytest.raises(PluginCallError) as err:
         second.client.get_operation(flips[0])
     assert err.value.code is grpc.StatusCode.NOT_FOUND
-    remembered = _end(second, failed.id)
+    remembered = second.end(failed.id)
     assert (remembered.state, remembered.error_code) == (FAILED, "CURATION_FAILED")
     ledger = json.loads(
         emulator.managed_cluster(name)["metadata"]["annotations"][ANNOTATION_OPERATIONS]
@@ -131,7 +124,7 @@ def test_an_upgrade_running_across_a_restart_is_followed_to_its_end(
     op = first.client.upgrade_control_plane("up-1", name, NEW)
     second = _restart(first, start_plugin)
     assert second.client.get_operation(op.id).state == RUNNING
-    final = _end(second, op.id)
+    final = second.end(op.id)
     assert final.state == FAILED and final.error_code == "CURATION_FAILED"
     third = _restart(second, start_plugin)
     remembered = third.client.get_operation(op.id)

@@ -23,7 +23,7 @@ from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.ocm import OcmOptions, OcmPlugin, parse_config
 from plugins.ocm.config import ConfigError
 from plugins.sdk.client import PluginCallError
-from tests.plugins.ocm.conftest import NEW, OLD, RunningPlugin, StartPlugin, curator_config
+from tests.plugins.ocm.conftest import NEW, OLD, StartPlugin, curator_config
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.ocm_emulator import OcmEmulator
 
@@ -137,15 +137,6 @@ def _two_hubs(
     )
 
 
-def _end(plugin: RunningPlugin, op_id: str) -> cluster_pb2.Operation:
-    final: cluster_pb2.Operation = wait_for(
-        f"operation {op_id} ends",
-        lambda: (o := plugin.client.get_operation(op_id)).state in (SUCCEEDED, FAILED) and o,
-        timeout=30,
-    )
-    return final
-
-
 def test_clusters_of_two_hubs_are_hub_slash_cluster_and_every_call_goes_to_its_hub(
     hub: KubeCluster,
     second_hub: KubeCluster,
@@ -169,7 +160,7 @@ def test_clusters_of_two_hubs_are_hub_slash_cluster_and_every_call_goes_to_its_h
     info = plugin.client.info()
     assert "east=" in info.manifest["hubs"] and "west=" in info.manifest["hubs"]
 
-    out = _end(plugin, plugin.client.service_out("out-east", f"east/{shared}").id)
+    out = plugin.end(plugin.client.service_out("out-east", f"east/{shared}").id)
     assert out.state == SUCCEEDED and out.cluster_id == f"east/{shared}"
     assert [t["key"] for t in emulator.taints_of(shared)] == [TAINT_KEY]
     assert west.taints_of(shared) == []  # the other hub's cluster of that name is untouched
@@ -178,7 +169,7 @@ def test_clusters_of_two_hubs_are_hub_slash_cluster_and_every_call_goes_to_its_h
 
     up = plugin.client.upgrade_control_plane("up-west", f"west/{shared}", NEW)
     assert up.cluster_id == f"west/{shared}"
-    assert _end(plugin, up.id).state == SUCCEEDED
+    assert plugin.end(up.id).state == SUCCEEDED
     assert west.curations_started == {shared: 1} and emulator.curations_started == {}
     assert plugin.client.get_cluster(f"west/{shared}").control_plane_version == NEW
     assert plugin.client.get_cluster(f"east/{shared}").control_plane_version == OLD
@@ -188,7 +179,7 @@ def test_clusters_of_two_hubs_are_hub_slash_cluster_and_every_call_goes_to_its_h
             plugin.client.get_cluster(bad)
         assert err.value.code is grpc.StatusCode.NOT_FOUND
         assert "HUB/CLUSTER" in err.value.message and "east, west" in err.value.message
-    _end(plugin, plugin.client.service_in("in-east", f"east/{shared}").id)
+    plugin.end(plugin.client.service_in("in-east", f"east/{shared}").id)
     assert emulator.taints_of(shared) == []
 
 
@@ -224,7 +215,7 @@ def test_one_hub_down_marks_only_its_clusters_unavailable(
     with pytest.raises(PluginCallError) as err:
         plugin.client.service_out("out-east", east_id)
     assert err.value.code is grpc.StatusCode.UNAVAILABLE, "service-out"
-    out = _end(plugin, plugin.client.service_out("out-west", west_id).id)
+    out = plugin.end(plugin.client.service_out("out-west", west_id).id)
     assert out.state == SUCCEEDED and west.taints_of(name)[0]["key"] == TAINT_KEY
     assert emulator.taints_of(name) == []
     ready, why = plugin.plugin.fleet.readiness()
@@ -232,8 +223,8 @@ def test_one_hub_down_marks_only_its_clusters_unavailable(
 
     east_outage.restore()
     wait_for("east answers again", lambda: plugin.client.get_cluster(east_id).available, timeout=30)
-    assert _end(plugin, plugin.client.service_out("out-east", east_id).id).state == SUCCEEDED
-    _end(plugin, plugin.client.service_in("in-west", west_id).id)
+    assert plugin.end(plugin.client.service_out("out-east", east_id).id).state == SUCCEEDED
+    plugin.end(plugin.client.service_in("in-west", west_id).id)
 
 
 def test_a_hub_never_listed_holds_the_inventory_back_and_says_which(

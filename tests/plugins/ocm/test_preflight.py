@@ -12,12 +12,10 @@ from plugins.sdk.client import PluginCallError
 from tests.plugins.ocm.conftest import (
     NEW,
     OLD,
-    RunningPlugin,
     StartPlugin,
     curator_config,
     work_config,
 )
-from tests.support.kube import wait_for
 from tests.support.ocm_emulator import OcmEmulator
 
 ACCEPTED, LATER, NEVER = (
@@ -26,15 +24,6 @@ ACCEPTED, LATER, NEVER = (
     cluster_pb2.PREFLIGHT_VERDICT_REFUSED_NEVER,
 )
 SUCCEEDED, FAILED = cluster_pb2.OPERATION_STATE_SUCCEEDED, cluster_pb2.OPERATION_STATE_FAILED
-
-
-def _end(plugin: RunningPlugin, op_id: str) -> cluster_pb2.Operation:
-    final: cluster_pb2.Operation = wait_for(
-        f"operation {op_id} ends",
-        lambda: (o := plugin.client.get_operation(op_id)).state in (SUCCEEDED, FAILED) and o,
-        timeout=30,
-    )
-    return final
 
 
 def test_preflight_foretells_what_the_curator_would_do(
@@ -56,7 +45,7 @@ def test_preflight_foretells_what_the_curator_would_do(
     assert (no.verdict, no.reason_code) == (NEVER, "VERSION_NOT_OFFERED")
     assert no.message == f"cluster {withheld} is not offered {NEW} (availableUpdates: 1.30.0)"
     # ... and the curation would indeed fail on it (the job's version validation).
-    failed = _end(plugin, plugin.client.upgrade_control_plane("up-withheld", withheld, NEW).id)
+    failed = plugin.end(plugin.client.upgrade_control_plane("up-withheld", withheld, NEW).id)
     assert failed.state == FAILED and "Provided version is not valid" in failed.error_message
     later = plugin.client.preflight_upgrade(down, NEW)
     assert (later.verdict, later.reason_code) == (LATER, "CLUSTER_UNAVAILABLE")
@@ -73,7 +62,7 @@ def test_preflight_foretells_what_the_curator_would_do(
     op = plugin.client.upgrade_control_plane("up-offered", offered, NEW)
     busy = plugin.client.preflight_upgrade(offered, NEW)
     assert (busy.verdict, busy.reason_code) == (LATER, "CLUSTER_BUSY") and op.id in busy.message
-    assert _end(plugin, op.id).state == SUCCEEDED
+    assert plugin.end(op.id).state == SUCCEEDED
     assert emulator.curations_started == {withheld: 1, offered: 1}  # preflight started nothing
 
     for cluster_id, version, code in (

@@ -8,8 +8,8 @@ from typing import Any
 from kubernetes import client as k8s
 
 from fleetupgrade.plugin.v1 import cluster_pb2
-from tests.plugins.ocm.conftest import NEW, OLD, RunningPlugin, StartPlugin, work_config
-from tests.support.kube import KubeCluster, wait_for
+from tests.plugins.ocm.conftest import NEW, OLD, StartPlugin, work_config
+from tests.support.kube import KubeCluster
 from tests.support.ocm_emulator import WORK, OcmEmulator
 from tests.support.upstream import cel_rules
 
@@ -18,15 +18,6 @@ RUNNING, SUCCEEDED, FAILED = (
     cluster_pb2.OPERATION_STATE_SUCCEEDED,
     cluster_pb2.OPERATION_STATE_FAILED,
 )
-
-
-def _end(plugin: RunningPlugin, op_id: str, timeout: float = 20) -> cluster_pb2.Operation:
-    final: cluster_pb2.Operation = wait_for(
-        f"operation {op_id} ends",
-        lambda: (o := plugin.client.get_operation(op_id)).state in (SUCCEEDED, FAILED) and o,
-        timeout=timeout,
-    )
-    return final
 
 
 def _works(hub: KubeCluster, cluster: str) -> list[dict[str, Any]]:
@@ -78,7 +69,7 @@ def test_the_plan_is_delivered_rendered_and_its_feedback_ends_the_upgrade(
         "message",
         "latestVersion",
     ]
-    final = _end(plugin, op.id)
+    final = plugin.end(op.id)
     assert final.state == SUCCEEDED
     assert emulator.version_of(name) == NEW
     values = {
@@ -94,7 +85,7 @@ def test_the_plan_is_delivered_rendered_and_its_feedback_ends_the_upgrade(
     newer = "1.30.0"
     op2 = plugin.client.upgrade_control_plane("up-2", name, newer)
     assert plugin.client.get_operation(op2.id).state == RUNNING
-    assert _end(plugin, op2.id).state == SUCCEEDED
+    assert plugin.end(op2.id).state == SUCCEEDED
     assert emulator.version_of(name) == newer
     [work] = _works(hub, name)
     _assert_cel_rules_hold(work)
@@ -111,7 +102,7 @@ def test_a_failed_plan_fails_the_operation_with_its_message(
         name, "JobFailed", "Job was active longer than specified deadline"
     )
     plugin = start_plugin(work_config())
-    final = _end(plugin, plugin.client.upgrade_control_plane("up-1", name, NEW).id)
+    final = plugin.end(plugin.client.upgrade_control_plane("up-1", name, NEW).id)
     assert final.state == FAILED and final.error_code == "UPGRADE_FAILED"
     assert final.error_message == "control-plane: Job was active longer than specified deadline"
     assert emulator.version_of(name) == OLD
@@ -124,7 +115,7 @@ def test_an_agent_that_never_applies_the_work_times_out_naming_why(
     emulator.add_cluster(name, OLD)
     emulator.set_available(name, "Unknown", "LeaseExpired", "no lease")  # the agent is gone
     plugin = start_plugin(work_config(monitorTimeout="2s"))
-    final = _end(plugin, plugin.client.upgrade_control_plane("up-1", name, NEW).id)
+    final = plugin.end(plugin.client.upgrade_control_plane("up-1", name, NEW).id)
     assert final.state == FAILED and final.error_code == "TIMEOUT"
     assert "waiting for the work agent to apply ManifestWork" in final.error_message
 
@@ -145,6 +136,6 @@ def test_a_restarted_plugin_adopts_the_work_and_never_writes_it_twice(
     second = start_plugin(work_config())
     assert second.client.get_operation(op.id).state == RUNNING
     assert second.client.upgrade_control_plane("up-1", name, NEW).id == op.id
-    assert _end(second, op.id).state == SUCCEEDED
+    assert second.end(op.id).state == SUCCEEDED
     [work] = _works(hub, name)
     assert work["metadata"]["generation"] == 1  # written once
