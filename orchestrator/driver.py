@@ -454,6 +454,18 @@ class RunDriver:
         changed: dict[str, api.ClusterUpgradeStatus] = {}
         for name, u in upgrades.items():
             st = u.status
+            if (
+                name in self.unrecorded_failures
+                and st.phase == api.UpgradePhase.SERVICING_IN
+                and st.health is not None
+                and st.health.passes
+            ):
+                # A failing evaluation of ours that no write recorded came after the passes
+                # this service-in stands on (another replica wrote it): they are not in a row.
+                new = st.model_copy(update={"health": st.health.model_copy(update={"passes": 0})})
+                out[name] = with_status(u, new)
+                changed[name] = new
+                continue
             checks = checks_for(spec, u.spec.stage)
             obs = snapshot.clusters.get(u.cluster_id)
             if (

@@ -602,6 +602,22 @@ class _Run:
                     "left now; waiting before asking again",
                 )
                 return
+            if kind is OpKind.SERVICE_IN and not self.gate_holds(u):
+                # Invariant 3: a service-in asked again passes the gate again (a failing
+                # evaluation came after the passes it was decided on).
+                self.set(
+                    u,
+                    phase=U.VERIFYING,
+                    step="verify",
+                    request_id=None,
+                    operation_id=None,
+                    reasks=0,
+                    step_start_time=self.stamp,
+                    message="service-in not confirmed and a health evaluation failed since "
+                    "it was decided; verifying again",
+                )
+                self.wake(POLL_SECONDS)
+                return
             self.calls.append(
                 Call(
                     kind,
@@ -819,6 +835,13 @@ class _Run:
         # Invariant 5: a hook may take minutes; the verdict must be fresh at the drain.
         if self.accepted_now(u):
             self.issue(u, OpKind.SERVICE_OUT)
+
+    def gate_holds(self, u: Upgrade) -> bool:
+        """Whether the health on record still has successThreshold passes in a row (True
+        without checks, and without a health record: nothing was decided on one)."""
+        checks = self.checks_for(u.spec.stage)
+        health = self.status[u.name].health
+        return checks is None or health is None or health.passes >= checks.success_threshold
 
     def accepted_now(self, u: Upgrade) -> bool:
         """Invariant 5 when a service-out is issued later than its admission (after a hook, or

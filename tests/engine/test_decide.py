@@ -103,6 +103,32 @@ def test_the_gate_waits_for_success_threshold_passes() -> None:
     assert st.phase == U.SERVICING_IN
 
 
+def test_a_service_in_asked_again_passes_the_gate_again() -> None:
+    """Invariant 3 on re-issue (simulation seeds 25351, 26309): a service-in on record whose
+    call has not taken effect is asked again only while its health still has successThreshold
+    passes in a row; once a failing evaluation came after them (the driver folds in one of its
+    own that no write kept), the cluster verifies again and nothing is called."""
+    fleet = make_fleet(3, version=NEW)
+    fleet.clusters["c00000"] = replace(fleet.clusters["c00000"], in_service=False)
+    spec = spec_for(fleet, NEW, required=1, _healthChecks=health_checks("10s", 2, 2, "5m"))
+    rid = request_id(UID, "c00000", OpKind.SERVICE_IN.value, NEW, 0)
+    passed = api.HealthState(since="2026-01-01T00:00:00Z", passes=2)
+    asked = api.ClusterUpgradeStatus(
+        phase=U.SERVICING_IN,
+        step=OpKind.SERVICE_IN.value,
+        request_id=rid,
+        step_start_time="2026-01-01T00:00:30Z",
+        health=passed,
+    )
+    d, _ = _decide(fleet, spec, {"c00000": asked}, 40)
+    assert [(c.kind, c.request_id) for c in d.calls] == [(OpKind.SERVICE_IN, rid)]
+    reset = asked.model_copy(update={"health": passed.model_copy(update={"passes": 0})})
+    d, by_id = _decide(fleet, spec, {"c00000": reset}, 40)
+    assert d.calls == []
+    st = _status(d, by_id, "c00000")
+    assert st.phase == U.VERIFYING and st.request_id is None and st.health == reset.health
+
+
 def test_the_gate_fails_at_failure_threshold_and_on_timeout() -> None:
     bad = api.HealthState(
         since="2026-01-01T00:00:00Z",

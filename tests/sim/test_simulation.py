@@ -60,6 +60,18 @@ def test_invariants_hold_over_seeded_histories(chunk: int) -> None:
     assert not failures, _report(failures)
 
 
+#: Seeds past the default sweep that each found a real engine gap (issue 11's notes): kept in
+#: every run so that no fix regresses. 9225 and 12831/13378: invariant 5; 12521 and 14569:
+#: invariant 3 (endTime); 18657: invariant 4 (a retry adopting another run's cluster); 25351
+#: and 26309: invariant 3 (a service-in asked again after a failing evaluation no write kept).
+FOUND_GAPS = [9225, 12521, 12831, 13378, 14569, 18657, 25351, 26309]
+
+
+def test_the_seeds_that_found_engine_gaps_hold() -> None:
+    failures = _sweep(FOUND_GAPS)
+    assert not failures, _report(failures)
+
+
 @pytest.mark.parametrize("seed", [360, 136])
 def test_invariants_hold_on_large_fleets(seed: int) -> None:
     """2,000 and 500 clusters, stages by selector, checks; the history is shortened."""
