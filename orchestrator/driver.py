@@ -449,38 +449,36 @@ class RunDriver:
         snapshot: Snapshot,
         now: datetime,
     ) -> tuple[dict[str, Upgrade], dict[str, api.ClusterUpgradeStatus]]:
-        """Run the checks that are due for clusters in Verifying; health lives on the upgrade."""
+        """Run the checks that are due for clusters in Verifying; health lives on the upgrade.
+
+        A failing evaluation of ours that no write recorded (unrecorded_failures) breaks the
+        passes on record: the next evaluation counts from zero, and a service-in that another
+        replica decided on those passes gets them reset on record before it is asked again.
+        """
         out = dict(upgrades)
         changed: dict[str, api.ClusterUpgradeStatus] = {}
         for name, u in upgrades.items():
             st = u.status
-            if (
-                name in self.unrecorded_failures
-                and st.phase == api.UpgradePhase.SERVICING_IN
-                and st.health is not None
-                and st.health.passes
-            ):
-                # A failing evaluation of ours that no write recorded came after the passes
-                # this service-in stands on (another replica wrote it): they are not in a row.
-                new = st.model_copy(update={"health": st.health.model_copy(update={"passes": 0})})
-                out[name] = with_status(u, new)
-                changed[name] = new
-                continue
+            base = st.health
+            if base is not None and base.passes and name in self.unrecorded_failures:
+                base = base.model_copy(update={"passes": 0})
+                if st.phase == api.UpgradePhase.SERVICING_IN:
+                    new = st.model_copy(update={"health": base})
+                    out[name] = with_status(u, new)
+                    changed[name] = new
+                    continue
             checks = checks_for(spec, u.spec.stage)
             obs = snapshot.clusters.get(u.cluster_id)
             if (
                 not awaits_checks(st)
-                or st.health is None
+                or base is None
                 or checks is None
                 or obs is None
                 or not obs.available
-                or due_in(st.health, checks, now) > 0
+                or due_in(base, checks, now) > 0
             ):
                 continue
             results = self.checker.evaluate(checks, [obs], u.spec.stage)
-            base = st.health
-            if name in self.unrecorded_failures:
-                base = base.model_copy(update={"passes": 0})
             if not all(r.passed for r in results):
                 self.unrecorded_failures.add(name)  # until the write below takes effect
             new = st.model_copy(update={"health": record(base, results, now)})
