@@ -18,6 +18,7 @@ __all__ = [
     "API_VERSION",
     "CLUSTER_UPGRADE_KIND",
     "CLUSTER_UPGRADE_PLURAL",
+    "FINISHED_PHASES",
     "FLEET_PROVIDER_KIND",
     "FLEET_PROVIDER_PLURAL",
     "GROUP",
@@ -76,6 +77,7 @@ __all__ = [
     "parse_duration",
     "parse_max_concurrency",
     "parse_max_failures",
+    "run_is_live",
 ]
 
 GROUP = "multicluster-ops.io"
@@ -894,6 +896,18 @@ class RunPhase(StrEnum):
     INVALID = "Invalid"
 
 
+#: The phases of a run that has ended: it admits nothing, holds nothing, and its floor binds no
+#: other run; it moves again only when a person edits it (resume, a retry round). Every other
+#: phase is live, Invalid included (clusters it took out may still be out, and fixing the spec
+#: resumes it). The one definition: the controllers, the driver and the simulation use it.
+FINISHED_PHASES = frozenset({RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.STOPPED})
+
+
+def run_is_live(phase: RunPhase | str | None) -> bool:
+    """Whether a run in this phase is live (None: not started yet, which is live)."""
+    return phase not in FINISHED_PHASES
+
+
 class UpdateRunStatus(_Model):
     """Counts, per-stage summaries and the outcome; small at any fleet size."""
 
@@ -927,7 +941,15 @@ class ClusterUpgradeSpec(_Model):
     version: Version
     node_version: Version
     node_pools: list[NodePoolTarget] | None = None
-    provider: str = Field(min_length=1, description="The plugin endpoint that owns the cluster.")
+    provider: str = Field(
+        min_length=1, description="The plugin endpoint the run reached the cluster through."
+    )
+    provider_id: str | None = Field(
+        default=None,
+        max_length=512,
+        description="The identity of the provider the cluster belongs to (its plugin's name and "
+        "GetPluginInfo fleet_id): clusters are (providerId, clusterId) wherever runs meet.",
+    )
 
     def pool_target(self, pool: str) -> str:
         """The target version of a node pool."""

@@ -16,6 +16,7 @@ from orchestrator import api
 from orchestrator.access import AccessPolicy
 from orchestrator.cache import AccessCatalog, ObjectCache
 from orchestrator.clusterversion import DEFAULT_HISTORY, ClusterVersionController
+from orchestrator.crossrun import endpoint_identity
 from orchestrator.driver import Fence
 from orchestrator.fleet import OpObs
 from orchestrator.hooks import HookExecutor
@@ -225,8 +226,12 @@ class Controller:
 
     def _on_operation_done(self, endpoint: str, op: OpObs) -> None:
         self.run_controller.count_operation(endpoint, op)
-        for (ns, name), used in list(self.run_controller.endpoints.items()):
-            if used == endpoint:
+        # Every run on the same provider wakes, whichever address it reaches the plugin by.
+        provider = self.run_controller.pool.identities().get(endpoint)
+        if provider is None:
+            provider = endpoint_identity(endpoint)
+        for (ns, name), used in list(self.run_controller.providers.items()):
+            if used == provider:
                 self.queue.add(("ur", ns, name))
 
     def _wake_run(self, run: str) -> None:

@@ -524,7 +524,7 @@ class RunDriver:
         return out
 
 
-_FINAL = frozenset({api.RunPhase.SUCCEEDED, api.RunPhase.FAILED, api.RunPhase.STOPPED})
+_FINAL = api.FINISHED_PHASES
 
 
 def _min(a: float | None, b: float | None) -> float | None:

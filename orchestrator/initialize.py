@@ -67,12 +67,15 @@ def pin_upgrades(
     inventory: Mapping[str, ClusterObs],
     source: api.ClusterVersionSpec | None = None,
     provider: str | None = None,
+    provider_id: str | None = None,
 ) -> Pinned | list[Problem]:
     """One ClusterUpgrade per resolved cluster, or what is wrong with the spec.
 
     source: the ClusterVersion spec a ClusterVersion-created run is pinned from.
     provider: the plugin endpoint the run was allowed to use (orchestrator.access), pinned in
     every ClusterUpgrade; default: spec.opsEndpoint's, else the providerRef's name.
+    provider_id: what that plugin is (orchestrator.crossrun.provider_identity), pinned beside
+    it: clusters are (provider identity, cluster id) wherever runs meet.
     """
     if provider is None:
         ref = spec.provider_ref.name if spec.provider_ref else "unresolved"
@@ -98,6 +101,7 @@ def pin_upgrades(
                     node_version=target.node_version,
                     node_pools=pools or None,
                     provider=provider,
+                    provider_id=provider_id,
                 ),
                 status=api.ClusterUpgradeStatus(),
             )

@@ -20,6 +20,7 @@ from tenacity import (
 )
 
 from fleetupgrade.plugin.v1 import cluster_pb2, identity_pb2
+from orchestrator.crossrun import provider_identity
 from orchestrator.driver import CallError
 from orchestrator.engine import Call, Preflight, Verdict
 from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, PoolObs, Snapshot, WindowObs
@@ -145,6 +146,8 @@ class PluginPool:
         self._metrics = metrics
         self._caller = caller
         self._clients: dict[tuple[str, ClientTLS | None], PluginClient] = {}
+        #: Endpoint as spelled → the identity its plugin reported (orchestrator.crossrun).
+        self._identities: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def get(self, endpoint: str, tls: ClientTLS | None) -> PluginClient:
@@ -163,6 +166,27 @@ class PluginPool:
                 )
                 self._clients[key] = client
             return client
+
+    def identity(self, endpoint: str, client: PluginClient) -> str:
+        """What the plugin behind endpoint is (crossrun.provider_identity of its GetPluginInfo),
+        asked once per endpoint; raises CallError when the plugin cannot be asked."""
+        with self._lock:
+            known = self._identities.get(endpoint)
+        if known is not None:
+            return known
+        try:
+            info = client.info()
+        except PluginCallError as err:
+            raise call_error(err) from None
+        found = provider_identity(info.name, info.fleet_id, endpoint)
+        with self._lock:
+            self._identities[endpoint] = found
+        return found
+
+    def identities(self) -> dict[str, str]:
+        """A copy of endpoint → identity for every endpoint asked so far."""
+        with self._lock:
+            return dict(self._identities)
 
     def close(self) -> None:
         """Close every channel."""

@@ -24,6 +24,7 @@ from orchestrator.access import Access
 from orchestrator.analysis import Analyzer, PrometheusTarget
 from orchestrator.cache import AccessCatalog, ObjectCache
 from orchestrator.conditions import format_time, get_condition, set_condition
+from orchestrator.crossrun import holding_of, neighbours
 from orchestrator.driver import CallError, Fence, HookRunner, RunDriver, WriteConflict
 from orchestrator.engine import ACTIVE, Floor, Preflight, Upgrade
 from orchestrator.fleet import ClusterObs, OpObs, OpState
@@ -44,7 +45,7 @@ U = api.UpgradePhase
 WRITE_PARALLELISM = 32
 #: A pass that wrote ClusterUpgrades but made no call looks again this soon.
 AFTER_WRITES = 0.05
-FINISHED = frozenset({api.RunPhase.SUCCEEDED, api.RunPhase.FAILED, api.RunPhase.STOPPED})
+FINISHED = api.FINISHED_PHASES
 
 
 class AlwaysLeader:
@@ -170,8 +171,9 @@ class UpdateRunController:
     step_events: bool = False
     #: Delivers spec.notifications (orchestrator.notify); None: none are sent.
     notifier: Notifier | None = None
-    #: Run key → plugin endpoint (so an operation's end wakes the runs that use it).
-    endpoints: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: Run key → provider identity (so an operation's end wakes the runs on that provider,
+    #: whichever address each reaches it by).
+    providers: dict[tuple[str, str], str] = field(default_factory=dict)
     uids: set[str] = field(default_factory=set)
     _preflight: dict[tuple[str, str], dict[str, Preflight]] = field(default_factory=dict)
     #: Parsed ClusterUpgrades by (namespace, name): re-parsed only when resourceVersion moves,
@@ -201,7 +203,7 @@ class UpdateRunController:
         try:
             obj = self.kube.get_object(api.UPDATE_RUN_PLURAL, namespace, name)
         except NotFound:
-            self.endpoints.pop((namespace, name), None)
+            self.providers.pop((namespace, name), None)
             self._preflight.pop((namespace, name), None)
             self._memory.pop((namespace, name), None)
             prefix = f"{name}-"
@@ -234,7 +236,6 @@ class UpdateRunController:
             return self._invalid(obj, status, access, gen, now)
         target = access.provider
         endpoint = target.endpoint
-        self.endpoints[(namespace, name)] = endpoint
         self.uids.add(meta["uid"])
         try:
             client = self.pool.get(
@@ -243,6 +244,11 @@ class UpdateRunController:
             )
         except SecretError as err:
             return self._degraded(obj, status, "TLSConfigError", str(err), gen, now, 30.0)
+        try:
+            identity = self.pool.identity(endpoint, client)
+        except CallError as err:
+            return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
+        self.providers[(namespace, name)] = identity
         self.tracker.follow(client)
         provider = GrpcProvider(
             client,
@@ -253,8 +259,8 @@ class UpdateRunController:
         )
         initialized = get_condition(status.conditions, "Initialized")
         if initialized is None or initialized.status != "True":
-            return self._initialize(obj, spec, status, provider, endpoint, gen, now)
-        return self._execute(obj, spec, status, provider, access, gen, now)
+            return self._initialize(obj, spec, status, provider, endpoint, identity, gen, now)
+        return self._execute(obj, spec, status, provider, access, identity, gen, now)
 
     # -- initialize -------------------------------------------------------------------------
 
@@ -265,6 +271,7 @@ class UpdateRunController:
         status: api.UpdateRunStatus,
         provider: GrpcProvider,
         endpoint: str,
+        identity: str,
         gen: int,
         now: datetime,
     ) -> float | None:
@@ -340,7 +347,9 @@ class UpdateRunController:
             inventory = provider.inventory()
         except CallError as err:
             return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
-        pinned = pin_upgrades(name, spec, inventory, source, provider=endpoint)
+        pinned = pin_upgrades(
+            name, spec, inventory, source, provider=endpoint, provider_id=identity
+        )
         if isinstance(pinned, list):
             return self._invalid(obj, status, pinned, gen, now)
         owner = {
@@ -410,6 +419,7 @@ class UpdateRunController:
         status: api.UpdateRunStatus,
         provider: GrpcProvider,
         access: Access,
+        identity: str,
         gen: int,
         now: datetime,
     ) -> float | None:
@@ -422,18 +432,21 @@ class UpdateRunController:
             return 1.0  # the cache has not caught up with our own creations yet
         upgrades = {n: self._parse(ns, o) for n, o in children.items()}
         endpoint = access.provider.endpoint
-        moved = sorted({u.spec.provider for u in upgrades.values()} - {endpoint})
+        identities = self.pool.identities()
+        moved = sorted({holding_of(o, identities).provider for o in children.values()} - {identity})
         if moved:
-            # The run's clusters belong to the provider it was allowed to use when it started.
+            # The run's clusters belong to the provider it was allowed to use when it started
+            # (another address of the same plugin is the same provider).
             where = "spec.providerRef" if spec.provider_ref else "spec.opsEndpoint"
             problem = Problem(
                 where,
-                f"this run's clusters were pinned on {moved[0]} but {access.provider.via} now "
-                f"points at {endpoint}; point it back, or stop this run and start a new one",
+                f"this run's clusters were pinned on provider {moved[0]} but "
+                f"{access.provider.via} now points at {endpoint} (provider {identity}); point "
+                "it back, or stop this run and start a new one",
             )
             return self._invalid(obj, status, [problem], gen, now)
         held_by, floors = self._neighbours(
-            endpoint, ns, name, {u.cluster_id for u in upgrades.values()}
+            identity, f"{ns}/{name}", {u.cluster_id for u in upgrades.values()}
         )
         try:
             provider.learn(
@@ -568,33 +581,22 @@ class UpdateRunController:
         return result.requeue_after
 
     def _neighbours(
-        self, provider: str, ns: str, name: str, own: set[str]
+        self, provider: str, run: str, own: set[str]
     ) -> tuple[dict[str, str], list[Floor]]:
-        """Across namespaces, for this provider: the clusters other runs hold (id → "ns/run"),
-        and the floors of the other live runs that share clusters with this one."""
-        held: dict[str, str] = {}
-        members: dict[tuple[str, str], set[str]] = {}
-        active = {p.value for p in ACTIVE}
-        for o in self.upgrades.items():
-            m = o["metadata"]
-            run = (m.get("labels") or {}).get(api.LABEL_RUN, "")
-            key = (m["namespace"], run)
-            if key == (ns, name) or o["spec"].get("provider") != provider:
-                continue
-            cid = o["spec"]["clusterId"]
-            members.setdefault(key, set()).add(cid)
-            if (o.get("status") or {}).get("phase") in active:
-                held[cid] = f"{key[0]}/{run}"
-        floors: list[Floor] = []
-        for (rns, run), cids in sorted(members.items()):
-            if not cids & own:
-                continue
-            obj = self.runs.get(rns, run) if self.runs is not None else None
-            if obj is None or (obj.get("status") or {}).get("phase") in {p.value for p in FINISHED}:
-                continue
-            required = int((obj.get("spec") or {}).get("requiredAvailableCount", 1))
-            floors.append(Floor(f"{rns}/{run}", frozenset(cids), required))
-        return held, floors
+        """Across namespaces, for this provider identity: the clusters other runs hold and the
+        floors of the other live runs that share clusters with this one (orchestrator.crossrun,
+        which the simulation calls too)."""
+        identities = self.pool.identities()
+
+        def floor_of(key: str) -> int | None:
+            rns, _, rname = key.partition("/")
+            obj = self.runs.get(rns, rname) if self.runs is not None else None
+            if obj is None or not api.run_is_live((obj.get("status") or {}).get("phase")):
+                return None
+            return int((obj.get("spec") or {}).get("requiredAvailableCount", 1))
+
+        holdings = (holding_of(o, identities) for o in self.upgrades.items())
+        return neighbours(holdings, floor_of, provider, run, own)
 
     def _consume(self, obj: dict[str, Any], key: str) -> None:
         """Remove the ids a people-annotation named: each is acted on once, then consumed."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +24,7 @@ __all__ = [
     "OperationsConfig",
     "TrafficConfig",
     "UpgradesConfig",
+    "gke_fleet_id",
     "load_config",
     "parse_config",
 ]
@@ -224,3 +227,16 @@ def parse_config(data: Any, source: str = "config") -> GkeConfig:
 def load_config(path: str | Path) -> GkeConfig:
     """Reads and validates the YAML file at path."""
     return parse_config(read_yaml(path, "--config", ConfigError), str(path))
+
+
+def gke_fleet_id(config: GkeConfig) -> str:
+    """What this plugin acts on (GetPluginInfo fleet_id): the clusters its configuration
+    selects on one GKE endpoint, as a short digest. Two plugin addresses, or two replicas, with
+    the same selection are one provider; a different selection is another."""
+    endpoint = config.api.container_endpoint or "container.googleapis.com"
+    rules = sorted(
+        f"{d.project}/{d.location}?{sorted(d.match_labels.items())}"
+        for d in config.clusters.discover
+    )
+    text = json.dumps([endpoint, sorted(config.clusters.ids), rules])
+    return "gke:" + hashlib.sha256(text.encode()).hexdigest()[:16]

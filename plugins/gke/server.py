@@ -12,7 +12,7 @@ from google.auth.credentials import Credentials
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from plugins.gke.api import GkeApi
-from plugins.gke.config import GkeConfig, load_config
+from plugins.gke.config import GkeConfig, gke_fleet_id, load_config
 from plugins.gke.fleet import GkeFleet
 from plugins.gke.servicers import gke_servicers
 from plugins.sdk.cli import parse_plugin_args, plugin_parser, run_plugin
@@ -60,7 +60,9 @@ class GkePlugin:
                 "traffic": config.traffic.mode,
                 "endpoint": config.api.container_endpoint or "container.googleapis.com",
             }
-            servicers = gke_servicers(self.fleet, package_version(), manifest)
+            servicers = gke_servicers(
+                self.fleet, package_version(), manifest, fleet_id=gke_fleet_id(config)
+            )
             self.server: PluginServer = serve(
                 options.listen,
                 servicers,

@@ -70,10 +70,14 @@ class GkeClusterServicer(ClusterServicer):
         return cluster_pb2.UpgradeNodePoolResponse(operation=op)
 
 
-def gke_servicers(fleet: GkeFleet, version: str, manifest: Mapping[str, str]) -> PluginServicers:
+def gke_servicers(
+    fleet: GkeFleet, version: str, manifest: Mapping[str, str], fleet_id: str = ""
+) -> PluginServicers:
     """The plugin's servicers: Probe asks GKE (fleet.probe), the cluster RPCs go to the fleet
     (PreflightUpgrade to fleet.preflight_upgrade through the SDK's routing)."""
     return PluginServicers(
-        identity=StaticIdentity(PLUGIN_NAME, version, CAPABILITIES, fleet.probe, manifest),
+        identity=StaticIdentity(
+            PLUGIN_NAME, version, CAPABILITIES, fleet.probe, manifest, fleet_id=fleet_id
+        ),
         cluster=GkeClusterServicer(fleet),
     )

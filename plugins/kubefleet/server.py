@@ -60,7 +60,8 @@ class KubeFleetPlugin:
                 "healthSource": options.config.health_source,
                 "cookbook": f"{cookbook.name} ({cookbook.group})",
             }
-            identity, cluster, health, gate = servicers(self.hub, manifest)
+            # The hub is the fleet: one hub reached by two plugin addresses is one provider.
+            identity, cluster, health, gate = servicers(self.hub, manifest, fleet_id=kube.server)
             self.server: PluginServer = serve(
                 options.listen,
                 PluginServicers(identity=identity, cluster=cluster, health=health, gate=gate),

@@ -131,11 +131,16 @@ class KubeFleetGateServicer(gate_pb2_grpc.GateServiceServicer):
 
 
 def servicers(
-    hub: KubeFleetHub, manifest: Mapping[str, str]
+    hub: KubeFleetHub, manifest: Mapping[str, str], fleet_id: str = ""
 ) -> tuple[StaticIdentity, ClusterServicer, HealthServicer, KubeFleetGateServicer]:
     """Identity (ready when the hub caches are), Cluster, Health and Gate servicers."""
     backend = HubBackend(hub)
     identity = StaticIdentity(
-        PLUGIN_NAME, package_version(), CAPABILITIES, probe=hub.readiness, manifest=manifest
+        PLUGIN_NAME,
+        package_version(),
+        CAPABILITIES,
+        probe=hub.readiness,
+        manifest=manifest,
+        fleet_id=fleet_id,
     )
     return identity, ClusterServicer(backend), HealthServicer(backend), KubeFleetGateServicer(hub)

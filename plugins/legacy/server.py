@@ -87,6 +87,8 @@ class LegacyBridge:
                 package_version(),
                 capabilities,
                 probe=self.probe,
+                # The upstream operator's endpoint is what this bridge acts on.
+                fleet_id=options.upstream,
                 manifest={
                     "upstream": options.upstream,
                     "clusters": str(len(self.inventory.ids)),

@@ -82,7 +82,10 @@ class OcmPlugin:
                 manifest["hub"] = next(iter(kubes.values())).server
             else:
                 manifest["hubs"] = ",".join(f"{n}={k.server}" for n, k in kubes.items())
-            servicers = ocm_servicers(self.fleet, package_version(), manifest)
+            # The hubs are the fleet: the same hubs reached by two plugin addresses are one
+            # provider.
+            hubs_id = ",".join(sorted(k.server for k in kubes.values()))
+            servicers = ocm_servicers(self.fleet, package_version(), manifest, fleet_id=hubs_id)
             self.server: PluginServer = serve(
                 options.listen,
                 servicers,

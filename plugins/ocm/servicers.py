@@ -30,10 +30,14 @@ whole cluster). No QUERY_METRIC and no GATES.
 """
 
 
-def ocm_servicers(hubs: OcmHubs, version: str, manifest: Mapping[str, str]) -> PluginServicers:
+def ocm_servicers(
+    hubs: OcmHubs, version: str, manifest: Mapping[str, str], fleet_id: str = ""
+) -> PluginServicers:
     """The plugin's servicers: ready when every hub's caches are (hubs.readiness)."""
     return PluginServicers(
-        identity=StaticIdentity(PLUGIN_NAME, version, CAPABILITIES, hubs.readiness, manifest),
+        identity=StaticIdentity(
+            PLUGIN_NAME, version, CAPABILITIES, hubs.readiness, manifest, fleet_id=fleet_id
+        ),
         cluster=ClusterServicer(hubs),
         health=HealthServicer(hubs),
     )

@@ -35,6 +35,8 @@ class StaticIdentity(identity_pb2_grpc.IdentityServiceServicer):
     """Names the plugin and declares its capabilities (both fixed); Probe asks probe().
 
     probe returns (ready, message); the message says why not ready ("" when ready).
+    fleet_id: what this plugin instance acts on, the same by whichever address it is reached
+    and across restarts (GetPluginInfoResponse.fleet_id; docs/plugin-contract.md).
     """
 
     def __init__(
@@ -44,9 +46,10 @@ class StaticIdentity(identity_pb2_grpc.IdentityServiceServicer):
         capabilities: Iterable[identity_pb2.PluginCapability.ValueType],
         probe: Callable[[], tuple[bool, str]] = always_ready,
         manifest: Mapping[str, str] | None = None,
+        fleet_id: str = "",
     ) -> None:
         self._info = identity_pb2.GetPluginInfoResponse(
-            name=name, vendor_version=version, manifest=dict(manifest or {})
+            name=name, vendor_version=version, manifest=dict(manifest or {}), fleet_id=fleet_id
         )
         self._capabilities = identity_pb2.GetPluginCapabilitiesResponse(
             capabilities=list(capabilities)

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -101,7 +102,9 @@ class Simulator:
             manifest = {"fleet": source, "clusters": str(self.fleet.cluster_count)}
             if state_path is not None:
                 manifest["state"] = str(state_path)
-            servicers = sim_servicers(self.fleet, package_version(), manifest)
+            servicers = sim_servicers(
+                self.fleet, package_version(), manifest, fleet_id(options.state_dir)
+            )
             self.server: PluginServer = serve(
                 options.listen,
                 servicers,
@@ -211,6 +214,26 @@ class Simulator:
         self._close_parts()
         if self._watcher is not None:
             self._watcher.join(timeout=5)
+
+
+#: Where a sim with a state directory keeps its fleet id (GetPluginInfo fleet_id).
+FLEET_ID_FILE = "fleet-id"
+
+
+def fleet_id(state_dir: str | None) -> str:
+    """What this sim acts on: the fleet kept in its state directory (its id is kept there too,
+    so a restarted sim is the same provider), else this process's own fleet, which lives and
+    dies with the process."""
+    if not state_dir:
+        return f"process-{uuid.uuid4().hex}"
+    path = Path(state_dir) / FLEET_ID_FILE
+    if path.exists():
+        return path.read_text(encoding="utf-8").strip()
+    found = f"state-{uuid.uuid4().hex}"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(found + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return found
 
 
 def build_parser() -> argparse.ArgumentParser:

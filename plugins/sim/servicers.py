@@ -26,7 +26,9 @@ CAPABILITIES: tuple[identity_pb2.PluginCapability.ValueType, ...] = (
 """What the sim serves: everything but gates (and durability, which needs a state dir)."""
 
 
-def sim_servicers(fleet: Fleet, version: str, manifest: Mapping[str, str]) -> PluginServicers:
+def sim_servicers(
+    fleet: Fleet, version: str, manifest: Mapping[str, str], fleet_id: str = ""
+) -> PluginServicers:
     """The sim's servicers: always ready; the fleet file's RPC faults apply before every call.
 
     PLUGIN_CAPABILITY_DURABLE_OPERATIONS is declared when the fleet journals its operations.
@@ -35,7 +37,9 @@ def sim_servicers(fleet: Fleet, version: str, manifest: Mapping[str, str]) -> Pl
     if fleet.operations.durable:
         capabilities.append(identity_pb2.PLUGIN_CAPABILITY_DURABLE_OPERATIONS)
     return PluginServicers(
-        identity=StaticIdentity(PLUGIN_NAME, version, capabilities, manifest=manifest),
+        identity=StaticIdentity(
+            PLUGIN_NAME, version, capabilities, manifest=manifest, fleet_id=fleet_id
+        ),
         cluster=ClusterServicer(fleet, before=fleet.before_rpc),
         health=HealthServicer(fleet, before=fleet.before_rpc),
     )

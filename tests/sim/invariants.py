@@ -29,9 +29,6 @@ _STEP_KIND = {
     U.UPGRADING_NODE_POOLS: "node_pool",
     U.SERVICING_IN: "service_in",
 }
-_NOT_LIVE = frozenset(
-    {api.RunPhase.SUCCEEDED, api.RunPhase.FAILED, api.RunPhase.STOPPED, api.RunPhase.INVALID}
-)
 
 
 class Violation(AssertionError):
@@ -160,7 +157,7 @@ class Monitor:
 
     def _live(self, run: str) -> bool:
         obj = self.w.api.runs[run]
-        return obj.initialized and obj.status.phase not in _NOT_LIVE
+        return obj.initialized and api.run_is_live(obj.status.phase)
 
     def _cause(self, cid: str) -> str:
         """up | ours | adversary: why a cluster is not available-and-in-service."""

@@ -18,8 +18,9 @@ from typing import Any
 
 from orchestrator import api
 from orchestrator.conditions import format_time
+from orchestrator.crossrun import Holding, neighbours, pinned_provider, provider_identity
 from orchestrator.driver import CallError, RunDriver, WriteConflict
-from orchestrator.engine import ACTIVE, Floor
+from orchestrator.engine import ACTIVE
 from orchestrator.initialize import pin_upgrades, run_for
 from tests.sim.adversary import Adversary
 from tests.sim.invariants import Monitor, Violation
@@ -42,19 +43,24 @@ from tests.sim.model import (
 )
 
 ENDPOINT = "sim-plugin:9000"
+#: The addresses one model plugin is reached by (a Service's short and fully qualified names,
+#: its ClusterIP): owners draw one each, so runs on one provider spell it differently.
+ALIASES = (ENDPOINT, "sim-plugin.fleet-system.svc.cluster.local:9000", "10.96.0.12:9000")
+#: The model plugin's GetPluginInfo (name, fleet_id): one provider whatever the address.
+PLUGIN = ("sim.fleetupgrade.io", "model-fleet")
 BASE = ("1.28.2", "1.28.7")
 OLD = "1.27.9"  # two minors behind 1.29: the provider refuses a skip
 TARGETS = ("1.29.3", "1.29.5")
 OFFERED = ("1.29.3", "1.29.5", "1.30.1")
 RINGS = ("canary", "early", "main")
 TEAMS = ("blue", "green", "red")
-FINISHED = frozenset({api.RunPhase.SUCCEEDED, api.RunPhase.STOPPED, api.RunPhase.INVALID})
+#: Runs the simulated controllers no longer reconcile unless edited (finished, or found Invalid
+#: when pinned, which the model never fixes).
+FINISHED = api.FINISHED_PHASES | {api.RunPhase.INVALID}
 #: Simulated seconds without a phase change after which a quiet world counts as settled
 #: (longer than any wait between two phase changes: health checks time out within 5m, a
 #: stage's checks pass or fail within 5m of its last member finishing).
 QUIET_SETTLE = 420
-#: Runs whose floor no longer binds anyone.
-NOT_LIVE = FINISHED | {api.RunPhase.FAILED}
 CHECKS = {
     "interval": "10s",
     "checks": [{"name": "app", "workloads": {"items": [{"namespace": "default", "name": "app"}]}}],
@@ -200,6 +206,8 @@ class World:
         #: Draws of the operating features (issue 12): budgets, policy, notBefore, windows. A
         #: stream of its own, so the histories of the other draws stay what they were.
         self.ops_rng = random.Random(cfg.seed * 7727 + 11)
+        #: Which address of the plugin each owner uses: a stream of its own too.
+        self.alias_rng = random.Random(cfg.seed * 6007 + 3)
         self.now = 0
         self.history: list[str] = []
         self.fleet = ModelFleet(self._clusters(), OFFERED)
@@ -225,7 +233,6 @@ class World:
         )
         self.run_counter = 0
         self.hooks: list[tuple[int, Callable[[World], None], str]] = []
-        self._members: dict[str, frozenset[str]] = {}
         self._wanted: dict[tuple[str, int], tuple[str, api.UpdateRunSpec]] = {}
         for i in range(cfg.owners):
             self.add_owner(i)
@@ -250,7 +257,7 @@ class World:
         rng = self.rng
         target = rng.choice(TARGETS)
         body: dict[str, object] = {
-            "opsEndpoint": {"endpoint": ENDPOINT, "insecure": True},
+            "opsEndpoint": {"endpoint": self.alias_rng.choice(ALIASES), "insecure": True},
         }
         stages: list[dict[str, object]] = []
         if self.cfg.stages and rng.random() < 0.8:
@@ -472,19 +479,13 @@ class World:
             self._initialize(rep, run)
             return
         upgrades = rep.store.read_upgrades(key)
-        own = {u.cluster_id for u in upgrades.values()}
-        floors = []
-        for other in self.api.runs.values():
-            if other.key == key or not other.initialized or other.status.phase in NOT_LIVE:
-                continue
-            members = self.members(other.key)
-            if not members.isdisjoint(own):
-                floors.append(Floor(other.key, members, other.spec.required_available_count))
-        held_by: dict[str, str] = {}
-        for cid in own.union(*(f.members for f in floors)):
-            others = self.api.active.get(cid, set()) - {key}
-            if others:
-                held_by[cid] = sorted(others)[0]
+        held_by, floors = neighbours(
+            self.holdings(),
+            self.floor_of,
+            self.identity(run.spec),
+            key,
+            {u.cluster_id for u in upgrades.values()},
+        )
         drv = rep.driver(run)
         approved = frozenset(run.stage_names)
         result = drv.step(
@@ -516,11 +517,7 @@ class World:
             self.api.update_run(key, retry=run.retry - d.retried, skip=run.skip - d.skipped)
             run = rep.store.read_run(key)
         old = run.status
-        finished = d.phase in (
-            api.RunPhase.SUCCEEDED,
-            api.RunPhase.FAILED,
-            api.RunPhase.STOPPED,
-        )
+        finished = d.phase in api.FINISHED_PHASES
         status = old.model_copy(
             update={
                 "phase": d.phase,
@@ -537,7 +534,7 @@ class World:
         if status != old:
             self.adversary.run_write_fault(key)
             rep.store.write_run_status(key, status)
-            if old.phase in NOT_LIVE and status.phase not in NOT_LIVE:
+            if not api.run_is_live(old.phase) and api.run_is_live(status.phase):
                 # Resumed (a stopped run set to Run, or a finished one given a retry round):
                 # its floor bound no one while it was not live.
                 self.monitor.run_resumed(key)
@@ -547,18 +544,41 @@ class World:
         wait = 30.0 if result.requeue_after is None else result.requeue_after
         self.due[key] = self.now + int(min(30.0, max(float(self.cfg.min_requeue), wait)))
 
-    def members(self, run: str) -> frozenset[str]:
-        """The pinned cluster ids of a run (read from its ClusterUpgrades; they never change)."""
-        found = self._members.get(run)
-        if found is None:
-            found = frozenset(o.upgrade.cluster_id for o in self.api.upgrades_of(run))
-            self._members[run] = found
-        return found
+    def identity(self, spec: api.UpdateRunSpec) -> str:
+        """What the plugin behind a run's address says it is (its GetPluginInfo)."""
+        endpoint = spec.ops_endpoint.endpoint if spec.ops_endpoint else ""
+        return provider_identity(*PLUGIN, endpoint)
+
+    def holdings(self) -> list[Holding]:
+        """Every ClusterUpgrade as the runs that meet see it (orchestrator.crossrun), read
+        from the store as the UpdateRun controller reads its cache."""
+        return [
+            Holding(
+                run=o.run,
+                provider=pinned_provider(o.upgrade.spec.provider_id, o.upgrade.spec.provider, {}),
+                cluster_id=o.upgrade.cluster_id,
+                active=o.upgrade.status.phase in ACTIVE,
+            )
+            for o in self.api.upgrades.values()
+        ]
+
+    def floor_of(self, run: str) -> int | None:
+        """The floor of another run while it is live (None: finished, or not pinned yet)."""
+        obj = self.api.runs.get(run)
+        if obj is None or not obj.initialized or not api.run_is_live(obj.status.phase):
+            return None
+        return obj.spec.required_available_count
 
     def _initialize(self, rep: Replica, run: RunObj) -> None:
         """Pin once: every ClusterUpgrade created at start, from the inventory of that moment."""
         self.adversary.rpc("ListClusters", "")
-        pinned = pin_upgrades(run.name, run.spec, self.fleet.inventory(), source=run.source)
+        pinned = pin_upgrades(
+            run.name,
+            run.spec,
+            self.fleet.inventory(),
+            source=run.source,
+            provider_id=self.identity(run.spec),
+        )
         if isinstance(pinned, list):
             self.api.update_run(run.key, initialized=True)
             self.api.runs[run.key].status = api.UpdateRunStatus(

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%fleetupgrade/plugin/v1/identity.proto\x12\x16\x66leetupgrade.plugin.v1\"\x16\n\x14GetPluginInfoRequest\"\xbd\x01\n\x15GetPluginInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0evendor_version\x18\x02 \x01(\t\x12M\n\x08manifest\x18\x03 \x03(\x0b\x32;.fleetupgrade.plugin.v1.GetPluginInfoResponse.ManifestEntry\x1a/\n\rManifestEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1e\n\x1cGetPluginCapabilitiesRequest\"_\n\x1dGetPluginCapabilitiesResponse\x12>\n\x0c\x63\x61pabilities\x18\x01 \x03(\x0e\x32(.fleetupgrade.plugin.v1.PluginCapability\"\x0e\n\x0cProbeRequest\"/\n\rProbeResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t*\x96\x03\n\x10PluginCapability\x12!\n\x1dPLUGIN_CAPABILITY_UNSPECIFIED\x10\x00\x12\'\n#PLUGIN_CAPABILITY_CLUSTER_INVENTORY\x10\x01\x12%\n!PLUGIN_CAPABILITY_CLUSTER_SERVICE\x10\x02\x12+\n\'PLUGIN_CAPABILITY_UPGRADE_CONTROL_PLANE\x10\x03\x12\'\n#PLUGIN_CAPABILITY_UPGRADE_NODE_POOL\x10\x04\x12%\n!PLUGIN_CAPABILITY_CHECK_WORKLOADS\x10\x05\x12\"\n\x1ePLUGIN_CAPABILITY_QUERY_METRIC\x10\x06\x12\x1b\n\x17PLUGIN_CAPABILITY_GATES\x10\x07\x12\'\n#PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE\x10\x08\x12(\n$PLUGIN_CAPABILITY_DURABLE_OPERATIONS\x10\t2\xdc\x02\n\x0fIdentityService\x12l\n\rGetPluginInfo\x12,.fleetupgrade.plugin.v1.GetPluginInfoRequest\x1a-.fleetupgrade.plugin.v1.GetPluginInfoResponse\x12\x84\x01\n\x15GetPluginCapabilities\x12\x34.fleetupgrade.plugin.v1.GetPluginCapabilitiesRequest\x1a\x35.fleetupgrade.plugin.v1.GetPluginCapabilitiesResponse\x12T\n\x05Probe\x12$.fleetupgrade.plugin.v1.ProbeRequest\x1a%.fleetupgrade.plugin.v1.ProbeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%fleetupgrade/plugin/v1/identity.proto\x12\x16\x66leetupgrade.plugin.v1\"\x16\n\x14GetPluginInfoRequest\"\xcf\x01\n\x15GetPluginInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0evendor_version\x18\x02 \x01(\t\x12M\n\x08manifest\x18\x03 \x03(\x0b\x32;.fleetupgrade.plugin.v1.GetPluginInfoResponse.ManifestEntry\x12\x10\n\x08\x66leet_id\x18\x04 \x01(\t\x1a/\n\rManifestEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1e\n\x1cGetPluginCapabilitiesRequest\"_\n\x1dGetPluginCapabilitiesResponse\x12>\n\x0c\x63\x61pabilities\x18\x01 \x03(\x0e\x32(.fleetupgrade.plugin.v1.PluginCapability\"\x0e\n\x0cProbeRequest\"/\n\rProbeResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t*\x96\x03\n\x10PluginCapability\x12!\n\x1dPLUGIN_CAPABILITY_UNSPECIFIED\x10\x00\x12\'\n#PLUGIN_CAPABILITY_CLUSTER_INVENTORY\x10\x01\x12%\n!PLUGIN_CAPABILITY_CLUSTER_SERVICE\x10\x02\x12+\n\'PLUGIN_CAPABILITY_UPGRADE_CONTROL_PLANE\x10\x03\x12\'\n#PLUGIN_CAPABILITY_UPGRADE_NODE_POOL\x10\x04\x12%\n!PLUGIN_CAPABILITY_CHECK_WORKLOADS\x10\x05\x12\"\n\x1ePLUGIN_CAPABILITY_QUERY_METRIC\x10\x06\x12\x1b\n\x17PLUGIN_CAPABILITY_GATES\x10\x07\x12\'\n#PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE\x10\x08\x12(\n$PLUGIN_CAPABILITY_DURABLE_OPERATIONS\x10\t2\xdc\x02\n\x0fIdentityService\x12l\n\rGetPluginInfo\x12,.fleetupgrade.plugin.v1.GetPluginInfoRequest\x1a-.fleetupgrade.plugin.v1.GetPluginInfoResponse\x12\x84\x01\n\x15GetPluginCapabilities\x12\x34.fleetupgrade.plugin.v1.GetPluginCapabilitiesRequest\x1a\x35.fleetupgrade.plugin.v1.GetPluginCapabilitiesResponse\x12T\n\x05Probe\x12$.fleetupgrade.plugin.v1.ProbeRequest\x1a%.fleetupgrade.plugin.v1.ProbeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,22 +33,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GETPLUGININFORESPONSE_MANIFESTENTRY']._loaded_options = None
   _globals['_GETPLUGININFORESPONSE_MANIFESTENTRY']._serialized_options = b'8\001'
-  _globals['_PLUGINCAPABILITY']._serialized_start=476
-  _globals['_PLUGINCAPABILITY']._serialized_end=882
+  _globals['_PLUGINCAPABILITY']._serialized_start=494
+  _globals['_PLUGINCAPABILITY']._serialized_end=900
   _globals['_GETPLUGININFOREQUEST']._serialized_start=65
   _globals['_GETPLUGININFOREQUEST']._serialized_end=87
   _globals['_GETPLUGININFORESPONSE']._serialized_start=90
-  _globals['_GETPLUGININFORESPONSE']._serialized_end=279
-  _globals['_GETPLUGININFORESPONSE_MANIFESTENTRY']._serialized_start=232
-  _globals['_GETPLUGININFORESPONSE_MANIFESTENTRY']._serialized_end=279
-  _globals['_GETPLUGINCAPABILITIESREQUEST']._serialized_start=281
-  _globals['_GETPLUGINCAPABILITIESREQUEST']._serialized_end=311
-  _globals['_GETPLUGINCAPABILITIESRESPONSE']._serialized_start=313
-  _globals['_GETPLUGINCAPABILITIESRESPONSE']._serialized_end=408
-  _globals['_PROBEREQUEST']._serialized_start=410
-  _globals['_PROBEREQUEST']._serialized_end=424
-  _globals['_PROBERESPONSE']._serialized_start=426
-  _globals['_PROBERESPONSE']._serialized_end=473
-  _globals['_IDENTITYSERVICE']._serialized_start=885
-  _globals['_IDENTITYSERVICE']._serialized_end=1233
+  _globals['_GETPLUGININFORESPONSE']._serialized_end=297
+  _globals['_GETPLUGININFORESPONSE_MANIFESTENTRY']._serialized_start=250
+  _globals['_GETPLUGININFORESPONSE_MANIFESTENTRY']._serialized_end=297
+  _globals['_GETPLUGINCAPABILITIESREQUEST']._serialized_start=299
+  _globals['_GETPLUGINCAPABILITIESREQUEST']._serialized_end=329
+  _globals['_GETPLUGINCAPABILITIESRESPONSE']._serialized_start=331
+  _globals['_GETPLUGINCAPABILITIESRESPONSE']._serialized_end=426
+  _globals['_PROBEREQUEST']._serialized_start=428
+  _globals['_PROBEREQUEST']._serialized_end=442
+  _globals['_PROBERESPONSE']._serialized_start=444
+  _globals['_PROBERESPONSE']._serialized_end=491
+  _globals['_IDENTITYSERVICE']._serialized_start=903
+  _globals['_IDENTITYSERVICE']._serialized_end=1251
 # @@protoc_insertion_point(module_scope)

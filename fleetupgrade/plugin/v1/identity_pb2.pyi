@@ -115,10 +115,20 @@ class GetPluginInfoResponse(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     VENDOR_VERSION_FIELD_NUMBER: _builtins.int
     MANIFEST_FIELD_NUMBER: _builtins.int
+    FLEET_ID_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """REQUIRED. A DNS-style name, e.g. "sim.fleetupgrade.io"."""
     vendor_version: _builtins.str
     """REQUIRED. The plugin's version (semver)."""
+    fleet_id: _builtins.str
+    """OPTIONAL (RECOMMENDED). What this plugin instance acts on, stable across restarts,
+    replicas and the addresses it is reached by: e.g. "projects/p/locations/l" for GKE, the hub
+    for KubeFleet and OCM. Two endpoints whose plugins answer the same `name` and the same
+    non-empty `fleet_id` are one provider to the orchestrator: their clusters are the same
+    clusters, so holdings, floors and the one-owner rule count them once. A plugin that leaves
+    it empty is identified by its endpoint as spelled (see docs/plugin-contract.md, "Provider
+    identity"). At most 256 characters, no surrounding space. Never secrets.
+    """
     @_builtins.property
     def manifest(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """OPTIONAL. Free-form facts, e.g. the provider endpoint. Never secrets."""
@@ -129,10 +139,11 @@ class GetPluginInfoResponse(_message.Message):
         name: _builtins.str = ...,
         vendor_version: _builtins.str = ...,
         manifest: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        fleet_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["manifest", b"manifest", "name", b"name", "vendor_version", b"vendor_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fleet_id", b"fleet_id", "manifest", b"manifest", "name", b"name", "vendor_version", b"vendor_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -12,6 +12,18 @@ def test_plugin_info_names_the_plugin_and_version(client: PluginClient) -> None:
     assert info.vendor_version, "GetPluginInfo.vendor_version is REQUIRED and empty"
 
 
+def test_fleet_id_is_stable_and_bounded(client: PluginClient) -> None:
+    """fleet_id (OPTIONAL) is what the orchestrator keys holdings and floors on: it must not
+    change within a process, and fits in a ClusterUpgrade's spec.providerId."""
+    first = client.info().fleet_id
+    again = client.info().fleet_id
+    assert first == again, (
+        f"GetPluginInfo.fleet_id changed within one process: {first!r}, {again!r}"
+    )
+    assert len(first) <= 256, f"GetPluginInfo.fleet_id is {len(first)} characters; at most 256"
+    assert first == first.strip(), f"GetPluginInfo.fleet_id {first!r} has surrounding space"
+
+
 def test_capabilities_are_known_and_unique(client: PluginClient) -> None:
     stub = identity_pb2_grpc.IdentityServiceStub(client.channel)
     declared = list(

@@ -1,0 +1,103 @@
+"""Where runs meet (orchestrator.crossrun): a provider is what its plugin says it is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator import api
+from orchestrator.crossrun import (
+    endpoint_identity,
+    holding_of,
+    neighbours,
+    provider_identity,
+)
+from orchestrator.engine import Floor
+
+SIM = provider_identity("sim.fleetupgrade.io", "fleet-a", "localhost:9000")
+
+
+def _cu(ns: str, run: str, cid: str, phase: str, provider: str, pid: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"clusterId": cid, "provider": provider}
+    if pid is not None:
+        spec["providerId"] = pid
+    return {
+        "metadata": {"namespace": ns, "name": f"{run}-{cid}", "labels": {api.LABEL_RUN: run}},
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def test_one_plugin_by_two_addresses_is_one_provider() -> None:
+    assert provider_identity("sim.fleetupgrade.io", "fleet-a", "localhost:9000") == (
+        provider_identity("sim.fleetupgrade.io", "fleet-a", "127.0.0.1:9000")
+    )
+    assert provider_identity("sim.fleetupgrade.io", "fleet-a", "x:1") != (
+        provider_identity("sim.fleetupgrade.io", "fleet-b", "x:1")
+    )
+    # Two plugins that happen to use the same fleet id are not one provider.
+    assert provider_identity("gke.fleetupgrade.io", "fleet-a", "x:1") != (
+        provider_identity("sim.fleetupgrade.io", "fleet-a", "x:1")
+    )
+
+
+def test_a_plugin_reporting_no_fleet_id_is_its_endpoint_as_spelled() -> None:
+    assert provider_identity("legacy", "", "Plugin:9000") == endpoint_identity("plugin:9000")
+    assert endpoint_identity("dns:///plugin:9000") == endpoint_identity("plugin:9000")
+    # Documented: two spellings of a plugin that reports nothing are two providers.
+    assert endpoint_identity("localhost:9000") != endpoint_identity("127.0.0.1:9000")
+
+
+def test_holdings_and_floors_of_another_run_on_another_address_of_the_same_plugin() -> None:
+    objs = [
+        _cu("team-a", "strict", "c1", "UpgradingControlPlane", "localhost:9000", SIM),
+        _cu("team-a", "strict", "c2", "Upgraded", "localhost:9000", SIM),
+        _cu("team-a", "strict", "c3", "Pending", "localhost:9000", SIM),
+    ]
+    holdings = [holding_of(o, {}) for o in objs]
+    floors = {"team-a/strict": 3}
+    held, found = neighbours(holdings, floors.get, SIM, "team-b/loose", {"c1", "c2", "c3"})
+    assert held == {"c1": "team-a/strict"}
+    assert found == [Floor("team-a/strict", frozenset({"c1", "c2", "c3"}), 3)]
+
+
+def test_a_clusterupgrade_pinned_before_identities_is_mapped_by_its_endpoint() -> None:
+    old = _cu("team-a", "old", "c1", "ServicingOut", "sim-plugin:9000", None)
+    # The controller reached sim-plugin:9000 and learned what it is.
+    mapped = holding_of(old, {"sim-plugin:9000": SIM})
+    assert mapped.provider == SIM and mapped.active
+    held, _ = neighbours([mapped], lambda run: 2, SIM, "team-b/new", {"c1"})
+    assert held == {"c1": "team-a/old"}
+    # Not reached yet: the endpoint fallback, which does not meet SIM.
+    assert holding_of(old, {}).provider == endpoint_identity("sim-plugin:9000")
+
+
+def test_finished_runs_bind_no_floor_and_other_providers_are_not_neighbours() -> None:
+    other = provider_identity("sim.fleetupgrade.io", "fleet-b", "x:1")
+    holdings = [
+        holding_of(_cu("a", "done", "c1", "Upgraded", "x:1", SIM), {}),
+        holding_of(_cu("a", "elsewhere", "c1", "ServicingOut", "y:1", other), {}),
+        holding_of(_cu("b", "me", "c1", "Pending", "x:1", SIM), {}),
+    ]
+    held, found = neighbours(holdings, lambda run: None, SIM, "b/me", {"c1"})
+    assert held == {} and found == []
+
+
+def test_the_least_run_is_named_where_several_hold_one_cluster() -> None:
+    holdings = [
+        holding_of(_cu("z", "r", "c1", "ServicingIn", "x:1", SIM), {}),
+        holding_of(_cu("a", "r", "c1", "Verifying", "x:1", SIM), {}),
+    ]
+    held, _ = neighbours(holdings, lambda run: 1, SIM, "m/me", {"c1"})
+    assert held == {"c1": "a/r"}
+
+
+def test_the_finished_phases_are_one_definition() -> None:
+    assert {
+        api.RunPhase.SUCCEEDED,
+        api.RunPhase.FAILED,
+        api.RunPhase.STOPPED,
+    } == api.FINISHED_PHASES
+    # Invalid is live: what it took out may still be out, and a fixed spec resumes it.
+    assert api.run_is_live(api.RunPhase.INVALID)
+    assert api.run_is_live(None)
+    assert not api.run_is_live("Succeeded")
