@@ -52,6 +52,7 @@ WORLD_ACTIONS = {
     "oob_out": 1,
     "oob_in": 1,
     "forget": 2,
+    "plugin_restart": 1,
     "crash": 2,
     "lease": 2,
     "lease_mid": 2,
@@ -386,6 +387,21 @@ class Adversary:
             fleet.forget(op.id)
             self.touch(op.cluster_id, "forgotten")
             self.world.log(f"adversary: plugin forgot {op.id} ({op.kind.value} {op.cluster_id})")
+
+    def _do_plugin_restart(self) -> None:
+        """The plugin restarts without durable state: it forgets every operation at once (work
+        in flight dies with it), and every replica's WatchOperations stream breaks."""
+        fleet = self.world.fleet
+        lost = sorted(
+            (op for op in fleet.ops.values() if op.owner != ADVERSARY and not op.forgotten),
+            key=lambda o: int(o.id.split("-")[1]),
+        )
+        for op in lost:
+            fleet.forget(op.id)
+            self.touch(op.cluster_id, "forgotten")
+        for rep in self.world.replicas:
+            rep.provider.following = False
+        self.world.log(f"adversary: plugin restarted, forgetting {len(lost)} operations")
 
     def _do_crash(self) -> None:
         rep = self.rng.choice(self.world.replicas)
