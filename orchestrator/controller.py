@@ -103,8 +103,11 @@ class Controller:
         )
         ns = self.namespace
         self.cvs = ObjectCache(self.kube, api.PLURAL, ns, on_change=self._cv_changed)
+        # Every namespace's runs, like the ClusterUpgrades, though only this namespace's are
+        # reconciled here: the floors of runs another orchestrator reconciles bind the clusters
+        # ours share with them (invariant 1 across orchestrators, each watching one namespace).
         self.runs = ObjectCache(
-            self.kube, api.UPDATE_RUN_PLURAL, ns, api.LABEL_CLUSTER_VERSION, self._run_changed
+            self.kube, api.UPDATE_RUN_PLURAL, None, api.LABEL_CLUSTER_VERSION, self._run_changed
         )
         # Only the run's own reconcile writes ClusterUpgrade status (write-through): the echo
         # of those writes is no news to it.
@@ -248,6 +251,8 @@ class Controller:
 
     def _run_changed(self, event: str, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
+        if self.namespace is not None and meta["namespace"] != self.namespace:
+            return  # another orchestrator's run: read for its floor, never reconciled here
         self.queue.add(("ur", meta["namespace"], meta["name"]))
         owner = (meta.get("labels") or {}).get(api.LABEL_CLUSTER_VERSION)
         if owner:
