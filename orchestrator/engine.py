@@ -130,8 +130,9 @@ class Preflight:
     reason: str = ""
     message: str = ""
     retry_after: float = 0.0
-    #: The control-plane version it was asked for ("": any): a verdict answers one target, so
-    #: a cache shared by runs with other targets never lends one run another's answer.
+    #: The run's control-plane target it was asked about ("": any; the request itself held only
+    #: what was short of it: `short_of_target`): a verdict answers one target, so a cache
+    #: shared by runs with other targets never lends one run another's answer.
     version: str = ""
 
 
