@@ -172,3 +172,26 @@ def test_control_plane_and_pools_past_target_is_skipped_untouched() -> None:
     assert h.last is not None
     assert h.last.decision.counts == api.RunCounts(total=3, upgraded=2, skipped=1)
     assert h.last.decision.failures is None
+
+
+def test_control_plane_pushed_past_target_while_going_out_gets_no_control_plane_step() -> None:
+    """The drift comes while the run takes the cluster out: the run goes on from what is left."""
+    fleet = _fleet(3)
+    h = harness(spec_for(fleet, TARGET, required=2, maxConcurrency=1), fleet)
+    assert h.run(until=lambda x: h.phases()["c00000"] == U.SERVICING_OUT)
+    _upgraded_outside(fleet, "c00000", PAST, OLD)
+    assert h.run()
+    assert h.phase == api.RunPhase.SUCCEEDED, h.last and h.last.decision.message
+    c0 = fleet.clusters["c00000"]
+    assert c0.control_plane_version == PAST and set(per_pool(c0).values()) == {TARGET}
+    assert c0.in_service
+    assert h.steps_of("c00000") == [
+        OpKind.SERVICE_OUT,
+        OpKind.NODE_POOL,
+        OpKind.NODE_POOL,
+        OpKind.SERVICE_IN,
+    ]
+    st = h.by_cluster()["c00000"]
+    assert st.phase == U.UPGRADED and _drift(st) is not None
+    assert h.last is not None and h.last.decision.failures is None
+    assert fleet.min_available_in_service >= 2
