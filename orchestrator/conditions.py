@@ -36,10 +36,11 @@ def set_condition(
     status: bool,
     reason: str,
     message: str,
-    generation: int,
+    generation: int | None,
     now: datetime,
 ) -> list[api.Condition]:
-    """Return conditions with ctype set (apimachinery SetStatusCondition semantics)."""
+    """Return conditions with ctype set (apimachinery SetStatusCondition semantics); generation
+    None leaves observedGeneration unset (a status no spec generation is judged by)."""
     value = "True" if status else "False"
     old = get_condition(conditions, ctype)
     when = old.last_transition_time if old is not None and old.status == value else format_time(now)

@@ -40,9 +40,10 @@ from orchestrator.engine import (
     call_failed,
     checks_for,
     decide,
+    short_of_target,
     with_status,
 )
-from orchestrator.fleet import ClusterObs, OpObs, PoolObs, Snapshot
+from orchestrator.fleet import ClusterObs, OpObs, Snapshot
 from orchestrator.health import due_in, record
 
 __all__ = [
@@ -96,7 +97,8 @@ class Provider(Protocol):
         """Inventory and the latest known operations (by request id)."""
 
     def preflight(self, cluster_id: str, version: str, pools: Mapping[str, str]) -> Preflight:
-        """Ask whether the upgrade would be accepted now; raise CallError on failure."""
+        """Ask whether the upgrade would be accepted now (version "": the control plane stays;
+        pools: only those that would change); raise CallError on failure."""
 
     def call(self, call: Call) -> OpObs:
         """Make one mutating call; raise CallError on failure."""
@@ -253,9 +255,17 @@ class RunDriver:
 
             def ask(cid: str) -> None:
                 u = by_cluster[cid]
-                pools = {p.name: u.spec.pool_target(p.name) for p in self._pools(snapshot, cid)}
+                obs = snapshot.clusters.get(cid)
+                if obs is None:
+                    return  # gone: the next decision records it
+                # Only what is still short of target (invariant 7): a control plane at or past
+                # it is not asked for (that would be a downgrade), its pools are judged
+                # against the version it has.
+                control_plane, pools = short_of_target(obs, u.spec)
+                if not control_plane and not pools:
+                    return  # at target: the next decision records it, nothing to ask
                 try:
-                    answer = self.provider.preflight(cid, u.spec.version, pools)
+                    answer = self.provider.preflight(cid, control_plane, pools)
                 except CallError as err:
                     log.info("preflight of %s failed: %s", cid, err)
                     return
@@ -436,11 +446,6 @@ class RunDriver:
             target_version=u.spec.version,
             start_time=parse_time(hook.start_time),
         )
-
-    @staticmethod
-    def _pools(snapshot: Snapshot, cid: str) -> Sequence[PoolObs]:
-        obs = snapshot.clusters.get(cid)
-        return obs.node_pools if obs is not None else ()
 
     def _evaluate_clusters(
         self,

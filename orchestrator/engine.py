@@ -30,13 +30,14 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from orchestrator import api, windows
-from orchestrator.conditions import format_time, parse_time
+from orchestrator.conditions import format_time, get_condition, parse_time, set_condition
 from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, Snapshot, apply_succeeded
 from orchestrator.health import judge
 from plugins.sdk import versions
 
 __all__ = [
     "ACTIVE",
+    "CONTROL_PLANE_PAST_TARGET",
     "FATAL_CODES",
     "HOOK_POLL_SECONDS",
     "MAX_REASKS",
@@ -60,11 +61,13 @@ __all__ = [
     "call_failed",
     "checks_for",
     "cluster_set_digest",
+    "control_plane_past_target",
     "counts_as_failure",
     "decide",
     "hook_id",
     "needs_upgrade",
     "request_id",
+    "short_of_target",
     "with_status",
 ]
 
@@ -105,6 +108,9 @@ PRE_HOOK = "preUpgrade"
 POST_HOOK = "postUpgrade"
 #: Hook messages kept in status and events (the hook's own words, cut).
 HOOK_MESSAGE_MAX = 300
+#: The ClusterUpgrade condition recording a control plane found past the pinned target
+#: (invariant 7: upgraded outside the run, left there, done; never a failure).
+CONTROL_PLANE_PAST_TARGET = "ControlPlanePastTarget"
 
 
 class Verdict(StrEnum):
@@ -124,8 +130,9 @@ class Preflight:
     reason: str = ""
     message: str = ""
     retry_after: float = 0.0
-    #: The control-plane version it was asked for ("": any): a verdict answers one target, so
-    #: a cache shared by runs with other targets never lends one run another's answer.
+    #: The run's control-plane target it was asked about ("": any; the request itself held only
+    #: what was short of it: `short_of_target`): a verdict answers one target, so a cache
+    #: shared by runs with other targets never lends one run another's answer.
     version: str = ""
 
 
@@ -304,19 +311,36 @@ def cluster_set_digest(items: Iterable[tuple[str, str, str]]) -> str:
     return h.hexdigest()
 
 
+def short_of_target(obs: ClusterObs, spec: api.ClusterUpgradeSpec) -> tuple[str, dict[str, str]]:
+    """What of the cluster is still short of its pinned targets, as (control-plane target,
+    node pool name → target): the control plane's target, or "" when it is at or past it (done:
+    invariant 7, a control plane someone else upgraded past the target is never asked to go
+    back), and each node pool below its target, in the plugin's order. This is what a
+    preflight asks about and what the steps upgrade; with no control-plane target, the pools
+    are judged against the version the control plane has (the pinned target is at most that)."""
+    control_plane = "" if versions.meets(obs.control_plane_version, spec.version) else spec.version
+    pools = {
+        pool.name: target
+        for pool in obs.node_pools
+        if not versions.meets(pool.version, target := spec.pool_target(pool.name))
+    }
+    return control_plane, pools
+
+
 def _pool_needing(obs: ClusterObs, spec: api.ClusterUpgradeSpec) -> str | None:
-    for pool in obs.node_pools:
-        if not versions.meets(pool.version, spec.pool_target(pool.name)):
-            return pool.name
-    return None
+    return next(iter(short_of_target(obs, spec)[1]), None)
 
 
 def needs_upgrade(obs: ClusterObs, spec: api.ClusterUpgradeSpec) -> bool:
     """Whether the cluster is short of its pinned targets (at or past target is done)."""
-    return (
-        not versions.meets(obs.control_plane_version, spec.version)
-        or _pool_needing(obs, spec) is not None
-    )
+    control_plane, pools = short_of_target(obs, spec)
+    return bool(control_plane or pools)
+
+
+def control_plane_past_target(obs: ClusterObs, spec: api.ClusterUpgradeSpec) -> bool:
+    """Whether the control plane is past the pinned target (someone else upgraded it: a
+    release channel, a person); going to the target would be a downgrade."""
+    return versions.is_downgrade(obs.control_plane_version, spec.version)
 
 
 def _achieved(kind: OpKind, pool: str, version: str, obs: ClusterObs) -> bool:
@@ -422,8 +446,10 @@ class _Run:
         self.set(u, phase=U.FAILED, reason=reason, message=message)
 
     def advance(self, u: Upgrade, obs: ClusterObs) -> None:
-        """The next step of a cluster that has no operation in flight."""
+        """The next step of a cluster that has no operation in flight: only what is still short
+        of target is upgraded (a control plane at or past it has no step)."""
         spec = u.spec
+        self.note_drift(u, obs)
         if self.stopping and (not obs.in_service or needs_upgrade(obs, spec)):
             if not obs.in_service:
                 self.verify(u, obs)
@@ -469,13 +495,18 @@ class _Run:
         elif not obs.in_service:
             self.verify(u, obs)
         else:
+            drift = (
+                f" (control plane found past the target {spec.version}; left there)"
+                if control_plane_past_target(obs, spec)
+                else ""
+            )
             self.set(
                 u,
                 phase=U.UPGRADED,
                 step=None,
                 reason="Upgraded",
                 operation_id=None,
-                message=f"runs {obs.control_plane_version}",
+                message=f"runs {obs.control_plane_version}{drift}",
             )
 
     def verify(self, u: Upgrade, obs: ClusterObs) -> None:
@@ -587,8 +618,8 @@ class _Run:
                 self.at_target(u, obs)
                 return
             if kind is OpKind.SERVICE_OUT and not self.accepted_now(u):
-                # Invariant 5: the cluster may have changed since admission (a foreign
-                # control-plane upgrade past the target makes it a downgrade).
+                # Invariant 5: the cluster may have changed since admission (a window
+                # closed, a foreign operation started; what is short of target is asked again).
                 return
             # Invariant 1: a service-out that is issued again passes admission again.
             if kind is OpKind.SERVICE_OUT and not self.budget_allows(u.cluster_id, own=u.name):
@@ -768,8 +799,31 @@ class _Run:
             self.hook_calls.append(HookCall(kind, u.name, u.cluster_id, hook.id, st.attempt))
         self.wake(max(1.0, min(left.total_seconds(), HOOK_POLL_SECONDS)))
 
+    def note_drift(self, u: Upgrade, obs: ClusterObs) -> None:
+        """Invariant 7: a control plane found past the pinned target (upgraded outside this
+        run) is recorded on the cluster's ClusterUpgrade as a condition; it is done, not a
+        failure, and nothing asks it to go back."""
+        if not control_plane_past_target(obs, u.spec):
+            return
+        st = self.status[u.name]
+        message = (
+            f"control plane found at {obs.control_plane_version}, past the target "
+            f"{u.spec.version}: upgraded outside this run (a release channel or a person); "
+            "left there and counted as done, not as a failure; node pools below their targets "
+            "are still upgraded to them"
+        )
+        old = get_condition(st.conditions, CONTROL_PLANE_PAST_TARGET)
+        if old is not None and old.status == "True" and old.message == message:
+            return
+        conds = list(st.conditions or [])
+        conds = set_condition(
+            conds, CONTROL_PLANE_PAST_TARGET, True, "UpgradedOutsideRun", message, None, self.now
+        )
+        self.set(u, conditions=conds)
+
     def at_target(self, u: Upgrade, obs: ClusterObs) -> None:
         """Invariant 7: already at or past its target (upgraded elsewhere): Skipped, no step."""
+        self.note_drift(u, obs)
         self.set(
             u,
             phase=U.SKIPPED,
@@ -1594,6 +1648,7 @@ def decide(inp: RunInput) -> Decision:
                 floor_budgets[i] -= cost
             in_flight += 1
             started = True
+            run.note_drift(u, obs)
             # The preUpgrade hook runs first, the cluster held and still in service.
             if not run.start_hook(u, PRE_HOOK):
                 run.issue(u, OpKind.SERVICE_OUT)

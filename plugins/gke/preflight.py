@@ -67,7 +67,8 @@ def judge(
     """The first refusal GKE's rules give for the upgrade, never-refusals before later ones;
     None when it would be accepted. Aliases are resolved (one that matches nothing is
     VERSION_NOT_OFFERED naming the field and the valid versions; NotFound for an unknown pool).
-    Node pools are judged against the target control plane, as it is upgraded first."""
+    Node pools are judged against the target control plane, as it is upgraded first, or the
+    current one when no control-plane target is given (pools only)."""
     try:
         return _judge(
             cluster_id,

@@ -629,7 +629,8 @@ class Fleet:
         """Whether UpgradeControlPlane / UpgradeNodePool would accept these targets now.
 
         The same rules as the mutations (_check), node pools judged against the
-        control-plane target; a cluster with an operation in flight is REFUSED_LATER
+        control-plane target, or the current control plane when none is given (pools only);
+        a cluster with an operation in flight is REFUSED_LATER
         (CLUSTER_BUSY, retry after the operation's expected end). Starts nothing.
         """
         with self._lock:

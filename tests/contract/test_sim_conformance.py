@@ -89,6 +89,7 @@ def test_the_sim_passes_the_conformance_kit_and_is_left_as_found(
     assert outcome["skipped"] and all("gate" in name for name in outcome["skipped"])
     for check in (
         "test_preflight_changes_nothing",
+        "test_node_pools_alone_are_judged_against_the_control_plane_it_has",
         "test_a_resumed_watch_replays_the_changes_after_its_revision",
         "test_operations_and_request_ids_survive_a_restart",
         "test_not_found_carries_error_info",

@@ -12,7 +12,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from orchestrator import api, windows
-from orchestrator.engine import ACTIVE, RECOVER_STEP, SKIPPED_BY_PEOPLE, Call, checks_for
+from orchestrator.engine import (
+    ACTIVE,
+    RECOVER_STEP,
+    SKIPPED_BY_PEOPLE,
+    Call,
+    checks_for,
+    short_of_target,
+)
 from orchestrator.fleet import OpKind
 from plugins.sdk import versions
 from tests.sim.model import ADVERSARY, Evaluation, MCluster, MOp, UpObj, at, seconds
@@ -381,14 +388,18 @@ class Monitor:
             return
         u = up  # an engine Upgrade
         spec = u.spec  # type: ignore[attr-defined]
-        c = self.w.fleet.clusters[spec.cluster_id]
-        pools = {name: spec.pool_target(name) for name in c.pools}
-        refused = self.w.fleet.refusal(spec.cluster_id, spec.version, pools)
-        if refused is not None and not c.deleted:
+        obs = self.w.fleet.obs(spec.cluster_id)
+        if obs is None:
+            return  # deleted
+        # What the run will upgrade: only what is still short of target (invariant 7).
+        control_plane, pools = short_of_target(obs, spec)
+        refused = self.w.fleet.refusal(spec.cluster_id, control_plane, pools)
+        if refused is not None:
             raise Violation(
                 "5 refused before drained",
-                f"{what}: the provider refuses {spec.version} for this cluster ({refused[0]}: "
-                f"{refused[1]}) and it is being taken out of service anyway",
+                f"{what}: the provider refuses what is short of target here (control plane "
+                f"{control_plane or 'done'}, node pools {pools}) ({refused[0]}: {refused[1]}) "
+                "and it is being taken out of service anyway",
             )
 
     def _stage_order(

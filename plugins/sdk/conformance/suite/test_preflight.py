@@ -67,6 +67,24 @@ def test_the_current_versions_are_accepted(client: PluginClient, idle: cluster_p
     )
 
 
+def test_node_pools_alone_are_judged_against_the_control_plane_it_has(
+    client: PluginClient, idle: cluster_pb2.Cluster
+) -> None:
+    """An empty control_plane_version asks about the pools only (the caller sends it when the
+    control plane is at or past the target, e.g. a release channel moved it): a verdict, not
+    INVALID_ARGUMENT, and pools at the versions they run have nothing to do."""
+    pools = {p.name: p.version for p in idle.node_pools}
+    if not pools:
+        pytest.skip(f"cluster {idle.id} reports no node pools")
+    answer = client.preflight_upgrade(idle.id, "", pools)
+    _check_shape(answer, f"PreflightUpgrade({idle.id}, node pools only)")
+    assert answer.verdict == cluster_pb2.PREFLIGHT_VERDICT_ACCEPTED, (
+        f"node pools of idle cluster {idle.id} at the versions they run, with no control-plane "
+        f"target, have nothing to do, so it would be accepted; got "
+        f"{_Verdict.Name(answer.verdict)} {answer.reason_code}: {answer.message}"
+    )
+
+
 def test_an_impossible_target_is_refused_with_a_reason(
     client: PluginClient, idle: cluster_pb2.Cluster
 ) -> None:
