@@ -276,9 +276,16 @@ class Controller:
                 log.info("event not recorded: %s", err)
 
     def _resync(self) -> None:
+        runs = self.runs.items()
+        # Per-run series only for runs that exist (a deletion the watch missed), and none from
+        # a replica that is not the leader (its values stopped moving when it stopped acting).
+        held = self.fence.held()
+        self.metrics.keep_runs(
+            {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in runs} if held else ()
+        )
         for obj in self.cvs.items():
             self._cv_changed("RESYNC", obj)
-        for obj in self.runs.items():
+        for obj in runs:
             self._run_changed("RESYNC", obj)
 
     def _resync_loop(self) -> None:
