@@ -277,12 +277,9 @@ class Controller:
 
     def _resync(self) -> None:
         runs = self.runs.items()
-        # Per-run series only for runs that exist (a deletion the watch missed), and none from
-        # a replica that is not the leader (its values stopped moving when it stopped acting).
-        held = self.fence.held()
-        self.metrics.keep_runs(
-            {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in runs} if held else ()
-        )
+        # Per-run series only for runs that exist: a deletion the watch missed (a re-list after
+        # a gap sends no DELETED event) is caught here.
+        self.metrics.keep_runs({(o["metadata"]["namespace"], o["metadata"]["name"]) for o in runs})
         for obj in self.cvs.items():
             self._cv_changed("RESYNC", obj)
         for obj in runs:

@@ -174,7 +174,7 @@ class Metrics:
 
     def keep_runs(self, existing: Collection[tuple[str, str]]) -> None:
         """Remove the series of every run not in `existing` ((namespace, name) pairs): a
-        deletion missed (a watch gap, a re-list) or series a standby should not export."""
+        deletion the watch missed (a re-list after a gap)."""
         with self._runs_lock:
             gone = (set(self._runs) | self.clusters.runs()) - set(existing)
         for namespace, run in gone:

@@ -69,7 +69,7 @@ def test_keep_runs_drops_the_runs_that_no_longer_exist() -> None:
         record(m, "ns", run)
     m.keep_runs({("ns", "b"), ("ns", "never-seen")})
     assert runs_in(m) == {("ns", "b")}
-    m.keep_runs(())  # a replica that is not the leader exports no per-run series
+    m.keep_runs(())  # no run exists any more
     assert runs_in(m) == set()
     # The other metrics are untouched.
     assert "multicluster_controller_reconcile_duration_seconds_count" in series(m)
