@@ -74,6 +74,14 @@ def check_scrape(
     return gauge
 
 
+def metrics_of(proc: OrchestratorProcess) -> str:
+    """The process's /metrics, or "" while its server is not up yet."""
+    try:
+        return proc.metrics()
+    except OSError:
+        return ""
+
+
 def in_flight(phases: dict[str, float]) -> float:
     return sum(v for p, v in phases.items() if p not in {"Pending", "Upgraded", "Skipped"})
 
@@ -122,6 +130,16 @@ def test_per_run_series_during_a_rollout_and_gone_with_the_run(
     done = check_scrape(proc.metrics(), {(ns, first): n})
     assert done == {(ns, first): {p: (n if p == "Upgraded" else 0) for p in PHASES}}, done
     assert per_run_labels(proc.metrics()) == {(ns, first)}
+
+    # A restarted orchestrator exports the finished run again (its pass is set every time).
+    proc.stop()
+    proc = orchestrators.start("--run-history", "0", identity="orchestrator-e2e-restarted")
+    wait_for(
+        "the restarted orchestrator exports the finished run",
+        lambda: check_scrape(metrics_of(proc), {(ns, first): n}) == done,
+        timeout=30,
+        interval=0.2,
+    )
 
     # A new spec makes a second run; with --run-history 0 the first, finished, is pruned.
     objects.patch_cv("fleet", {"spec": {"strategy": {"maxConcurrency": 3}}})
