@@ -286,9 +286,13 @@ class Controller:
                 log.info("event not recorded: %s", err)
 
     def _resync(self) -> None:
+        runs = self.runs.items()
+        # Per-run series only for runs that exist: a deletion the watch missed (a re-list after
+        # a gap sends no DELETED event) is caught here.
+        self.metrics.keep_runs({(o["metadata"]["namespace"], o["metadata"]["name"]) for o in runs})
         for obj in self.cvs.items():
             self._cv_changed("RESYNC", obj)
-        for obj in self.runs.items():
+        for obj in runs:
             self._run_changed("RESYNC", obj)
 
     def _resync_loop(self) -> None:

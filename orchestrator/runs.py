@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -140,9 +140,10 @@ class _CountedChecker:
         results = self.analyzer.evaluate(checks, clusters, stage)
         for r in results:
             outcome = "passed" if r.passed else "failed"
-            self.metrics.health_checks.labels(self.namespace, self.run, r.name, outcome).inc()
+            m = self.metrics
+            m.of_run(m.health_checks, self.namespace, self.run, r.name, outcome).inc()
             if r.value is not None:
-                self.metrics.health_value.labels(self.namespace, self.run, r.name).set(r.value)
+                m.of_run(m.health_value, self.namespace, self.run, r.name).set(r.value)
         return results
 
 
@@ -203,6 +204,7 @@ class UpdateRunController:
         try:
             obj = self.kube.get_object(api.UPDATE_RUN_PLURAL, namespace, name)
         except NotFound:
+            self.metrics.forget_run(namespace, name)
             self.providers.pop((namespace, name), None)
             self._preflight.pop((namespace, name), None)
             self._memory.pop((namespace, name), None)
@@ -229,6 +231,7 @@ class UpdateRunController:
         ):
             # Finished and nothing new: a spec edit (resume after a stop, spec.retry,
             # spec.skip) bumps the generation and is looked at once.
+            self._export_clusters(namespace, name, self.upgrades.by_label(namespace, name))
             return None
         # Who may do what: before any plugin is called or URL fetched (orchestrator.access).
         access = self.catalog.check(namespace, spec)
@@ -521,11 +524,13 @@ class UpdateRunController:
             return self._degraded(obj, status, "SecretError", str(err), gen, now, 30.0)
         d = result.decision
         self.metrics.api_writes.inc(store.writes)
-        names = {u.cluster_id: u.name for u in upgrades.values()} if d.events else {}
+        # A ClusterUpgrade's name is `upgrade`, never `name` (the run's: metrics, writes).
+        upgrade_of = {u.cluster_id: u.name for u in upgrades.values()} if d.events else {}
         for cid, phase, message, _ in d.events:
-            name = names.get(cid)
-            if name is not None and name in d.changed:
-                store.decided.setdefault(name, (d.changed[name], []))[1].append((U(phase), message))
+            upgrade = upgrade_of.get(cid)
+            if upgrade is not None and upgrade in d.changed:
+                decided = store.decided.setdefault(upgrade, (d.changed[upgrade], []))
+                decided[1].append((U(phase), message))
         finished = d.phase in FINISHED
         conds = list(status.conditions or [])
         conds = set_condition(
@@ -565,12 +570,7 @@ class UpdateRunController:
         self._write_run(obj, new, store)
         self._consume(obj, api.ANNOTATION_RETRY_CLUSTERS)
         self._consume(obj, api.ANNOTATION_SKIP_CLUSTERS)
-        by_phase = Counter(
-            (store.objects[u.name].get("status") or {}).get("phase", "Pending")
-            for u in upgrades.values()
-        )
-        for phase in api.UpgradePhase:
-            self.metrics.clusters.labels(ns, name, phase.value).set(by_phase.get(phase.value, 0))
+        self._export_clusters(ns, name, [store.objects[u.name] for u in upgrades.values()])
         if finished:
             return None
         if store.writes and not result.calls_made:
@@ -579,6 +579,16 @@ class UpdateRunController:
             wait = result.requeue_after
             return AFTER_WRITES if wait is None else min(wait, AFTER_WRITES)
         return result.requeue_after
+
+    def _export_clusters(
+        self, namespace: str, run: str, upgrades: Iterable[Mapping[str, Any]]
+    ) -> None:
+        """The run's `multicluster_controller_clusters` series: its ClusterUpgrades per phase,
+        every phase present (0 when none), so that the phases sum to the run's clusters."""
+        by_phase = Counter((u.get("status") or {}).get("phase", "Pending") for u in upgrades)
+        self.metrics.clusters.put(
+            namespace, run, {p.value: by_phase.get(p.value, 0) for p in api.UpgradePhase}
+        )
 
     def _neighbours(
         self, provider: str, run: str, own: set[str]

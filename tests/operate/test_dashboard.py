@@ -13,6 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
+from orchestrator import api
+from orchestrator.engine import ACTIVE
 from orchestrator.metrics import Metrics
 from plugins.kubefleet.collector import CollectorOptions, MetricCollectorAgent
 from plugins.legacy.upstream import UpstreamMetrics
@@ -188,3 +190,28 @@ def test_unexported_name_is_caught(exported: set[str]) -> None:
     assert "multicluster_controller_reconcile_total" in exported
     assert "multicluster_controller_reconcile_duration_seconds_count" in exported
     assert "multicluster_controller_reconcile" not in exported  # counters export _total
+
+
+def _phases(expr: str) -> set[str]:
+    """The phases a `phase=~"A|B"` or `phase="A"` matcher of an expression selects."""
+    match = re.search(r'phase=~?"([^"]*)"', expr)
+    assert match, expr
+    return set(match.group(1).split("|"))
+
+
+def test_rollout_panels_select_the_phases_the_engine_defines() -> None:
+    """In flight is every phase a run holds a cluster in (engine.ACTIVE, hooks included);
+    each phase a panel names exists."""
+    by_title = {
+        p["title"]: p["targets"][0]["expr"]
+        for p in _panels(_dashboard()["panels"])
+        if p["type"] != "row"
+    }
+    phases = {p.value for p in api.UpgradePhase}
+    assert _phases(by_title["Clusters in flight"]) == {p.value for p in ACTIVE}
+    assert _phases(by_title["Rollout progress"]) == {"Upgraded", "Skipped"}
+    assert _phases(by_title["Failed clusters"]) == {"Failed"}
+    assert _phases(by_title["Blocked clusters"]) == {"Blocked"}
+    for title, expr in by_title.items():
+        if "phase=" in expr:
+            assert _phases(expr) <= phases, title

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -111,3 +112,43 @@ def _has_data(url: str) -> bool:
             return bool(json.loads(r.read())["data"]["result"])
     except OSError:
         return False
+
+
+def _api(url: str, path: str, params: list[tuple[str, str]]) -> Any:
+    """One Prometheus HTTP API call; its `data`, or AssertionError with Prometheus's error."""
+    query = urllib.parse.urlencode(params)
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/{path}?{query}", timeout=10) as r:
+            body = json.loads(r.read())
+    except urllib.error.HTTPError as error:  # 400/422: the expression is wrong
+        body = json.loads(error.read() or b"{}")
+    assert body.get("status") == "success", f"{path} {params}: {body}"
+    return body["data"]
+
+
+def query(url: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+    """An instant query: [{"metric": labels, "value": [t, "v"]}, ...] (a scalar as one item)."""
+    params = [("query", expr)] + ([("time", f"{at:.3f}")] if at is not None else [])
+    data = _api(url, "query", params)
+    if data["resultType"] in ("scalar", "string"):
+        return [{"metric": {}, "value": data["result"]}]
+    return list(data["result"])
+
+
+def query_range(
+    url: str, expr: str, start: float, end: float, step: float = 1.0
+) -> list[dict[str, Any]]:
+    """A range query: [{"metric": labels, "values": [[t, "v"], ...]}, ...]."""
+    params = [
+        ("query", expr),
+        ("start", f"{start:.3f}"),
+        ("end", f"{end:.3f}"),
+        ("step", str(step)),
+    ]
+    return list(_api(url, "query_range", params)["result"])
+
+
+def label_values(url: str, label: str, match: str | None = None) -> set[str]:
+    """Grafana's label_values(match, label): the label's values on the series `match` selects."""
+    params = [("match[]", match)] if match else []
+    return set(_api(url, f"label/{label}/values", params))
