@@ -105,7 +105,9 @@ class Controller:
         self.cvs = ObjectCache(self.kube, api.PLURAL, ns, on_change=self._cv_changed)
         # Every namespace's runs, like the ClusterUpgrades, though only this namespace's are
         # reconciled here: the floors of runs another orchestrator reconciles bind the clusters
-        # ours share with them (invariant 1 across orchestrators, each watching one namespace).
+        # ours share with them. This narrows, but cannot close, the window in which two
+        # orchestrators admitting on one provider at once decide on each other's stale state:
+        # one orchestrator per fleet is a precondition (docs/operations.md, `--namespace`).
         self.runs = ObjectCache(
             self.kube, api.UPDATE_RUN_PLURAL, None, api.LABEL_CLUSTER_VERSION, self._run_changed
         )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from orchestrator import api
 from tests.e2e.conftest import (
@@ -121,47 +120,3 @@ def test_two_addresses_of_one_plugin_keep_the_strict_floor(
     )
     assert not errors
 
-
-def test_two_orchestrators_each_watching_one_namespace_keep_each_others_floors(
-    control_plane: KubeCluster,
-    sim: Callable[..., Sim],
-    objects: Objects,
-    orchestrators: Orchestrators,
-    tmp_path: Path,
-) -> None:
-    """Two teams each run their own orchestrator, scoped to their namespace, over one fleet:
-    each reads the other's runs for their floors (it never reconciles them)."""
-    fleet = sim(fleet_file(9, step=0.3))
-    with control_plane.temporary_namespace("team-d") as other_ns:
-        other = Objects(control_plane, other_ns)
-        theirs = Orchestrators(control_plane, other_ns, tmp_path / "d")
-        (tmp_path / "d").mkdir()
-        try:
-            orchestrators.start(identity="orchestrator-team-c")
-            theirs.start(identity="orchestrator-team-d")
-            body = cluster_version("strict", fleet.address, ids(9), 7)
-            body["spec"]["strategy"] = {"maxConcurrency": 2}
-            objects.create_cv(body)
-            loose = cluster_version("loose", fleet.address, ids(9), 2)
-            loose["spec"]["strategy"] = {"maxConcurrency": 6}
-            other.create_cv(loose)
-            wait_for(
-                "the strict ClusterVersion completes",
-                lambda: objects.cv_phase_is("strict", "Completed"),
-                timeout=150,
-                interval=0.3,
-            )
-            wait_for(
-                "the loose ClusterVersion completes",
-                lambda: other.cv_phase_is("loose", "Completed"),
-                timeout=90,
-                interval=0.3,
-            )
-            errors = reconcile_errors(orchestrators.logs() + theirs.logs())
-        finally:
-            theirs.stop_all()
-            other.client.close()
-    m = fleet.monitor()
-    assert m["min_available_in_service"] >= 7, m
-    assert m["clusters_at_target"] == 9 and m["duplicate_mutations"] == 0, m
-    assert not errors
