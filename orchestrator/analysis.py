@@ -14,17 +14,17 @@ from typing import Any
 
 from fleetupgrade.plugin.v1 import health_pb2
 from orchestrator import api
-from orchestrator.endpoint_errors import (
+from orchestrator.fleet import ClusterObs
+from orchestrator.health import args as template_args
+from orchestrator.health import render
+from plugins.sdk.client import PluginCallError, PluginClient
+from plugins.sdk.endpoint_errors import (
     Failure,
     classify_exception,
     display_address,
     log_raw,
     plugin_error_message,
 )
-from orchestrator.fleet import ClusterObs
-from orchestrator.health import args as template_args
-from orchestrator.health import render
-from plugins.sdk.client import PluginCallError, PluginClient
 
 __all__ = ["Analyzer", "MetricValue", "PrometheusError", "PrometheusTarget"]
 

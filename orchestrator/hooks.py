@@ -8,7 +8,7 @@ sure one id never runs twice:
   `Idempotency-Key: <id>`, made on a worker thread (a reconcile never waits for it); retries
   with backoff on connection errors, timeouts and 5xx, each try bounded by `http.timeout` and
   all of them by `Hook.timeout`. 2xx passes; any other answer fails with its status code and
-  a fixed reason (orchestrator.endpoint_errors); the body, redacted and truncated, goes to the
+  a fixed reason (plugins.sdk.endpoint_errors); the body, redacted and truncated, goes to the
   controller's log only (a receiver may echo the token, or say what the tenant must not read).
   The outcome lives in this process only: after a restart the id is UNKNOWN and the engine
   fails the cluster instead of sending it again. The URL and the token never appear in a log
@@ -46,11 +46,11 @@ from tenacity.stop import stop_base
 
 from orchestrator import api
 from orchestrator.driver import HookRequest
-from orchestrator.endpoint_errors import classify_exception, classify_http, log_raw
 from orchestrator.engine import HookObs, HookState
 from orchestrator.kube import Conflict, KubeClient, KubeError, NotFound
 from orchestrator.metrics import Metrics
 from orchestrator.secrets import SecretError, TLSResolver
+from plugins.sdk.endpoint_errors import classify_exception, classify_http, log_raw
 
 __all__ = [
     "ENV_NAMES",

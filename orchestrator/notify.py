@@ -38,10 +38,10 @@ from tenacity import RetryCallState, Retrying, wait_exponential, wait_random
 
 from orchestrator import api
 from orchestrator.conditions import format_micro_time
-from orchestrator.endpoint_errors import classify_exception, classify_http
 from orchestrator.metrics import Metrics
 from orchestrator.secrets import SecretError
 from orchestrator.transitions import Transition
+from plugins.sdk.endpoint_errors import classify_exception, classify_http
 
 __all__ = ["DEFAULT_MAX_AGE", "Notifier", "SecretSource", "cloudevent", "slack_message"]
 

@@ -21,11 +21,11 @@ from tenacity import (
 
 from fleetupgrade.plugin.v1 import cluster_pb2, identity_pb2
 from orchestrator.driver import CallError
-from orchestrator.endpoint_errors import plugin_error_message
 from orchestrator.engine import Call, Preflight, Verdict
 from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, PoolObs, Snapshot, WindowObs
 from orchestrator.metrics import Metrics
 from plugins.sdk.client import ClientTLS, PluginCallError, PluginClient
+from plugins.sdk.endpoint_errors import plugin_error_message
 
 __all__ = [
     "GrpcProvider",

@@ -143,7 +143,7 @@ def test_a_receiver_echoing_the_request_says_nothing_in_the_status(
         assert len(rcv.received) == 1
     assert seen == HookObs(
         HookState.FAILED,
-        "request rejected (HTTP 400); the endpoint's answer is in the orchestrator's log",
+        "request rejected (HTTP 400); the endpoint's answer is logged, not shown",
     )
     text = caplog.text
     assert marker in text  # the raw answer is for the operator, in the log

@@ -23,7 +23,10 @@ from prometheus_client import CollectorRegistry
 
 from orchestrator import api
 from orchestrator.analysis import Analyzer, PrometheusError, PrometheusTarget, query_prometheus
-from orchestrator.endpoint_errors import (
+from orchestrator.fleet import ClusterObs
+from orchestrator.provider import call_error
+from plugins.sdk.client import ClientTLS, PluginCallError, PluginClient
+from plugins.sdk.endpoint_errors import (
     Failure,
     classify_exception,
     classify_grpc,
@@ -31,9 +34,6 @@ from orchestrator.endpoint_errors import (
     display_address,
     redact,
 )
-from orchestrator.fleet import ClusterObs
-from orchestrator.provider import call_error
-from plugins.sdk.client import ClientTLS, PluginCallError, PluginClient
 from plugins.sdk.server import PluginServer, ServerTLS, serve
 from tests.support.certs import TestPKI, generate_pki
 from tests.support.echo_plugin import echo_servicers
@@ -195,8 +195,8 @@ def test_a_prometheus_echoing_the_token_is_named_and_classified_and_logged_redac
         query_prometheus(target, "up")
     words = str(info.value)
     assert words == (
-        "MetricSource team-prom: query rejected (HTTP 400); the endpoint's answer is in the "
-        "orchestrator's log"
+        "MetricSource team-prom: query rejected (HTTP 400); the endpoint's answer is logged, "
+        "not shown"
     )
     assert echo.split("//")[1] not in words  # a MetricSource's address is the admin's
     assert MARKER in caplog.text  # the raw answer is the operator's, in the log ...

@@ -6,8 +6,10 @@ tenants read, get only what this module builds: the endpoint's kind and name, a 
 status or the gRPC code name) and a short reason chosen here, plus the fix where one is known.
 The raw text goes to the controller's log only, after `redact` (the exact credentials sent to
 that endpoint, `Authorization:` headers, `Bearer`/`Basic` values and `token=`-like pairs) and
-truncated. Every caller (health analysis, plugin calls, HTTP hooks, notifications) classifies
-here, so one endpoint failure reads the same wherever it surfaces.
+truncated. Every caller classifies here, so one endpoint failure reads the same wherever it
+surfaces: the orchestrator's health analysis, plugin calls, HTTP hooks and notifications, and
+plugins whose messages reach a status (the contract: never secrets), e.g. KubeFleet's queries
+of its central Prometheus. It lives in the SDK because plugins never import the orchestrator.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from plugins.sdk.client import PluginCallError
 
 __all__ = [
+    "LOG_HINT",
     "RAW_LIMIT",
     "Failure",
     "classify_exception",
@@ -59,7 +62,8 @@ class Failure:
         return f"{text}; {self.fix}" if self.fix else text
 
 
-_LOG_HINT = "the endpoint's answer is in the orchestrator's log"
+#: The fix of a failure whose explanation is only in what the endpoint said.
+LOG_HINT = "the endpoint's answer is logged, not shown"
 
 
 def classify_http(status: int, what: str = "request") -> Failure:
@@ -83,12 +87,12 @@ def classify_http(status: int, what: str = "request") -> Failure:
     if status == 429:
         return Failure(code, f"rate limited ({code})", "")
     if 400 <= status < 500:
-        return Failure(code, f"{what} rejected ({code})", _LOG_HINT)
+        return Failure(code, f"{what} rejected ({code})", LOG_HINT)
     if status == 503:
         return Failure(code, f"unavailable ({code})", "")
     if status >= 500:
-        return Failure(code, f"server error ({code})", _LOG_HINT)
-    return Failure(code, f"answer not understood ({code})", _LOG_HINT)
+        return Failure(code, f"server error ({code})", LOG_HINT)
+    return Failure(code, f"answer not understood ({code})", LOG_HINT)
 
 
 def classify_exception(err: BaseException, what: str = "request") -> Failure:
@@ -113,7 +117,7 @@ def classify_exception(err: BaseException, what: str = "request") -> Failure:
     if isinstance(err, http.client.InvalidURL):
         return Failure("", "address not valid")
     if isinstance(err, http.client.HTTPException | ValueError | KeyError | IndexError | TypeError):
-        return Failure("", "answer not understood", _LOG_HINT)
+        return Failure("", "answer not understood", LOG_HINT)
     if isinstance(err, OSError):
         return Failure("", "unreachable")
     return Failure("", f"failed ({type(err).__name__})")
@@ -142,7 +146,7 @@ def classify_grpc(code: str, details: str) -> Failure:
     }
     if code in fixed:
         return Failure(code, f"{fixed[code]} ({code})")
-    return Failure(code, f"answer not understood ({code})", _LOG_HINT)
+    return Failure(code, f"answer not understood ({code})", LOG_HINT)
 
 
 def plugin_error_message(err: PluginCallError, named: bool = True) -> str:
