@@ -24,6 +24,7 @@ from plugins.sdk.endpoint_errors import (
     display_address,
     log_raw,
     plugin_error_message,
+    url_secrets,
 )
 
 __all__ = ["Analyzer", "MetricValue", "PrometheusError", "PrometheusTarget"]
@@ -88,7 +89,7 @@ def query_prometheus(target: PrometheusTarget, query: str, timeout: float = 10.0
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     if token:
         request.add_header("Authorization", "Bearer " + token.decode().strip())
-    sent = [token] if token else []
+    sent: list[str | bytes] = [*url_secrets(address), *([token] if token else [])]
 
     def failed(failure: Failure, raw: str | bytes) -> PrometheusError:
         log_raw(f"health query to {target.shown}", failure, raw, sent)

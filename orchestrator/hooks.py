@@ -50,7 +50,7 @@ from orchestrator.engine import HookObs, HookState
 from orchestrator.kube import Conflict, KubeClient, KubeError, NotFound
 from orchestrator.metrics import Metrics
 from orchestrator.secrets import SecretError, TLSResolver
-from plugins.sdk.endpoint_errors import classify_exception, classify_http, log_raw
+from plugins.sdk.endpoint_errors import classify_exception, classify_http, log_raw, url_secrets
 
 __all__ = [
     "ENV_NAMES",
@@ -285,7 +285,7 @@ class HookExecutor:
         data = json.dumps(http_body(request)).encode()
         per_try = api.parse_duration(http.timeout).total_seconds()
         deadline = request.start_time + api.parse_duration(request.hook.timeout)
-        secrets = (url, token)
+        secrets = (*url_secrets(url), token)
         tries = 0
         last = ""
 

@@ -10,7 +10,13 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
-from plugins.sdk.endpoint_errors import LOG_HINT, Failure, classify_exception, log_raw
+from plugins.sdk.endpoint_errors import (
+    LOG_HINT,
+    Failure,
+    classify_exception,
+    log_raw,
+    url_secrets,
+)
 
 __all__ = ["PrometheusError", "Sample", "escape_label_value", "query_vector"]
 
@@ -56,7 +62,7 @@ def query_vector(
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     if token:
         request.add_header("Authorization", f"Bearer {token}")
-    sent = [token] if token else []
+    sent: list[str] = [*url_secrets(base_url), *([token] if token else [])]
 
     def failed(failure: Failure, raw: str | bytes) -> PrometheusError:
         log_raw(f"query to {name}", failure, raw, sent, log)

@@ -37,6 +37,7 @@ __all__ = [
     "log_raw",
     "plugin_error_message",
     "redact",
+    "url_secrets",
 ]
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,19 @@ def plugin_error_message(err: PluginCallError, named: bool = True) -> str:
     failure = classify_grpc(err.code.name, err.message)
     log_raw(f"plugin {err.plugin}".strip() + f" {err.rpc}", failure, err.message)
     return failure.describe("plugin" if named and err.plugin else "", err.plugin if named else "")
+
+
+def url_secrets(url: str) -> list[str]:
+    """What of a URL may be a credential, for `redact`: the URL, its user info and password,
+    its query string and each query value (a webhook's signature, an API key)."""
+    out = [url]
+    try:
+        parts = urllib.parse.urlsplit(url)
+        out += [parts.username or "", parts.password or "", parts.query]
+        out += [v for _, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)]
+    except ValueError:
+        pass
+    return [v for v in out if v]
 
 
 def display_address(address: str) -> str:

@@ -33,6 +33,7 @@ from plugins.sdk.endpoint_errors import (
     classify_http,
     display_address,
     redact,
+    url_secrets,
 )
 from plugins.sdk.server import PluginServer, ServerTLS, serve
 from tests.support.certs import TestPKI, generate_pki
@@ -332,3 +333,10 @@ def test_a_plugins_own_answer_keeps_its_reason_and_message() -> None:
         "DOWNGRADE_NOT_SUPPORTED: control plane is at 1.29.7; downgrading it to 1.29.0 is not "
         "supported"
     )
+
+
+def test_url_secrets_are_the_parts_of_a_url_that_may_be_credentials() -> None:
+    url = "https://bot:pa55word@hooks.example/x?sig=abc123&team=a"
+    assert set(url_secrets(url)) == {url, "bot", "pa55word", "sig=abc123&team=a", "abc123", "a"}
+    out = redact("POST /x?sig=abc123 by bot:pa55word for team=alpha", url_secrets(url))
+    assert "abc123" not in out and "pa55word" not in out
