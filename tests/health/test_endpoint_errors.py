@@ -2,7 +2,8 @@
 MetricSource's Prometheus that answers 400 echoing every request header (the bearer token the
 orchestrator sent among them) and a secret of its own. Nothing it said is readable in the
 tenant's namespace (every ClusterVersion, UpdateRun, ClusterUpgrade and Event, as JSON); the
-status names the MetricSource, the code and a fixed reason; the answer is in the log, redacted."""
+status names the MetricSource, the code and a fixed reason; the answer is in the log, redacted.
+The same for an HTTP hook whose receiver echoes the token read from the tenant's Secret."""
 
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ class _Echo(http.server.BaseHTTPRequestHandler):
 
     secret: str
     seen: list[dict[str, str]]
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.do_GET()
 
     def do_GET(self) -> None:
         self.seen.append(dict(self.headers))
@@ -195,3 +200,64 @@ def test_an_echoing_metric_source_leaks_nothing_into_the_tenants_namespace(
     assert endpoint_secret not in log  # password=... is masked
     assert token not in log
     assert "request headers were" in log and "Authorization" in log
+
+
+def test_an_echoing_hook_receiver_leaks_nothing_into_the_tenants_namespace(
+    control_plane: KubeCluster,
+    namespace: str,
+    tmp_path: Path,
+    echoing_prometheus: tuple[str, str, list[dict[str, str]]],
+) -> None:
+    """The same echoing endpoint as a preUpgrade hook, its URL (with a signature in the query)
+    and bearer token read from a Secret of the namespace."""
+    url, endpoint_secret, seen = echoing_prometheus
+    token, signature = f"hook-token-{namespace}-93ab", f"sig-{namespace}-0e7d"
+    hook_url = f"{url}/hook?signature={signature}"
+    kubectl(
+        control_plane,
+        *("-n", namespace, "create", "secret", "generic", "hook"),
+        f"--from-literal=url={hook_url}",
+        f"--from-literal=token={token}",
+    )
+    orchestrator = OrchestratorProcess(
+        control_plane.kubeconfig, namespace, tmp_path / "orchestrator.log"
+    )
+    hook = {
+        "http": {
+            "urlSecretRef": {"name": "hook", "key": "url"},
+            "bearerTokenSecretRef": {"name": "hook", "key": "token"},
+            "retries": 0,
+        },
+        "timeout": "1m",
+    }
+    ids = [f"cluster-{i:02d}" for i in range(3)]
+    try:
+        with simulated_fleet(tmp_path, fleet(3), NEW) as sim:
+            orchestrator.start()
+            cvs = CV(control_plane, namespace)
+            strategy = {"maxConcurrency": 1, "hooks": {"preUpgrade": hook}}
+            cvs.create(cluster_version("hooked", sim.address, ids, 2, strategy=strategy))
+            wait_for(
+                "the run stops on the failing hook",
+                lambda: cvs.phase_is("hooked", "Halted", "Failed"),
+                timeout=120,
+            )
+            failed = cvs.failed("hooked")
+            assert len(failed) == 1, failed
+            assert monitor(sim)["mutations_total"] == 0  # the pre-hook failed before any
+            world = readable(control_plane, namespace)
+    finally:
+        orchestrator.stop()
+    assert seen and all(h.get("Authorization") == f"Bearer {token}" for h in seen), seen[:1]
+    (entry,) = failed.values()
+    assert entry["reason"] == "PreUpgradeHookFailed", entry
+    assert "request rejected (HTTP 400)" in entry["message"], entry
+    warnings = [e for e in world["events"] if e.get("type") == "Warning"]
+    assert any("request rejected (HTTP 400)" in (e.get("message") or "") for e in warnings)
+    text = json.dumps(world)
+    for secret in (token, signature, endpoint_secret, "bad_data", "request headers were", url):
+        assert secret not in text, secret
+    log = orchestrator.log.read_text()
+    assert "request headers were" in log  # the answer is the operator's, in the log ...
+    for secret in (token, signature, endpoint_secret):  # ... without the credentials
+        assert secret not in log, secret
