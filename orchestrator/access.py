@@ -105,6 +105,12 @@ class PrometheusSource:
     secret_namespace: str
     via: str
 
+    @property
+    def shown(self) -> str:
+        """How status and Events name it: "MetricSource X" (its address is the platform
+        admin's, not the tenant's to read), or "" for an address the spec wrote inline."""
+        return self.via if self.via.startswith("MetricSource ") else ""
+
 
 @dataclass(frozen=True)
 class Access:

@@ -10,6 +10,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fleetupgrade.plugin.v1 import health_pb2
 from orchestrator import api
@@ -17,6 +18,14 @@ from orchestrator.fleet import ClusterObs
 from orchestrator.health import args as template_args
 from orchestrator.health import render
 from plugins.sdk.client import PluginCallError, PluginClient
+from plugins.sdk.endpoint_errors import (
+    Failure,
+    classify_exception,
+    display_address,
+    log_raw,
+    plugin_error_message,
+    url_secrets,
+)
 
 __all__ = ["Analyzer", "MetricValue", "PrometheusError", "PrometheusTarget"]
 
@@ -28,12 +37,22 @@ SecretReader = Callable[[api.SecretKeyRef], bytes]
 
 @dataclass(frozen=True)
 class PrometheusTarget:
-    """Where a prometheus check queries, with its token and CA already read."""
+    """Where a prometheus check queries, with its token and CA already read.
+
+    name is what status and Events call it ("MetricSource team-prom"): a MetricSource's address
+    is the platform admin's, never shown to the namespace using it.
+    """
 
     address: str
     token: bytes | None = None
     ca: bytes | None = None
     insecure_skip_verify: bool = False
+    name: str = ""
+
+    @property
+    def shown(self) -> str:
+        """The kind and name of the endpoint, as tenants read it."""
+        return self.name or f"Prometheus {display_address(self.address)}"
 
 
 #: Resolves a prometheus metric provider (inline address or sourceRef) to its target.
@@ -47,7 +66,8 @@ _HEALTH = {
 
 
 class PrometheusError(Exception):
-    """The query could not be answered (unreachable, bad response, several series)."""
+    """The query could not be answered (unreachable, bad response, several series); the text
+    is safe for a status (endpoint_errors' fixed words, never what the endpoint said)."""
 
 
 @dataclass(frozen=True)
@@ -58,37 +78,56 @@ class MetricValue:
     message: str = ""
 
 
-def query_prometheus(
-    address: str,
-    query: str,
-    token: bytes | None = None,
-    ca: bytes | None = None,
-    insecure_skip_verify: bool = False,
-    timeout: float = 10.0,
-) -> MetricValue:
-    """Run an instant query; exactly one series (or a scalar) is one value, none is no data."""
+def query_prometheus(target: PrometheusTarget, query: str, timeout: float = 10.0) -> MetricValue:
+    """Run an instant query; exactly one series (or a scalar) is one value, none is no data.
+
+    A failure raises PrometheusError in endpoint_errors' fixed words, naming target.shown; what
+    the Prometheus answered goes to the log only, redacted (the token we sent masked).
+    """
+    address, token, ca = target.address, target.token, target.ca
     url = address.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": query})
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     if token:
         request.add_header("Authorization", "Bearer " + token.decode().strip())
+    sent: list[str | bytes] = [*url_secrets(address), *([token] if token else [])]
+
+    def failed(failure: Failure, raw: str | bytes) -> PrometheusError:
+        log_raw(f"health query to {target.shown}", failure, raw, sent)
+        return PrometheusError(failure.describe("", target.shown))
+
     context = None
     if url.startswith("https://"):
-        context = ssl.create_default_context(cadata=ca.decode() if ca else None)
-        if insecure_skip_verify:
+        try:
+            context = ssl.create_default_context(cadata=ca.decode() if ca else None)
+        except (ssl.SSLError, ValueError):
+            bad_ca = Failure("", "its CA bundle is not valid PEM", "fix the CA Secret it names")
+            raise PrometheusError(bad_ca.describe("", target.shown)) from None
+        if target.insecure_skip_verify:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
     try:
         with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
-            body = json.loads(response.read())
+            raw = response.read(_ANSWER_LIMIT)
     except urllib.error.HTTPError as err:
-        try:
-            detail = json.loads(err.read()).get("error", err.reason)
-        except ValueError:
-            detail = err.reason
-        raise PrometheusError(f"prometheus answered {err.code}: {detail}") from err
+        with err:
+            raw_error = err.read(_ANSWER_LIMIT)
+        raise failed(classify_exception(err, "query"), raw_error) from None
     except (urllib.error.URLError, OSError, ValueError) as err:
-        reason = getattr(err, "reason", err)
-        raise PrometheusError(f"prometheus unreachable at {address}: {reason}") from err
+        raise failed(classify_exception(err, "query"), f"{type(err).__name__}: {err}") from None
+    try:
+        return _value(json.loads(raw))
+    except PrometheusError:
+        raise
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
+        raise failed(classify_exception(ValueError(err), "query"), raw) from None
+
+
+#: Bytes of a Prometheus answer read (an instant query with one series is far smaller).
+_ANSWER_LIMIT = 4 << 20
+
+
+def _value(body: dict[str, Any]) -> MetricValue:
+    """The one value of an instant query's JSON answer."""
     data = body.get("data") or {}
     kind, result = data.get("resultType"), data.get("result") or []
     if kind == "scalar":
@@ -100,7 +139,7 @@ def query_prometheus(
             raise PrometheusError(f"query returned {len(result)} series; aggregate it to one")
         number = float(result[0]["value"][1])
     else:
-        raise PrometheusError(f"query returned a {kind}; write an instant query with one value")
+        raise PrometheusError("query returned no instant value; write an instant query with one")
     if math.isnan(number):
         return MetricValue(None, "query returned NaN")
     return MetricValue(number)
@@ -151,9 +190,13 @@ class Analyzer:
         for cluster in targets:
             try:
                 value = self._query(metric, cluster, stage)
-            except (PrometheusError, PluginCallError) as err:
+            except PrometheusError as err:
                 return api.CheckResult(
                     name=name, passed=False, message=_where(cluster, per_cluster, str(err))
+                )
+            except PluginCallError as err:
+                return api.CheckResult(
+                    name=name, passed=False, message=_where(cluster, per_cluster, _plugin(err))
                 )
             result = _verdict(name, metric, value)
             if not result.passed:
@@ -168,13 +211,7 @@ class Analyzer:
         labels = dict(cluster.labels)
         if provider.type == "prometheus":
             target = self.prometheus_for(provider)
-            return query_prometheus(
-                target.address,
-                render(metric.query, cluster.id, stage, labels),
-                target.token,
-                target.ca,
-                target.insecure_skip_verify,
-            )
+            return query_prometheus(target, render(metric.query, cluster.id, stage, labels))
         client = self.client_for(provider.endpoint, provider.insecure, provider.tls)
         answer = client.query_metric(
             metric.query, template_args(cluster.id, stage, labels), cluster.id
@@ -199,7 +236,7 @@ class Analyzer:
             client = self.client_for(check.endpoint, check.insecure, check.tls)
             answers = client.check_workloads([c.id for c in clusters], workloads)
         except PluginCallError as err:
-            return api.CheckResult(name=name, passed=False, message=str(err))
+            return api.CheckResult(name=name, passed=False, message=_plugin(err))
         bad = [a for a in answers if a.health != health_pb2.WORKLOAD_HEALTH_HEALTHY]
         if bad or not answers:
             shown = (
@@ -241,6 +278,11 @@ def _verdict(name: str, metric: api.MetricCheck, value: MetricValue) -> api.Chec
         value=value.value,
         message=f"value {value.value:g} {verb} {bounds}",
     )
+
+
+def _plugin(err: PluginCallError) -> str:
+    where = f"{err.plugin} {err.rpc}" if err.plugin else err.rpc
+    return f"{where}: {plugin_error_message(err, named=False)}"
 
 
 def _where(cluster: ClusterObs, per_cluster: bool, message: str) -> str:

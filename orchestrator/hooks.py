@@ -7,10 +7,12 @@ sure one id never runs twice:
 - HTTP (Flagger webhooks, Cluster API runtime hooks): a POST with a JSON body and the header
   `Idempotency-Key: <id>`, made on a worker thread (a reconcile never waits for it); retries
   with backoff on connection errors, timeouts and 5xx, each try bounded by `http.timeout` and
-  all of them by `Hook.timeout`. 2xx passes; any other answer fails with its status code and a
-  short excerpt of the body. The outcome lives in this process only: after a restart the id is
-  UNKNOWN and the engine fails the cluster instead of sending it again. The URL and the token
-  never appear in a log line, a status or an error.
+  all of them by `Hook.timeout`. 2xx passes; any other answer fails with its status code and
+  a fixed reason (plugins.sdk.endpoint_errors); the body, redacted and truncated, goes to the
+  controller's log only (a receiver may echo the token, or say what the tenant must not read).
+  The outcome lives in this process only: after a restart the id is UNKNOWN and the engine
+  fails the cluster instead of sending it again. The URL and the token never appear in a log
+  line, a status or an error.
 - Job (ClusterCurator's prehook/posthook): a batch/v1 Job named by the id in the run's
   namespace, owned by the ClusterUpgrade, from the hook's JobSpec template with CLUSTER_ID,
   CLUSTER_VERSION, TARGET_VERSION, HOOK, RUN and ATTEMPT in every container's environment and
@@ -48,6 +50,7 @@ from orchestrator.engine import HookObs, HookState
 from orchestrator.kube import Conflict, KubeClient, KubeError, NotFound
 from orchestrator.metrics import Metrics
 from orchestrator.secrets import SecretError, TLSResolver
+from plugins.sdk.endpoint_errors import classify_exception, classify_http, log_raw, url_secrets
 
 __all__ = [
     "ENV_NAMES",
@@ -67,9 +70,8 @@ LABEL_HOOK = f"{api.GROUP}/hook"
 LABEL_HOOK_ID = f"{api.GROUP}/hook-id"
 #: The variables every container of a Job hook gets (they replace any of the same name).
 ENV_NAMES = ("CLUSTER_ID", "CLUSTER_VERSION", "TARGET_VERSION", "HOOK", "RUN", "ATTEMPT")
-#: Bytes of an HTTP answer read for the failure message, and characters kept of it.
+#: Bytes of an HTTP answer read for the log (status shows only its classification).
 BODY_READ = 4096
-BODY_EXCERPT = 200
 #: Outcomes of finished HTTP hooks are kept this long (the engine records them at once).
 KEEP_FINISHED = timedelta(hours=6)
 
@@ -161,14 +163,6 @@ def http_body(request: HookRequest) -> dict[str, Any]:
         "attempt": request.attempt,
         "id": request.id,
     }
-
-
-def _excerpt(raw: bytes, secrets: tuple[str, ...]) -> str:
-    text = " ".join(raw.decode("utf-8", errors="replace").split())
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text if len(text) <= BODY_EXCERPT else text[: BODY_EXCERPT - 1] + "…"
 
 
 @dataclass
@@ -291,7 +285,7 @@ class HookExecutor:
         data = json.dumps(http_body(request)).encode()
         per_try = api.parse_duration(http.timeout).total_seconds()
         deadline = request.start_time + api.parse_duration(request.hook.timeout)
-        secrets = (url, token)
+        secrets = (*url_secrets(url), token)
         tries = 0
         last = ""
 
@@ -306,18 +300,21 @@ class HookExecutor:
                 with opener.open(req, timeout=min(per_try, left)) as resp:
                     return HookObs(HookState.SUCCEEDED, f"HTTP {resp.status}")
             except urllib.error.HTTPError as err:
-                excerpt = _excerpt(err.read(BODY_READ), secrets)
-                last = f"HTTP {err.code}" + (f": {excerpt}" if excerpt else "")
-                err.close()
+                with err:
+                    raw = err.read(BODY_READ)
+                failure = classify_http(err.code)
+                # The answer may echo the token or hold the receiver's secrets: the log only.
+                log_raw(f"hook {request.id} of {request.run}", failure, raw, secrets, log)
+                last = failure.reason
                 if err.code >= 500:
                     raise _Retry from None
-                return HookObs(HookState.FAILED, last)
+                return HookObs(HookState.FAILED, failure.describe("", ""))
             except (urllib.error.URLError, OSError) as err:
                 reason = err.reason if isinstance(err, urllib.error.URLError) else err
                 if isinstance(reason, TimeoutError):
                     last = f"no answer within {http.timeout}"
                 else:
-                    last = f"connection failed ({type(reason).__name__})"
+                    last = classify_exception(err).reason
                 raise _Retry from None
 
         clock = self.clock

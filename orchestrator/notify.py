@@ -41,6 +41,7 @@ from orchestrator.conditions import format_micro_time
 from orchestrator.metrics import Metrics
 from orchestrator.secrets import SecretError
 from orchestrator.transitions import Transition
+from plugins.sdk.endpoint_errors import classify_exception, classify_http
 
 __all__ = ["DEFAULT_MAX_AGE", "Notifier", "SecretSource", "cloudevent", "slack_message"]
 
@@ -393,10 +394,11 @@ class Notifier:
             with opener.open(request, timeout=self.timeout) as answer:
                 answer.read(65536)
         except urllib.error.HTTPError as err:
-            err.close()
+            err.close()  # the body is never read: it may echo the URL or the token
+            reason = classify_http(err.code).reason
             if err.code in _RETRY_STATUS or err.code >= 500:
-                raise _Retry(f"HTTP {err.code}") from None
-            raise _Permanent(f"the endpoint answered HTTP {err.code}") from None
+                raise _Retry(reason) from None
+            raise _Permanent(f"the endpoint answered: {reason}") from None
         except (ValueError, http.client.InvalidURL):
             # http.client's words would quote the URL or the header: never shown.
             raise _Permanent(
@@ -427,17 +429,4 @@ def _describe(err: BaseException) -> str:
     """A failure in words that never include the URL or a token."""
     if isinstance(err, _Retry | _SecretUnreadable):
         return str(err)
-    if isinstance(err, urllib.error.URLError):
-        reason = err.reason
-        if isinstance(reason, ssl.SSLError):
-            return f"TLS: {reason.reason or type(reason).__name__}"
-        if isinstance(reason, OSError):
-            return reason.strerror or type(reason).__name__
-        return "could not connect"
-    if isinstance(err, TimeoutError):
-        return "timed out"
-    if isinstance(err, ssl.SSLError):
-        return f"TLS: {err.reason or type(err).__name__}"
-    if isinstance(err, OSError):
-        return err.strerror or type(err).__name__
-    return type(err).__name__
+    return classify_exception(err).reason

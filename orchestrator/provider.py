@@ -26,6 +26,7 @@ from orchestrator.engine import Call, Preflight, Verdict
 from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, PoolObs, Snapshot, WindowObs
 from orchestrator.metrics import Metrics
 from plugins.sdk.client import ClientTLS, PluginCallError, PluginClient
+from plugins.sdk.endpoint_errors import plugin_error_message
 
 __all__ = [
     "GrpcProvider",
@@ -314,8 +315,11 @@ _VERDICT = {
 
 
 def call_error(err: PluginCallError) -> CallError:
-    """The driver's view of a failed plugin call (code name, retryability, words, delay)."""
-    message = f"{err.reason}: {err.message}" if err.reason else err.message
+    """The driver's view of a failed plugin call (code name, retryability, words, delay).
+
+    The words reach status and Events: the plugin's own (with their contract reason), or for
+    a transport failure endpoint_errors' fixed ones (the raw text goes to the log)."""
+    message = plugin_error_message(err)
     retry_after = err.retry_after or 0.0
     return CallError(err.code.name, message, err.retryable, retry_after)
 

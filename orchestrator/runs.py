@@ -478,7 +478,9 @@ class UpdateRunController:
                 token = self.tls.secret_key(ns_, source.bearer_token_secret_ref, where)
             if source.ca_secret_ref is not None:
                 ca = self.tls.secret_key(ns_, source.ca_secret_ref, where)
-            return PrometheusTarget(source.address, token, ca, source.insecure_skip_verify)
+            return PrometheusTarget(
+                source.address, token, ca, source.insecure_skip_verify, source.shown
+            )
 
         analyzer = Analyzer(
             client_for,

@@ -445,11 +445,14 @@ class KubeFleetHub:
         )
         try:
             samples = query_vector(
-                self.cfg.central_prometheus_url, f"workload_health{{{selector}}}"
+                self.cfg.central_prometheus_url,
+                f"workload_health{{{selector}}}",
+                name="the central Prometheus",
             )
             fresh = query_vector(
                 self.cfg.central_prometheus_url,
                 f"max by ({label}) (timestamp(workload_health))",
+                name="the central Prometheus",
             )
         except PrometheusError as exc:
             return {c: [health.unknown(str(exc))] * len(workloads) for c in cluster_ids}

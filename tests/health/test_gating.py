@@ -169,7 +169,7 @@ def test_prometheus_down_counts_as_failure_with_a_reason(
         assert len(failed) == 1
         (entry,) = failed.values()
         assert entry["reason"] == "HealthCheckFailed"
-        assert "prometheus unreachable" in entry["message"]
+        assert f"Prometheus {closed}: unreachable" in entry["message"], entry
         assert orchestrator.proc is not None and orchestrator.proc.poll() is None
         assert monitor(sim)["mutations_total"] == 4
 
