@@ -8,7 +8,15 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 __all__ = [
@@ -97,6 +105,13 @@ ENDPOINT_PATTERN = (
     r"^((\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?):[0-9]{1,5}|unix:.+)$"
 )
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+_UNIT = r"(ms|s|m|h)"
+#: A duration that is not zero (the CRD schema's pattern: the apiserver refuses 0s and -5s).
+POSITIVE_DURATION_PATTERN = (
+    rf"^(0+(\.0+)?{_UNIT})*"
+    rf"([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*){_UNIT}"
+    rf"([0-9]+(\.[0-9]+)?{_UNIT})*$"
+)
 TIME_OF_DAY_PATTERN = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
@@ -109,6 +124,103 @@ def parse_duration(text: str) -> timedelta:
         raise ValueError(f"{text!r} is not a duration; write it like 30s, 10m or 1h30m")
     seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
     return timedelta(seconds=seconds)
+
+
+def _at_least(minimum: str, why: str) -> AfterValidator:
+    """A duration field's one rule: a duration (no sign), and at least `minimum` (README's CRD
+    reference lists each field's minimum). The CRD schema tells the apiserver "positive"
+    (POSITIVE_DURATION_PATTERN); the minimum is said here, so the webhook, the controllers,
+    `plan` and the simulation refuse the same values with the same words."""
+    floor = parse_duration(minimum)
+
+    def check(text: str) -> str:
+        if not re.fullmatch(DURATION_PATTERN, text):
+            raise ValueError(
+                f"{text!r} is not a duration; write a positive one like 30s, 10m or 1h30m "
+                "(no sign, units ms, s, m, h)"
+            )
+        if parse_duration(text) < floor:
+            raise ValueError(f"{text} is too short: {why}; set it to {minimum} or more")
+        return text
+
+    return AfterValidator(check)
+
+
+#: A duration field as the CRD schema says it (the minimum is `_at_least`'s).
+_DURATION = Field(max_length=32, json_schema_extra={"pattern": POSITIVE_DURATION_PATTERN})
+
+# The minimums (README "CRD reference"). Step start times are stamped in whole seconds, so a
+# step bound is measured up to 1 s long: below 2 s a step could time out the moment it starts
+# (a 0s bound failed every cluster it took out). Windows open at whole minutes (start: HH:MM).
+#: timeouts.* (each step) and the wait for readiness.
+StepTimeout = Annotated[
+    str, _DURATION, _at_least("2s", "a step bound under 2s can end a step the moment it starts")
+]
+#: healthChecks.interval: the pace of evaluations.
+CheckInterval = Annotated[
+    str, _DURATION, _at_least("100ms", "evaluations closer than 100ms only load the backend")
+]
+#: healthChecks.timeout, a hook's timeout and an HTTP hook's per-request timeout.
+Timeout = Annotated[
+    str, _DURATION, _at_least("1s", "a bound under 1s ends a call before it can answer")
+]
+#: A stage's soakTime.
+SoakTime = Annotated[str, _DURATION, _at_least("1s", "to soak for no time, leave soakTime out")]
+#: A maintenance window's duration and expectedDuration.
+WindowDuration = Annotated[
+    str, _DURATION, _at_least("1m", "maintenance windows are scheduled in whole minutes")
+]
+
+
+# Label keys and values as Kubernetes accepts them: the rules mirror
+# k8s.io/apimachinery/pkg/util/validation/validation.go (IsQualifiedName, IsValidLabelValue),
+# applied as k8s.io/apimachinery/pkg/apis/meta/v1/validation/validation.go
+# (ValidateLabelSelector, ValidateLabelSelectorRequirement) and pkg/labels/selector.go
+# (NewRequirement, which also checks the values of In / NotIn) apply them to a LabelSelector.
+_LABEL_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]"
+_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+LABEL_KEY_PATTERN = rf"^({_DNS_SUBDOMAIN}/)?{_LABEL_NAME}$"
+LABEL_VALUE_PATTERN = rf"^({_LABEL_NAME})?$"
+
+
+def label_key_problem(key: str) -> str | None:
+    """Why `key` is not a label key Kubernetes accepts (a qualified name), or None."""
+    prefix = key.rpartition("/")[0]
+    if "/" in prefix:
+        return f"{key!r} has more than one '/'; write [prefix/]name, e.g. example.com/ring"
+    if not re.fullmatch(LABEL_KEY_PATTERN, key):
+        return (
+            f"{key!r} is not a label key: a name of at most 63 letters, digits, '-', '_' or '.' "
+            "starting and ending with a letter or digit, with an optional DNS prefix and '/' "
+            "(e.g. ring or example.com/ring)"
+        )
+    if len(prefix) > 253:
+        return f"{key!r} has a prefix longer than 253 characters; shorten it"
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    """Why `value` is not a label value Kubernetes accepts, or None."""
+    if len(value) > 63 or not re.fullmatch(LABEL_VALUE_PATTERN, value):
+        return (
+            f"{value!r} is not a label value: at most 63 letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit (or empty)"
+        )
+    return None
+
+
+def _label_value(value: str) -> str:
+    problem = label_value_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+LabelValue = Annotated[
+    str,
+    Field(max_length=63, json_schema_extra={"pattern": LABEL_VALUE_PATTERN}),
+    AfterValidator(_label_value),
+]
 
 
 def parse_max_concurrency(value: int | str, total: int) -> int:
@@ -146,7 +258,6 @@ class _Model(BaseModel):
 
 
 Version = Annotated[str, Field(pattern=VERSION_PATTERN, max_length=64)]
-Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)]
 IntOrPercent = Annotated[
     int | str,
     Field(description='A count (3) or a percentage of the stage\'s clusters ("25%").'),
@@ -215,18 +326,56 @@ class ClusterSpec(_Model):
 
 
 class LabelSelectorRequirement(_Model):
-    """A metav1.LabelSelectorRequirement."""
+    """A metav1.LabelSelectorRequirement, refused where Kubernetes refuses it."""
 
-    key: str = Field(min_length=1)
+    key: str = Field(min_length=1, max_length=317, json_schema_extra={"pattern": LABEL_KEY_PATTERN})
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] | None = None
+    values: list[LabelValue] | None = Field(
+        default=None,
+        validate_default=True,
+        description="Non-empty for In and NotIn; unset or empty for Exists and DoesNotExist.",
+    )
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str) -> str:
+        problem = label_key_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("values")
+    @classmethod
+    def _values(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        # ValidateLabelSelectorRequirement: In / NotIn need values, Exists / DoesNotExist none.
+        operator = info.data.get("operator")
+        if operator in ("In", "NotIn") and not value:
+            raise ValueError(
+                f"must list at least one value when operator is {operator} (it would select "
+                "nothing); list the label values, or use Exists to match any value"
+            )
+        if operator in ("Exists", "DoesNotExist") and value:
+            raise ValueError(
+                f"must be empty when operator is {operator}; remove values, or use In / NotIn "
+                "to match them"
+            )
+        return value
 
 
 class LabelSelector(_Model):
     """A metav1.LabelSelector over the plugin inventory's labels."""
 
-    match_labels: dict[str, str] | None = None
+    match_labels: dict[str, LabelValue] | None = None
     match_expressions: list[LabelSelectorRequirement] | None = None
+
+    @field_validator("match_labels")
+    @classmethod
+    def _label_keys(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for key in value or {}:
+            problem = label_key_problem(key)
+            if problem:
+                raise ValueError(problem)
+        return value
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         """True when labels satisfy every term (an empty selector matches everything)."""
@@ -340,14 +489,14 @@ class HealthCheck(_Model):
 class HealthChecks(_Model):
     """Analysis run before each service-in and at each stage boundary; every check must pass."""
 
-    interval: Duration = Field(default="30s", description="Time between evaluations.")
+    interval: CheckInterval = Field(default="30s", description="Time between evaluations.")
     success_threshold: int = Field(
         default=3, ge=1, description="Consecutive passing evaluations needed (the soak)."
     )
     failure_threshold: int = Field(
         default=3, ge=1, description="Failed evaluations after which the rollout halts."
     )
-    timeout: Duration = Field(
+    timeout: Timeout = Field(
         default="15m", description="Longest time to wait for successThreshold passes."
     )
     checks: list[HealthCheck] = Field(min_length=1)
@@ -377,7 +526,7 @@ class MaintenanceWindow(_Model):
         pattern=TIME_OF_DAY_PATTERN,
         description="Local time of day the window opens, HH:MM (24 h) in timeZone.",
     )
-    duration: Duration = Field(description="How long the window stays open, e.g. 4h.")
+    duration: WindowDuration = Field(description="How long the window stays open, e.g. 4h.")
     time_zone: str = Field(
         default="UTC", max_length=64, description="IANA time zone, e.g. Europe/Berlin."
     )
@@ -416,7 +565,7 @@ class Maintenance(_Model):
         default=ProviderWindows.OFF,
         description="Honour the windows (and exclusions) the provider reports per cluster.",
     )
-    expected_duration: Duration = Field(
+    expected_duration: WindowDuration = Field(
         default="1h",
         description="How long one cluster's upgrade takes: a cluster starts only when its "
         "window stays open that long.",
@@ -445,7 +594,7 @@ class HttpHook(_Model):
     ca_secret_ref: SecretKeyRef | None = Field(
         default=None, description="A Secret key holding the CA bundle (PEM) of an https URL."
     )
-    timeout: Duration = Field(default="30s", description="Per request.")
+    timeout: Timeout = Field(default="30s", description="Per request.")
     retries: int = Field(
         default=3,
         ge=0,
@@ -480,7 +629,7 @@ class Hook(_Model):
 
     http: HttpHook | None = None
     job: JobHook | None = None
-    timeout: Duration = Field(
+    timeout: Timeout = Field(
         default="10m", description="Bound on the whole hook; past it the cluster fails."
     )
 
@@ -516,7 +665,7 @@ class Stage(_Model):
         default=None, description="Label selector over the plugin's inventory."
     )
     max_concurrency: IntOrPercent | None = None
-    soak_time: Duration | None = Field(
+    soak_time: SoakTime | None = Field(
         default=None, description="Wait after the stage completes before the next starts."
     )
     approval: Approval = Approval.AUTOMATIC
@@ -610,11 +759,11 @@ class Notification(_Model):
 class StepTimeouts(_Model):
     """Bounds on each kind of step; a step that outlives its bound fails the cluster."""
 
-    service_out: Duration = Field(default="15m", description="ServiceOut operations.")
-    control_plane: Duration = Field(default="90m", description="Control-plane upgrades.")
-    node_pool: Duration = Field(default="90m", description="Each node-pool upgrade.")
-    service_in: Duration = Field(default="15m", description="ServiceIn operations.")
-    ready: Duration = Field(
+    service_out: StepTimeout = Field(default="15m", description="ServiceOut operations.")
+    control_plane: StepTimeout = Field(default="90m", description="Control-plane upgrades.")
+    node_pool: StepTimeout = Field(default="90m", description="Each node-pool upgrade.")
+    service_in: StepTimeout = Field(default="15m", description="ServiceIn operations.")
+    ready: StepTimeout = Field(
         default="30m",
         description="Waiting for the cluster to become available and its pools ready.",
     )

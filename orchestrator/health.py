@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from orchestrator import api
 from orchestrator.conditions import format_micro_time, parse_time
@@ -56,11 +56,21 @@ def check_problems(where: str, checks: api.HealthChecks) -> list[tuple[str, str]
     import promql_parser  # noqa: PLC0415  (a compiled PromQL parser, loaded only when checked)
 
     problems: list[tuple[str, str]] = []
-    for field in ("interval", "timeout"):
-        try:
-            api.parse_duration(getattr(checks, field))
-        except ValueError as err:
-            problems.append((f"{where}.{field}", str(err)))
+    # Durations and their minimums are the model's (api.CheckInterval, api.Timeout); what is
+    # checked here is that successThreshold passes fit in the timeout at all.
+    interval = api.parse_duration(checks.interval)
+    timeout = api.parse_duration(checks.timeout)
+    # The first evaluation is at the start, the n-th (n - 1) intervals later.
+    need = interval * (checks.success_threshold - 1)
+    if timeout <= need:
+        problems.append(
+            (
+                f"{where}.timeout",
+                f"{checks.timeout} ends before successThreshold {checks.success_threshold} "
+                f"evaluations {checks.interval} apart can pass (the analysis could only fail); "
+                f"set it longer than {_span(need)}, shorten interval or lower successThreshold",
+            )
+        )
     names: set[str] = set()
     for i, check in enumerate(checks.checks):
         at = f"{where}.checks[{i}]"
@@ -132,6 +142,18 @@ def describe(results: Sequence[api.CheckResult] | None) -> str:
         "; ".join(f"{r.name}: {r.message or ('value ' + _num(r.value))}" for r in failing)
         or "no result yet"
     )
+
+
+def _span(length: timedelta) -> str:
+    """A duration as the spec writes it (90s, 2m30s, 450ms)."""
+    ms = round(length.total_seconds() * 1000)
+    if ms % 1000:
+        return f"{ms}ms"
+    seconds = ms // 1000
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
+    return text + (f"{secs}s" if secs or not text else "")
 
 
 def _num(value: float | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -105,11 +106,6 @@ def validate_spec(spec: api.ClusterVersionSpec) -> list[Problem]:
         if stage.clusters is None and stage.selector is None:
             problems.append(Problem(where, "selects nothing; set clusters or selector"))
         problems += _concurrency_problems(f"{where}.maxConcurrency", stage.max_concurrency)
-        if stage.soak_time is not None:
-            try:
-                api.parse_duration(stage.soak_time)
-            except ValueError as err:
-                problems.append(Problem(f"{where}.soakTime", str(err)))
     problems += _concurrency_problems("spec.strategy.maxConcurrency", strategy.max_concurrency)
     problems += _failures_problems("spec.strategy.maxFailures", strategy.max_failures)
     for i, stage in enumerate(stages):
@@ -150,8 +146,6 @@ def _hook_problems(hooks: api.Hooks | None) -> list[Problem]:
         where = f"spec.strategy.hooks.{kind}"
         if hook is None:
             continue
-        if api.parse_duration(hook.timeout).total_seconds() < 1:
-            problems.append(Problem(f"{where}.timeout", "must be at least 1s"))
         if hook.job is None:
             continue
         pod = (hook.job.template.get("template") or {}).get("spec")
@@ -169,6 +163,22 @@ def _hook_problems(hooks: api.Hooks | None) -> list[Problem]:
                 Problem(f"{at}.restartPolicy", "must be Never or OnFailure (a Job's pods end)")
             )
     return problems
+
+
+def _empty_stage(where: str, stage: api.Stage) -> Problem:
+    """A stage that selects no cluster of the inventory: a typo would otherwise complete the
+    rollout having upgraded nothing (issue 19), so the run is Invalid and names the stage."""
+    what = (
+        f"its selector {json.dumps(stage.selector.dump(), sort_keys=True)}"
+        if stage.selector is not None
+        else "its cluster list"
+    )
+    return Problem(
+        where,
+        f"stage {stage.name!r} selects no cluster of the plugin's inventory; check {what} "
+        "against the clusters' labels and ids (a misspelt label value selects nothing), or "
+        "remove the stage",
+    )
 
 
 def _floor_problem(required: int, total: int) -> Problem:
@@ -275,6 +285,8 @@ def resolve_targets(
                 chosen.append(cid)
             if stage.selector is not None:
                 chosen += [c for c in sorted_ids if stage.selector.matches(inventory[c].labels)]
+            if not chosen:
+                problems.append(_empty_stage(where, stage))
             for cid in dict.fromkeys(chosen):
                 if cid in stage_of and stage_of[cid] != s:
                     problems.append(

@@ -851,9 +851,6 @@ def maintenance_problems(where: str, m: api.Maintenance) -> list[tuple[str, str]
         at = f"{where}.windows[{i}]"
         if w.days is not None and not w.days:
             problems.append((f"{at}.days", "is empty; list days or remove it (unset: every day)"))
-        length = _duration(w.duration)
-        if length is not None and length <= timedelta(0):
-            problems.append((f"{at}.duration", "must be longer than 0s"))
         if w.rrule is not None and not _occurs(w.rrule):
             problems.append(
                 (f"{at}.rrule", f"{w.rrule!r} never occurs; check BYMONTH / BYMONTHDAY / UNTIL")

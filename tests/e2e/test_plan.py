@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.e2e.conftest import Sim, cluster_version, fleet_file, ids, metric_checks
+from tests.e2e.conftest import NEW, Sim, cluster_version, fleet_file, ids, metric_checks
 from tests.support.orchestrator import ROOT
 
 
@@ -61,3 +61,48 @@ def test_plan_finishes_for_a_spec_with_health_checks(
     assert m["mutations_total"] == 0 and m["available_in_service"] == 10, (
         m
     )  # a plan acts on nothing
+
+
+def test_plan_names_the_stages_that_select_no_cluster_and_exits_non_zero(
+    sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """Issue 19: a misspelt selector printed `0h00m00s (Succeeded)` with exit 0."""
+    fleet = sim(fleet_file(4))
+    body = cluster_version("fleet", fleet.address, [], 2)
+    del body["spec"]["clusters"]
+    body["spec"]["version"] = NEW
+    body["spec"]["strategy"] = {
+        "stages": [
+            {"name": "first", "selector": {"matchLabels": {"index": "O"}}},  # letter O, not 0
+            {
+                "name": "rest",
+                "selector": {
+                    "matchExpressions": [{"key": "index", "operator": "NotIn", "values": ["0"]}]
+                },
+            },
+            {
+                "name": "late",
+                "selector": {"matchExpressions": [{"key": "zone", "operator": "Exists"}]},
+            },
+        ]
+    }
+    path = tmp_path / "cv.yaml"
+    path.write_text(yaml.safe_dump(body))
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "plan", "-f", str(path)],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = out.stderr.splitlines()
+    assert [line.split(" selects")[0] for line in lines] == [
+        "invalid: spec.strategy.stages[0]: stage 'first'",
+        "invalid: spec.strategy.stages[2]: stage 'late'",
+    ], out.stderr
+    assert all("selects no cluster of the plugin's inventory" in line for line in lines)
+    assert "estimated time" not in out.stdout and "Succeeded" not in out.stdout, out.stdout
+    m = fleet.monitor()
+    assert m["mutations_total"] == 0 and m["available_in_service"] == 4, m

@@ -62,7 +62,9 @@ def _spec(sc: dict[str, Any], fleet_ids: list[str]) -> api.UpdateRunSpec:
                 "selector": {"matchLabels": {"stage": name}},
                 **({"healthChecks": checks} if sc["checks"] == "stage" and i < 2 else {}),
             }
-            for i, name in enumerate(STAGES)
+            # Labels go round-robin: two clusters carry no "main", and a stage that selects
+            # no cluster makes the run Invalid (issue 19), so it is not written.
+            for i, name in enumerate(STAGES[: len(fleet_ids)])
         ]
     body: dict[str, Any] = {
         "requiredAvailableCount": sc["required"],

@@ -5,19 +5,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator import api
-from orchestrator.validate import validate_spec
+from orchestrator.validate import parse_spec, validate_spec
 
 
 def _problems(hooks: dict[str, Any]) -> dict[str, str]:
-    spec = api.ClusterVersionSpec.model_validate(
+    """Every problem the webhook and the controllers find: parse, then validate."""
+    spec = parse_spec(
         {
             "requiredAvailableCount": 1,
             "clusters": [{"id": "a", "version": "1.29.1"}, {"id": "b", "version": "1.29.1"}],
             "strategy": {"hooks": hooks},
         }
     )
-    return {p.field: p.message for p in validate_spec(spec)}
+    problems = spec if isinstance(spec, list) else validate_spec(spec)
+    return {p.field: p.message for p in problems}
 
 
 def _job(pod: dict[str, Any] | None) -> dict[str, Any]:
@@ -49,5 +50,8 @@ def test_job_templates_that_would_not_make_a_job_are_refused() -> None:
 def test_a_zero_timeout_is_refused() -> None:
     hook = {"http": {"url": "http://h/x"}, "timeout": "0s"}
     assert _problems({"preUpgrade": hook}) == {
-        "spec.strategy.hooks.preUpgrade.timeout": "must be at least 1s"
+        "spec.strategy.hooks.preUpgrade.timeout": (
+            "0s is too short: a bound under 1s ends a call before it can answer; set it to 1s or "
+            "more"
+        )
     }

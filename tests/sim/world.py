@@ -12,7 +12,7 @@ apiserver with this replica's own writes visible (read-your-writes).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,6 +197,11 @@ class Replica:
         return ModelChecker(w.fleet, w.adversary, w.monitor.record, run, self.name, self.epoch)
 
 
+def _selects(stage: dict[str, object], labels: Mapping[str, str]) -> bool:
+    """The product's selector matching (api.LabelSelector), on a drawn stage."""
+    return api.LabelSelector.model_validate(stage["selector"]).matches(labels)
+
+
 class World:
     """A seeded history: build, run the active phase with the adversary, then a quiet phase."""
 
@@ -304,6 +309,17 @@ class World:
         top = max(1, size - 1)
         body["requiredAvailableCount"] = rng.randint(max(1, size // 2), top)
         self._operate(strategy, stages)
+        if "version" in body:
+            # As a user writes them: a stage per ring the team has clusters in. A stage that
+            # selects nothing makes the run Invalid (issue 19); dropped here, after every draw,
+            # so the rest of the history is what it was. (One can still empty before the run
+            # pins, when the adversary deletes clusters: that run is Invalid, pinning nothing.)
+            live = [c.labels for c in self.fleet.clusters.values() if not c.deleted]
+            kept = [s for s in stages if any(_selects(s, labels) for labels in live)]
+            if kept:
+                strategy["stages"] = kept
+            else:
+                strategy.pop("stages", None)
         return api.ClusterVersionSpec.model_validate(body)
 
     def _operate(self, strategy: dict[str, object], stages: list[dict[str, object]]) -> None:

@@ -233,6 +233,47 @@ def test_the_orchestrator_injects_its_ca_and_kubectl_apply_is_refused_with_field
     assert stack.exists(api.PLURAL, "fleet")
 
 
+def test_kubectl_apply_refuses_short_timeouts_and_selectors_kubernetes_would_reject(
+    stack: Stack,
+) -> None:
+    """Issue 19: what the 1.20 schema cannot say (a minimum above zero, In without values) is
+    refused by the webhook at apply, with the field and the fix; nothing is stored."""
+    wait_until_enforced(stack)
+    short = cluster_version("short", stack.sim_address, timeouts={"controlPlane": "1s"})
+    code, out = apply(stack.cluster, stack.namespace, short)
+    assert code != 0, out
+    assert (
+        'The ClusterVersion "short" is invalid: spec.timeouts.controlPlane: 1s is too short: '
+        "a step bound under 2s can end a step the moment it starts; set it to 2s or more" in out
+    ), out
+    assert not stack.exists(api.PLURAL, "short")
+
+    spec = cluster_version("x", stack.sim_address)["spec"]
+    spec["strategy"] = {
+        "stages": [
+            {
+                "name": "all",
+                "clusters": CLUSTERS,
+                "selector": {"matchExpressions": [{"key": "region", "operator": "NotIn"}]},
+            }
+        ]
+    }
+    run = {
+        "apiVersion": api.API_VERSION,
+        "kind": api.UPDATE_RUN_KIND,
+        "metadata": {"name": "picky"},
+        "spec": spec,
+    }
+    code, out = apply(stack.cluster, stack.namespace, run)
+    assert code != 0, out
+    assert (
+        'The UpdateRun "picky" is invalid: '
+        "spec.strategy.stages[0].selector.matchExpressions[0].values: must list at least one "
+        "value when operator is NotIn" in out
+    ), out
+    assert not stack.exists(api.UPDATE_RUN_PLURAL, "picky")
+
+
 def test_inline_endpoints_outside_the_allowed_namespaces_are_refused_at_admission(
     stack: Stack, control_plane: KubeCluster
 ) -> None:

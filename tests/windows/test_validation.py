@@ -191,7 +191,10 @@ def test_windows_that_could_never_let_a_cluster_start_are_refused() -> None:
     }
     zero = {"windows": [{**window, "duration": "0s"}], "allowOverrun": True}
     assert admitted(api.KIND, cv_spec({"maintenance": zero})) == {
-        "spec.strategy.maintenance.windows[0].duration": "must be longer than 0s"
+        "spec.strategy.maintenance.windows[0].duration": (
+            "0s is too short: maintenance windows are scheduled in whole minutes; set it to 1m "
+            "or more"
+        )
     }
 
 
