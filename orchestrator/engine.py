@@ -92,6 +92,9 @@ _STEP_PHASE = {
 MAX_REASKS = 2
 #: Phases in which an attempt has ended (`end_time` set).
 ENDED = frozenset({U.UPGRADED, U.FAILED, U.SKIPPED})
+#: Reasons of a Pending cluster that waits for the world to let it go (held elsewhere): the
+#: run names one when nothing of it moves (invariant 4: it says what it waits for).
+_HELD_ELSEWHERE = frozenset({"HeldByAnotherRun", "ForeignOperation", "OutOfService"})
 #: How long an ACCEPTED preflight verdict stands.
 PREFLIGHT_TTL = timedelta(seconds=60)
 #: How often a step in flight is looked at again even without news from the watch.
@@ -1610,6 +1613,15 @@ def decide(inp: RunInput) -> Decision:
             if not blocked:
                 first = next(g for g in waits if g.word == word)
                 blocked = f"waiting: {first.message}"
+        held = [(u.cluster_id, run.status[u.name]) for u in members]
+        held = [(c, s) for c, s in held if s.phase == U.PENDING and s.reason in _HELD_ELSEWHERE]
+        if held and in_flight == 0 and not blocked:
+            # Invariant 4: nothing moves until the world lets a cluster go; the run names it
+            # (a person can act on that), never only a count.
+            cid, st = held[0]
+            blocked = f"waiting: {cid}: {st.message}"
+            blocked += f" (and {len(held) - 1} more)" if len(held) > 1 else ""
+            waiting = waiting or st.reason or ""
         if started and not stage_status[active_index].start_time:
             stage_status[active_index] = stage_status[active_index].model_copy(
                 update={"start_time": run.stamp}
