@@ -1676,8 +1676,10 @@ def _summarise(
     total = len(run.status)
     in_flight = counts["in_flight"]
     # A failed cluster being serviced back in (failedClusterPolicy) keeps the run going.
-    recovering = sum(
-        1 for st in run.status.values() if st.phase == U.FAILED and st.step == RECOVER_STEP
+    recovering = sorted(
+        run.inp.upgrades[n].cluster_id
+        for n, st in run.status.items()
+        if st.phase == U.FAILED and st.step == RECOVER_STEP
     )
     finished = (
         all(s.phase in (api.StagePhase.COMPLETED, api.StagePhase.SKIPPED) for s in stages)
@@ -1737,6 +1739,13 @@ def _summarise(
         )
     else:
         phase = api.RunPhase.PROGRESSING
+        if recovering and not in_flight and not blocked:
+            # Invariant 4: only a failed cluster's way back in keeps the run going; say so.
+            blocked = (
+                f"waiting: {recovering[0]} failed and is serviced back in once healthy "
+                "(failedClusterPolicy ServiceInIfHealthy)"
+            )
+            waiting = waiting or "Recovering"
         message = blocked or (
             f"{counts['upgraded']}/{total} upgraded, {in_flight} in flight"
             + (f", stage {current}" if current else "")

@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator import api
 from orchestrator.engine import (
+    RECOVER_STEP,
     Call,
     Decision,
     Floor,
@@ -237,6 +238,28 @@ def test_a_run_that_waits_only_for_the_world_names_what_it_waits_for() -> None:
     d, _ = _decide(fleet, spec_for(fleet, NEW, required=1))
     assert _out(d) == ["c00001"]
     assert d.waiting_reason is None and "1 in flight" in d.message, d.message
+
+
+def test_a_run_kept_going_only_by_a_recovery_says_so() -> None:
+    """Invariant 4 (simulation seeds 60927, 60970): every stage complete, one failed cluster
+    on its way back in (failedClusterPolicy ServiceInIfHealthy) and not ready yet: the run is
+    Progressing because of it and names it, not only a count."""
+    fleet = make_fleet(3, version=NEW)
+    old = make_fleet(1).clusters["c00000"]
+    fleet.clusters["c00001"] = replace(old, id="c00001", in_service=False, available=False)
+    spec = spec_for(fleet, NEW, required=1, maxFailures=1, failedClusterPolicy="ServiceInIfHealthy")
+    failed = api.ClusterUpgradeStatus(
+        phase=U.FAILED,
+        reason="OperationFailed",
+        message="nodePool failed",
+        step=RECOVER_STEP,
+        step_start_time="2026-01-01T00:00:00Z",
+    )
+    d, by_id = _decide(fleet, spec, {"c00001": failed}, seconds=30)
+    assert d.calls == [] and _status(d, by_id, "c00001").step == RECOVER_STEP
+    assert d.phase == api.RunPhase.PROGRESSING
+    assert d.waiting_reason == "Recovering"
+    assert d.message.startswith("waiting: c00001 failed and is serviced back in"), d.message
 
 
 def test_the_floor_of_another_run_sharing_clusters_holds_too() -> None:
