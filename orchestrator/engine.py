@@ -95,6 +95,9 @@ _STEP_PHASE = {
 MAX_REASKS = 2
 #: Phases in which an attempt has ended (`end_time` set).
 ENDED = frozenset({U.UPGRADED, U.FAILED, U.SKIPPED})
+#: Reasons of a Pending cluster that waits for the world to let it go (held elsewhere): the
+#: run names one when nothing of it moves (invariant 4: it says what it waits for).
+_HELD_ELSEWHERE = frozenset({"HeldByAnotherRun", "ForeignOperation", "OutOfService"})
 #: How long an ACCEPTED preflight verdict stands.
 PREFLIGHT_TTL = timedelta(seconds=60)
 #: How often a step in flight is looked at again even without news from the watch.
@@ -1665,6 +1668,15 @@ def decide(inp: RunInput) -> Decision:
             if not blocked:
                 first = next(g for g in waits if g.word == word)
                 blocked = f"waiting: {first.message}"
+        held = [(u.cluster_id, run.status[u.name]) for u in members]
+        held = [(c, s) for c, s in held if s.phase == U.PENDING and s.reason in _HELD_ELSEWHERE]
+        if held and in_flight == 0 and not blocked:
+            # Invariant 4: nothing moves until the world lets a cluster go; the run names it
+            # (a person can act on that), never only a count.
+            cid, st = held[0]
+            blocked = f"waiting: {cid}: {st.message}"
+            blocked += f" (and {len(held) - 1} more)" if len(held) > 1 else ""
+            waiting = waiting or st.reason or ""
         if started and not stage_status[active_index].start_time:
             stage_status[active_index] = stage_status[active_index].model_copy(
                 update={"start_time": run.stamp}
@@ -1719,8 +1731,10 @@ def _summarise(
     total = len(run.status)
     in_flight = counts["in_flight"]
     # A failed cluster being serviced back in (failedClusterPolicy) keeps the run going.
-    recovering = sum(
-        1 for st in run.status.values() if st.phase == U.FAILED and st.step == RECOVER_STEP
+    recovering = sorted(
+        run.inp.upgrades[n].cluster_id
+        for n, st in run.status.items()
+        if st.phase == U.FAILED and st.step == RECOVER_STEP
     )
     finished = (
         all(s.phase in (api.StagePhase.COMPLETED, api.StagePhase.SKIPPED) for s in stages)
@@ -1780,6 +1794,13 @@ def _summarise(
         )
     else:
         phase = api.RunPhase.PROGRESSING
+        if recovering and not in_flight and not blocked:
+            # Invariant 4: only a failed cluster's way back in keeps the run going; say so.
+            blocked = (
+                f"waiting: {recovering[0]} failed and is serviced back in once healthy "
+                "(failedClusterPolicy ServiceInIfHealthy)"
+            )
+            waiting = waiting or "Recovering"
         message = blocked or (
             f"{counts['upgraded']}/{total} upgraded, {in_flight} in flight"
             + (f", stage {current}" if current else "")

@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator import api
 from orchestrator.engine import (
+    RECOVER_STEP,
     Call,
     Decision,
     Floor,
@@ -211,6 +212,54 @@ def test_a_cluster_held_by_another_run_waits_naming_the_holder() -> None:
     st = _status(d, by_id, "c00000")
     assert st.phase == U.PENDING and st.reason == "HeldByAnotherRun"
     assert "other/run-a" in (st.message or "")
+
+
+def test_a_run_that_waits_only_for_the_world_names_what_it_waits_for() -> None:
+    """Invariant 4 (simulation seed 63809): every member done but one a person took out of
+    service; nothing moves until it returns. The run says which cluster and why (message and
+    waitingReason), not only how many are upgraded; while something is in flight it counts."""
+    fleet = make_fleet(4, version=NEW)
+    old = make_fleet(1).clusters["c00000"]
+    fleet.clusters["c00002"] = replace(old, id="c00002", in_service=False)
+    d, by_id = _decide(fleet, spec_for(fleet, NEW, required=1))
+    assert d.calls == [] and _status(d, by_id, "c00002").reason == "OutOfService"
+    assert d.phase == api.RunPhase.PROGRESSING
+    assert d.waiting_reason == "OutOfService"
+    assert d.message.startswith("waiting: c00002: out of service outside this run"), d.message
+    # Two held elsewhere: the first named, the rest counted.
+    foreign = OpObs("op-x", OpKind.CONTROL_PLANE, "c00003", OpState.RUNNING, "someone-else:1")
+    fleet.clusters["c00003"] = replace(old, id="c00003", current_operation=foreign)
+    fleet.clusters["c00001"] = replace(old, id="c00001")
+    d, by_id = _decide(fleet, spec_for(fleet, NEW, required=1), held_by={"c00001": "ns/other"})
+    assert d.calls == [] and d.waiting_reason == "HeldByAnotherRun"
+    assert d.message.startswith("waiting: c00001: held by UpdateRun ns/other"), d.message
+    assert d.message.endswith("(and 2 more)"), d.message
+    # One of them free again: it is taken out, the run counts what is in flight.
+    d, _ = _decide(fleet, spec_for(fleet, NEW, required=1))
+    assert _out(d) == ["c00001"]
+    assert d.waiting_reason is None and "1 in flight" in d.message, d.message
+
+
+def test_a_run_kept_going_only_by_a_recovery_says_so() -> None:
+    """Invariant 4 (simulation seeds 60927, 60970): every stage complete, one failed cluster
+    on its way back in (failedClusterPolicy ServiceInIfHealthy) and not ready yet: the run is
+    Progressing because of it and names it, not only a count."""
+    fleet = make_fleet(3, version=NEW)
+    old = make_fleet(1).clusters["c00000"]
+    fleet.clusters["c00001"] = replace(old, id="c00001", in_service=False, available=False)
+    spec = spec_for(fleet, NEW, required=1, maxFailures=1, failedClusterPolicy="ServiceInIfHealthy")
+    failed = api.ClusterUpgradeStatus(
+        phase=U.FAILED,
+        reason="OperationFailed",
+        message="nodePool failed",
+        step=RECOVER_STEP,
+        step_start_time="2026-01-01T00:00:00Z",
+    )
+    d, by_id = _decide(fleet, spec, {"c00001": failed}, seconds=30)
+    assert d.calls == [] and _status(d, by_id, "c00001").step == RECOVER_STEP
+    assert d.phase == api.RunPhase.PROGRESSING
+    assert d.waiting_reason == "Recovering"
+    assert d.message.startswith("waiting: c00001 failed and is serviced back in"), d.message
 
 
 def test_the_floor_of_another_run_sharing_clusters_holds_too() -> None:

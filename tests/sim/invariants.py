@@ -623,6 +623,16 @@ class Monitor:
                 raise Violation(
                     "4 never stranded", f"run {run} ends {obj.status.phase} saying nothing"
                 )
+            # Settled with nothing of it in flight, a Progressing run waits for the world or a
+            # person: it must say why none starts (status.waitingReason), not only how many.
+            idle = not any(o.upgrade.status.phase in ACTIVE for o in w.api.upgrades_of(run))
+            progressing = obj.status.phase == api.RunPhase.PROGRESSING
+            if settled and progressing and idle and not obj.status.waiting_reason:
+                raise Violation(
+                    "4 never stranded",
+                    f"run {run} ends Progressing with nothing in flight and no waitingReason "
+                    f"({obj.status.message})",
+                )
             if obj.spec.state != api.RunState.RUN:
                 continue
             for o in w.api.upgrades_of(run):

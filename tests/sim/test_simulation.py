@@ -11,9 +11,10 @@ from collections.abc import Callable, Iterable
 import pytest
 
 from orchestrator import api
+from orchestrator.conditions import format_time
 from orchestrator.fleet import OpKind
 from tests.sim.invariants import Violation
-from tests.sim.model import ADVERSARY
+from tests.sim.model import ADVERSARY, at
 from tests.sim.world import ENDPOINT, Config, Owner, World, simulate
 
 #: `make test` sweeps SEEDS histories in CHUNKS tests; `make simulate SEEDS=N` sweeps more.
@@ -63,8 +64,12 @@ def test_invariants_hold_over_seeded_histories(chunk: int) -> None:
 #: Seeds past the default sweep that each found a real engine gap (issue 11's notes): kept in
 #: every run so that no fix regresses. 9225 and 12831/13378: invariant 5; 12521 and 14569:
 #: invariant 3 (endTime); 18657: invariant 4 (a retry adopting another run's cluster); 25351
-#: and 26309: invariant 3 (a service-in asked again after a failing evaluation no write kept).
-FOUND_GAPS = [9225, 12521, 12831, 13378, 14569, 18657, 25351, 26309]
+#: and 26309: invariant 3 (a service-in asked again after a failing evaluation no write kept);
+#: 62021 and 63809: invariant 4, a gap of the harness (a run pinned as the adversary fell quiet
+#: was judged before its first pass; see World._settled), and then of the engine with 60927 and
+#: 60970 (a run waiting only for the world, or for a failed cluster's way back in, said a count,
+#: no waitingReason).
+FOUND_GAPS = [9225, 12521, 12831, 13378, 14569, 18657, 25351, 26309, 62021, 63809, 60927, 60970]
 
 
 def test_the_seeds_that_found_engine_gaps_hold() -> None:
@@ -300,4 +305,42 @@ def test_stop_and_resume_mid_stage_keep_the_floor() -> None:
     assert 0 < stopped["upgraded"] < 12, stopped  # type: ignore[operator]  # stopped mid-way
     assert world.monitor.min_up and min(world.monitor.min_up.values()) >= 9
     assert world.api.runs[key].status.phase == api.RunPhase.SUCCEEDED
+    assert all(c.cp == "1.29.3" and c.in_service for c in world.fleet.clusters.values())
+
+
+# -- the end of the active phase (seeds 62021, 63809) -----------------------------------------
+
+
+@pytest.mark.parametrize("arrival", ["superseding run", "direct run"])
+def test_a_run_pinned_as_the_adversary_falls_quiet_is_reconciled(arrival: str) -> None:
+    """A run pinned at the last second of the active phase (a stage rename superseding the
+    ClusterVersion's finished run; a person applying a direct UpdateRun) gets its passes in
+    the quiet phase and finishes: the world is not settled while a run is due for a pass."""
+    world = _world(8)
+    end = 2000  # the first run is finished and the world quiet (QUIET_SETTLE) by then
+    world.cfg.active_seconds = end
+    ids = sorted(world.fleet.clusters)
+    first, rest = ids[:3], ids[3:]
+    world.add_cluster_version(
+        "ns-a", "fleet", _spec(first, 2, stages=[{"name": "one", "clusters": first}])
+    )
+    late = _spec(rest, 3, maxConcurrency=2)
+
+    def arrive(w: World) -> None:
+        if arrival == "superseding run":
+            cv = w.api.cvs["ns-a/fleet"]
+            cv.spec = _spec(ids, 6, stages=[{"name": "renamed", "clusters": ids}])
+            cv.generation += 1
+        else:
+            owner = Owner("ns-b", "direct", "run", late)
+            w.owners.append(owner)
+            w.create_direct_run(owner)
+
+    world.at(end, arrive, arrival)
+    world.run()  # the monitor raises Violation on a run left Progressing saying nothing
+    assert world.now > end, "the quiet phase reconciled nothing"
+    pinned = [r for r in world.api.runs.values() if r.initialized and r.status.start_time]
+    newest = max(pinned, key=lambda r: (r.status.start_time or "", r.key))
+    assert newest.status.start_time == format_time(at(end)), newest.key
+    assert newest.status.phase == api.RunPhase.SUCCEEDED, (newest.key, newest.status.message)
     assert all(c.cp == "1.29.3" and c.in_service for c in world.fleet.clusters.values())

@@ -697,8 +697,19 @@ class World:
         self.monitor.final(self._settled())
 
     def _settled(self) -> bool:
-        """Nothing in flight, and no cluster changed phase for a while (the runs are finished
-        or wait for something only a person or the world can change: they say what)."""
+        """Nothing in flight, no run due for a pass, and no cluster changed phase for a while
+        (the runs are finished or wait for something only a person or the world can change:
+        they say what).
+
+        A run is due when something it must answer happened and the controllers have not yet
+        reconciled it (it was created or pinned, a person edited it, an operation of its
+        ended): the product's watch reconciles it at once, so the world is not settled before
+        the run had that pass. Seeds 62021 and 63809: a run pinned at the last second of the
+        active phase (a stage rename superseding a run; a direct run applied) was judged by
+        the state pinning left, before the engine had decided anything for it.
+        """
+        if any(due <= self.now for due in self.due.values()):
+            return False
         for run in self.api.runs.values():
             if not run.initialized:
                 return False
