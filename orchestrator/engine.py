@@ -567,7 +567,8 @@ class _Run:
         # cluster at its targets (a stopped run services in a half-done cluster without it).
         if not needs_upgrade(obs, u.spec) and self.start_hook(u, POST_HOOK):
             return
-        self.issue(u, OpKind.SERVICE_IN)
+        if not self.service_in(u):
+            self.verify_again(u, "health on record lacks successThreshold passes; verifying")
 
     def follow(self, u: Upgrade) -> None:
         """Carry one in-flight upgrade forward from what its operation did."""
@@ -636,21 +637,15 @@ class _Run:
                     "left now; waiting before asking again",
                 )
                 return
-            if kind is OpKind.SERVICE_IN and not self.gate_holds(u):
+            if kind is OpKind.SERVICE_IN:
                 # Invariant 3: a service-in asked again passes the gate again (a failing
-                # evaluation came after the passes it was decided on).
-                self.set(
-                    u,
-                    phase=U.VERIFYING,
-                    step="verify",
-                    request_id=None,
-                    operation_id=None,
-                    reasks=0,
-                    step_start_time=self.stamp,
-                    message="service-in not confirmed and a health evaluation failed since "
-                    "it was decided; verifying again",
-                )
-                self.wake(POLL_SECONDS)
+                # evaluation may have come after the passes it was decided on).
+                if not self.service_in(u, reissue=True):
+                    self.verify_again(
+                        u,
+                        "service-in not confirmed and a health evaluation failed since it was "
+                        "decided; verifying again",
+                    )
                 return
             self.calls.append(
                 Call(
@@ -856,7 +851,8 @@ class _Run:
             self.gone(u, None)
             return
         if kind == POST_HOOK:
-            self.issue(u, OpKind.SERVICE_IN)
+            if not self.service_in(u):
+                self.verify_again(u, "health changed during the postUpgrade hook; verifying")
             return
         cid = u.cluster_id
         wait = ""
@@ -893,12 +889,42 @@ class _Run:
         if self.accepted_now(u):
             self.issue(u, OpKind.SERVICE_OUT)
 
-    def gate_holds(self, u: Upgrade) -> bool:
-        """Whether the health on record still has successThreshold passes in a row (True
-        without checks, and without a health record: nothing was decided on one)."""
+    def may_service_in(self, u: Upgrade) -> bool:
+        """Invariant 3's one home: a cluster may be serviced in only while the health on record
+        has successThreshold passes in a row of every check that applies to it (True without
+        checks, and without a health record: nothing was decided on one). Every service-in, a
+        first ask or a re-ask, of an attempt or of a failed cluster's recovery, goes through
+        `service_in`, which asks this."""
         checks = self.checks_for(u.spec.stage)
         health = self.status[u.name].health
         return checks is None or health is None or health.passes >= checks.success_threshold
+
+    def service_in(self, u: Upgrade, request: str | None = None, reissue: bool = False) -> bool:
+        """The one place a service-in is asked for, and only if `may_service_in`; False (nothing
+        asked) otherwise. request: the request id of a failed cluster's recovery
+        (failedClusterPolicy); reissue: the attempt's own service-in, asked again."""
+        if not self.may_service_in(u):
+            return False
+        if request is None and not reissue:
+            self.issue(u, OpKind.SERVICE_IN)
+            return True
+        rid = request if request is not None else self.status[u.name].request_id or ""
+        self.calls.append(Call(OpKind.SERVICE_IN, u.cluster_id, rid, u.name, reissue=reissue))
+        return True
+
+    def verify_again(self, u: Upgrade, message: str) -> None:
+        """Back to Verifying: the service-in was not asked (`may_service_in` failed)."""
+        self.set(
+            u,
+            phase=U.VERIFYING,
+            step="verify",
+            request_id=None,
+            operation_id=None,
+            reasks=0,
+            step_start_time=self.stamp,
+            message=message,
+        )
+        self.wake(POLL_SECONDS)
 
     def accepted_now(self, u: Upgrade) -> bool:
         """Invariant 5 when a service-out is issued later than its admission (after a hook, or
@@ -1205,8 +1231,17 @@ def _recover(run: _Run, u: Upgrade) -> None:
             run.set(u, step=RECOVER_GAVE_UP, request_id=None, operation_id=None)
             return
         if op is None or op.state != OpState.SUCCEEDED:
-            if op is None:  # not seen yet, or forgotten: the same request id again
-                run.calls.append(Call(OpKind.SERVICE_IN, u.cluster_id, rid, u.name))
+            asked = st.step_start_time
+            if asked and run.now - parse_time(asked) > run.timeout_of(OpKind.SERVICE_IN):
+                # Invariant 4: the way back in is bounded like any service-in.
+                run.set(u, step=RECOVER_GAVE_UP, request_id=None, operation_id=None)
+                return
+            if op is None and not run.service_in(u, request=rid):
+                # Not seen yet, or forgotten: asked again with the same request id, and only
+                # while the health on record still passes (invariant 3); else it verifies again.
+                run.set(u, step=RECOVER_STEP, step_start_time=run.stamp, request_id=None)
+                run.wake(POLL_SECONDS)
+                return
             run.wake(STEP_POLL_SECONDS)
             return
         run.wake(POLL_SECONDS)  # succeeded; the inventory shows it in service on the next look
@@ -1236,8 +1271,9 @@ def _recover(run: _Run, u: Upgrade) -> None:
             run.set(u, step=RECOVER_STEP, step_start_time=since, health=health, request_id=None)
             run.wake(max(verdict.wait_seconds, 0.0))
             return
-    run.set(u, step=RECOVER_STEP, step_start_time=since, request_id=rid, operation_id=None)
-    run.calls.append(Call(OpKind.SERVICE_IN, u.cluster_id, rid, u.name))
+    if run.service_in(u, request=rid):
+        # Asked now: the service-in's own bound (timeouts.serviceIn) runs from here.
+        run.set(u, step=RECOVER_STEP, step_start_time=run.stamp, request_id=rid, operation_id=None)
 
 
 def _skip_stages(
@@ -1373,13 +1409,37 @@ def _time_gate(run: _Run, stage: api.Stage | None, u: Upgrade) -> _TimeGate:
 
 
 def decide(inp: RunInput) -> Decision:
-    """One step of a run. Pure: the caller persists `changed` before making `calls`."""
+    """One step of a run: a visible sequence of phases over one working copy of the run (in
+    the manner of Cluster API's doReconcile). Pure: the caller persists `changed` before making
+    `calls`."""
     run = _Run(inp)
     by_stage: dict[int, list[Upgrade]] = {}
     for u in sorted(inp.upgrades.values(), key=lambda x: (x.spec.stage_index, x.cluster_id)):
         by_stage.setdefault(u.spec.stage_index, []).append(u)
-    # People first: skips, then retries (annotations are consumed by the controller; spec
-    # fields are level-triggered, a retry round applies once per cluster).
+    names, skipped_stages = _people_first(run, by_stage)
+    _carry_in_flight(run)
+    budgets = _budgets(run, names, by_stage, skipped_stages)
+    walk = _walk_stages(run, names, by_stage, skipped_stages, budgets)
+    if _admits(run, walk):
+        _admit(run, walk, by_stage)
+    return _summarise(
+        run,
+        walk.stages,
+        walk.current,
+        walk.halted,
+        walk.blocked,
+        budgets,
+        next_start=format_time(walk.next_start) if walk.next_start is not None else None,
+        waiting=walk.waiting or None,
+    )
+
+
+def _people_first(
+    run: _Run, by_stage: Mapping[int, Sequence[Upgrade]]
+) -> tuple[list[str], frozenset[str]]:
+    """Phase 1, people first: skips, then retries (annotations are consumed by the
+    controller; spec fields are level-triggered, a retry round applies once per cluster), and
+    stages a person skipped. Returns the stage names and the skipped ones."""
     _released(run)
     _people(run)
     stages_spec = run.strategy.stages or []
@@ -1388,6 +1448,13 @@ def decide(inp: RunInput) -> Decision:
     skipped_stages = _skip_stages(run, names, by_stage)
     _returned(run)
     run.halted_hint = _budgets(run, names, by_stage, skipped_stages).halted
+    return names, skipped_stages
+
+
+def _carry_in_flight(run: _Run) -> None:
+    """Phase 2: every cluster in flight is carried forward from what its operation did; failed
+    clusters are serviced back in where the policy says so (failedClusterPolicy)."""
+    inp = run.inp
     for u in inp.upgrades.values():
         if run.status[u.name].phase in ACTIVE:
             run.follow(u)
@@ -1396,8 +1463,40 @@ def decide(inp: RunInput) -> Decision:
             if run.status[u.name].phase == U.FAILED:
                 _recover(run, u)
     _released(run)  # an attempt that ended in this pass with its cluster still in service
+
+
+@dataclass
+class _Walk:
+    """The run-level view of one pass: the stage walk's findings, which admission adds to."""
+
+    names: list[str]
+    stages: list[api.StageStatus]
+    #: The stage admitting clusters; -1: a stage verifying, soaking or failed holds the run;
+    #: None: every stage is done.
+    active: int | None
+    halted: bool
+    waiting: str
+    blocked: str
+    next_start: datetime | None = None
+
+    @property
+    def current(self) -> str | None:
+        """The name of the stage admitting clusters, if any."""
+        return self.names[self.active] if self.active is not None and self.active >= 0 else None
+
+
+def _walk_stages(
+    run: _Run,
+    names: list[str],
+    by_stage: Mapping[int, Sequence[Upgrade]],
+    skipped_stages: frozenset[str],
+    budgets: _Budgets,
+) -> _Walk:
+    """Phase 3: each stage's phase, in order (skipped, completed, verifying its checks,
+    soaking, failed, awaiting approval, progressing); the first incomplete one is active."""
+    inp = run.inp
+    stages_spec = run.strategy.stages or []
     prev = {s.name: s for s in inp.stages}
-    budgets = _budgets(run, names, by_stage, skipped_stages)
     halted = budgets.halted
     waiting = "Halted" if halted else ""
     stage_status: list[api.StageStatus] = []
@@ -1487,210 +1586,218 @@ def decide(inp: RunInput) -> Decision:
                 health=health,
             )
         )
-    current = names[active_index] if active_index is not None and active_index >= 0 else None
-    next_start: datetime | None = None
-    time_waits: set[str] = set()
     if run.stopping:
         waiting = "Stopped"
     elif run.strategy.paused and not halted:
         waiting = "Paused"
-    if (
-        active_index is not None
-        and active_index >= 0
-        and stage_status[active_index].phase == api.StagePhase.PROGRESSING
-        and not halted
+    return _Walk(names, stage_status, active_index, halted, waiting, blocked)
+
+
+def _admits(run: _Run, walk: _Walk) -> bool:
+    """Whether this pass admits clusters: a stage is progressing and nothing holds the run
+    (halted on its budget, stopped, paused)."""
+    return (
+        walk.active is not None
+        and walk.active >= 0
+        and walk.stages[walk.active].phase == api.StagePhase.PROGRESSING
+        and not walk.halted
         and not run.stopping
         and not run.strategy.paused
-    ):
-        members = by_stage.get(active_index, [])
-        spec_stage = stages_spec[active_index] if stages_spec else None
-        value = (
-            spec_stage.max_concurrency
-            if spec_stage is not None and spec_stage.max_concurrency is not None
-            else run.strategy.max_concurrency
-        )
-        limit = _limit(value, len(members))
-        in_flight = sum(1 for s in run.status.values() if s.phase in ACTIVE)
-        budget = run.budget()
-        floor_budgets = run.floor_budgets()
-        started = False
-        waiting_budget = False
-        # Time: clusters whose gate (notBefore, windows) is open go first, in stable order.
-        timed = (
-            run.strategy.not_before
-            or run.strategy.maintenance
-            or (spec_stage is not None and spec_stage.maintenance)
-        )
-        gates = {
-            u.name: _time_gate(run, spec_stage, u)
-            for u in (members if timed else ())
-            if run.status[u.name].phase in (U.PENDING, U.BLOCKED)
-        }
-        waits = [g for g in gates.values() if not g.may_start]
-        if waits:
-            nexts = [g.next_start for g in waits if g.next_start is not None]
-            if nexts:
-                next_start = min(nexts)
-                run.wake(max((next_start - inp.now).total_seconds(), 1.0))
-        if waits:
-            members = sorted(members, key=lambda x: not gates.get(x.name, _OPEN).may_start)
-        for u in members:  # their time came: no stale wait shown while they queue
-            st = run.status[u.name]
-            if (
-                st.phase == U.PENDING
-                and st.reason in ("NotBefore", "MaintenanceWindow")
-                and gates.get(u.name, _OPEN).may_start
-            ):
-                run.set(u, reason=None, message=None)
-        for u in members:
-            st = run.status[u.name]
-            if st.phase not in (U.PENDING, U.BLOCKED):
-                continue
-            if st.phase == U.BLOCKED and st.reason == "Refused":
-                continue
-            if u.cluster_id in run.retried:
-                # Retried in this pass: admitted from the next one, once every retry of the
-                # pass is on record (a pass cut short, or writes made in parallel, must not
-                # leave a new service-out on record beside failures it was decided without).
-                run.wake(0.0)
-                continue
-            obs = run.effective.get(u.cluster_id)
-            if obs is None:
-                run.set(
-                    u,
-                    phase=U.SKIPPED,
-                    reason="ClusterGone",
-                    message="not in the plugin's inventory when its turn came",
+    )
+
+
+def _admit(run: _Run, walk: _Walk, by_stage: Mapping[int, Sequence[Upgrade]]) -> None:
+    """Phase 4, admission into the active stage: in stable order, each cluster whose turn
+    came is skipped (gone, at target), waits (held by another run, another caller's operation,
+    out of service, its time gate, the concurrency limit, the floor's budget), is asked about
+    (preflight), is refused (Blocked), or is taken out (its preUpgrade hook first)."""
+    inp = run.inp
+    stages_spec = run.strategy.stages or []
+    active_index = walk.active
+    assert active_index is not None
+    stage_status = walk.stages
+    waiting, blocked = walk.waiting, walk.blocked
+    next_start: datetime | None = None
+    time_waits: set[str] = set()
+    members = by_stage.get(active_index, [])
+    spec_stage = stages_spec[active_index] if stages_spec else None
+    value = (
+        spec_stage.max_concurrency
+        if spec_stage is not None and spec_stage.max_concurrency is not None
+        else run.strategy.max_concurrency
+    )
+    limit = _limit(value, len(members))
+    in_flight = sum(1 for s in run.status.values() if s.phase in ACTIVE)
+    budget = run.budget()
+    floor_budgets = run.floor_budgets()
+    started = False
+    waiting_budget = False
+    # Time: clusters whose gate (notBefore, windows) is open go first, in stable order.
+    timed = (
+        run.strategy.not_before
+        or run.strategy.maintenance
+        or (spec_stage is not None and spec_stage.maintenance)
+    )
+    gates = {
+        u.name: _time_gate(run, spec_stage, u)
+        for u in (members if timed else ())
+        if run.status[u.name].phase in (U.PENDING, U.BLOCKED)
+    }
+    waits = [g for g in gates.values() if not g.may_start]
+    if waits:
+        nexts = [g.next_start for g in waits if g.next_start is not None]
+        if nexts:
+            next_start = min(nexts)
+            run.wake(max((next_start - inp.now).total_seconds(), 1.0))
+    if waits:
+        members = sorted(members, key=lambda x: not gates.get(x.name, _OPEN).may_start)
+    for u in members:  # their time came: no stale wait shown while they queue
+        st = run.status[u.name]
+        if (
+            st.phase == U.PENDING
+            and st.reason in ("NotBefore", "MaintenanceWindow")
+            and gates.get(u.name, _OPEN).may_start
+        ):
+            run.set(u, reason=None, message=None)
+    for u in members:
+        st = run.status[u.name]
+        if st.phase not in (U.PENDING, U.BLOCKED):
+            continue
+        if st.phase == U.BLOCKED and st.reason == "Refused":
+            continue
+        if u.cluster_id in run.retried:
+            # Retried in this pass: admitted from the next one, once every retry of the
+            # pass is on record (a pass cut short, or writes made in parallel, must not
+            # leave a new service-out on record beside failures it was decided without).
+            run.wake(0.0)
+            continue
+        obs = run.effective.get(u.cluster_id)
+        if obs is None:
+            run.set(
+                u,
+                phase=U.SKIPPED,
+                reason="ClusterGone",
+                message="not in the plugin's inventory when its turn came",
+            )
+            continue
+        if not needs_upgrade(obs, u.spec):
+            run.at_target(u, obs)
+            continue
+        holder = run.holder(u.cluster_id)
+        if holder is not None:
+            run.set(
+                u,
+                phase=U.PENDING,
+                reason="HeldByAnotherRun",
+                message=f"held by UpdateRun {holder}; waiting for it to let go",
+            )
+            continue
+        cur = obs.current_operation
+        if cur is not None and not cur.state.terminal:
+            run.set(
+                u,
+                phase=U.PENDING,
+                reason="ForeignOperation",
+                message=f"operation {cur.id} from another caller is in flight",
+            )
+            continue
+        if (
+            not obs.in_service
+            and st.request_id
+            and (
+                st.request_id
+                == request_id(
+                    inp.uid, u.cluster_id, OpKind.SERVICE_OUT.value, u.spec.version, st.attempt
                 )
-                continue
-            if not needs_upgrade(obs, u.spec):
-                run.at_target(u, obs)
-                continue
-            holder = run.holder(u.cluster_id)
-            if holder is not None:
-                run.set(
-                    u,
-                    phase=U.PENDING,
-                    reason="HeldByAnotherRun",
-                    message=f"held by UpdateRun {holder}; waiting for it to let go",
-                )
-                continue
-            cur = obs.current_operation
-            if cur is not None and not cur.state.terminal:
-                run.set(
-                    u,
-                    phase=U.PENDING,
-                    reason="ForeignOperation",
-                    message=f"operation {cur.id} from another caller is in flight",
-                )
-                continue
-            if (
-                not obs.in_service
-                and st.request_id
-                and (
-                    st.request_id
-                    == request_id(
-                        inp.uid, u.cluster_id, OpKind.SERVICE_OUT.value, u.spec.version, st.attempt
-                    )
-                )
-                and gates.get(u.name, _OPEN).may_start  # a start, so within its window too
-            ):
-                run.issue(u, OpKind.SERVICE_OUT)  # ours already (unconfirmed): resume it
-                in_flight += 1
-                continue
-            if not obs.in_service:
-                run.set(
-                    u,
-                    phase=U.PENDING,
-                    reason="OutOfService",
-                    message="out of service outside this run; waiting for it to return",
-                )
-                continue
-            gate = gates.get(u.name, _OPEN)
-            if not gate.may_start:
-                run.set(u, phase=U.PENDING, reason=gate.word, message=gate.message)
-                time_waits.add(gate.word)
-                continue
-            if in_flight >= limit:
-                break
-            # Invariant 1: an unavailable cluster costs budget too. It is down already, but once
-            # taken out it stays down when it recovers, and then the floor must still hold.
-            cost = 1
-            shared = [i for i, f in enumerate(inp.floors) if u.cluster_id in f.members]
-            if cost > budget or any(floor_budgets[i] < cost for i in shared):
-                waiting_budget = True
-                continue
-            pre = verdict_for(inp, u)
-            if inp.preflight_supported and pre is None:
-                run.preflight_needed.append(u.cluster_id)
-                budget -= cost
-                for i in shared:
-                    floor_budgets[i] -= cost
-                in_flight += 1
-                continue
-            if pre is not None and pre.verdict == Verdict.REFUSED_NEVER:
-                run.set(
-                    u,
-                    phase=U.BLOCKED,
-                    reason="Refused",
-                    message=f"the provider refuses this upgrade: {pre.reason}: {pre.message}",
-                )
-                continue
-            if pre is not None and pre.verdict == Verdict.REFUSED_LATER:
-                run.set(
-                    u,
-                    phase=U.BLOCKED,
-                    reason="RefusedForNow",
-                    message=f"the provider refuses this upgrade for now: {pre.reason}: "
-                    f"{pre.message}",
-                )
-                run.wake(pre.retry_after or 30.0)
-                continue
+            )
+            and gates.get(u.name, _OPEN).may_start  # a start, so within its window too
+        ):
+            run.issue(u, OpKind.SERVICE_OUT)  # ours already (unconfirmed): resume it
+            in_flight += 1
+            continue
+        if not obs.in_service:
+            run.set(
+                u,
+                phase=U.PENDING,
+                reason="OutOfService",
+                message="out of service outside this run; waiting for it to return",
+            )
+            continue
+        gate = gates.get(u.name, _OPEN)
+        if not gate.may_start:
+            run.set(u, phase=U.PENDING, reason=gate.word, message=gate.message)
+            time_waits.add(gate.word)
+            continue
+        if in_flight >= limit:
+            break
+        # Invariant 1: an unavailable cluster costs budget too. It is down already, but once
+        # taken out it stays down when it recovers, and then the floor must still hold.
+        cost = 1
+        shared = [i for i, f in enumerate(inp.floors) if u.cluster_id in f.members]
+        if cost > budget or any(floor_budgets[i] < cost for i in shared):
+            waiting_budget = True
+            continue
+        pre = verdict_for(inp, u)
+        if inp.preflight_supported and pre is None:
+            run.preflight_needed.append(u.cluster_id)
             budget -= cost
             for i in shared:
                 floor_budgets[i] -= cost
             in_flight += 1
-            started = True
-            run.note_drift(u, obs)
-            # The preUpgrade hook runs first, the cluster held and still in service.
-            if not run.start_hook(u, PRE_HOOK):
-                run.issue(u, OpKind.SERVICE_OUT)
-        if waiting_budget and not blocked:
-            blocked = (
-                f"waiting for availability budget: {inp.spec.required_available_count} "
-                "clusters must stay available and in service"
+            continue
+        if pre is not None and pre.verdict == Verdict.REFUSED_NEVER:
+            run.set(
+                u,
+                phase=U.BLOCKED,
+                reason="Refused",
+                message=f"the provider refuses this upgrade: {pre.reason}: {pre.message}",
             )
-            waiting = waiting or "AvailabilityBudget"
-            run.wake(POLL_SECONDS * 5)
-        if time_waits and not started:
-            word = "NotBefore" if "NotBefore" in time_waits else "MaintenanceWindow"
-            waiting = waiting or word
-            if not blocked:
-                first = next(g for g in waits if g.word == word)
-                blocked = f"waiting: {first.message}"
-        held = [(u.cluster_id, run.status[u.name]) for u in members]
-        held = [(c, s) for c, s in held if s.phase == U.PENDING and s.reason in _HELD_ELSEWHERE]
-        if held and in_flight == 0 and not blocked:
-            # Invariant 4: nothing moves until the world lets a cluster go; the run names it
-            # (a person can act on that), never only a count.
-            cid, st = held[0]
-            blocked = f"waiting: {cid}: {st.message}"
-            blocked += f" (and {len(held) - 1} more)" if len(held) > 1 else ""
-            waiting = waiting or st.reason or ""
-        if started and not stage_status[active_index].start_time:
-            stage_status[active_index] = stage_status[active_index].model_copy(
-                update={"start_time": run.stamp}
+            continue
+        if pre is not None and pre.verdict == Verdict.REFUSED_LATER:
+            run.set(
+                u,
+                phase=U.BLOCKED,
+                reason="RefusedForNow",
+                message=f"the provider refuses this upgrade for now: {pre.reason}: {pre.message}",
             )
-    return _summarise(
-        run,
-        stage_status,
-        current,
-        halted,
-        blocked,
-        budgets,
-        next_start=format_time(next_start) if next_start is not None else None,
-        waiting=waiting or None,
-    )
+            run.wake(pre.retry_after or 30.0)
+            continue
+        budget -= cost
+        for i in shared:
+            floor_budgets[i] -= cost
+        in_flight += 1
+        started = True
+        run.note_drift(u, obs)
+        # The preUpgrade hook runs first, the cluster held and still in service.
+        if not run.start_hook(u, PRE_HOOK):
+            run.issue(u, OpKind.SERVICE_OUT)
+    if waiting_budget and not blocked:
+        blocked = (
+            f"waiting for availability budget: {inp.spec.required_available_count} "
+            "clusters must stay available and in service"
+        )
+        waiting = waiting or "AvailabilityBudget"
+        run.wake(POLL_SECONDS * 5)
+    if time_waits and not started:
+        word = "NotBefore" if "NotBefore" in time_waits else "MaintenanceWindow"
+        waiting = waiting or word
+        if not blocked:
+            first = next(g for g in waits if g.word == word)
+            blocked = f"waiting: {first.message}"
+    held = [(u.cluster_id, run.status[u.name]) for u in members]
+    held = [(c, s) for c, s in held if s.phase == U.PENDING and s.reason in _HELD_ELSEWHERE]
+    if held and in_flight == 0 and not blocked:
+        # Invariant 4: nothing moves until the world lets a cluster go; the run names it
+        # (a person can act on that), never only a count.
+        cid, st = held[0]
+        blocked = f"waiting: {cid}: {st.message}"
+        blocked += f" (and {len(held) - 1} more)" if len(held) > 1 else ""
+        waiting = waiting or st.reason or ""
+    if started and not stage_status[active_index].start_time:
+        stage_status[active_index] = stage_status[active_index].model_copy(
+            update={"start_time": run.stamp}
+        )
+    walk.waiting, walk.blocked, walk.next_start = waiting, blocked, next_start
 
 
 def _outs_last(run: _Run) -> dict[str, api.ClusterUpgradeStatus]:
