@@ -626,7 +626,10 @@ class UpdateRunController:
         run has finished. Returns the run as written."""
         meta = obj["metadata"]
         if not deletion.has_finalizer(obj):
-            obj = self.kube.add_finalizer(api.UPDATE_RUN_PLURAL, obj)
+            try:
+                obj = self.kube.add_finalizer(api.UPDATE_RUN_PLURAL, obj)
+            except KubeError as err:  # deleted meanwhile: the next reconcile sees it
+                log.info("no finalizer on UpdateRun %s: %s", meta["name"], err)
         for child in self.upgrades.by_label(meta["namespace"], meta["name"]):
             if deletion.has_finalizer(child) or deletion.deleting(child):
                 continue
