@@ -215,7 +215,7 @@ class ClusterVersionController:
         if deletion.has_finalizer(cv):
             written = self.kube.remove_finalizer(api.PLURAL, cv)
             if written is not None:
-                self.cvs.put(written)
+                self.cvs.put(written, deleted=deletion.released(written))
             log.info("ClusterVersion %s/%s: no run left; finalizer removed", *_key(cv))
         return None
 

@@ -19,7 +19,16 @@ from typing import Any
 from orchestrator import api
 from orchestrator.engine import ACTIVE, RECOVER_STEP
 
-__all__ = ["ORPHAN", "Holds", "deleting", "has_finalizer", "holds", "orphaning", "stopping"]
+__all__ = [
+    "ORPHAN",
+    "Holds",
+    "deleting",
+    "has_finalizer",
+    "holds",
+    "orphaning",
+    "released",
+    "stopping",
+]
 
 U = api.UpgradePhase
 #: The garbage collector's finalizer for `kubectl delete --cascade=orphan`: the children stay.
@@ -46,6 +55,13 @@ def deleting(obj: Mapping[str, Any]) -> bool:
 def has_finalizer(obj: Mapping[str, Any]) -> bool:
     """Whether the object carries `api.FINALIZER`."""
     return api.FINALIZER in ((obj.get("metadata") or {}).get("finalizers") or ())
+
+
+def released(obj: Mapping[str, Any]) -> bool:
+    """Whether an object being deleted has no finalizer left (the apiserver removes it now):
+    a cache must drop it, not record it (the watch's DELETED event may come first)."""
+    meta = obj.get("metadata") or {}
+    return deleting(obj) and not meta.get("finalizers")
 
 
 def orphaning(obj: Mapping[str, Any]) -> bool:

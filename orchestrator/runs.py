@@ -429,8 +429,11 @@ class UpdateRunController:
         key = f"{ns}/{name}"
         children = {o["metadata"]["name"]: o for o in self.upgrades.by_label(ns, name)}
         total = status.counts.total if status.counts else 0
-        if len(children) < total:
-            return 1.0  # the cache has not caught up with our own creations yet
+        if len(children) < total and status.phase not in FINISHED:
+            # The cache has not caught up with our own creations yet. (A run that ended may
+            # have fewer: a ClusterUpgrade deleted alone goes when its run ends; resumed, the
+            # run counts what is left.)
+            return 1.0
         upgrades = {n: self._parse(ns, o) for n, o in children.items()}
         endpoint = access.provider.endpoint
         moved = sorted({u.spec.provider for u in upgrades.values()} - {endpoint})
@@ -699,7 +702,7 @@ class UpdateRunController:
                 log.info("finalizer of ClusterUpgrade %s: %s", child["metadata"]["name"], err)
                 continue
             if written is not None:
-                self.upgrades.put(written)
+                self.upgrades.put(written, deleted=deletion.released(written))
 
     def _consume(self, obj: dict[str, Any], key: str) -> None:
         """Remove the ids a people-annotation named: each is acted on once, then consumed."""

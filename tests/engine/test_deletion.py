@@ -65,3 +65,10 @@ def test_deleting_and_finalizer_read_metadata() -> None:
     obj = {"metadata": {"finalizers": [api.FINALIZER, "orphan"], "deletionTimestamp": "t"}}
     assert deletion.deleting(obj) and deletion.has_finalizer(obj) and deletion.orphaning(obj)
     assert not (deletion.deleting({"metadata": {}}) or deletion.has_finalizer({"metadata": {}}))
+
+
+def test_an_object_deleted_with_no_finalizer_left_is_released() -> None:
+    """A cache records the answer of the last finalizer's removal as gone, not as an object."""
+    assert deletion.released({"metadata": {"deletionTimestamp": "t", "finalizers": []}})
+    assert not deletion.released({"metadata": {"deletionTimestamp": "t", "finalizers": ["x"]}})
+    assert not deletion.released({"metadata": {"finalizers": []}})
