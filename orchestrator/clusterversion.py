@@ -194,6 +194,9 @@ class ClusterVersionController:
         into service before it goes, orchestrator.runs) and it goes once none is left. Deleted
         with --cascade=orphan, its runs stay (the garbage collector unlinks them) and it goes."""
         meta = cv["metadata"]
+        # Its runs are those it owns: once the garbage collector has orphaned them (and removed
+        # its "orphan" finalizer) they are no longer its to delete.
+        mine = [r for r in mine if deletion.owned_by(r, meta["uid"])]
         if mine and not deletion.orphaning(cv):
             for run in mine:
                 if deletion.deleting(run):

@@ -26,6 +26,7 @@ __all__ = [
     "has_finalizer",
     "holds",
     "orphaning",
+    "owned_by",
     "released",
     "stopping",
 ]
@@ -62,6 +63,12 @@ def released(obj: Mapping[str, Any]) -> bool:
     a cache must drop it, not record it (the watch's DELETED event may come first)."""
     meta = obj.get("metadata") or {}
     return deleting(obj) and not meta.get("finalizers")
+
+
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether one of the object's ownerReferences is the object with that uid."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    return any(ref.get("uid") == uid for ref in refs)
 
 
 def orphaning(obj: Mapping[str, Any]) -> bool:

@@ -302,3 +302,29 @@ def test_history_pruning_still_removes_finished_runs_promptly(
         timeout=15,
     )
     assert len(gc_objects.upgrades(second)) == 3
+
+
+def test_orphan_deletion_lets_the_cluster_version_go_and_its_run_carries_on(
+    sim: Callable[..., Sim], gc_objects: Objects, gc_orchestrators: Orchestrators
+) -> None:
+    """`--cascade=orphan`: the ClusterVersion goes at once; its run, unowned, finishes."""
+    fleet, _ = start_rollout(sim, gc_objects, gc_orchestrators)
+    run = gc_objects.current_run("fleet")
+    delete(gc_objects, api.PLURAL, "fleet", "Orphan")
+    wait_for(
+        "the ClusterVersion goes, its run stays",
+        lambda: left(gc_objects)[api.PLURAL] == [] and left(gc_objects)[api.UPDATE_RUN_PLURAL],
+        timeout=30,
+    )
+    assert not gc_objects.run(run)["metadata"].get("ownerReferences")
+    status = wait_for(
+        "the orphaned run ends",
+        lambda: gc_objects.run_phase_is(run, "Succeeded", "Failed", "Halted", "Stopped"),
+        timeout=120,
+        interval=0.5,
+    )
+    assert status["phase"] == "Succeeded", status
+    assert fleet.monitor()["clusters_at_target"] == N
+    assert fleet.monitor()["min_available_in_service"] >= FLOOR
+    delete(gc_objects, api.UPDATE_RUN_PLURAL, run, "Background")
+    wait_for("every object gone", lambda: gone(gc_objects), timeout=30, interval=0.5)

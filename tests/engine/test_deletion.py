@@ -72,3 +72,10 @@ def test_an_object_deleted_with_no_finalizer_left_is_released() -> None:
     assert deletion.released({"metadata": {"deletionTimestamp": "t", "finalizers": []}})
     assert not deletion.released({"metadata": {"deletionTimestamp": "t", "finalizers": ["x"]}})
     assert not deletion.released({"metadata": {"finalizers": []}})
+
+
+def test_owned_by_reads_owner_references() -> None:
+    run = {"metadata": {"ownerReferences": [{"uid": "cv-1", "kind": "ClusterVersion"}]}}
+    assert deletion.owned_by(run, "cv-1")
+    assert not deletion.owned_by(run, "cv-2")
+    assert not deletion.owned_by({"metadata": {}}, "cv-1")  # orphaned: no longer its
