@@ -313,6 +313,8 @@ class ControlPlane:
         self.etcd: ManagedProcess | None = None
         self.etcd_url = ""
         self.apiservers: dict[str, ApiServer] = {}
+        #: kube-controller-managers running the garbage collector (start_garbage_collector).
+        self.controller_managers: list[ManagedProcess] = []
 
     # -- paths ---------------------------------------------------------------------------------
 
@@ -510,6 +512,48 @@ class ControlPlane:
             "port", f"kube-apiserver {name} found no free loopback port in {_PORT_ATTEMPTS} tries"
         )
 
+    def start_garbage_collector(self, name: str, binary: Path) -> ManagedProcess:
+        """Run a kube-controller-manager with only the garbage collector against apiserver
+        `name`; returns once the collector has synced its monitors (of the kinds served
+        then: install CRDs first, or wait for its 30 s re-discovery).
+
+        Give it an apiserver of its own (`add_apiserver`): it collects every namespace there.
+        """
+        server = self.apiservers.get(name)
+        if server is None:
+            raise ControlPlaneError("start", f"no apiserver named {name!r} runs")
+        directory = self._apiserver_dir(name)
+        log = directory / "kube-controller-manager.log"
+        log.unlink(missing_ok=True)
+        argv = [
+            str(binary),
+            f"--kubeconfig={server.kubeconfig}",
+            "--controllers=garbagecollector",
+            "--leader-elect=false",
+            "--use-service-account-credentials=false",
+            # No serving: nothing here scrapes it, and serving would need delegated authn/z.
+            "--secure-port=0",
+            "--port=0",
+            "--concurrent-gc-syncs=5",
+        ]
+        proc = _spawn(
+            f"kube-controller-manager {name}", argv, log, str(self.workdir), detach=self.detach
+        )
+
+        def synced() -> bool:
+            try:
+                return "all resource monitors have synced" in log.read_text(errors="replace")
+            except OSError:
+                return False
+
+        try:
+            _wait_ready(proc, synced, self.start_timeout)
+        except BaseException:
+            proc.stop()
+            raise
+        self.controller_managers.append(proc)
+        return proc
+
     # -- state ---------------------------------------------------------------------------------
 
     def _save(self) -> None:
@@ -564,7 +608,7 @@ class ControlPlane:
 
     def processes(self) -> list[ManagedProcess]:
         """Every process of the plane, apiservers first (the order to stop them in)."""
-        procs = [s.process for s in self.apiservers.values()]
+        procs = [*self.controller_managers, *(s.process for s in self.apiservers.values())]
         return procs + ([self.etcd] if self.etcd is not None else [])
 
     def healthy(self) -> bool:
@@ -601,6 +645,7 @@ class ControlPlane:
             shutil.rmtree(self._etcd_data, ignore_errors=True)
             self._etcd_data = None
         self.apiservers.clear()
+        self.controller_managers.clear()
         self.etcd = None
         return stopped
 

@@ -26,6 +26,7 @@ __all__ = [
     "API_VERSION",
     "CLUSTER_UPGRADE_KIND",
     "CLUSTER_UPGRADE_PLURAL",
+    "FINALIZER",
     "FINISHED_PHASES",
     "FLEET_PROVIDER_KIND",
     "FLEET_PROVIDER_PLURAL",
@@ -931,6 +932,10 @@ CLUSTER_UPGRADE_PLURAL = "clusterupgrades"
 LABEL_RUN = f"{GROUP}/update-run"
 #: Label on every UpdateRun a ClusterVersion created: the ClusterVersion's name.
 LABEL_CLUSTER_VERSION = f"{GROUP}/cluster-version"
+#: The finalizer on every ClusterVersion, UpdateRun and ClusterUpgrade: deleting one is an
+#: operation that brings back into service what its run took out before the object goes
+#: (orchestrator.deletion; docs/operations.md "What deleting a rollout does").
+FINALIZER = f"{GROUP}/back-in-service"
 #: Comma-separated cluster ids of an UpdateRun to skip (recorded on their ClusterUpgrade).
 ANNOTATION_SKIP_CLUSTERS = f"{GROUP}/skip-clusters"
 #: Comma-separated stage names of an UpdateRun to skip (level-triggered, like approve-stages):

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator import api
+from orchestrator import api, deletion
 from orchestrator.cache import AccessCatalog, ObjectCache
 from orchestrator.conditions import get_condition, set_condition
 from orchestrator.initialize import run_for
@@ -87,6 +87,16 @@ class ClusterVersionController:
             self.runs.by_label(namespace, name),
             key=lambda o: (o["metadata"].get("creationTimestamp", ""), o["metadata"]["name"]),
         )
+        if deletion.deleting(cv):
+            return self._delete(cv, status, mine, gen, now)
+        if not deletion.has_finalizer(cv):
+            # Added on first sight (also to ClusterVersions applied before finalizers).
+            try:
+                cv = self.kube.add_finalizer(api.PLURAL, cv)
+            except KubeError as err:  # deleted meanwhile: the next event says so
+                log.info("no finalizer on ClusterVersion %s: %s", name, err)
+                return 1.0
+            self.cvs.put(cv)
         parsed = parse_spec(cv.get("spec"))
         problems: list[Problem] = parsed if isinstance(parsed, list) else validate_spec(parsed)
         if not isinstance(parsed, list):
@@ -158,6 +168,7 @@ class ClusterVersionController:
                         "blockOwnerDeletion": True,
                     }
                 ],
+                "finalizers": [api.FINALIZER],
             },
             "spec": spec.dump(),
         }
@@ -170,6 +181,46 @@ class ClusterVersionController:
                 return None
         self.runs.put(obj)
         return obj
+
+    def _delete(
+        self,
+        cv: dict[str, Any],
+        status: api.ClusterVersionStatus,
+        mine: list[dict[str, Any]],
+        gen: int,
+        now: datetime,
+    ) -> float | None:
+        """A ClusterVersion being deleted: its runs are deleted (each brings its clusters back
+        into service before it goes, orchestrator.runs) and it goes once none is left. Deleted
+        with --cascade=orphan, its runs stay (the garbage collector unlinks them) and it goes."""
+        meta = cv["metadata"]
+        # Its runs are those it owns: once the garbage collector has orphaned them (and removed
+        # its "orphan" finalizer) they are no longer its to delete.
+        mine = [r for r in mine if deletion.owned_by(r, meta["uid"])]
+        if mine and not deletion.orphaning(cv):
+            for run in mine:
+                if deletion.deleting(run):
+                    continue
+                with contextlib.suppress(NotFound):
+                    self.kube.delete_object(
+                        api.UPDATE_RUN_PLURAL, meta["namespace"], run["metadata"]["name"]
+                    )
+            names = ", ".join(r["metadata"]["name"] for r in mine)
+            message = (
+                f"being deleted: waiting for UpdateRun(s) {names} to bring their clusters "
+                "back into service and go"
+            )
+            conds = set_condition(
+                list(status.conditions or []), "Deleting", True, "WaitingForRuns", message, gen, now
+            )
+            self._write(cv, status.model_copy(update={"message": message, "conditions": conds}))
+            return 5.0  # and on every change of its runs (the controller's watch)
+        if deletion.has_finalizer(cv):
+            written = self.kube.remove_finalizer(api.PLURAL, cv)
+            if written is not None:
+                self.cvs.put(written, deleted=deletion.released(written))
+            log.info("ClusterVersion %s/%s: no run left; finalizer removed", *_key(cv))
+        return None
 
     def _stop(self, run: dict[str, Any], invalid: bool = False) -> None:
         """Stop a run; `invalid`: because the ClusterVersion is invalid (or no longer allowed),
@@ -253,11 +304,14 @@ class ClusterVersionController:
         finished = [
             r
             for r in mine
-            if r is not current and (r.get("status") or {}).get("phase") in _FINISHED
+            if r is not current
+            and (r.get("status") or {}).get("phase") in _FINISHED
+            and not deletion.deleting(r)  # pruned already: its finalizer is being released
         ]
         for run in finished[: max(0, len(finished) - self.history)]:
             name = run["metadata"]["name"]
-            # No garbage collector is assumed: delete the run's ClusterUpgrades ourselves.
+            # No garbage collector is assumed: delete the run's ClusterUpgrades ourselves (a
+            # finished run holds nothing out of service: its finalizers go at once, runs.py).
             for child in self.upgrades.by_label(namespace, name):
                 with contextlib.suppress(NotFound):
                     self.kube.delete_object(
@@ -366,6 +420,10 @@ class ClusterVersionController:
             self.cvs.put(written)
         except Conflict:
             log.debug("ClusterVersion %s changed meanwhile; next reconcile writes", meta["name"])
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str]:
+    return obj["metadata"]["namespace"], obj["metadata"]["name"]
 
 
 def _history(runs: list[dict[str, Any]]) -> list[api.RunRecord]:

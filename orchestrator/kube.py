@@ -297,6 +297,52 @@ class KubeClient:
             "PATCH", _path(plural, namespace, name), patch, "application/merge-patch+json"
         )
 
+    def add_finalizer(
+        self, plural: str, obj: dict[str, Any], finalizer: str = api.FINALIZER
+    ) -> dict[str, Any]:
+        """Add finalizer to an object of ours (idempotent); the object as written."""
+        return self._set_finalizers(plural, obj, finalizer, add=True)
+
+    def remove_finalizer(
+        self, plural: str, obj: dict[str, Any], finalizer: str = api.FINALIZER
+    ) -> dict[str, Any] | None:
+        """Remove finalizer from an object of ours (idempotent); the object as written, or
+        None when it is gone (it was the last finalizer of an object being deleted)."""
+        try:
+            return self._set_finalizers(plural, obj, finalizer, add=False)
+        except NotFound:
+            return None
+
+    def _set_finalizers(
+        self, plural: str, obj: dict[str, Any], finalizer: str, *, add: bool
+    ) -> dict[str, Any]:
+        """Write metadata.finalizers with or without finalizer, conditional on the object's
+        resourceVersion (the garbage collector edits the same list: foregroundDeletion,
+        orphan); on a conflict, read it again and retry."""
+        meta = obj["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        for _ in range(5):
+            meta = obj["metadata"]
+            now = list(meta.get("finalizers") or [])
+            if (finalizer in now) == add:
+                return obj
+            wanted = [*now, finalizer] if add else [f for f in now if f != finalizer]
+            body = [
+                {
+                    "op": "replace",
+                    "path": "/metadata/resourceVersion",
+                    "value": meta["resourceVersion"],
+                },
+                {"op": "add", "path": "/metadata/finalizers", "value": wanted},
+            ]
+            try:
+                return self._raw(
+                    "PATCH", _path(plural, namespace, name), body, "application/json-patch+json"
+                )
+            except Conflict:
+                obj = self.get_object(plural, namespace, name)
+        raise Conflict(409, f"{plural}/{name} kept changing while its finalizers were written")
+
     def delete_object(self, plural: str, namespace: str, name: str) -> None:
         """DELETE an object of ours (its children go with it: ownerReferences)."""
         self._call(

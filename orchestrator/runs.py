@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator import api
+from orchestrator import api, deletion
 from orchestrator.access import Access
 from orchestrator.analysis import Analyzer, PrometheusTarget
 from orchestrator.cache import AccessCatalog, ObjectCache
@@ -204,6 +204,9 @@ class UpdateRunController:
         try:
             obj = self.kube.get_object(api.UPDATE_RUN_PLURAL, namespace, name)
         except NotFound:
+            # Gone (its finalizer released, or removed by a person): nothing can act for its
+            # ClusterUpgrades any more; those being deleted (garbage collector) may go.
+            self._release(namespace, name, only_deleting=True)
             self.metrics.forget_run(namespace, name)
             self.providers.pop((namespace, name), None)
             self._preflight.pop((namespace, name), None)
@@ -215,14 +218,21 @@ class UpdateRunController:
                 if not (k[0] == namespace and k[1].startswith(prefix))
             }
             return None
+        status = _run_status(obj)
+        if deletion.deleting(obj):
+            if self._finalize(obj):
+                return None  # nothing of it out of service: let it go
+        else:
+            obj = self._hold(obj, status.phase in FINISHED)
         meta = obj["metadata"]
         gen = int(meta.get("generation", 1))
         now = self.clock()
-        status = _run_status(obj)
         parsed = parse_model(api.UpdateRunSpec, obj.get("spec"))
         if isinstance(parsed, list):
             return self._invalid(obj, status, parsed, gen, now)
-        spec = parsed
+        # Being deleted: driven as stopped (engine.decide's Stop path) until its clusters are
+        # back in service; then _finalize lets it go.
+        spec = deletion.stopping(parsed) if deletion.deleting(obj) else parsed
         if (
             status.phase in FINISHED
             and spec.state == api.RunState.RUN
@@ -373,6 +383,7 @@ class UpdateRunController:
                     "namespace": ns,
                     "labels": {api.LABEL_RUN: name},
                     "ownerReferences": [owner],
+                    "finalizers": [api.FINALIZER],
                 },
                 "spec": u.spec.dump(),
             }
@@ -431,8 +442,11 @@ class UpdateRunController:
         key = f"{ns}/{name}"
         children = {o["metadata"]["name"]: o for o in self.upgrades.by_label(ns, name)}
         total = status.counts.total if status.counts else 0
-        if len(children) < total:
-            return 1.0  # the cache has not caught up with our own creations yet
+        if len(children) < total and status.phase not in FINISHED:
+            # The cache has not caught up with our own creations yet. (A run that ended may
+            # have fewer: a ClusterUpgrade deleted alone goes when its run ends; resumed, the
+            # run counts what is left.)
+            return 1.0
         upgrades = {n: self._parse(ns, o) for n, o in children.items()}
         endpoint = access.provider.endpoint
         identities = self.pool.identities()
@@ -514,7 +528,10 @@ class UpdateRunController:
                 now=now,
                 approved=_csv(annotations.get(api.ANNOTATION_APPROVE_STAGES)),
                 retry=_csv(annotations.get(api.ANNOTATION_RETRY_CLUSTERS)),
-                skip=_csv(annotations.get(api.ANNOTATION_SKIP_CLUSTERS)),
+                # A ClusterUpgrade deleted alone: its cluster is skipped (or finishes its
+                # step); the object goes when its run ends (_hold).
+                skip=_csv(annotations.get(api.ANNOTATION_SKIP_CLUSTERS))
+                | {u.cluster_id for n, u in upgrades.items() if deletion.deleting(children[n])},
                 floors=floors,
                 skip_stages=_csv(annotations.get(api.ANNOTATION_SKIP_STAGES)),
                 requested_by=annotations.get(api.ANNOTATION_REQUESTED_BY) or "",
@@ -554,10 +571,16 @@ class UpdateRunController:
             now,
         )
         conds = set_condition(conds, "Degraded", False, "AsExpected", "plugin reachable", gen, now)
+        message = d.message
+        if deletion.deleting(obj):
+            message = self._deleting_message(obj)
+            conds = set_condition(
+                conds, "Deleting", True, "BringingClustersBack", message, gen, now
+            )
         new = status.model_copy(
             update={
                 "phase": d.phase,
-                "message": d.message,
+                "message": message,
                 "current_stage": d.current_stage,
                 "counts": d.counts,
                 "stages": d.stages,
@@ -573,6 +596,8 @@ class UpdateRunController:
         self._consume(obj, api.ANNOTATION_RETRY_CLUSTERS)
         self._consume(obj, api.ANNOTATION_SKIP_CLUSTERS)
         self._export_clusters(ns, name, [store.objects[u.name] for u in upgrades.values()])
+        if deletion.deleting(obj) and self._finalize(obj):
+            return None
         if finished:
             return None
         if store.writes and not result.calls_made:
@@ -609,6 +634,89 @@ class UpdateRunController:
 
         holdings = (holding_of(o, identities) for o in self.upgrades.items())
         return neighbours(holdings, floor_of, provider, run, own)
+
+    # -- deletion (orchestrator.deletion; docs/operations.md "What deleting a rollout does") --
+
+    def _hold(self, obj: dict[str, Any], finished: bool) -> dict[str, Any]:
+        """The finalizer on the run and its ClusterUpgrades (added at creation; here for objects
+        created before finalizers, idempotent); a ClusterUpgrade deleted alone goes once its
+        run has finished. Returns the run as written."""
+        meta = obj["metadata"]
+        if not deletion.has_finalizer(obj):
+            try:
+                obj = self.kube.add_finalizer(api.UPDATE_RUN_PLURAL, obj)
+            except KubeError as err:  # deleted meanwhile: the next reconcile sees it
+                log.info("no finalizer on UpdateRun %s: %s", meta["name"], err)
+        for child in self.upgrades.by_label(meta["namespace"], meta["name"]):
+            if deletion.has_finalizer(child) or deletion.deleting(child):
+                continue
+            try:
+                self.upgrades.put(self.kube.add_finalizer(api.CLUSTER_UPGRADE_PLURAL, child))
+            except KubeError as err:  # deleted meanwhile: no finalizer may be added then
+                log.info("no finalizer on ClusterUpgrade %s: %s", child["metadata"]["name"], err)
+        if finished:
+            self._release(meta["namespace"], meta["name"], only_deleting=True)
+        return obj
+
+    def _holds(self, obj: Mapping[str, Any]) -> tuple[deletion.Holds, api.FailedClusterPolicy]:
+        """What of the run's clusters (its ClusterUpgrades as cached) holds its deletion."""
+        meta = obj["metadata"]
+        ns = meta["namespace"]
+        parsed = parse_model(api.UpdateRunSpec, obj.get("spec"))
+        strategy = None if isinstance(parsed, list) else parsed.strategy
+        policy = (strategy or api.Strategy()).failed_cluster_policy
+        upgrades = [self._parse(ns, c) for c in self.upgrades.by_label(ns, meta["name"])]
+        return deletion.holds((u.cluster_id, u.status) for u in upgrades), policy
+
+    def _deleting_message(self, obj: Mapping[str, Any]) -> str:
+        waiting = self._holds(obj)[0].waiting
+        shown = ", ".join(waiting[:10]) + (" ..." if len(waiting) > 10 else "")
+        return (
+            f"being deleted: bringing {len(waiting)} cluster(s) back into service before it "
+            f"goes ({shown or 'none left'})"
+        )
+
+    def _finalize(self, obj: dict[str, Any]) -> bool:
+        """A run being deleted: True when it has let go (finalizers removed from its
+        ClusterUpgrades, then from itself); False while a cluster it took out is not back."""
+        meta = obj["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        held, policy = self._holds(obj)
+        if held.waiting:
+            return False
+        if held.kept_out:
+            reason = "DeletedWithClustersKeptOut"
+            more = " ..." if len(held.kept_out) > 10 else ""
+            message = (
+                f"deleted with {len(held.kept_out)} failed cluster(s) possibly out of service, "
+                f"kept out by failedClusterPolicy {policy.value}: "
+                f"{', '.join(held.kept_out[:10])}{more}; service them back in by hand once "
+                "repaired"
+            )
+            log.warning("UpdateRun %s/%s: %s: %s", ns, name, reason, message)
+            if self.emit_event is not None:
+                event = event_name(name, f"{meta['uid']}/{reason}")
+                self.emit_event(obj, reason, message, True, event)
+        self._release(ns, name, only_deleting=False)
+        if self.kube.remove_finalizer(api.UPDATE_RUN_PLURAL, obj) is not None:
+            log.info("UpdateRun %s/%s: nothing left to bring back; finalizer removed", ns, name)
+        return True
+
+    def _release(self, ns: str, name: str, *, only_deleting: bool) -> None:
+        """Remove the finalizer from the run's ClusterUpgrades (only_deleting: from those being
+        deleted; called once the run has ended or is gone)."""
+        for child in self.upgrades.by_label(ns, name):
+            if not deletion.has_finalizer(child):
+                continue
+            if only_deleting and not deletion.deleting(child):
+                continue
+            try:
+                written = self.kube.remove_finalizer(api.CLUSTER_UPGRADE_PLURAL, child)
+            except KubeError as err:
+                log.info("finalizer of ClusterUpgrade %s: %s", child["metadata"]["name"], err)
+                continue
+            if written is not None:
+                self.upgrades.put(written, deleted=deletion.released(written))
 
     def _consume(self, obj: dict[str, Any], key: str) -> None:
         """Remove the ids a people-annotation named: each is acted on once, then consumed."""

@@ -6,6 +6,9 @@ Fixtures (tests using any of them are marked `kube` automatically):
 - `extra_apiserver` (session) -> Callable[[str], KubeCluster]: another apiserver (a hub or a
   member cluster) on the same etcd under its own prefix; the same name returns the same one.
 - `namespace` (function) -> str: a fresh namespace on `control_plane`, deleted afterwards.
+- `garbage_collected` (session) -> KubeCluster: an apiserver of its own ("gc") with the
+  project's CRDs and a real kube-controller-manager running only the garbage collector (so it
+  collects nothing of the other tests'); `gc_namespace` (function) -> a namespace there.
 
 Without a built kube-apiserver (scripts/build-kube-apiserver) or etcd these tests are skipped,
 except under CI=true, where they fail: CI must never pass by skipping them.
@@ -26,7 +29,16 @@ from tests.support.kube import PROJECT_CRDS, KubeCluster
 # Names where an unclosed TLS socket was opened when its ResourceWarning fails a test.
 pytest_plugins = ["tests.support.socket_origins"]
 
-_KUBE_FIXTURES = frozenset({"control_plane", "extra_apiserver", "kube_binaries", "namespace"})
+_KUBE_FIXTURES = frozenset(
+    {
+        "control_plane",
+        "extra_apiserver",
+        "kube_binaries",
+        "namespace",
+        "garbage_collected",
+        "gc_namespace",
+    }
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -114,10 +126,48 @@ def extra_apiserver(_kube_plane: ControlPlane) -> Iterator[Callable[[str], KubeC
             cluster.close()
 
 
+def _prefix(request: pytest.FixtureRequest) -> str:
+    """A namespace name prefix from the test's name."""
+    prefix = request.node.name.lower().replace("_", "-")
+    return "".join(c for c in prefix if c.isalnum() or c == "-").strip("-")[:30] or "test"
+
+
 @pytest.fixture
 def namespace(control_plane: KubeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A namespace of its own for this test on the main apiserver; deleted with its contents."""
-    prefix = request.node.name.lower().replace("_", "-")
-    prefix = "".join(c for c in prefix if c.isalnum() or c == "-").strip("-")[:30] or "test"
-    with control_plane.temporary_namespace(prefix) as name:
+    with control_plane.temporary_namespace(_prefix(request)) as name:
+        yield name
+
+
+@pytest.fixture(scope="session")
+def garbage_collected(
+    _kube_plane: ControlPlane,
+    kube_binaries: tuple[Path, Path],
+    extra_apiserver: Callable[[str], KubeCluster],
+) -> KubeCluster:
+    """An apiserver of its own with the project's CRDs, and the real garbage collector on it
+    (kube-controller-manager, cached beside kube-apiserver by scripts/build-kube-apiserver)."""
+    binary = kube_binaries[0].parent / "kube-controller-manager"
+    if not os.access(binary, os.X_OK):
+        reason = (
+            f"{binary} not found: run scripts/build-kube-apiserver (it builds "
+            "kube-controller-manager beside kube-apiserver) to run the garbage-collector tests"
+        )
+        if _in_ci():
+            pytest.fail(f"CI=true and {reason}", pytrace=False)
+        pytest.skip(reason)
+    cluster = extra_apiserver("gc")
+    try:
+        cluster.install_crds(PROJECT_CRDS)
+        # After the CRDs: the collector then watches our kinds from its first sync.
+        _kube_plane.start_garbage_collector("gc", binary)
+    except (KubeError, ControlPlaneError) as error:
+        pytest.fail(f"garbage collector: {error}", pytrace=False)
+    return cluster
+
+
+@pytest.fixture
+def gc_namespace(garbage_collected: KubeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace of its own for this test on the `garbage_collected` apiserver."""
+    with garbage_collected.temporary_namespace(_prefix(request)) as name:
         yield name

@@ -45,10 +45,14 @@ EXPECTED_GRANTS = {
         ("*", "multicluster-ops.io", "updateruns", v)
         for v in ("get", "list", "watch", "create", "patch", "delete")
     ),
+    # patch: the finalizer multicluster-ops.io/back-in-service (orchestrator.deletion).
     *(
         ("*", "multicluster-ops.io", "clusterupgrades", v)
-        for v in ("get", "list", "watch", "create", "delete")
+        for v in ("get", "list", "watch", "create", "patch", "delete")
     ),
+    # ownerReferences with blockOwnerDeletion on the runs and ClusterUpgrades it creates.
+    ("*", "multicluster-ops.io", "clusterversions/finalizers", "update"),
+    ("*", "multicluster-ops.io", "updateruns/finalizers", "update"),
     ("*", "", "events", "create"),
     ("*", "", "events", "patch"),
     # Who may do what: the admins' FleetProviders and MetricSources (cluster-scoped), and
