@@ -57,6 +57,7 @@ WORLD_ACTIONS = {
     "oob_in": 1,
     "forget": 2,
     "plugin_restart": 1,
+    "delete_rollout": 1,
     "crash": 2,
     "lease": 2,
     "lease_mid": 2,
@@ -418,6 +419,26 @@ class Adversary:
             rep.provider.following = False
         self.world.log(f"adversary: plugin restarted, forgetting {len(lost)} operations")
 
+    def _do_delete_rollout(self) -> None:
+        """A person deletes a rollout mid-flight: a ClusterVersion (its runs follow) or a
+        directly applied UpdateRun. Its finalizers hold it until its clusters are back."""
+        w = self.world
+        cvs = sorted(k for k, cv in w.api.cvs.items() if not cv.deleting)
+        direct = sorted(
+            k for k, r in w.api.runs.items() if not r.cv and r.initialized and not r.deleting
+        )
+        choices = [("cv", k) for k in cvs] + [("run", k) for k in direct]
+        if not choices:
+            return
+        kind, key = self.rng.choice(choices)
+        if kind == "cv":
+            w.api.cvs[key].deleting = True
+            w.log(f"adversary: kubectl delete clusterversion {key}")
+        else:
+            w.api.runs[key].deleting = True
+            w.due[key] = w.now
+            w.log(f"adversary: kubectl delete updaterun {key}")
+
     def _do_crash(self) -> None:
         rep = self.rng.choice(self.world.replicas)
         rep.crash()
@@ -443,7 +464,7 @@ class Adversary:
                 w.api.upgrades[key].rv = w.api.bump()
 
     def _cv(self) -> tuple[str, object] | None:
-        cvs = sorted(self.world.api.cvs)
+        cvs = sorted(k for k, cv in self.world.api.cvs.items() if not cv.deleting)
         if not cvs:
             return None
         key = self.rng.choice(cvs)

@@ -54,6 +54,8 @@ class Monitor:
         self.w = world
         self.members: dict[str, list[str]] = {}
         self.up_key: dict[tuple[str, str], str] = {}
+        #: (run, cluster id) a deleted run let go, kept out by an explicit policy (run_deleted).
+        self.let_go: set[tuple[str, str]] = set()
         self.runs_of: dict[str, list[str]] = {}
         self.evals: dict[tuple[str, str], list[Evaluation]] = {}
         self.stage_evals: dict[tuple[str, str], list[Evaluation]] = {}
@@ -163,8 +165,26 @@ class Monitor:
         return self.w.api.upgrades[f"{ns}/{upgrade}"].upgrade.spec.version
 
     def _live(self, run: str) -> bool:
-        obj = self.w.api.runs[run]
-        return obj.initialized and api.run_is_live(obj.status.phase)
+        obj = self.w.api.runs.get(run)  # None: deleted and gone
+        return obj is not None and obj.initialized and api.run_is_live(obj.status.phase)
+
+    def run_deleted(self, run: str, kept_out: Sequence[str]) -> None:
+        """4. A run being deleted went (its finalizers released): every cluster it took out is
+        back in service, except those its record keeps out by an explicit policy (kept_out:
+        failedClusterPolicy KeepOut, a recovery that gave up), which the controller names in a
+        Warning Event. Those are let go; any other cluster still out because of it is stranded."""
+        w = self.w
+        for cid in kept_out:
+            self.let_go.add((run, cid))
+        for cid in sorted(w.fleet.out_set):
+            c = w.fleet.clusters[cid]
+            if c.in_service or c.deleted or c.out_by != run or (run, cid) in self.let_go:
+                continue
+            raise Violation(
+                "4 never stranded",
+                f"{cid} is out of service because of {run}, which was deleted and went "
+                "without bringing it back",
+            )
 
     def _cause(self, cid: str) -> str:
         """up | ours | adversary: why a cluster is not available-and-in-service."""
@@ -571,9 +591,16 @@ class Monitor:
             if c.in_service or c.deleted or c.out_by in (None, ADVERSARY):
                 continue
             run = c.out_by
+            if (run, cid) in self.let_go:
+                continue  # a deleted run let it go, named as kept out (run_deleted)
             key = self.up_key.get((run, cid))
             if key is None:
                 raise Violation("4 never stranded", f"{cid} is out of service by {run}, unknown")
+            if key not in w.api.upgrades:
+                raise Violation(
+                    "4 never stranded",
+                    f"after {label}: {cid} is out of service by {run}, deleted without it back",
+                )
             st = w.api.upgrades[key].upgrade.status
             ok_states = (U.FAILED,) if final else (U.FAILED, U.BLOCKED)
             if st.phase in ok_states and st.reason:

@@ -676,6 +676,8 @@ class RunObj:
     edited: bool = False
     initialized: bool = False
     stage_names: list[str] = field(default_factory=list)
+    #: metadata.deletionTimestamp is set: its finalizer holds it until its clusters are back.
+    deleting: bool = False
 
 
 @dataclass
@@ -697,6 +699,8 @@ class CvObj:
     name: str
     spec: api.ClusterVersionSpec
     generation: int = 1
+    #: metadata.deletionTimestamp is set: it goes once its runs have gone.
+    deleting: bool = False
 
 
 class ModelApiServer:
@@ -731,6 +735,16 @@ class ModelApiServer:
                 continue  # deterministic names: a second create is a no-op (AlreadyExists)
             self.upgrades[key] = UpObj(key, run.key, u, self.bump())
             self.by_run[run.key].append(key)
+
+    def collect(self, run: str) -> None:
+        """The run's last finalizer is removed: the run and (the garbage collector) its
+        ClusterUpgrades are gone."""
+        for key in self.by_run.pop(run, []):
+            obj = self.upgrades.pop(key)
+            holders = self.active.get(obj.upgrade.cluster_id)
+            if holders is not None:
+                holders.discard(run)
+        del self.runs[run]
 
     def upgrades_of(self, run: str) -> list[UpObj]:
         return [self.upgrades[k] for k in self.by_run.get(run, ())]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator import api
+from orchestrator import api, deletion
 from orchestrator.conditions import format_time
 from orchestrator.crossrun import Holding, neighbours, pinned_provider, provider_identity
 from orchestrator.driver import CallError, RunDriver, WriteConflict
@@ -454,6 +454,9 @@ class World:
     def reconcile_cvs(self) -> None:
         """The ClusterVersion → UpdateRun rule: a changed spec starts a new run, stops the old."""
         for cv in list(self.api.cvs.values()):
+            if cv.deleting:
+                self._delete_cv(cv)
+                continue
             wanted = self._wanted.get((cv.key, cv.generation))
             if wanted is None:
                 wanted = run_for(cv.name, cv.generation, cv.spec, self.timeouts)
@@ -486,11 +489,42 @@ class World:
                     self.due[other.key] = self.now
                     self.log(f"stop UpdateRun {other.key} (superseded by {key})")
 
+    def _delete_cv(self, cv: CvObj) -> None:
+        """A ClusterVersion being deleted deletes the runs it owns and goes once they have
+        (orchestrator.clusterversion)."""
+        mine = [r for r in self.api.runs.values() if r.cv == cv.key]
+        for run in mine:
+            if not run.deleting:
+                run.deleting = True
+                self.due[run.key] = self.now
+                self.log(f"delete UpdateRun {run.key} (its ClusterVersion is being deleted)")
+        if not mine:
+            del self.api.cvs[cv.key]
+            self.log(f"ClusterVersion {cv.key} is gone")
+
+    def _collect_if_released(self, key: str) -> None:
+        """A run being deleted goes, its ClusterUpgrades with it (garbage collector), once
+        nothing of it holds its finalizer (orchestrator.deletion.holds, as the controller asks)."""
+        held = deletion.holds(
+            (o.upgrade.cluster_id, o.upgrade.status) for o in self.api.upgrades_of(key)
+        )
+        if held.waiting:
+            return
+        self.monitor.run_deleted(key, held.kept_out)
+        self.api.collect(key)
+        self.due.pop(key, None)
+        self.log(
+            f"UpdateRun {key} is gone" + (f" (kept out: {held.kept_out})" if held.kept_out else "")
+        )
+
     def reconcile_run(self, rep: Replica, key: str) -> None:
         self.monitor.acting = (rep.name, rep.incarnation)
         run = rep.store.read_run(key)
         now = at(self.now)
         rep.provider.run = key
+        if run.deleting and not run.initialized:
+            self._collect_if_released(key)  # nothing pinned: it goes at once
+            return
         if not run.initialized:
             self._initialize(rep, run)
             return
@@ -507,7 +541,8 @@ class World:
         result = drv.step(
             key=key,
             uid=run.uid,
-            spec=run.spec,
+            # Being deleted: driven as a stopped run, as the UpdateRun controller does.
+            spec=deletion.stopping(run.spec) if run.deleting else run.spec,
             upgrades=upgrades,
             stages=run.status.stages or [],
             held_by=held_by,
@@ -557,6 +592,10 @@ class World:
             if status.phase != old.phase:
                 self.log(f"{key}: {old.phase} → {status.phase}: {d.message}")
         self.api.runs[key].edited = False  # looked at (observedGeneration caught up)
+        if run.deleting:
+            self._collect_if_released(key)
+            if key not in self.api.runs:
+                return
         wait = 30.0 if result.requeue_after is None else result.requeue_after
         self.due[key] = self.now + int(min(30.0, max(float(self.cfg.min_requeue), wait)))
 
@@ -637,7 +676,12 @@ class World:
     def _due_runs(self) -> Iterator[str]:
         for key in sorted(k for k, t in self.due.items() if t <= self.now):
             run = self.api.runs[key]
-            if run.status.phase in FINISHED and run.initialized and not run.edited:
+            if (
+                run.status.phase in FINISHED
+                and run.initialized
+                and not run.edited
+                and not run.deleting
+            ):
                 del self.due[key]
                 continue
             yield key
@@ -711,7 +755,7 @@ class World:
         if any(due <= self.now for due in self.due.values()):
             return False
         for run in self.api.runs.values():
-            if not run.initialized:
+            if not run.initialized or run.deleting:
                 return False
             if run.status.phase in FINISHED:
                 continue
