@@ -761,6 +761,11 @@ class UpdateRunController:
                 obj["status"] = updated.get("status", body)
                 obj["metadata"] = updated["metadata"]
                 written = status
+                if self.runs is not None:
+                    # Write-through, as for ClusterUpgrades: the next run reconciled here reads
+                    # this run's phase (is its floor live?) as written, not as the watch last
+                    # brought it (a run resumed a moment ago binds its floor at once).
+                    self.runs.put(updated)
         if written is not None or (store is not None and store.changes):
             self._announce(obj, before, written, store)
         return requeue
