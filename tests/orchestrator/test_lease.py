@@ -249,9 +249,10 @@ def test_concurrent_takers_conflict_and_one_wins() -> None:
 def test_timings_that_cannot_be_safe_are_refused(
     lease: int, deadline: float, retry: float, field: str
 ) -> None:
+    kube: Any = MemoryLeases()
     with pytest.raises(ValueError, match=field):
         LeaderElector(
-            Any,  # type: ignore[arg-type]
+            kube,
             "ns",
             "lock",
             "a",
