@@ -21,7 +21,7 @@ from datetime import datetime
 __all__ = ["LeaseBelief", "LeaseRecord", "LeaseTiming", "LeaseWrite"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LeaseRecord:
     """The fields of a coordination.k8s.io/v1 Lease that leader election uses."""
 
@@ -32,7 +32,7 @@ class LeaseRecord:
     resource_version: str | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LeaseWrite:
     """What to write to take or renew the Lease (resource_version None: create it)."""
 
@@ -44,7 +44,7 @@ class LeaseWrite:
     resource_version: str | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LeaseTiming:
     """Lease duration, renew deadline and retry period, in seconds, checked at construction."""
 
