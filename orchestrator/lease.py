@@ -95,6 +95,8 @@ class LeaseBelief:
     def observe(self, record: LeaseRecord | None, now: float) -> None:
         """Record what a read returned (now: our monotonic clock after the read answered)."""
         if record is None:
+            # Absent: anyone may create it now, so a Lease we held is lost for certain.
+            self.lost = self.lost or self.renewed_at is not None
             self.observed, self.observed_at = None, None
             return
         if self.observed is None or _version(record) != _version(self.observed):

@@ -216,6 +216,17 @@ def test_a_released_lease_is_taken_at_once() -> None:
     assert not a.elector.held(), "a released the Lease, yet acts again"
 
 
+def test_a_holder_whose_lease_was_deleted_stops_at_once() -> None:
+    leases = MemoryLeases()
+    a = Replica(leases, "a", 0.0, 0.0, 1.0, TIMING)
+    a.tick(0.0)
+    assert a.elector.held()
+    leases.record = None  # someone deletes the Lease: any replica may create it now
+    a.tick(2.0)
+    assert not a.elector.held(), "a acts on although anyone may have taken the Lease"
+    assert a.elector.belief.lost
+
+
 def test_concurrent_takers_conflict_and_one_wins() -> None:
     leases = MemoryLeases()
     timing = TIMING
