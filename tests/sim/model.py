@@ -639,7 +639,7 @@ class ReplicaClock:
 class Elector:
     """One replica's LeaderElector loop over the model Lease: the product's LeaseBelief on the
     replica's own clocks, one attempt every retry period of its own monotonic clock; the read
-    answers at once, the write lands `latency` later (another write in between: a conflict)."""
+    answers at once, the write lands up to 0.5 s later (another write in between: a conflict)."""
 
     def __init__(self, name: str, clock: ReplicaClock, first: float) -> None:
         self.name, self.clock = name, clock
