@@ -18,6 +18,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from orchestrator import api
+from orchestrator.lease import LeaseRecord
 
 __all__ = ["Conflict", "Gone", "KubeClient", "KubeError", "LeaseRecord", "NotFound", "WatchEvent"]
 
@@ -72,17 +73,6 @@ class WatchEvent:
 
     type: str
     obj: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class LeaseRecord:
-    """The fields of a coordination.k8s.io/v1 Lease that leader election uses."""
-
-    holder: str | None
-    renew_time: datetime | None
-    duration_seconds: int
-    transitions: int
-    resource_version: str | None
 
 
 class KubeClient:

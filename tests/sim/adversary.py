@@ -270,7 +270,7 @@ class Adversary:
                 c.adv_down = False
                 c.down_reason = ""
         self.sick.clear()
-        w.lease.flip_in = None
+        w.lease.quiet()
 
     def act(self) -> bool:
         """Whatever actions are due now; True if any was taken."""
@@ -444,17 +444,30 @@ class Adversary:
         rep.crash()
         self.world.log(f"adversary: {rep.name} restarted")
 
+    def _lease_victim(self) -> str:
+        """Mostly the holder (its silence moves the Lease), sometimes a standby."""
+        lease = self.world.lease
+        if self.rng.random() < 0.75 and lease.holder:
+            return lease.holder
+        return self.rng.choice([r.name for r in self.world.replicas])
+
     def _do_lease(self) -> None:
-        reps = self.world.replicas
-        if len(reps) > 1:
-            self.world.lease.move(self.rng.choice([r.name for r in reps]))
+        """A replica's Lease requests fail for a while (a partition): it stops renewing, and
+        the Lease moves once another replica has seen it unchanged for its whole duration."""
+        name, seconds = self._lease_victim(), self.rng.randint(3, 45)
+        self.world.lease.cut_off(name, seconds)
+        self.world.log(f"adversary: {name} cut off from the Lease for {seconds} s")
 
     def _do_lease_mid(self) -> None:
-        reps = self.world.replicas
-        if len(reps) > 1:
-            lease = self.world.lease
-            lease.flip_in = self.rng.randint(0, 6)
-            lease.flip_to = self.rng.choice([r.name for r in reps])
+        """A replica's process stalls in the middle of its next pass (a long GC pause, a slow
+        call): the other replicas go on, and may take the Lease, meanwhile."""
+        name, checks, seconds = (
+            self._lease_victim(),
+            self.rng.randint(0, 6),
+            self.rng.randint(2, 30),
+        )
+        self.world.lease.arm_stall(name, checks, seconds)
+        self.world.log(f"adversary: {name} stalls for {seconds} s after {checks} fence checks")
 
     def _do_conflict(self) -> None:
         w = self.world

@@ -11,6 +11,7 @@ check really returned), for tests/sim/invariants.py. Time is an integer count of
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -22,6 +23,7 @@ from orchestrator.conditions import parse_time
 from orchestrator.driver import CallError, WriteConflict
 from orchestrator.engine import ACTIVE, Call, Preflight, Upgrade, Verdict
 from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, PoolObs, Snapshot
+from orchestrator.lease import LeaseBelief, LeaseRecord, LeaseTiming, LeaseWrite
 from plugins.sdk import versions
 
 if TYPE_CHECKING:
@@ -614,40 +616,196 @@ class ModelChecker:
 # -- leadership --------------------------------------------------------------------------
 
 
+#: The product's defaults (orchestrator.leader.LeaderElector): 15 s lease, 10 s renew
+#: deadline, 2 s retry period.
+LEASE_TIMING = LeaseTiming()
+
+
+@dataclass
+class ReplicaClock:
+    """One replica's clocks: monotonic = offset + rate * true time; wall = true time + skew."""
+
+    offset: float
+    rate: float
+    skew: float
+
+    def mono(self, t: float) -> float:
+        return self.offset + self.rate * t
+
+    def wall(self, t: float) -> datetime:
+        return EPOCH + timedelta(seconds=t + self.skew, microseconds=1)
+
+
+class Elector:
+    """One replica's LeaderElector loop over the model Lease: the product's LeaseBelief on the
+    replica's own clocks, one attempt every retry period of its own monotonic clock; the read
+    answers at once, the write lands up to 0.5 s later (another write in between: a conflict)."""
+
+    def __init__(self, name: str, clock: ReplicaClock, first: float) -> None:
+        self.name, self.clock = name, clock
+        self.belief = LeaseBelief(name, LEASE_TIMING)
+        self.next_try = first  # true time of the next attempt
+        #: Its Lease requests fail (time out) until then; its process stalls until then.
+        self.cut_off_until = -1.0
+        self.stalled_until = -1.0
+        #: An attempt's write in flight: (lands at, write, monotonic time the attempt began).
+        self.in_flight: tuple[float, LeaseWrite, float] | None = None
+
+    def restart(self) -> None:
+        """A new process: a new belief (it waits a whole duration for another's Lease)."""
+        self.belief = LeaseBelief(self.name, LEASE_TIMING)
+        self.in_flight = None
+
+    def next_event(self) -> float:
+        if self.in_flight is not None:
+            return self.in_flight[0]
+        return max(self.next_try, self.stalled_until)
+
+
 class Lease:
-    """The Lease: one holder; the adversary may move it, also in the middle of a pass."""
+    """The model Lease object (a record with a resourceVersion; a stale write conflicts) and
+    every replica's elector around it. Each replica has its own monotonic clock (offset and
+    drift) and wall clock (skew) drawn from the seed; the adversary cuts a replica's Lease
+    requests off for a while (it stops renewing) or stalls its whole process in the middle of
+    a pass. `holder` is the record's holder: the truth invariant 8 is checked against."""
 
-    def __init__(self, holder: str) -> None:
-        self.holder = holder
-        #: After this many more fence checks the Lease moves to `flip_to` (None: never).
-        self.flip_in: int | None = None
-        self.flip_to = holder
+    def __init__(self, seed: int, names: Sequence[str]) -> None:
+        rng = random.Random(seed * 104729 + 3)
+        self.rng = rng
+        self.record: LeaseRecord | None = None
+        self.rv = 0
+        self.now = 0.0  # true time the Lease's history has reached
+        self.electors = {
+            name: Elector(
+                name,
+                ReplicaClock(
+                    rng.uniform(0, 1e6),
+                    rng.uniform(0.99, 1.01),
+                    rng.choice((-20.0, -8.0, 0.0, 8.0, 20.0)) + rng.uniform(-1, 1),
+                ),
+                0.0 if i == 0 else rng.uniform(0.1, LEASE_TIMING.retry_period),
+            )
+            for i, name in enumerate(names)
+        }
+        #: A stall armed by the adversary: (replica, fence checks before it, seconds).
+        self.stall: tuple[str, int, float] | None = None
         self.on_flip: Callable[[str], None] = lambda holder: None
+        self.on_lost: Callable[[str], None] = lambda name: None
+        first = self.electors[names[0]]  # r0 starts first and creates the Lease at once
+        self._attempt(first)
+        self._land(first)
 
-    def check(self, me: str) -> bool:
-        if self.flip_in is not None:
-            if self.flip_in <= 0:
-                self.flip_in = None
-                self.move(self.flip_to)
+    @property
+    def holder(self) -> str:
+        return "" if self.record is None else self.record.holder or ""
+
+    def describe(self) -> str:
+        return ", ".join(
+            f"{e.name}: skew {e.clock.skew:+.1f} s, drift {e.clock.rate - 1:+.3%}"
+            for e in self.electors.values()
+        )
+
+    # -- time ------------------------------------------------------------------------------
+
+    def advance(self, t: float, frozen: str = "") -> None:
+        """Every elector's attempts and landing writes up to true time t, in order; `frozen`
+        is a replica whose process is stalled (it attempts nothing meanwhile)."""
+        electors = list(self.electors.values())
+        while True:
+            first: Elector | None = None
+            when = t
+            for e in electors:
+                if e.in_flight is not None:
+                    at_ = e.in_flight[0]
+                elif e.name == frozen:
+                    continue
+                else:
+                    at_ = max(e.next_try, e.stalled_until)
+                if at_ <= when and (first is None or at_ < when):
+                    first, when = e, at_
+            if first is None:
+                break
+            self.now = max(self.now, when)
+            if first.in_flight is not None:
+                self._land(first)
             else:
-                self.flip_in -= 1
-        return self.holder == me
+                self._attempt(first)
+        self.now = max(self.now, t)
 
-    def move(self, holder: str) -> None:
-        if holder != self.holder:
-            self.holder = holder
-            self.on_flip(holder)
+    def _attempt(self, e: Elector) -> None:
+        t = e.next_event()
+        e.next_try = t + LEASE_TIMING.retry_period / e.clock.rate
+        if t < e.cut_off_until:
+            return  # the request timed out
+        mono = e.clock.mono(t)
+        e.belief.observe(self.record, mono)
+        if e.belief.lost:
+            self.on_lost(e.name)  # the product exits; its replica restarts
+            return
+        write = e.belief.attempt(mono, e.clock.wall(t))
+        if write is not None:
+            e.in_flight = (t + self.rng.uniform(0.0, 0.5), write, mono)
+
+    def _land(self, e: Elector) -> None:
+        assert e.in_flight is not None
+        _, write, started = e.in_flight
+        e.in_flight = None
+        current = None if self.record is None else self.record.resource_version
+        if write.resource_version != current:
+            return  # 409: the attempt fails
+        before = self.holder
+        self.rv += 1
+        self.record = LeaseRecord(
+            write.holder, write.renew_time, write.duration_seconds, write.transitions, str(self.rv)
+        )
+        e.belief.renewed(started)
+        if write.holder != before:
+            self.on_flip(write.holder)
+
+    # -- the fence -------------------------------------------------------------------------
+
+    def held(self, me: str) -> bool:
+        """`LeaderElector.held()` of replica me, now (a stall armed for me may happen first)."""
+        if self.stall is not None and self.stall[0] == me:
+            name, checks, seconds = self.stall
+            if checks > 0:
+                self.stall = (name, checks - 1, seconds)
+            else:
+                self.stall = None
+                self.electors[me].stalled_until = self.now + seconds
+                self.advance(self.now + seconds, frozen=me)
+        held = [e.name for e in self.electors.values() if e.belief.held(e.clock.mono(self.now))]
+        if len(held) > 1 or (held and held[0] != self.holder):
+            from tests.sim.invariants import Violation  # here: a cycle at module level
+
+            raise Violation(
+                "8 fenced", f"{held} believe they hold the Lease, which {self.holder!r} holds"
+            )
+        return me in held
+
+    # -- the adversary ---------------------------------------------------------------------
+
+    def cut_off(self, name: str, seconds: float) -> None:
+        self.electors[name].cut_off_until = self.now + seconds
+
+    def arm_stall(self, name: str, checks: int, seconds: float) -> None:
+        self.stall = (name, checks, seconds)
+
+    def quiet(self) -> None:
+        self.stall = None
+        for e in self.electors.values():
+            e.cut_off_until = -1.0
 
 
 class ModelFence:
-    """`orchestrator.driver.Fence` of one replica."""
+    """`orchestrator.driver.Fence` of one replica: its LeaderElector's held()."""
 
     def __init__(self, lease: Lease, me: str) -> None:
         self.lease = lease
         self.me = me
 
     def held(self) -> bool:
-        return self.lease.check(self.me)
+        return self.lease.held(self.me)
 
 
 # -- the apiserver -----------------------------------------------------------------------

@@ -170,6 +170,7 @@ class Replica:
     def crash(self) -> None:
         """The process dies and restarts: memory gone, everything resumes from the store."""
         self.incarnation += 1
+        self.world.lease.electors[self.name].restart()
         self.drivers.clear()
         self.store.rvs.clear()
         self.provider.ended.clear()
@@ -217,7 +218,7 @@ class World:
         self.history: list[str] = []
         self.fleet = ModelFleet(self._clusters(), OFFERED)
         self.api = ModelApiServer()
-        self.lease = Lease("r0")
+        self.lease = Lease(cfg.seed, [f"r{i}" for i in range(cfg.replicas)])
         self.monitor = Monitor(self)
         self.adversary = Adversary(self, cfg.profile)
         self.fleet.fate = self.adversary.fate
@@ -227,6 +228,8 @@ class World:
         self.api.on_run_write = self.monitor.on_run_write
         self.lease.on_flip = lambda holder: self.log(f"lease → {holder}")
         self.replicas = [Replica(self, f"r{i}") for i in range(cfg.replicas)]
+        self.lease.on_lost = self._lost_lease
+        self.log(f"clocks: {self.lease.describe()}")
         self.due: dict[str, int] = {}
         self.owners: list[Owner] = []
         self.timeouts = (
@@ -688,6 +691,7 @@ class World:
 
     def iterate(self, active: bool, horizon: int) -> None:
         self.now = self._next_time(horizon)
+        self.lease.advance(self.now)
         if self.fleet.tick(self.now):
             self.monitor.after_step("operations advanced", world_changed=True)
         while self.hooks and self.hooks[0][0] <= self.now:
@@ -725,6 +729,11 @@ class World:
     def _leader(self) -> Replica:
         return next(r for r in self.replicas if r.name == self.lease.holder)
 
+    def _lost_lease(self, name: str) -> None:
+        """The product's on_lost: the deposed process exits, and is restarted."""
+        self.log(f"{name} lost the lease: restarted")
+        next(r for r in self.replicas if r.name == name).crash()
+
     def run(self) -> None:
         """The whole history; raises Violation at the first broken invariant."""
         self.reconcile_cvs()
@@ -732,8 +741,6 @@ class World:
             self.iterate(True, self.cfg.active_seconds)
         self.adversary.quiet()
         self.log("adversary quiet")
-        if self.lease.holder not in {r.name for r in self.replicas}:
-            self.lease.move(self.replicas[0].name)
         self.monitor.after_step("adversary quiet")
         limit = self.now + self.cfg.quiet_cap
         while self.now < limit and not self._settled():
