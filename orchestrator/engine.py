@@ -1191,9 +1191,14 @@ def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, who: str) -> Non
             step_start_time=run.stamp,
         )
         return
-    if st.step and obs is not None and not obs.in_service and not run.holder(u.cluster_id):
+    out = obs is None or not obs.in_service
+    if st.step and out and not run.holder(u.cluster_id):
         # Invariant 4: the failed attempt took it out; the retry keeps it (no new
-        # service-out, no budget) and `follow` carries it on from where it stands.
+        # service-out, no budget) and `follow` carries it on from where it stands. Also while
+        # the cluster is away from the inventory: it may come back out of service, ours to
+        # bring back (`follow` waits for it, then records ClusterGone, which `_returned`
+        # carries on); a retry that dropped the claim left it out for ever (simulation seed
+        # 577).
         run.set(
             u,
             phase=U.SERVICING_OUT,

@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator import api
 from orchestrator.engine import (
+    ACTIVE,
     RECOVER_STEP,
     Call,
     Decision,
@@ -640,3 +641,36 @@ def test_snapshot_operations_carry_a_step_forward() -> None:
     (call,) = d.calls
     assert call.kind is OpKind.CONTROL_PLANE and call.version == NEW
     assert call.request_id == request_id(UID, "c00000", OpKind.CONTROL_PLANE.value, NEW, 0)
+
+
+def test_a_retry_of_a_failed_cluster_gone_from_the_inventory_keeps_it_and_carries_it_on() -> None:
+    """Invariant 4 (simulation seed 577 of the sweep after the Lease change): a cluster failed
+    at its control plane and kept out leaves the inventory; a person retries it; it returns, out
+    of service. The retry kept no claim on it (step cleared, Pending), so the run waited for it
+    as 'out of service outside this run' for ever. The retry now keeps the claim while the
+    cluster is away, and carries it on when it returns."""
+    fleet = make_fleet(4)
+    spec = spec_for(fleet, NEW, required=1)
+    kept_out = api.ClusterUpgradeStatus(
+        phase=U.FAILED,
+        step=OpKind.CONTROL_PLANE.value,
+        reason="OperationFailed",
+        message="controlPlane failed",
+        end_time="2026-01-01T00:00:10Z",
+    )
+    away = fleet.clusters["c00000"]
+    gone = fleet.snapshot()
+    del gone.clusters["c00000"]
+    d, by_id = _decide(
+        fleet, spec, {"c00000": kept_out}, 60, retry_clusters=frozenset({"c00000"}), snapshot=gone
+    )
+    retried = _status(d, by_id, "c00000")
+    assert retried.attempt == 1 and retried.step is not None, retried
+    assert retried.phase in ACTIVE or (
+        retried.phase == U.SKIPPED and retried.reason == "ClusterGone"
+    ), retried
+    # Back, still out of service (the failed attempt took it out): the run carries it on.
+    fleet.clusters["c00000"] = replace(away, in_service=False)
+    d, by_id = _decide(fleet, spec, {"c00000": retried}, 120)
+    back = _status(d, by_id, "c00000")
+    assert back.phase in ACTIVE and back.reason != "OutOfService", back
