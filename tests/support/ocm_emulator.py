@@ -431,8 +431,10 @@ class OcmEmulator:
         version: str,
         labels: Mapping[str, str] | None = None,
         claims: Mapping[str, str] | None = None,
+        taints: list[Mapping[str, Any]] | None = None,
     ) -> None:
-        """Registers a cluster as a joined, accepted and available ManagedCluster."""
+        """Registers a cluster as a joined, accepted and available ManagedCluster (created
+        with `taints`, in that order: the hub's webhook stamps each one's timeAdded)."""
         with contextlib.suppress(ApiException):
             self._core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
         body = {
@@ -444,6 +446,8 @@ class OcmEmulator:
             },
             "spec": {"hubAcceptsClient": True, "leaseDurationSeconds": 60},
         }
+        if taints:
+            body["spec"]["taints"] = [dict(t) for t in taints]
         self._custom.create_cluster_custom_object(*MC, body)
         with self._lock:
             self._members[name] = _Member(version=version)
