@@ -122,7 +122,7 @@ def test_no_taint_write_is_one_the_hub_webhook_denies_whatever_the_same_key_orde
 
 
 def test_managed_cluster_maps_to_a_contract_cluster() -> None:
-    cfg = parse_config(curator_config())
+    cfg = parse_config(work_config())  # a k3s member: its Kubernetes version is the version
     cluster = inventory.to_cluster(mc(), cfg, None)
     assert cluster.id == "c1"
     assert cluster.control_plane_version == "1.28.5+k3s1"
