@@ -27,6 +27,7 @@ __all__ = [
     "ComputeBusy",
     "GkeApi",
     "OperationListing",
+    "RateLimited",
     "build_credentials",
 ]
 
@@ -34,10 +35,26 @@ CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 _COMPUTE_DEFAULT = "https://compute.googleapis.com"
 _LOG = logging.getLogger("plugins.gke.api")
 _T = TypeVar("_T")
-# GKE answers a second cluster operation with HTTP 400, status FAILED_PRECONDITION, reason
-# failedPrecondition and "Cluster is running incompatible operation operation-...": one
-# operation at a time per cluster (GKE docs, "Upgrading a cluster": operations are serialized).
-_INCOMPATIBLE = re.compile(r"incompatible operation\s+([A-Za-z0-9_.-]+?)\.?(?:\s|$)")
+# GKE runs one operation at a time per cluster (GKE docs, "Upgrading a cluster": operations are
+# serialized) and refuses another with HTTP 400 / gRPC 9 FAILED_PRECONDITION. The structured
+# form first: a google.rpc.ErrorInfo in error.details with this reason (domain
+# container.googleapis.com). Then the texts GKE sends, each naming the running operation:
+# "Cluster is running incompatible operation operation-....", "Operation operation-... is
+# currently upgrading cluster C. Please wait and try again once it is done." and "... is
+# currently operating on cluster C. ..." (tests/support/gke_emulator/_model.py busy_error
+# quotes where each was seen).
+_BUSY_REASON = "CLUSTER_ALREADY_HAS_OPERATION"
+_BUSY_TEXTS = (
+    re.compile(r"incompatible operation\s+(?P<op>[A-Za-z0-9_.-]+?)\.?(?:\s|$)"),
+    re.compile(
+        r"Operation\s+(?P<op>[A-Za-z0-9_.-]+?)\s+is currently (?:upgrading|operating on) cluster"
+    ),
+)
+# Rate quotas: Compute answers HTTP 403 with errors[].reason rateLimitExceeded (per project) or
+# userRateLimitExceeded (per user), "wait a minute then try your request again" (Compute docs,
+# API rate limits); Google APIs answer HTTP 429 RESOURCE_EXHAUSTED, ErrorInfo reason
+# RATE_LIMIT_EXCEEDED. A later retry succeeds: never "missing credentials".
+_RATE_REASONS = ("rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED")
 
 JsonObject = dict[str, Any]
 
@@ -46,9 +63,15 @@ class ComputeBusy(PluginError):
     """Compute refused a patch for now (stale fingerprint, running operation): re-read, retry."""
 
 
+class RateLimited(Unavailable):
+    """Google's rate quota is used up for now (Compute 403 rateLimitExceeded /
+    userRateLimitExceeded, HTTP 429): UNAVAILABLE, a later retry succeeds."""
+
+
 class ClusterBusy(Conflict):
     """GKE refused a cluster operation because another one runs (operation_id: its short
-    name, as GKE's message gives it; the caller knows the location to make it a full id)."""
+    name, as GKE's message gives it, "" when GKE named none; the caller knows the location to
+    make it a full id, or finds the operation)."""
 
 
 class OperationListing(NamedTuple):
@@ -82,14 +105,27 @@ def build_credentials(api: ApiConfig) -> Credentials:
     return credentials
 
 
-def _detail(exc: gexc.GoogleAPICallError) -> tuple[str, str, str]:
-    """(status, reason, message) of a Google API error, read from the JSON error body."""
+class _Detail(NamedTuple):
+    """What a Google API error body says: status, the legacy errors[].reason, the message, the
+    google.rpc.ErrorInfo reasons in error.details, and a Retry-After header (seconds)."""
+
+    status: str
+    reason: str
+    message: str
+    info_reasons: tuple[str, ...]
+    retry_after: float | None
+
+
+def _detail(exc: gexc.GoogleAPICallError) -> _Detail:
+    """The _Detail of a Google API error, read from the JSON error body."""
     status, reason, message = "", "", ""
+    infos: list[str] = []
+    retry_after: float | None = None
     response = getattr(exc, "response", None)
     if response is not None:
         try:
             error = response.json().get("error", {})
-        except ValueError:
+        except (ValueError, AttributeError):
             error = {}
         if isinstance(error, dict):
             status = str(error.get("status", ""))
@@ -97,35 +133,74 @@ def _detail(exc: gexc.GoogleAPICallError) -> tuple[str, str, str]:
             errors = error.get("errors") or []
             if errors and isinstance(errors[0], dict):
                 reason = str(errors[0].get("reason", ""))
+            for item in error.get("details") or []:
+                if isinstance(item, dict) and str(item.get("@type", "")).endswith(
+                    "google.rpc.ErrorInfo"
+                ):
+                    infos.append(str(item.get("reason", "")))
+        header = (getattr(response, "headers", None) or {}).get("Retry-After", "")
+        if str(header).strip().isdigit():
+            retry_after = float(str(header).strip())
+    for item in getattr(exc, "details", None) or []:  # over gRPC: the parsed details
+        info_reason = getattr(item, "reason", None)
+        if isinstance(info_reason, str) and info_reason:
+            infos.append(info_reason)
     if not message:
         message = str(getattr(exc, "message", "")) or type(exc).__name__
-    return status, reason, message
+    return _Detail(status, reason, message, tuple(infos), retry_after)
+
+
+def _busy_operation(detail: _Detail, code: int) -> str | None:
+    """The running operation's short name when GKE refused because one runs ("" when GKE says
+    so only by reason, naming none); None when the error is something else."""
+    named = next((m for p in _BUSY_TEXTS if (m := p.search(detail.message))), None)
+    if _BUSY_REASON in detail.info_reasons:
+        return named.group("op") if named else ""
+    if named is not None and (
+        detail.status == "FAILED_PRECONDITION"
+        or detail.reason == "failedPrecondition"
+        or code == 400
+    ):
+        return named.group("op")
+    return None
 
 
 def translate(what: str, exc: Exception) -> PluginError:
-    """The PluginError for a failed Google call (what: e.g. "UpdateMaster projects/p/...")."""
+    """The PluginError for a failed Google call (what: e.g. "UpdateMaster projects/p/...").
+
+    By the structured reason first (ErrorInfo in error.details, errors[].reason), the text
+    second."""
     if isinstance(exc, gexc.GoogleAPICallError):
-        status, reason, message = _detail(exc)
+        detail = _detail(exc)
+        status, reason, message = detail.status, detail.reason, detail.message
         code = exc.code or 0
         if isinstance(exc, gexc.NotFound):
             return NotFound(f"{what}: not found in GKE ({message})")
-        busy = _INCOMPATIBLE.search(message)
-        if busy is not None and (
-            status == "FAILED_PRECONDITION" or reason == "failedPrecondition" or code == 400
-        ):
-            return ClusterBusy(f"{what}: GKE answered: {message}", busy.group(1))
+        busy = _busy_operation(detail, code)
+        if busy is not None:
+            return ClusterBusy(f"{what}: GKE answered: {message}", busy)
         if isinstance(exc, gexc.PreconditionFailed) or reason in (
             "conditionNotMet",
             "resourceNotReady",
         ):
             return ComputeBusy(f"{what}: {message}")
+        limited = next(
+            (r for r in (reason, *detail.info_reasons) if r in _RATE_REASONS),
+            "RESOURCE_EXHAUSTED" if isinstance(exc, gexc.TooManyRequests) else "",
+        )
+        if limited:
+            return RateLimited(
+                f"{what}: Google's rate quota is used up for now (HTTP {code} {limited}: "
+                f"{message}); retry with backoff",
+                retry_after=detail.retry_after,
+            )
         if isinstance(exc, gexc.Unauthorized | gexc.Forbidden):
             return FailedPrecondition(
                 f"{what}: Google refused the plugin's credentials (HTTP {code}: {message}); "
                 "grant its service account roles/container.clusterAdmin (and "
                 "roles/compute.loadBalancerAdmin for traffic drain)"
             )
-        if isinstance(exc, gexc.TooManyRequests | gexc.ServerError):
+        if isinstance(exc, gexc.ServerError):
             return Unavailable(f"{what}: GKE is unavailable now (HTTP {code}: {message}); retry")
         if isinstance(exc, gexc.ClientError):
             kind = status or f"HTTP {code}"

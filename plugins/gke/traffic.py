@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Protocol
 
 from google.cloud import compute_v1
 
-from plugins.gke.api import ComputeBusy, GkeApi, JsonObject
+from plugins.gke.api import ComputeBusy, GkeApi, JsonObject, RateLimited
 from plugins.gke.config import BackendServiceRef, TrafficConfig
 from plugins.gke.ids import group_key
 from plugins.gke.state import PluginState
@@ -314,47 +314,62 @@ class BackendServiceTraffic:
     def _patch_one(
         self, cluster_id: str, request_id: str, direction: str, ref: BackendServiceRef
     ) -> None:
+        limited: RateLimited | None = None
         for attempt in range(_PATCH_ATTEMPTS):
             if self._stop.is_set():
                 raise Stopping
-            service = self._read(ref)
-            if service is None:
-                return
-            groups = self._groups.get(cluster_id, set())
-            changed = False
-            backends: list[Backend] = []
-            for raw in service.get("backends", []):
-                backend = dict(raw)  # every field as read, newer ones included
-                if group_key(str(backend.get("group", ""))) in groups:
-                    changed |= _drain(backend) if direction == "out" else _restore(backend)
-                backends.append(backend)
-            if not changed:
-                return
-            # A UUID per (request, service, attempt): a repeat after a crash returns the same
-            # compute operation instead of patching twice.
-            compute_request = str(
-                uuid.uuid5(
-                    uuid.NAMESPACE_URL,
-                    f"fleetupgrade:{request_id}:{ref.project}/{ref.name}:{direction}:{attempt}",
-                )
-            )
             try:
-                op = self._api.patch_backends(
-                    ref.project,
-                    ref.name,
-                    backends,
-                    str(service.get("fingerprint", "")),
-                    compute_request,
-                )
-            except ComputeBusy:  # 412 conditionNotMet (stale fingerprint), resourceNotReady
-                self._pause(min(0.2 * 2**attempt, 3.0))
+                self._change_one(cluster_id, request_id, direction, ref, attempt)
+                return
+            except _Retry:
                 continue
-            self._wait(ref, op)
-            self._verify(cluster_id, direction, ref)
-            return
+            except RateLimited as exc:  # Compute's rate quota: wait, then try again
+                limited = exc
+                self._pause(exc.retry_after or min(0.5 * 2**attempt, 10.0))
+        if limited is not None:
+            raise limited
         raise Unavailable(
             f"backend service {_service_path(ref)} kept changing under the plugin; retry"
         )
+
+    def _change_one(
+        self, cluster_id: str, request_id: str, direction: str, ref: BackendServiceRef, attempt: int
+    ) -> None:
+        """One read-modify-write of the service; _Retry after a stale fingerprint (paused)."""
+        service = self._read(ref)
+        if service is None:
+            return
+        groups = self._groups.get(cluster_id, set())
+        changed = False
+        backends: list[Backend] = []
+        for raw in service.get("backends", []):
+            backend = dict(raw)  # every field as read, newer ones included
+            if group_key(str(backend.get("group", ""))) in groups:
+                changed |= _drain(backend) if direction == "out" else _restore(backend)
+            backends.append(backend)
+        if not changed:
+            return
+        # A UUID per (request, service, attempt): a repeat after a crash returns the same
+        # compute operation instead of patching twice.
+        compute_request = str(
+            uuid.uuid5(
+                uuid.NAMESPACE_URL,
+                f"fleetupgrade:{request_id}:{ref.project}/{ref.name}:{direction}:{attempt}",
+            )
+        )
+        try:
+            op = self._api.patch_backends(
+                ref.project,
+                ref.name,
+                backends,
+                str(service.get("fingerprint", "")),
+                compute_request,
+            )
+        except ComputeBusy:  # 412 conditionNotMet (stale fingerprint), resourceNotReady
+            self._pause(min(0.2 * 2**attempt, 3.0))
+            raise _Retry from None
+        self._wait(ref, op)
+        self._verify(cluster_id, direction, ref)
 
     def _verify(self, cluster_id: str, direction: str, ref: BackendServiceRef) -> None:
         """Reads the service again: the change must still be there (a controller that owns the
@@ -400,6 +415,10 @@ class BackendServiceTraffic:
                 f"compute operation {op.name} on backend service {ref.name} failed: "
                 f"{first.code}: {first.message}"
             )
+
+
+class _Retry(Exception):
+    """The service changed under a patch: read it again."""
 
 
 def _drain(backend: Backend) -> bool:

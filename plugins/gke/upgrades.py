@@ -157,15 +157,28 @@ class UpgradeRequests:
             running[0].op_id,
         )
 
-    def _gke_busy(self, ref: ClusterRef, exc: ClusterBusy) -> Conflict:
-        """GKE's own "running incompatible operation" answer (an operation started between
-        the plugin's look and its call): ABORTED naming it, and the operation mirrored."""
-        op_id = OperationRef(ref.project, ref.location, exc.operation_id).id
-        with contextlib.suppress(PluginError):  # named all the same
-            self._fleet.mirror(self._fleet.api.get_operation(op_id), ref.project, force=True)
+    def _gke_busy(self, ref: ClusterRef, exc: ClusterBusy) -> PluginError:
+        """GKE's own "another operation is running" answer (one started between the plugin's
+        look and its call): ABORTED naming it, and the operation mirrored. When GKE said so by
+        reason only, the operation is found in ListOperations (UNAVAILABLE if none is)."""
+        if exc.operation_id:
+            op_id = OperationRef(ref.project, ref.location, exc.operation_id).id
+            with contextlib.suppress(PluginError):  # named all the same
+                self._fleet.mirror(self._fleet.api.get_operation(op_id), ref.project, force=True)
+        else:
+            running, _ = self.gke_in_flight(ref)
+            if not running:
+                return Unavailable(
+                    f"cluster {ref.id}: GKE answered that another operation is running "
+                    f"({exc.message}) but lists none in flight; retry"
+                )
+            for gke_op, _info in running:
+                self._fleet.mirror(gke_op, ref.project, force=True)
+            op_id = running[0][1].op_id
         return Conflict(
             f"cluster {ref.id} is running GKE operation {op_id} (GKE answered "
-            "FAILED_PRECONDITION: incompatible operation); wait until it ends, then retry",
+            f"FAILED_PRECONDITION: {exc.message.split('GKE answered: ', 1)[-1]}); wait until "
+            "it ends, then retry",
             op_id,
         )
 

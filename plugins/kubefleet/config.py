@@ -5,7 +5,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from plugins.kubefleet.inventory import DEFAULT_VERSION_SOURCE, TaintSpec, parse_version_sources
+from plugins.kubefleet.inventory import (
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_VERSION_SOURCE,
+    TaintSpec,
+    parse_version_sources,
+)
 
 __all__ = ["COOKBOOK_CHOICES", "HEALTH_SOURCES", "KubeFleetConfig"]
 
@@ -31,6 +36,9 @@ class KubeFleetConfig:
     cookbook "current": the cookbook's autoapprove.kubernetes-fleet.io API (hub-created
     MetricCollectorReports); "seed": the tutorial's metric.kubernetes-fleet.io API (a placed
     MetricCollector); "auto": whichever the hub serves, current first.
+
+    heartbeat_timeout: seconds since the member agent's last heartbeat after which a member is
+    not available (KubeFleet's scheduler's own threshold by default, 5 minutes).
     """
 
     health_source: str = "reports"
@@ -44,6 +52,7 @@ class KubeFleetConfig:
     version_source: str = DEFAULT_VERSION_SOURCE
     cookbook: str = "auto"
     max_overrides: int = 10
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
 
     def problems(self) -> list[str]:
         """Every setting that is wrong, each naming its flag and the fix."""
@@ -80,6 +89,11 @@ class KubeFleetConfig:
             out.append(
                 f"--max-overrides: {self.max_overrides} is not between 1 and {MAX_OVERRIDES} "
                 "(KubeFleet admits 100 ClusterResourceOverrides per hub; leave room for yours)"
+            )
+        if self.heartbeat_timeout <= 0:
+            out.append(
+                "--heartbeat-timeout: must be a positive number of seconds "
+                f"(KubeFleet's own is {DEFAULT_HEARTBEAT_TIMEOUT:g})"
             )
         if not self.taint.key:
             out.append("--taint-key: must not be empty")

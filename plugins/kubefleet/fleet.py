@@ -565,7 +565,7 @@ class KubeFleetHub:
             cached = self._members.get("", cluster_id)
             if cached is None:
                 return f"before-stage go/no-go: no MemberCluster named {cluster_id}"
-            available, why = inventory.availability(cached.obj)
+            available, why = inventory.availability(cached.obj, self.cfg.heartbeat_timeout)
             if not available:
                 return f"before-stage go/no-go: {cluster_id} is not available: {why}"
         return ""

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from fleetupgrade.plugin.v1 import cluster_pb2
-from plugins.kubefleet.objects import ANNOTATION_VERSION, condition
+from plugins.kubefleet.objects import ANNOTATION_VERSION, condition, parse_time
 
 __all__ = [
     "AGENT",
+    "DEFAULT_HEARTBEAT_TIMEOUT",
     "DEFAULT_TAINT_KEY",
     "DEFAULT_VERSION_SOURCE",
     "TaintSpec",
@@ -27,6 +29,13 @@ __all__ = [
 AGENT = "MemberAgent"
 """The agent type whose Joined/Healthy conditions say the member is reachable."""
 
+DEFAULT_HEARTBEAT_TIMEOUT = 300.0
+"""Seconds since the member agent's last heartbeat after which KubeFleet counts the member as
+not connected: its scheduler's cluster eligibility checker, defaultClusterHeartbeatCheckTimeout
+(5 minutes) in pkg/scheduler/clustereligibilitychecker/checker.go (kubefleet-dev/kubefleet;
+read in Azure/fleet @ 02a65ee, the same package before the move). Nothing on a hub changes a
+MemberCluster's conditions when its agent goes silent: the age of
+status.agentStatus[type=MemberAgent].lastReceivedHeartbeat is the only sign."""
 DEFAULT_TAINT_KEY = "fleetupgrade.io/out-of-service"
 DEFAULT_VERSION_SOURCE = "auto"
 AUTO_VERSION_SOURCES = (
@@ -109,8 +118,12 @@ def cluster_version(obj: Mapping[str, Any], source: str) -> str:
     return ""
 
 
-def availability(obj: Mapping[str, Any]) -> tuple[bool, str]:
-    """(available, why not): Joined True, and the member agent Joined and Healthy."""
+def availability(
+    obj: Mapping[str, Any], heartbeat_timeout: float, now: datetime | None = None
+) -> tuple[bool, str]:
+    """(available, why not): not leaving, Joined True, the member agent's last heartbeat at
+    most heartbeat_timeout seconds old (KubeFleet's own test, see DEFAULT_HEARTBEAT_TIMEOUT; a
+    missing heartbeat is as old as can be, as there), and the agent Joined and Healthy."""
     status = obj.get("status") or {}
     if (obj.get("metadata") or {}).get("deletionTimestamp"):
         return False, "the MemberCluster is being deleted (leaving the fleet)"
@@ -122,6 +135,16 @@ def availability(obj: Mapping[str, Any]) -> tuple[bool, str]:
     agent = next((a for a in agents if a.get("type") == AGENT), None)
     if agent is None:
         return False, f"no {AGENT} status reported"
+    last = parse_time(agent.get("lastReceivedHeartbeat"))
+    if last is None:
+        return False, f"{AGENT} has reported no heartbeat (lastReceivedHeartbeat is not set)"
+    age = ((now or datetime.now(UTC)) - last).total_seconds()
+    if age > heartbeat_timeout:
+        return False, (
+            f"{AGENT} is silent: last heartbeat {_age(age)} ago "
+            f"({agent.get('lastReceivedHeartbeat')}), more than the {heartbeat_timeout:g}s "
+            "KubeFleet allows before it counts the member as not connected"
+        )
     for kind in ("Joined", "Healthy"):
         cond = condition(agent.get("conditions"), kind)
         if cond is None or cond.get("status") != "True":
@@ -129,6 +152,16 @@ def availability(obj: Mapping[str, Any]) -> tuple[bool, str]:
             state = "not reported" if cond is None else str(cond.get("status"))
             return False, f"{AGENT} condition {kind} is {state}{why}"
     return True, ""
+
+
+def _age(seconds: float) -> str:
+    """A heartbeat age for people: 42s, 17m, 3h5m."""
+    whole = int(seconds)
+    if whole < 120:
+        return f"{whole}s"
+    if whole < 7200:
+        return f"{whole // 60}m"
+    return f"{whole // 3600}h{whole % 3600 // 60}m"
 
 
 def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
@@ -141,10 +174,11 @@ def to_cluster(
     obj: Mapping[str, Any],
     taint: TaintSpec,
     version_source: str,
+    heartbeat_timeout: float,
     current: cluster_pb2.Operation | None,
 ) -> cluster_pb2.Cluster:
     """The contract's view of one MemberCluster (KubeFleet reports no node pools)."""
-    available, reason = availability(obj)
+    available, reason = availability(obj, heartbeat_timeout)
     cluster = cluster_pb2.Cluster(
         id=str((obj.get("metadata") or {}).get("name", "")),
         labels=labels_of(obj),

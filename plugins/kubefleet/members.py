@@ -81,7 +81,9 @@ class Members:
 
     def _to_cluster(self, obj: Mapping[str, Any]) -> cluster_pb2.Cluster:
         current = self._store.in_flight(str(obj["metadata"]["name"]))
-        return inventory.to_cluster(obj, self.cfg.taint, self.cfg.version_source, current)
+        return inventory.to_cluster(
+            obj, self.cfg.taint, self.cfg.version_source, self.cfg.heartbeat_timeout, current
+        )
 
     def list_clusters(
         self, page_size: int, page_token: str, match_labels: Mapping[str, str]

@@ -183,6 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="seed generation: ClusterResourceOverrides this plugin may use, each serving up to "
         "20 pending gates (KubeFleet admits 100 per hub; default %(default)s)",
     )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=defaults.heartbeat_timeout,
+        metavar="SECONDS",
+        help="a member whose agent's last heartbeat (MemberCluster status.agentStatus "
+        "lastReceivedHeartbeat) is older is not available; KubeFleet's scheduler uses 5 "
+        "minutes (default %(default)s)",
+    )
     return parser
 
 
@@ -200,6 +209,7 @@ def config_from_args(args: argparse.Namespace) -> KubeFleetConfig:
         version_source=args.version_source,
         cookbook=args.cookbook,
         max_overrides=args.max_overrides,
+        heartbeat_timeout=args.heartbeat_timeout,
     )
 
 

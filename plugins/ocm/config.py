@@ -18,6 +18,7 @@ from plugins.sdk.config import read_yaml, validate_model
 __all__ = [
     "DEFAULT_TAINT_KEY",
     "DEFAULT_TAINT_VALUE",
+    "OPENSHIFT_VERSION_SOURCE",
     "ClusterCuratorConfig",
     "ConfigError",
     "FeedbackMatch",
@@ -35,6 +36,13 @@ __all__ = [
 
 DEFAULT_TAINT_KEY = "fleetupgrade.io/service-out"
 """The key of the taint ServiceOut adds unless the configuration names another."""
+
+OPENSHIFT_VERSION_SOURCE = "clusterClaim:version.openshift.io"
+"""Where the OpenShift version is read: the ClusterClaim the registration agent reports on
+OpenShift (status.version.kubernetes holds the Kubernetes version, e.g. v1.27.6+b49f9d1)."""
+
+KUBERNETES_SOURCES = ("kubernetes", "clusterClaim:kubeversion.open-cluster-management.io")
+"""Version sources that report the Kubernetes version, never an OpenShift one."""
 
 DEFAULT_TAINT_VALUE = "fleet-upgrade-orchestrator"
 """The value that marks a taint as added by this plugin (its ownership mark)."""
@@ -279,8 +287,24 @@ class OcmConfig(_Model):
     manifest_work: ManifestWorkConfig | None = None
     workloads: WorkloadsConfig = WorkloadsConfig()
     cluster_claim_label_prefix: str = "clusterclaim/"
-    version_source: str = "kubernetes"
+    version_source: str = ""
     hubs: tuple[HubConfig, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_version_source(cls, data: Any) -> Any:
+        """versionSource by upgradeMethod when not given: ClusterCurator upgrades to an
+        OpenShift version, so the OpenShift version claim; ManifestWork, Kubernetes'."""
+        if isinstance(data, dict) and not data.get("versionSource", data.get("version_source")):
+            method = data.get("upgradeMethod", data.get("upgrade_method"))
+            data = {
+                **data,
+                "versionSource": OPENSHIFT_VERSION_SOURCE
+                if method == "ClusterCurator"
+                else "kubernetes",
+            }
+            data.pop("version_source", None)
+        return data
 
     @field_validator("hubs")
     @classmethod
@@ -313,6 +337,14 @@ class OcmConfig(_Model):
 
     @model_validator(mode="after")
     def _method_needs(self) -> OcmConfig:
+        if self.upgrade_method == "ClusterCurator" and self.version_source in KUBERNETES_SOURCES:
+            raise ValueError(
+                f"versionSource: {self.version_source} reports the Kubernetes version (e.g. "
+                "v1.27.6+b49f9d1 on OpenShift) but upgradeMethod ClusterCurator upgrades to an "
+                "OpenShift version (desiredUpdate, e.g. 4.14.10): they never match, so every "
+                f"upgrade would end FAILED TIMEOUT; use versionSource: {OPENSHIFT_VERSION_SOURCE} "
+                "(the default for ClusterCurator)"
+            )
         if self.upgrade_method == "ManifestWork" and self.manifest_work is None:
             raise ValueError(
                 "manifestWork: required when upgradeMethod is ManifestWork; give the template, "

@@ -318,7 +318,8 @@ class OcmFleet:
         """Read-modify-write of spec.taints and the operation ledger, conditional on the
         resourceVersion read (add None: the ledger only).
 
-        Only our taint is added or removed; every other taint is written back as read. A 409
+        Only our taint is added or removed; every other taint is written back as read, except
+        for the timeAdded the hub's webhook demands (inventory.admissible_taints). A 409
         (someone changed the ManagedCluster in between) re-reads and tries again, and so does
         the hub webhook's denial of a taint's timeAdded: the webhook runs before the
         resourceVersion check, so a write from a stale read (a taint removed meanwhile) is
@@ -332,15 +333,19 @@ class OcmFleet:
 
         def change(fresh: dict[str, Any]) -> dict[str, Any] | None:
             patch: dict[str, Any] = {}
+            taints = [t for t in (fresh.get("spec") or {}).get("taints") or [] if t]
+            new: list[dict[str, Any]] | None = None
             if add is not None:
-                taints = list((fresh.get("spec") or {}).get("taints") or [])
                 new = (
                     inventory.with_our_taint(taints, self.cfg.taint)
                     if add
                     else inventory.without_our_taint(taints, self.cfg.taint)
                 )
-                if new is not None:
-                    patch["spec"] = {"taints": new}
+            # Every write carries the whole object to the webhook, the ledger alone too: with
+            # two taints of one key, even the list as read is denied (admissible_taints).
+            admitted = inventory.admissible_taints(taints if new is None else new, taints)
+            if admitted != taints:
+                patch["spec"] = {"taints": admitted}
             ledger = with_record(fresh, record) if record is not None else None
             if ledger is not None:
                 patch["metadata"] = {"annotations": {ANNOTATION_OPERATIONS: ledger}}

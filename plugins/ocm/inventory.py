@@ -14,6 +14,7 @@ __all__ = [
     "HUB_TAINTS",
     "TAINT_UNAVAILABLE",
     "TAINT_UNREACHABLE",
+    "admissible_taints",
     "availability",
     "cluster_version",
     "has_our_taint",
@@ -73,6 +74,36 @@ def without_our_taint(
     """
     kept = [t for t in taints if not is_our_taint(t, cfg)]
     return None if len(kept) == len(taints) else kept
+
+
+def admissible_taints(
+    taints: list[dict[str, Any]], old: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The taint list to send so that the hub's mutating webhook admits it over `old`.
+
+    The webhook (open-cluster-management-io/ocm pkg/registration/webhook/v1/
+    managedcluster_mutating.go, processTaints) compares each taint sent with the FIRST taint
+    of the old object that has the same key (helpers.FindTaintByKey), whatever its value: when
+    value and effect match, the timeAdded sent must equal that one's; otherwise (no such key,
+    or another value or effect) the taint must come without timeAdded, and is stamped now. So
+    with two taints of one key (ours and someone else's, in either order), sending the list
+    back as read is denied. Here each taint gets the timeAdded the webhook demands: the first
+    same-key taint's when value and effect match, else none (the webhook stamps it now; for a
+    same-key taint after a different first one, that is the only admissible write).
+    """
+    out = []
+    for taint in taints:
+        first = next((t for t in old if t.get("key") == taint.get("key")), None)
+        kept = {k: v for k, v in taint.items() if k != "timeAdded"}
+        if (
+            first is not None
+            and first.get("value", "") == taint.get("value", "")
+            and first.get("effect") == taint.get("effect")
+            and first.get("timeAdded")
+        ):
+            kept["timeAdded"] = first["timeAdded"]
+        out.append(kept)
+    return out
 
 
 def cluster_version(obj: Mapping[str, Any], source: str) -> str:

@@ -7,7 +7,9 @@ apis/cluster/v1beta1, behaviour as in pkg/controllers/updaterun):
 - member join (the hub agent's MemberCluster controller and the member agent's heartbeat):
   the MemberCluster with its labels, status conditions ReadyToJoin / Joined / Healthy, the
   MemberAgent agentStatus (Joined, Healthy, lastReceivedHeartbeat), the property
-  k8s.io/k8s-version, and the hub namespace fleet-member-<cluster>;
+  k8s.io/k8s-version, and the hub namespace fleet-member-<cluster>; each member's agent
+  heartbeats again every spec.heartbeatPeriodSeconds (60) until go_silent(): then, as on a
+  real hub, nothing changes its conditions, only lastReceivedHeartbeat grows old;
 - the update-run controller, for ClusterStagedUpdateRun and StagedUpdateRun: with spec.state
   Initialize or Run it initializes status (policySnapshotIndexUsed, the strategy snapshot,
   stagesStatus with each stage's clusters chosen by the stage's labelSelector from the
@@ -54,7 +56,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes import client as k8s
@@ -89,8 +91,8 @@ PLACED_BY = "emulator.kubernetes-fleet.io/placed-by"
 VERSION_PROPERTY = "k8s.io/k8s-version"
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _now(seconds_ago: float = 0.0) -> str:
+    return (datetime.now(UTC) - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _cond(conditions: list[dict[str, Any]] | None, kind: str) -> dict[str, Any] | None:
@@ -276,6 +278,8 @@ class KubeFleetEmulator:
         self.errors: list[str] = []
         self.violations: list[str] = []
         self._override_placements: dict[str, str | None] = {}
+        self._beats: dict[str, tuple[float, str]] = {}  # member -> (monotonic time, version)
+        self._silent: set[str] = set()
         self.on_cluster_updated: Callable[[str, str], None] | None = None
 
     # -- generic access ------------------------------------------------------------------------
@@ -384,12 +388,23 @@ class KubeFleetEmulator:
             obj = existing
         self.heartbeat(name, version, obj)
 
-    def heartbeat(self, name: str, version: str, obj: dict[str, Any] | None = None) -> None:
-        """The member agent's status report: joined, healthy, version property."""
+    def heartbeat(
+        self,
+        name: str,
+        version: str,
+        obj: dict[str, Any] | None = None,
+        *,
+        seconds_ago: float = 0.0,
+    ) -> None:
+        """The member agent's status report: joined, healthy, version property, and its
+        heartbeat time (seconds_ago in the past; the agent speaks again: not silent)."""
         obj = obj or self.get("MemberCluster", name)
         assert obj is not None
         gen = int(obj["metadata"].get("generation") or 1)
+        self._silent.discard(name)
+        self._beats[name] = (time.monotonic(), version)
         now = _now()
+        beat = _now(seconds_ago)
         conds: list[dict[str, Any]] = []
         for kind, reason in (
             ("ReadyToJoin", "MemberClusterReadyToJoin"),
@@ -403,7 +418,7 @@ class KubeFleetEmulator:
         status = {
             "conditions": conds,
             "agentStatus": [
-                {"type": "MemberAgent", "conditions": agent, "lastReceivedHeartbeat": now}
+                {"type": "MemberAgent", "conditions": agent, "lastReceivedHeartbeat": beat}
             ],
             "properties": {VERSION_PROPERTY: {"value": f"v{version}", "observationTime": now}},
         }
@@ -413,6 +428,27 @@ class KubeFleetEmulator:
             obj = self.get("MemberCluster", name)
             assert obj is not None
         raise RuntimeError(f"cannot write the status of MemberCluster {name}")
+
+    def go_silent(self, name: str, seconds_ago: float = 0.0) -> None:
+        """The member agent stops reporting (crashed, partitioned, its cluster gone), its last
+        heartbeat seconds_ago in the past. KubeFleet's hub changes nothing on the
+        MemberCluster then (conditions stay True); heartbeat() brings the agent back."""
+        obj = self.get("MemberCluster", name)
+        assert obj is not None
+        self.heartbeat(
+            name, self._beats.get(name, (0.0, "1.29.4"))[1], obj, seconds_ago=seconds_ago
+        )
+        self._silent.add(name)
+
+    def _heartbeats(self, members: Mapping[str, dict[str, Any]]) -> None:
+        """Every member agent not silent reports again once its heartbeat period has passed."""
+        for name, obj in members.items():
+            beat = self._beats.get(name)
+            if name in self._silent or beat is None:
+                continue
+            period = float((obj.get("spec") or {}).get("heartbeatPeriodSeconds") or 60)
+            if time.monotonic() - beat[0] >= period:
+                self.heartbeat(name, beat[1], obj)
 
     def leave(self, name: str) -> None:
         """Deletes the MemberCluster (KubeFleet keeps the namespace until cleanup; so do we)."""
@@ -487,6 +523,7 @@ class KubeFleetEmulator:
     def tick(self) -> None:
         """One pass of every emulated controller."""
         members = self.members()
+        self._heartbeats(members)
         for kind in ("ClusterStagedUpdateRun", "StagedUpdateRun"):
             for run in self.list(kind):
                 self._step_run(kind, run, members)

@@ -6,7 +6,8 @@ open-cluster-management-io/api and stolostron/cluster-curator-controller):
 
 - the klusterlet registration agent and the hub's registration controller: ManagedCluster
   status (conditions ManagedClusterJoined, HubAcceptedManagedCluster,
-  ManagedClusterConditionAvailable; version.kubernetes; clusterClaims) and the hub's
+  ManagedClusterConditionAvailable; version.kubernetes with the Kubernetes version and the
+  version.openshift.io claim with the OpenShift version, see kubernetes_version) and the hub's
   cluster.open-cluster-management.io/unavailable|unreachable taints;
 - the cluster-curator controller and its curator job: spec.curatorJob, the
   "clustercurator-job" / "upgrade-cluster" / "monitor-upgrade" conditions with reasons
@@ -146,6 +147,27 @@ def _without_empty_strings(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_empty_strings(v) for v in value]
     return value
+
+
+KUBE_VERSION_CLAIM = "kubeversion.open-cluster-management.io"
+OPENSHIFT_VERSION_CLAIM = "version.openshift.io"
+_OPENSHIFT = re.compile(r"^4\.(\d+)\.(\d+)$")
+
+
+def kubernetes_version(version: str) -> str:
+    """What the registration agent reports in status.version.kubernetes (and the kubeversion
+    claim) for a cluster running `version`: the apiserver's gitVersion. Every cluster here is
+    OpenShift (its ManagedClusterInfo says so) and `version` is its OpenShift version, which
+    the agent reports apart, in the version.openshift.io ClusterClaim (OCM's well-known claims:
+    kubeversion.open-cluster-management.io everywhere, version.openshift.io on OpenShift).
+    OpenShift 4.y ships Kubernetes 1.(y+13) with a +<commit> suffix, e.g. 4.14.10 reports
+    v1.27.6+b49f9d1 (the patch here is illustrative). A version that is not 4.y.z (the tests'
+    1.x stand-ins) is reported as v<version>, as a vanilla cluster's would be."""
+    match = _OPENSHIFT.match(version)
+    if match is None:
+        return f"v{version}"
+    minor, patch = int(match.group(1)), int(match.group(2))
+    return f"v1.{minor + 13}.{patch % 10}+b49f9d1"
 
 
 def _stale_taint_denial(exc: ApiException) -> bool:
@@ -431,8 +453,10 @@ class OcmEmulator:
         version: str,
         labels: Mapping[str, str] | None = None,
         claims: Mapping[str, str] | None = None,
+        taints: list[Mapping[str, Any]] | None = None,
     ) -> None:
-        """Registers a cluster as a joined, accepted and available ManagedCluster."""
+        """Registers a cluster as a joined, accepted and available ManagedCluster (created
+        with `taints`, in that order: the hub's webhook stamps each one's timeAdded)."""
         with contextlib.suppress(ApiException):
             self._core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
         body = {
@@ -444,6 +468,8 @@ class OcmEmulator:
             },
             "spec": {"hubAcceptsClient": True, "leaseDurationSeconds": 60},
         }
+        if taints:
+            body["spec"]["taints"] = [dict(t) for t in taints]
         self._custom.create_cluster_custom_object(*MC, body)
         with self._lock:
             self._members[name] = _Member(version=version)
@@ -471,10 +497,11 @@ class OcmEmulator:
                     "lastTransitionTime": _now(),
                 },
             ],
-            "version": {"kubernetes": f"v{version}"},
+            "version": {"kubernetes": kubernetes_version(version)},
             "clusterClaims": [
                 {"name": "id.k8s.io", "value": f"{name}-id"},
-                {"name": "kubeversion.open-cluster-management.io", "value": f"v{version}"},
+                {"name": KUBE_VERSION_CLAIM, "value": kubernetes_version(version)},
+                {"name": OPENSHIFT_VERSION_CLAIM, "value": version},
                 *({"name": k, "value": v} for k, v in (claims or {}).items()),
             ],
         }
@@ -490,7 +517,7 @@ class OcmEmulator:
         newer = [v for v in offered if current is None or ((_semver(v) or current) > current)]
         status = {
             "kubeVendor": "OpenShift",
-            "version": f"v{version}",
+            "version": kubernetes_version(version),
             "distributionInfo": {
                 "type": "OCP",
                 "ocp": {
@@ -605,9 +632,18 @@ class OcmEmulator:
         return dict(self._custom.get_cluster_custom_object(*MC, name))
 
     def version_of(self, name: str) -> str:
-        """status.version.kubernetes of the ManagedCluster, without the leading v."""
+        """The version the cluster runs, as the version.openshift.io claim reports it (the
+        OpenShift version; what ClusterCurator's desiredUpdate names)."""
         mc = self.managed_cluster(name)
-        return str((mc.get("status") or {}).get("version", {}).get("kubernetes", "")).lstrip("v")
+        claims = (mc.get("status") or {}).get("clusterClaims") or []
+        return next(
+            (str(c["value"]) for c in claims if c.get("name") == OPENSHIFT_VERSION_CLAIM), ""
+        )
+
+    def kubernetes_version_of(self, name: str) -> str:
+        """status.version.kubernetes of the ManagedCluster, as reported (leading v kept)."""
+        mc = self.managed_cluster(name)
+        return str((mc.get("status") or {}).get("version", {}).get("kubernetes", ""))
 
     def taints_of(self, name: str) -> list[dict[str, Any]]:
         return list((self.managed_cluster(name).get("spec") or {}).get("taints") or [])
@@ -666,14 +702,13 @@ class OcmEmulator:
             if name not in self._members:
                 return
         mc = self._custom.get_cluster_custom_object(*MC, name)
+        values = {KUBE_VERSION_CLAIM: kubernetes_version(version), OPENSHIFT_VERSION_CLAIM: version}
         claims = [
-            {**c, "value": f"v{version}"}
-            if c.get("name") == "kubeversion.open-cluster-management.io"
-            else c
+            {**c, "value": values[c.get("name", "")]} if c.get("name") in values else c
             for c in (mc.get("status") or {}).get("clusterClaims") or []
         ]
         self._patch_mc_status(
-            name, {"version": {"kubernetes": f"v{version}"}, "clusterClaims": claims}
+            name, {"version": {"kubernetes": kubernetes_version(version)}, "clusterClaims": claims}
         )
         with contextlib.suppress(ApiException):
             self._write_cluster_info(name, version)

@@ -219,6 +219,53 @@ def test_gkes_incompatible_operation_answer_becomes_aborted_naming_the_operation
     _done(client, client.upgrade_control_plane("cp-again", C1, NEW))
 
 
+@pytest.mark.parametrize("shape", ["incompatible", "upgrading", "operating", "reason"])
+def test_every_shape_of_gkes_busy_answer_is_aborted_naming_the_running_operation(
+    emulator: GkeEmulator, start_plugin: StartPlugin, shape: str
+) -> None:
+    """GKE starts an auto-upgrade between the plugin's ListOperations and its UpdateMaster,
+    then refuses the upgrade in one of its shapes (the emulator's busy_error: three texts
+    naming the operation, or the ErrorInfo reason CLUSTER_ALREADY_HAS_OPERATION alone). Each
+    is ABORTED naming the running operation, never a final FAILED_PRECONDITION."""
+    client = start_plugin(mode="none").client
+    emulator.set_busy_shape(shape)
+    emulator.set_timing("AUTO_UPGRADE_NODES", pending=0.05, running=2.0)
+    started: list[str] = []
+    emulator.before_next_call(
+        "UpdateMaster",
+        lambda: started.append(
+            emulator.start_foreign_operation(C1, "AUTO_UPGRADE_NODES", NEW, "default-pool")
+        ),
+    )
+    error = _code(lambda: client.upgrade_control_plane("cp", C1, NEW), grpc.StatusCode.ABORTED)
+    assert len(started) == 1
+    assert error.operation_id == started[0]
+    assert started[0] in error.message
+    assert emulator.calls("UpdateMaster") == 1
+    assert emulator.cluster(C1)["currentMasterVersion"] == OLD
+    # Once GKE's operation ends, the same upgrade goes through.
+    wait_until(
+        lambda: client.get_cluster(C1).current_operation.id != started[0],
+        timeout=30,
+        what="the auto-upgrade ends",
+    )
+    _done(client, client.upgrade_control_plane("cp-again", C1, NEW))
+    assert emulator.cluster(C1)["currentMasterVersion"] == NEW
+
+
+def test_gkes_rate_quota_is_unavailable_with_backoff_never_missing_credentials(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    """GKE's 429 RESOURCE_EXHAUSTED (ErrorInfo RATE_LIMIT_EXCEEDED) is UNAVAILABLE: retry."""
+    client = start_plugin(mode="none").client
+    emulator.set_quota("container", 0)
+    error = _code(lambda: client.get_cluster(C1), grpc.StatusCode.UNAVAILABLE, "rate quota")
+    assert error.retryable
+    assert "roles/" not in error.message
+    emulator.clear_quotas()
+    assert client.get_cluster(C1).control_plane_version == OLD
+
+
 def test_every_running_operation_counts_and_node_repairs_are_understood(
     emulator: GkeEmulator, start_plugin: StartPlugin
 ) -> None:

@@ -305,3 +305,43 @@ def test_a_drain_undone_by_a_controller_is_read_back_and_fails() -> None:
             assert "HTTPRoute" in failed.error_message
             assert client.get_cluster(C1).in_service  # the truth: it still takes traffic
         assert emu.capacity(PROJECT, "web", "neg-c1") == 1.0
+
+
+@pytest.mark.parametrize("reason", ["rateLimitExceeded", "userRateLimitExceeded"])
+def test_computes_rate_limit_is_retried_with_backoff_never_missing_credentials(
+    emulator: GkeEmulator, start_plugin: StartPlugin, reason: str
+) -> None:
+    """Compute's rate quota answers HTTP 403 rateLimitExceeded (or userRateLimitExceeded):
+    UNAVAILABLE and retryable, not "missing credentials" (final); a drain that meets it
+    waits and goes through."""
+    client = start_plugin().client
+    emulator.set_quota("compute", 0)
+    with pytest.raises(PluginCallError) as err:
+        client.service_out("out-limited", C1)
+    error = err.value
+    assert error.code is grpc.StatusCode.UNAVAILABLE, error.message
+    assert error.retryable and "rate quota" in error.message
+    assert "roles/" not in error.message
+    assert emulator.capacity(PROJECT, "web", "neg-c1") == 1.0
+    emulator.clear_quotas()
+    # The shape of the other reason, injected once in the middle of the drain (the patch).
+    emulator.fail_http(
+        "compute.backendServices.patch", 403, "Rate Limit Exceeded", reason=reason, times=2
+    )
+    out = wait_terminal(client, client.service_out("out", C1).id)
+    assert out.state == _S.OPERATION_STATE_SUCCEEDED, out.error_message
+    assert emulator.capacity(PROJECT, "web", "neg-c1") == 0.0
+    assert emulator.calls("compute.backendServices.patch") == 3
+
+
+def test_a_drain_under_a_compute_rate_quota_waits_and_succeeds(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    """The emulator's quota: 3 compute calls per 2 s. A drain needs more: it meets the
+    403 rateLimitExceeded, backs off, and ends SUCCEEDED with the backend at zero."""
+    client = start_plugin().client
+    emulator.set_quota("compute", 3, per_seconds=2.0)
+    out = wait_terminal(client, client.service_out("out", C1).id, timeout=60)
+    assert out.state == _S.OPERATION_STATE_SUCCEEDED, out.error_message
+    assert emulator.capacity(PROJECT, "web", "neg-c1") == 0.0
+    emulator.clear_quotas()

@@ -137,6 +137,25 @@ def test_before_and_after_stage_gates_each_check_what_they_are_meant_to(
     assert "member-3" in cond["message"] and "HeartbeatLost" in cond["message"]
     emulator.heartbeat("member-3", "1.29.4")
 
+    # Its agent then goes silent: its conditions stay True (nothing on a hub changes them),
+    # but its last heartbeat is an hour old, so KubeFleet counts it as not connected: no-go.
+    emulator.go_silent("member-3", seconds_ago=3600)
+    cond = wait_for(
+        "before-prod blocked on the silent member-3",
+        lambda: (
+            (c := _says(emulator, run, "prod", "before", "ClusterUnavailable"))
+            and "MemberAgent is silent" in c["message"]
+            and c
+        ),
+        STEP,
+    )
+    assert "member-3 is not available" in cond["message"]
+    with pytest.raises(PluginCallError) as refused:
+        plugin.client.resolve_gate(before_prod, APPROVE, "go")
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION, refused.value.message
+    assert not approved(approval(emulator, run, "prod", task="before"))
+    emulator.heartbeat("member-3", "1.29.4")
+
     # The go/no-go passes on member-1, and prod starts.
     wait_for(
         "before-prod healthy",

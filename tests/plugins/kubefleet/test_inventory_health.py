@@ -210,3 +210,57 @@ def test_the_conformance_kit_passes_against_the_plugin(
     assert len(running) >= 2, "the durability check restarted the plugin"
     client = running[-1].client
     assert client.get_cluster("member-1").in_service, "the kit left member-1 as it found it"
+
+
+def test_a_member_whose_agent_went_silent_is_down_for_the_floor(
+    emulator: KubeFleetEmulator, start_plugin: StartPlugin
+) -> None:
+    """A dead member agent leaves its MemberCluster's conditions True (no hub controller
+    changes them); only the age of its last heartbeat says so, and the plugin reads it as
+    KubeFleet's scheduler does: the member is not available, so the orchestrator's floor
+    (requiredAvailableCount) and the before-stage check count it as down."""
+    plugin = start_plugin()
+    assert plugin.client.get_cluster("member-2").available
+
+    emulator.go_silent("member-2", seconds_ago=3 * 3600)
+    member = emulator.get("MemberCluster", "member-2")
+    assert member is not None
+    agent = member["status"]["agentStatus"][0]
+    assert {c["type"]: c["status"] for c in agent["conditions"]} == {
+        "Joined": "True",
+        "Healthy": "True",
+    }
+    down = wait_for(
+        "member-2 reported unavailable",
+        lambda: (c := plugin.client.get_cluster("member-2")).available is False and c,
+        timeout=30,
+    )
+    assert down.unavailable_reason.startswith("MemberAgent is silent: last heartbeat 3h0m ago (")
+    assert "more than the 300s KubeFleet allows" in down.unavailable_reason
+    listed = {c.id: c.available for c in plugin.client.list_clusters()}
+    assert (listed["member-1"], listed["member-2"], listed["member-3"]) == (True, False, True)
+
+    # The agent speaks again: available again.
+    emulator.heartbeat("member-2", "1.29.4")
+    wait_for(
+        "member-2 available again",
+        lambda: plugin.client.get_cluster("member-2").available,
+        timeout=30,
+    )
+
+
+def test_a_member_goes_down_once_its_silence_outlasts_the_configured_threshold(
+    emulator: KubeFleetEmulator, start_plugin: StartPlugin
+) -> None:
+    """--heartbeat-timeout: with 3 s, a member silent from now on is available at first and
+    unavailable once 3 s have passed without a heartbeat (no write on the hub in between)."""
+    plugin = start_plugin(heartbeat_timeout=3.0)
+    emulator.go_silent("member-1")
+    assert plugin.client.get_cluster("member-1").available
+    down = wait_for(
+        "member-1 reported unavailable",
+        lambda: (c := plugin.client.get_cluster("member-1")).available is False and c,
+        timeout=30,
+    )
+    assert "more than the 3s KubeFleet allows" in down.unavailable_reason
+    emulator.heartbeat("member-1", "1.29.4")

@@ -226,6 +226,7 @@ def test_version_and_availability_of_a_member_cluster() -> None:
                         {"type": "Joined", "status": "True"},
                         {"type": "Healthy", "status": "False", "reason": "HeartbeatLost"},
                     ],
+                    "lastReceivedHeartbeat": "2026-01-01T11:59:30Z",
                 }
             ],
             "properties": {"k8s.io/k8s-version": {"value": "v1.29.4"}},
@@ -244,10 +245,56 @@ def test_version_and_availability_of_a_member_cluster() -> None:
         == "1.28.9"
     )
     assert inventory.cluster_version({}, "auto") == ""
-    assert inventory.availability(member) == (
+    assert inventory.availability(member, 300.0, NOW) == (
         False,
         "MemberAgent condition Healthy is False (HeartbeatLost)",
     )
+
+
+def _member_heard_from(last: str | None) -> dict[str, object]:
+    """A joined member, its agent Joined and Healthy, its last heartbeat at `last`."""
+    agent: dict[str, object] = {
+        "type": "MemberAgent",
+        "conditions": [
+            {"type": "Joined", "status": "True"},
+            {"type": "Healthy", "status": "True"},
+        ],
+    }
+    if last is not None:
+        agent["lastReceivedHeartbeat"] = last
+    return {
+        "metadata": {"name": "a"},
+        "status": {"conditions": [{"type": "Joined", "status": "True"}], "agentStatus": [agent]},
+    }
+
+
+def test_a_member_whose_agent_is_silent_is_not_available_as_kubefleet_judges_it() -> None:
+    """KubeFleet's scheduler counts a member whose agent last heartbeat more than 5 minutes ago
+    as not connected, whatever its conditions say (nothing on the hub changes them)."""
+    assert inventory.DEFAULT_HEARTBEAT_TIMEOUT == 300.0
+    assert KubeFleetConfig().heartbeat_timeout == 300.0
+    fresh = _member_heard_from("2026-01-01T11:55:00Z")  # exactly 5 minutes: still connected
+    assert inventory.availability(fresh, 300.0, NOW) == (True, "")
+    stale = _member_heard_from("2026-01-01T09:00:00Z")
+    available, why = inventory.availability(stale, 300.0, NOW)
+    assert not available
+    assert why == (
+        "MemberAgent is silent: last heartbeat 3h0m ago (2026-01-01T09:00:00Z), more than the "
+        "300s KubeFleet allows before it counts the member as not connected"
+    )
+    # The threshold is ours to set: 301 s is silent at 300 s, connected at 600 s.
+    just_over = _member_heard_from("2026-01-01T11:54:59Z")
+    assert not inventory.availability(just_over, 300.0, NOW)[0]
+    assert inventory.availability(just_over, 600.0, NOW) == (True, "")
+    # Never heard from (or unreadable): as old as can be, as in KubeFleet (a zero time).
+    for last in (None, "", "yesterday"):
+        assert inventory.availability(_member_heard_from(last), 300.0, NOW) == (
+            False,
+            "MemberAgent has reported no heartbeat (lastReceivedHeartbeat is not set)",
+        )
+    cluster = inventory.to_cluster(stale, inventory.TaintSpec(), "auto", 300.0, None)
+    assert not cluster.available
+    assert cluster.unavailable_reason.startswith("MemberAgent is silent: last heartbeat ")
 
 
 def test_configuration_problems_name_the_flag() -> None:
@@ -258,6 +305,9 @@ def test_configuration_problems_name_the_flag() -> None:
     assert any(p.startswith("--central-prometheus-url") for p in problems)
     assert any(p.startswith("--collect-interval") for p in problems)
     assert any(p.startswith("--version-source") for p in problems)
+    assert KubeFleetConfig(heartbeat_timeout=0).problems() == [
+        "--heartbeat-timeout: must be a positive number of seconds (KubeFleet's own is 300)"
+    ]
 
 
 def test_names_stay_within_63_characters_and_are_stable() -> None:

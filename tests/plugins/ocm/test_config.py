@@ -32,8 +32,24 @@ def test_minimal_curator_config_has_the_documented_defaults() -> None:
     assert (cfg.taint.key, cfg.taint.value) == (DEFAULT_TAINT_KEY, DEFAULT_TAINT_VALUE)
     assert cfg.workloads.manifest_work_name == "fleetupgrade-health"
     assert cfg.workloads.feedback == "WellKnownStatus"
-    assert cfg.version_source == "kubernetes"
+    # ClusterCurator upgrades to an OpenShift version: the OpenShift version claim by default.
+    assert cfg.version_source == "clusterClaim:version.openshift.io"
     assert cfg.manifest_work is None
+    assert parse_config(work_config()).version_source == "kubernetes"
+
+
+@pytest.mark.parametrize(
+    "source", ["kubernetes", "clusterClaim:kubeversion.open-cluster-management.io"]
+)
+def test_a_curator_config_comparing_kubernetes_versions_is_refused_naming_the_fix(
+    source: str,
+) -> None:
+    """status.version.kubernetes on OpenShift is v1.27.6+b49f9d1 while desiredUpdate is
+    4.14.10: the pair can never match, so every curated upgrade would time out."""
+    message = _error(curator_config(versionSource=source))
+    assert f"versionSource: {source} reports the Kubernetes version" in message, message
+    assert "use versionSource: clusterClaim:version.openshift.io" in message, message
+    assert parse_config(work_config(versionSource=source)).version_source == source
 
 
 def test_manifest_work_config_accepts_the_template_as_yaml_text() -> None:

@@ -69,6 +69,31 @@ def test_curated_upgrade_reports_progress_and_ends_when_the_hub_sees_the_version
     assert emulator.curations_started == {name: 1}
 
 
+def test_an_openshift_upgrade_compares_openshift_versions_as_ocm_reports_them(
+    hub: KubeCluster,
+    emulator: OcmEmulator,
+    start_plugin: StartPlugin,
+    names: Callable[[int], list[str]],
+) -> None:
+    """On OpenShift the registration agent reports the Kubernetes version in
+    status.version.kubernetes (v1.27.x+<commit>) and the OpenShift version in the
+    version.openshift.io claim; the curator's desiredUpdate is the OpenShift one. With the
+    shipped configuration (no versionSource: the ClusterCurator default) the plugin reports and
+    compares OpenShift versions, and a curated 4.14.10 -> 4.15.2 upgrade SUCCEEDS."""
+    [name] = names(1)
+    emulator.add_cluster(name, "4.14.10")
+    emulator.set_offered(name, ("4.14.10", "4.15.2"))
+    assert emulator.kubernetes_version_of(name) == "v1.27.0+b49f9d1"
+    plugin = start_plugin(curator_config())
+    assert plugin.client.get_cluster(name).control_plane_version == "4.14.10"
+    final = plugin.end(plugin.client.upgrade_control_plane("up-ocp", name, "4.15.2").id)
+    assert (final.state, final.error_message) == (SUCCEEDED, "")
+    assert _curator(hub, name)["spec"]["upgrade"]["desiredUpdate"] == "4.15.2"
+    assert emulator.version_of(name) == "4.15.2"
+    assert emulator.kubernetes_version_of(name) == "v1.28.2+b49f9d1"
+    assert plugin.client.get_cluster(name).control_plane_version == "4.15.2"
+
+
 def test_a_failed_curation_fails_the_operation_with_the_curator_message(
     emulator: OcmEmulator, start_plugin: StartPlugin, names: Callable[[int], list[str]]
 ) -> None:

@@ -39,6 +39,11 @@ def _docs(name: str) -> list[dict[str, Any]]:
 def test_the_shipped_configurations_are_valid() -> None:
     configs = [parse_config(yaml.safe_load(d["data"]["config.yaml"])) for d in _docs("config.yaml")]
     assert [c.upgrade_method for c in configs] == ["ClusterCurator", "ManifestWork"]
+    # The curator upgrades to OpenShift versions: the OpenShift version is what is compared.
+    assert [c.version_source for c in configs] == [
+        "clusterClaim:version.openshift.io",
+        "kubernetes",
+    ]
     work = configs[1].manifest_work
     assert work is not None and work.template["kind"] == "Plan"
     assert work.feedback.succeeded.name == PLAN_FEEDBACK["succeeded"]["name"]

@@ -11,6 +11,7 @@ from fleetupgrade.plugin.v1 import cluster_pb2, health_pb2
 from plugins.ocm import curator, inventory, work
 from plugins.ocm.config import TaintConfig, parse_config
 from tests.plugins.ocm.conftest import curator_config, work_config
+from tests.plugins.ocm.webhook import process_taints
 from tests.support.ocm_emulator import jsonpath, select_clusters
 
 OURS = TaintConfig()
@@ -61,11 +62,67 @@ def test_removing_removes_only_ours_never_a_same_key_taint_of_someone_else() -> 
     assert inventory.without_our_taint(list(FOREIGN), OURS) is None  # ours absent: no write
 
 
+def _stamped(taints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The taints as the hub stores them: each with its own timeAdded (all different)."""
+    return [{**t, "timeAdded": f"2026-01-0{i + 1}T00:00:00Z"} for i, t in enumerate(taints)]
+
+
+OUR_TAINT = {"key": OURS.key, "value": OURS.value, "effect": "NoSelect"}
+SAME_KEY_A = {"key": OURS.key, "value": "team-a", "effect": "NoSelect"}
+SAME_KEY_B = {"key": OURS.key, "value": "team-b", "effect": "NoSelect"}
+SAME_KEY_A_AGAIN = {"key": OURS.key, "value": "team-a", "effect": "NoSelect"}
+OTHER = {"key": "example.com/maintenance", "value": "db", "effect": "PreferNoSelect"}
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        pytest.param([SAME_KEY_A, OUR_TAINT], id="foreign-first"),
+        pytest.param([OUR_TAINT, SAME_KEY_A], id="ours-first"),
+        pytest.param([SAME_KEY_A, OUR_TAINT, SAME_KEY_B], id="ours-between"),
+        pytest.param([OUR_TAINT, SAME_KEY_A, OTHER, SAME_KEY_B], id="ours-first-of-several"),
+        pytest.param([SAME_KEY_A, SAME_KEY_B, OTHER, OUR_TAINT], id="ours-last-of-several"),
+        pytest.param([SAME_KEY_A, OUR_TAINT, SAME_KEY_A_AGAIN], id="a-duplicate-after-ours"),
+        pytest.param([SAME_KEY_A, OTHER], id="ours-absent"),
+    ],
+)
+def test_no_taint_write_is_one_the_hub_webhook_denies_whatever_the_same_key_order(
+    order: list[dict[str, Any]],
+) -> None:
+    """The hub's webhook compares each taint sent with the first old taint of its key; every
+    list this plugin sends (adding ours, removing ours, or the ledger alone) passes it, and
+    keeps every foreign taint's key, value and effect, in place."""
+    old = _stamped(order)
+    foreign = [t for t in order if not inventory.is_our_taint(t, OURS)]
+    plain = [{k: v for k, v in t.items() if k != "timeAdded"} for t in old]
+    for target, wanted in (
+        (inventory.with_our_taint(old, OURS) or old, [*foreign, OUR_TAINT]),
+        (inventory.without_our_taint(old, OURS) or old, foreign),
+        (old, plain),
+    ):
+        sent = inventory.admissible_taints(target, old)
+        _, denied = process_taints({"spec": {"taints": sent}}, {"spec": {"taints": old}}, "now")
+        assert denied == []
+        as_sent = [{k: v for k, v in t.items() if k != "timeAdded"} for t in sent]
+        if wanted is plain:
+            assert as_sent == plain
+        else:
+            assert sorted(map(str, as_sent)) == sorted(map(str, wanted))
+            assert [t for t in as_sent if t != OUR_TAINT] == foreign
+    # A taint whose key is first of its kind keeps its timeAdded (nothing is re-stamped that
+    # need not be): the first same-key taint and the other key.
+    sent = inventory.admissible_taints(old, old)
+    firsts = {t["key"]: t for t in reversed(old)}
+    for before, after in zip(old, sent, strict=True):
+        if firsts[before["key"]] is before:
+            assert after == before
+
+
 # -- inventory -----------------------------------------------------------------------------------
 
 
 def test_managed_cluster_maps_to_a_contract_cluster() -> None:
-    cfg = parse_config(curator_config())
+    cfg = parse_config(work_config())  # a k3s member: its Kubernetes version is the version
     cluster = inventory.to_cluster(mc(), cfg, None)
     assert cluster.id == "c1"
     assert cluster.control_plane_version == "1.28.5+k3s1"

@@ -132,6 +132,63 @@ def test_the_taint_code_never_removes_a_foreign_taint(
     assert len(emulator.taints_of(name)) == 2
 
 
+OUR_TAINT = {"key": TAINT_KEY, "value": "fleet-upgrade-orchestrator", "effect": "NoSelect"}
+TEAM_A = {"key": TAINT_KEY, "value": "team-a", "effect": "NoSelect"}
+TEAM_B = {"key": TAINT_KEY, "value": "team-b", "effect": "PreferNoSelect"}
+MAINTENANCE = {"key": "example.com/maintenance", "value": "db", "effect": "PreferNoSelect"}
+
+
+def _plain(taints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in t.items() if k != "timeAdded"} for t in taints]
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        pytest.param([TEAM_A, OUR_TAINT], id="foreign-first"),
+        pytest.param([OUR_TAINT, TEAM_A], id="ours-first"),
+        pytest.param([TEAM_A, OUR_TAINT, MAINTENANCE, TEAM_B], id="several-ours-between"),
+        pytest.param([OUR_TAINT, TEAM_B, MAINTENANCE, TEAM_A], id="several-ours-first"),
+    ],
+)
+def test_service_in_and_out_succeed_whatever_the_order_of_taints_sharing_our_key(
+    emulator: OcmEmulator,
+    start_plugin: StartPlugin,
+    names: Callable[[int], list[str]],
+    order: list[dict[str, Any]],
+) -> None:
+    """Someone else uses our taint key with another value, before or after ours. The hub's
+    webhook compares every taint sent with the first old taint of its key, so sending the list
+    back as read is denied; each write of the plugin passes, ours goes and comes back, and
+    every foreign taint keeps its key, value and effect, in place."""
+    [name] = names(1)
+    emulator.add_cluster(name, OLD, taints=order)
+    foreign = [t for t in order if t != OUR_TAINT]
+    assert _plain(emulator.taints_of(name)) == order
+    plugin = start_plugin(curator_config())
+    assert not plugin.client.get_cluster(name).in_service
+
+    # Out while ours is there already: the ledger alone is written (the same webhook).
+    out = _done(plugin, plugin.client.service_out("out-0", name))
+    assert (out.state, out.error_message) == (SUCCEEDED, "")
+    assert _plain(emulator.taints_of(name)) == order
+
+    back = _done(plugin, plugin.client.service_in("in-1", name))
+    assert (back.state, back.error_message) == (SUCCEEDED, "")
+    assert _plain(emulator.taints_of(name)) == foreign
+    assert plugin.client.get_cluster(name).in_service
+
+    again = _done(plugin, plugin.client.service_out("out-1", name))
+    assert (again.state, again.error_message) == (SUCCEEDED, "")
+    assert _plain(emulator.taints_of(name)) == [*foreign, OUR_TAINT]
+    assert not plugin.client.get_cluster(name).in_service
+    assert all(t.get("timeAdded") for t in emulator.taints_of(name))
+
+    final = _done(plugin, plugin.client.service_in("in-2", name))
+    assert (final.state, final.error_message) == (SUCCEEDED, "")
+    assert _plain(emulator.taints_of(name)) == foreign
+
+
 def test_concurrent_writers_lose_nothing_read_modify_write_retries_on_conflict(
     hub: KubeCluster,
     emulator: OcmEmulator,

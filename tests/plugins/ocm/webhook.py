@@ -1,7 +1,7 @@
 """The OCM hub's mutating admission webhook on ManagedCluster, served to the test apiserver.
 
 It mirrors open-cluster-management-io/ocm pkg/registration/webhook/v1/managedcluster_mutating.go
-(processTaints), the rule that decides whether a taint write takes effect:
+(processTaints; read at commit 5fd730f), the rule that decides whether a taint write takes effect:
 
 - CREATE: every taint gets timeAdded = now (a timeAdded sent is ignored);
 - UPDATE, a taint whose key the old object does not have: DENIED if it carries timeAdded,
@@ -9,7 +9,8 @@ It mirrors open-cluster-management-io/ocm pkg/registration/webhook/v1/managedclu
 - UPDATE, same key with the same value and effect: DENIED if timeAdded differs from the old one;
 - UPDATE, same key with another value or effect: DENIED if it carries timeAdded, else stamped.
 
-The old taint is found by key (helpers.FindTaintByKey: the first taint with that key). The
+The old taint is found by key only (pkg/registration/helpers FindTaintByKey: the first taint of
+the old object with that key, whatever its value), exactly as here. The
 denial is a 400 with "It is not allowed to set TimeAdded of Taint \"<keys>\"." The upstream
 webhook also adds the default ManagedClusterSet label (feature gate DefaultClusterSet); that
 does not decide whether our writes take effect and is not mirrored. It is registered with

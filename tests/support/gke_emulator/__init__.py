@@ -17,7 +17,7 @@ cluster (status RECONCILING while running, versions at DONE).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -32,10 +32,12 @@ from tests.support.gke_emulator._model import (
     EmulatorState,
     OpTiming,
     OpType,
+    Quota,
     UpgradeFault,
     build_backend_service,
     build_cluster,
     build_server_config,
+    busy_error,
 )
 
 __all__ = [
@@ -227,6 +229,31 @@ class GkeEmulator:
         """The next calls of method (e.g. "ListClusters", "UpdateMaster") answer an HTTP error
         (reason: the errors[].reason Google adds, e.g. failedPrecondition)."""
         self.state.fail_http(method, ApiError(code, message, status, reason=reason), times)
+
+    def before_next_call(self, method: str, hook: Callable[[], object]) -> None:
+        """Runs hook once, just before the next call of method is answered (e.g. an
+        auto-upgrade GKE starts between the plugin's ListOperations and its UpdateMaster)."""
+        with self.state.lock:
+            self.state.before_call.setdefault(method, []).append(hook)
+
+    def set_busy_shape(self, shape: str) -> None:
+        """How GKE refuses an operation on a busy cluster from now on: "incompatible"
+        (default), "upgrading", "operating" or "reason" (see _model.busy_error)."""
+        busy_error(shape, "operation-0", "c")  # ValueError for an unknown shape
+        with self.state.lock:
+            self.state.busy_shape = shape
+
+    def set_quota(self, api: str, calls: int, per_seconds: float = 60.0) -> None:
+        """A rate quota: at most `calls` calls of api ("compute" or "container") per
+        `per_seconds`; more answer the API's rate-limit error (_model.quota_error)."""
+        if api not in ("compute", "container"):
+            raise ValueError(f"api {api!r}: compute or container")
+        with self.state.lock:
+            self.state.quotas[api] = Quota(calls, per_seconds)
+
+    def clear_quotas(self) -> None:
+        with self.state.lock:
+            self.state.quotas.clear()
 
     def clear_http_faults(self) -> None:
         """Forgets every pending fail_http."""

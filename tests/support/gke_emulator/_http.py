@@ -183,6 +183,8 @@ class EmulatorServer:
             match = pattern.match(parts.path)
             if match is None or route_method != method:
                 continue
+            for hook in self.state.take_before_call(name):
+                hook()  # e.g. GKE starts an operation between the caller's look and its call
             try:
                 fault = self.state.take_http_fault(name)
                 self.state.record(
@@ -233,13 +235,17 @@ def _to_json(message: Any, numeric: bool) -> str:
 def _error_body(err: ApiError, compute: bool) -> str:
     error: dict[str, Any] = {"code": err.http_code, "message": err.message}
     if compute:
+        # Compute's rate-quota answers name the domain usageLimits (Compute docs, API errors).
+        domain = "usageLimits" if "RateLimit" in err.reason else "global"
         error["errors"] = [
-            {"message": err.message, "domain": "global", "reason": err.reason or "invalid"}
+            {"message": err.message, "domain": domain, "reason": err.reason or "invalid"}
         ]
     else:
         error["status"] = err.status
         if err.reason:  # GKE v1 errors carry the legacy errors[] list as well
             error["errors"] = [{"message": err.message, "domain": "global", "reason": err.reason}]
+    if err.details:
+        error["details"] = err.details
     return json.dumps({"error": error})
 
 

@@ -16,7 +16,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -75,12 +75,101 @@ class ApiError(Exception):
         503: "UNAVAILABLE",
     }
 
-    def __init__(self, http_code: int, message: str, status: str = "", *, reason: str = "") -> None:
+    def __init__(
+        self,
+        http_code: int,
+        message: str,
+        status: str = "",
+        *,
+        reason: str = "",
+        details: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
         super().__init__(message)
         self.http_code = http_code
         self.message = message
         self.status = status or self._STATUS_BY_CODE.get(http_code, "UNKNOWN")
         self.reason = reason  # compute's errors[].reason, e.g. conditionNotMet
+        self.details = [dict(d) for d in details]  # google.rpc details, e.g. an ErrorInfo
+
+
+def _error_info(reason: str, domain: str, **metadata: str) -> dict[str, Any]:
+    """A google.rpc.ErrorInfo as Google's JSON error bodies carry it in error.details."""
+    info: dict[str, Any] = {
+        "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+        "reason": reason,
+        "domain": domain,
+    }
+    if metadata:
+        info["metadata"] = dict(metadata)
+    return info
+
+
+def busy_error(shape: str, operation: str, cluster: str) -> ApiError:
+    """GKE's "another operation is running on this cluster" answer, in one of the shapes GKE
+    sends (all HTTP 400 FAILED_PRECONDITION, gRPC code 9):
+
+    - "incompatible": "Cluster is running incompatible operation operation-....", errors[].reason
+      failedPrecondition (as quoted from GKE in rancher/gke-operator PR #509, 2024, and
+      hashicorp/terraform-provider-google issues);
+    - "upgrading": "Operation operation-... is currently upgrading cluster C. Please wait and
+      try again once it is done." (hashicorp/terraform-provider-google issue #3650, 2020;
+      banzaicloud/pipeline issue #623), errors[].reason failedPrecondition;
+    - "operating": "Operation operation-... is currently operating on cluster C. Please wait
+      and try again once it is done." (gcloud and the Node.js client quoting GKE while a node
+      repair runs, code 9);
+    - "reason": the structured form only: a google.rpc.ErrorInfo with reason
+      CLUSTER_ALREADY_HAS_OPERATION (domain container.googleapis.com) and a text that names no
+      operation (the reason gcloud prints as "FAILED_PRECONDITION: ...
+      CLUSTER_ALREADY_HAS_OPERATION"); the caller must find the operation itself.
+    """
+    busy = _error_info("CLUSTER_ALREADY_HAS_OPERATION", "container.googleapis.com")
+    texts = {
+        "incompatible": f"Cluster is running incompatible operation {operation}.",
+        "upgrading": f"Operation {operation} is currently upgrading cluster {cluster}. "
+        "Please wait and try again once it is done.",
+        "operating": f"Operation {operation} is currently operating on cluster {cluster}. "
+        "Please wait and try again once it is done.",
+        "reason": "The cluster already has an operation in progress.",
+    }
+    if shape not in texts:
+        raise ValueError(f"busy shape {shape!r}: one of {', '.join(texts)}")
+    if shape == "reason":
+        return ApiError(400, texts[shape], "FAILED_PRECONDITION", details=[busy])
+    return ApiError(400, texts[shape], "FAILED_PRECONDITION", reason="failedPrecondition")
+
+
+def quota_error(api: str) -> ApiError:
+    """A rate-quota answer: Compute's HTTP 403 with errors[].reason rateLimitExceeded (Compute
+    docs, "API rate limits": "Rate Limit Exceeded ... wait a minute then try your request
+    again"; per user: userRateLimitExceeded), or GKE's HTTP 429 RESOURCE_EXHAUSTED with an
+    ErrorInfo RATE_LIMIT_EXCEEDED (Google APIs' quota errors, domain googleapis.com)."""
+    if api == "compute":
+        return ApiError(403, "Rate Limit Exceeded", "PERMISSION_DENIED", reason="rateLimitExceeded")
+    return ApiError(
+        429,
+        "Quota exceeded for quota metric 'Requests' and limit 'Requests per minute' of service "
+        "'container.googleapis.com'.",
+        "RESOURCE_EXHAUSTED",
+        details=[
+            _error_info("RATE_LIMIT_EXCEEDED", "googleapis.com", service="container.googleapis.com")
+        ],
+    )
+
+
+@dataclass
+class Quota:
+    """At most `calls` calls of one API per `window` seconds; more answer quota_error."""
+
+    calls: int
+    window: float
+    seen: list[float] = field(default_factory=list)
+
+    def admit(self, now: float) -> bool:
+        self.seen = [t for t in self.seen if now - t < self.window]
+        if len(self.seen) >= self.calls:
+            return False
+        self.seen.append(now)
+        return True
 
 
 @dataclass
@@ -180,6 +269,9 @@ class EmulatorState:
     compute_faults: list[ComputeFault] = field(default_factory=list)
     http_faults: dict[str, list[ApiError]] = field(default_factory=dict)
     missing_zones: list[set[str]] = field(default_factory=list)  # per ListOperations answer
+    busy_shape: str = "incompatible"  # how a busy cluster is refused (busy_error)
+    before_call: dict[str, list[Callable[[], object]]] = field(default_factory=dict)
+    quotas: dict[str, Quota] = field(default_factory=dict)  # "compute" / "container"
     # Backend fields compute knows but the pinned google-cloud-compute client does not (compute
     # keeps adding Backend fields: customMetrics, trafficDuration, orchestrationInfo were all
     # newer than older clients); kept per backend group, served and patched as JSON.
@@ -244,10 +336,20 @@ class EmulatorState:
         with self.lock:
             self.http_faults.setdefault(method, []).extend([error] * times)
 
+    def take_before_call(self, method: str) -> list[Callable[[], object]]:
+        with self.lock:
+            return self.before_call.pop(method, [])
+
     def take_http_fault(self, method: str) -> ApiError | None:
         with self.lock:
             queue = self.http_faults.get(method)
-            return queue.pop(0) if queue else None
+            if queue:
+                return queue.pop(0)
+            api = "compute" if method.startswith("compute.") else "container"
+            quota = self.quotas.get(api)
+            if quota is not None and not quota.admit(time.monotonic()):
+                return quota_error(api)
+            return None
 
     def record(
         self, method: str, path: str, body: Mapping[str, Any], authorization: str = ""
@@ -560,16 +662,12 @@ class EmulatorState:
 
     def _refuse_if_busy(self, project: str, location: str, name: str) -> None:
         # GKE serializes cluster operations: a second one gets HTTP 400, status
-        # FAILED_PRECONDITION, reason failedPrecondition, naming the running operation (any
-        # kind, node-level repairs included); GKE names one even when several run.
+        # FAILED_PRECONDITION, in one of GKE's shapes (busy_error; busy_shape), naming the
+        # running operation (any kind, node-level repairs included) except in the structured
+        # form; GKE names one even when several run.
         for op in sorted(self.operations.values(), key=lambda o: o.created):
             if op.key == (project, location, name) and op.pb.status != OpStatus.DONE:
-                raise ApiError(
-                    400,
-                    f"Cluster is running incompatible operation {op.pb.name}.",
-                    "FAILED_PRECONDITION",
-                    reason="failedPrecondition",
-                )
+                raise busy_error(self.busy_shape, op.pb.name, name)
 
     def _take_upgrade_fault(self, op_type: int, cluster_id: str) -> UpgradeFault | None:
         for fault in self.upgrade_faults:
