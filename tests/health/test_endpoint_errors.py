@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from tests.manifests.conftest import install_namespace
 from tests.reconcile.test_rollout import NEW, cluster_version, fleet
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.kubectl import kubectl
+from tests.support.loopback import serving
 from tests.support.orchestrator import CV, OrchestratorProcess, monitor, simulated_fleet
 
 __all__ = ["install_namespace"]
@@ -66,14 +66,8 @@ def echoing_prometheus(namespace: str) -> Iterator[tuple[str, str, list[dict[str
     secret = f"endpoint-secret-{namespace}"
     seen: list[dict[str, str]] = []
     handler = type("Echo", (_Echo,), {"secret": secret, "seen": seen})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", secret, seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(handler) as url:
+        yield url, secret, seen
 
 
 @pytest.fixture

@@ -38,6 +38,7 @@ from plugins.sdk.endpoint_errors import (
 from plugins.sdk.server import PluginServer, ServerTLS, serve
 from tests.support.certs import TestPKI, generate_pki
 from tests.support.echo_plugin import echo_servicers
+from tests.support.loopback import serving
 
 TOKEN = "tok-3f9d1e77c0a2"
 MARKER = "SECRET-MARKER-b61c"
@@ -171,14 +172,8 @@ class _Echo(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def echo() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(_Echo) as url:
+        yield url
 
 
 def _closed_port() -> int:

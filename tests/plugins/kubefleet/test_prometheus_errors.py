@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import http.server
 import logging
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from plugins.kubefleet.prometheus import PrometheusError, query_vector
+from tests.support.loopback import serving
 
 TOKEN = "kf-token-0c9e4471"
 MARKER = "prom-internal-5a2b"
@@ -40,14 +40,8 @@ class _Echo(http.server.BaseHTTPRequestHandler):
 def echo(request: pytest.FixtureRequest) -> Iterator[str]:
     """Answers 400, or 200 with status error: both echo the headers and a secret."""
     handler = type("Echo", (_Echo,), {"status": request.param})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(handler) as url:
+        yield url
 
 
 def test_an_echoing_prometheus_is_classified_and_logged_redacted(
