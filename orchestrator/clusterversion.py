@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from orchestrator import api, deletion
 from orchestrator.cache import AccessCatalog, ObjectCache
 from orchestrator.conditions import get_condition, set_condition
-from orchestrator.initialize import run_for
+from orchestrator.initialize import live_fields, run_for, superseded
 from orchestrator.kube import Conflict, KubeClient, KubeError, NotFound
 from orchestrator.validate import Problem, parse_spec, validate_spec
 
@@ -31,7 +31,8 @@ __all__ = ["DEFAULT_HISTORY", "ClusterVersionController"]
 log = logging.getLogger(__name__)
 #: Finished runs kept per ClusterVersion (the current one is always kept).
 DEFAULT_HISTORY = 10
-_FINISHED = {"Succeeded", "Failed", "Stopped", "Invalid"}
+#: Runs pruned as history: finished (api.FINISHED_PHASES), or Invalid.
+_FINISHED = {p.value for p in api.FINISHED_PHASES | {api.RunPhase.INVALID}}
 #: On a run the ClusterVersion controller stopped because the ClusterVersion became invalid
 #: (or its provider stopped allowing the namespace): it resumes when that is fixed.
 ANNOTATION_STOPPED_FOR = f"{api.GROUP}/stopped-for"
@@ -54,8 +55,6 @@ _COPIED = (
     api.ANNOTATION_REASON,
     api.ANNOTATION_REQUESTED_BY,
 )
-#: Spec fields (initialize.LIVE_FIELDS besides the floor) copied to the current run in place.
-_LIVE_SPEC = ("skip", "retry", "notifications")
 
 
 @dataclass
@@ -107,7 +106,7 @@ class ClusterVersionController:
         if isinstance(parsed, list) or problems:
             # Invariant 7: a spec error stops the current run (its clusters in flight are
             # serviced back in first) and says what is wrong; nothing new starts.
-            for run in mine:
+            for run in self._superseded(mine, ""):
                 self._stop(run, invalid=True)
             text = "; ".join(str(p) for p in problems[:5])
             conds = set_condition(
@@ -137,9 +136,8 @@ class ClusterVersionController:
             if current is None:
                 return 1.0
             mine.append(current)
-        for run in mine:
-            if run is not current:
-                self._stop(run)
+        for run in self._superseded(mine, run_name):
+            self._stop(run)
         self._resume_if_stopped_for_invalid(current)
         self._apply_live(cv, current, spec)
         self._prune(namespace, mine, current)
@@ -222,13 +220,27 @@ class ClusterVersionController:
             log.info("ClusterVersion %s/%s: no run left; finalizer removed", *_key(cv))
         return None
 
+    @staticmethod
+    def _superseded(mine: list[dict[str, Any]], current: str) -> list[dict[str, Any]]:
+        """The runs to stop (initialize.superseded, which the simulation calls too)."""
+        names = set(
+            superseded(
+                (
+                    (
+                        r["metadata"]["name"],
+                        (r.get("spec") or {}).get("state"),
+                        (r.get("status") or {}).get("phase"),
+                    )
+                    for r in mine
+                ),
+                current,
+            )
+        )
+        return [r for r in mine if r["metadata"]["name"] in names]
+
     def _stop(self, run: dict[str, Any], invalid: bool = False) -> None:
         """Stop a run; `invalid`: because the ClusterVersion is invalid (or no longer allowed),
         recorded so that the run resumes once the ClusterVersion is valid again."""
-        if (run.get("status") or {}).get("phase") in _FINISHED:
-            return
-        if (run.get("spec") or {}).get("state") == api.RunState.STOP.value:
-            return
         patch: dict[str, Any] = {"spec": {"state": api.RunState.STOP.value}}
         if invalid:
             patch["metadata"] = {"annotations": {ANNOTATION_STOPPED_FOR: "InvalidSpec"}}
@@ -256,15 +268,13 @@ class ClusterVersionController:
         current run in place."""
         patch: dict[str, Any] = {}
         rspec = run.get("spec") or {}
-        if rspec.get("requiredAvailableCount") != spec.required_available_count:
-            patch.setdefault("spec", {})["requiredAvailableCount"] = spec.required_available_count
-        paused = bool(spec.strategy and spec.strategy.paused)
-        if bool((rspec.get("strategy") or {}).get("paused")) != paused:
-            patch.setdefault("spec", {})["strategy"] = {"paused": paused}
-        wanted = spec.dump()
-        for key in _LIVE_SPEC:
-            if rspec.get(key) != wanted.get(key):
-                patch.setdefault("spec", {})[key] = _replacing(rspec.get(key), wanted.get(key))
+        for key, value in live_fields(rspec, spec).items():
+            # A JSON merge patch of the stored spec: nested objects (skip, retry) are replaced
+            # exactly; strategy gets its paused field only.
+            replacing = key not in ("requiredAvailableCount", "strategy")
+            patch.setdefault("spec", {})[key] = (
+                _replacing(rspec.get(key), value) if replacing else value
+            )
         cv_ann = cv["metadata"].get("annotations") or {}
         run_ann = run["metadata"].get("annotations") or {}
         for key in _COPIED:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator import api
 from orchestrator.engine import Upgrade, cluster_set_digest
@@ -24,9 +25,11 @@ __all__ = [
     "LIVE_FIELDS",
     "Pinned",
     "as_cluster_version_spec",
+    "live_fields",
     "pin_upgrades",
     "run_for",
     "run_name",
+    "superseded",
     "upgrade_name",
 ]
 
@@ -152,3 +155,38 @@ def run_for(
         timeouts=timeouts,
     )
     return run_name(cv_name, cv), spec
+
+
+#: Run phases after which a ClusterVersion has nothing to stop: finished, or Invalid.
+_NOTHING_TO_STOP = frozenset(p.value for p in (*api.FINISHED_PHASES, api.RunPhase.INVALID))
+
+
+def superseded(runs: Iterable[tuple[str, str | None, str | None]], current: str) -> list[str]:
+    """Supersede (the ClusterVersion → UpdateRun rule): of a ClusterVersion's runs, as (name,
+    spec.state, status.phase), those to set to `state: Stop` now that it wants `current` (""
+    for none: it is invalid): every other one not stopped already and not ended. The
+    ClusterVersion controller and the simulation both call this."""
+    return [
+        name
+        for name, state, phase in runs
+        if name != current
+        and state != api.RunState.STOP.value
+        and (phase or "") not in _NOTHING_TO_STOP
+    ]
+
+
+def live_fields(run_spec: Mapping[str, Any], cv: api.ClusterVersionSpec) -> dict[str, Any]:
+    """The current run's spec fields that follow its ClusterVersion in place (LIVE_FIELDS and
+    strategy.paused), where they differ: key (camelCase, as stored) → the value wanted (None:
+    unset). The ClusterVersion controller and the simulation both call this."""
+    out: dict[str, Any] = {}
+    if run_spec.get("requiredAvailableCount") != cv.required_available_count:
+        out["requiredAvailableCount"] = cv.required_available_count
+    paused = bool(cv.strategy and cv.strategy.paused)
+    if bool((run_spec.get("strategy") or {}).get("paused")) != paused:
+        out["strategy"] = {"paused": paused}
+    wanted = cv.dump()
+    for key in ("skip", "retry", "notifications"):
+        if run_spec.get(key) != wanted.get(key):
+            out[key] = wanted.get(key)
+    return out

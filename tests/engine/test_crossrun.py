@@ -101,3 +101,43 @@ def test_the_finished_phases_are_one_definition() -> None:
     assert api.run_is_live(api.RunPhase.INVALID)
     assert api.run_is_live(None)
     assert not api.run_is_live("Succeeded")
+
+
+def test_supersede_stops_every_other_live_run_not_stopped_yet() -> None:
+    from orchestrator.initialize import superseded
+
+    runs = [
+        ("cv-new", "Run", None),
+        ("cv-old", "Run", "Progressing"),
+        ("cv-halted", "Run", "Halted"),
+        ("cv-stopping", "Stop", "Stopping"),
+        ("cv-done", "Run", "Succeeded"),
+        ("cv-invalid", "Run", "Invalid"),
+        ("cv-fresh", "Run", None),
+    ]
+    assert superseded(runs, "cv-new") == ["cv-old", "cv-halted", "cv-fresh"]
+    # An invalid ClusterVersion wants no run: every live one stops.
+    assert superseded(runs, "") == ["cv-new", "cv-old", "cv-halted", "cv-fresh"]
+
+
+def test_live_fields_follow_the_cluster_version_in_place() -> None:
+    from orchestrator.initialize import live_fields
+
+    cv = api.ClusterVersionSpec.model_validate(
+        {
+            "requiredAvailableCount": 3,
+            "opsEndpoint": {"endpoint": "x:1", "insecure": True},
+            "clusters": [{"id": "c1", "version": "1.29.1"}],
+            "strategy": {"paused": True},
+            "skip": {"clusters": ["c1"]},
+        }
+    )
+    stored = {"requiredAvailableCount": 2, "strategy": {"maxConcurrency": 2}, "retry": {"round": 1}}
+    assert live_fields(stored, cv) == {
+        "requiredAvailableCount": 3,
+        "strategy": {"paused": True},
+        "skip": {"clusters": ["c1"]},
+        "retry": None,
+    }
+    same = {"requiredAvailableCount": 3, "strategy": {"paused": True}, "skip": {"clusters": ["c1"]}}
+    assert live_fields(same, cv) == {}

@@ -21,7 +21,7 @@ from orchestrator.conditions import format_time
 from orchestrator.crossrun import Holding, neighbours, pinned_provider, provider_identity
 from orchestrator.driver import CallError, RunDriver, WriteConflict
 from orchestrator.engine import ACTIVE
-from orchestrator.initialize import pin_upgrades, run_for
+from orchestrator.initialize import live_fields, pin_upgrades, run_for, superseded
 from tests.sim.adversary import Adversary
 from tests.sim.invariants import Monitor, Violation
 from tests.sim.model import (
@@ -469,23 +469,38 @@ class World:
             if key not in self.api.runs:
                 self._create_run(cv.namespace, name, spec, cv.key, cv.spec)
             current = self.api.runs[key]
-            live = {"skip": cv.spec.skip, "retry": cv.spec.retry}
-            if any(getattr(current.spec, k) != v for k, v in live.items()):
-                # initialize.LIVE_FIELDS: the current run gets them in place.
-                self.api.update_run(key, spec=current.spec.model_copy(update=live))
+            # The ClusterVersion controller's own rules (orchestrator.initialize): the fields
+            # that follow the ClusterVersion in place, then supersede.
+            changes = live_fields(current.spec.dump(), cv.spec)
+            if changes:
+                body = current.spec.dump()
+                for name_, value in changes.items():
+                    if name_ == "strategy":  # a merge patch of strategy.paused
+                        body["strategy"] = {**(body.get("strategy") or {}), **value}
+                    elif value is None:
+                        body.pop(name_, None)
+                    else:
+                        body[name_] = value
+                self.api.update_run(key, spec=api.UpdateRunSpec.model_validate(body))
+                if "requiredAvailableCount" in changes:
+                    self.monitor.floor_changed(key)
                 self.due[key] = self.now
-                current = self.api.runs[key]
-            if current.spec.required_available_count != cv.spec.required_available_count:
-                self.api.update_run(
-                    key,
-                    spec=current.spec.model_copy(
-                        update={"required_available_count": cv.spec.required_available_count}
+            mine = [r for r in self.api.runs.values() if r.cv == cv.key]
+            stop = set(
+                superseded(
+                    (
+                        (
+                            r.key,
+                            r.spec.state.value,
+                            r.status.phase.value if r.status.phase else None,
+                        )
+                        for r in mine
                     ),
+                    key,
                 )
-                self.monitor.floor_changed(key)
-                self.due[key] = self.now
-            for other in list(self.api.runs.values()):
-                if other.cv == cv.key and other.key != key and other.spec.state == api.RunState.RUN:
+            )
+            for other in mine:
+                if other.key in stop:
                     self.api.update_run(
                         other.key, spec=other.spec.model_copy(update={"state": api.RunState.STOP})
                     )
