@@ -5,15 +5,17 @@ ClusterUpgrade (intent before call) and only then makes the calls. The same func
 product and inside the adversarial simulation (tests/sim), so what the simulation proves is what
 ships. Each safety invariant of DESIGN.md has one place here:
 
-1. Floor: `_admit` counts as down every cluster held by any run on the provider, every cluster
-   with another caller's operation in flight, and every cluster unavailable or out of service;
-   a re-issued service-out passes through `_admit_budget` again (`_follow`).
-2. One owner: a cluster held by another run is never admitted (`held_by`).
+1. Floor: `_Run.may_service_out` (the one predicate every service-out passes: at admission,
+   after a preUpgrade hook, and re-issued) keeps every floor that applies (`floor_allows`),
+   counting as down every cluster held by any run on the provider, every cluster with another
+   caller's operation in flight, and every cluster unavailable or out of service (`down`).
+2. One owner: a cluster held by another run is never taken out (`may_service_out`, `held_by`).
 3. Gate: service-in only from `_verify` after every applicable check passed successThreshold
    times (health state lives on the ClusterUpgrade); a stage completes only after its checks.
 4. Never stranded: every active step has a start stamp and a bound (`StepTimeouts`); forgotten
    operations are re-asked with the same request id, then failed.
-5. Refused before drained: a candidate is admitted only with a fresh ACCEPTED preflight.
+5. Refused before drained: a cluster is taken out only with a fresh ACCEPTED preflight
+   (`may_service_out`, also when the service-out comes later than its admission).
 6. No duplicate mutation: request ids are deterministic; the driver persists before calling.
    Hooks likewise: a HookStatus Running with a deterministic id (`hook_id`) is persisted before
    the hook starts; an HTTP hook whose outcome a restart lost fails instead of being resent.
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -114,6 +116,10 @@ HOOK_MESSAGE_MAX = 300
 #: The ClusterUpgrade condition recording a control plane found past the pinned target
 #: (invariant 7: upgraded outside the run, left there, done; never a failure).
 CONTROL_PLANE_PAST_TARGET = "ControlPlanePastTarget"
+#: The reason of a service-out held back by the floor (invariant 1).
+WAITING_FOR_BUDGET = "WaitingForBudget"
+#: What `_Run.may_service_out` answers while the provider is asked (nothing recorded).
+PREFLIGHT_ASKED = "PreflightAsked"
 
 
 class Verdict(StrEnum):
@@ -263,6 +269,15 @@ class Decision:
     waiting_reason: str | None = None
 
 
+@dataclass(frozen=True)
+class _NotNow:
+    """Why a service-out is not asked for now (`_Run.may_service_out`): a ClusterUpgrade
+    reason and its message."""
+
+    reason: str
+    message: str
+
+
 def attempt_end(old: api.ClusterUpgradeStatus, now: str) -> str:
     """The endTime of an attempt that ends (or is recorded again) now: when its work ended. A
     cluster that had already ended keeps it (a person skipping it after it failed, or a refused
@@ -382,6 +397,16 @@ class _Run:
         self.retried: set[str] = set()
         self.skipped: set[str] = set()
         self.hook_calls: list[HookCall] = []
+        #: The floors a service-out keeps (invariant 1): this run's, then each other live
+        #: run's that shares clusters with it.
+        self.floors: list[Floor] = [
+            Floor(
+                inp.key,
+                frozenset(u.cluster_id for u in inp.upgrades.values()),
+                inp.spec.required_available_count,
+            ),
+            *inp.floors,
+        ]
 
     # -- bookkeeping -----------------------------------------------------------------------
 
@@ -621,21 +646,11 @@ class _Run:
                 # Invariants 5 and 7: upgraded elsewhere before our service-out took effect.
                 self.at_target(u, obs)
                 return
-            if kind is OpKind.SERVICE_OUT and not self.accepted_now(u):
-                # Invariant 5: the cluster may have changed since admission (a window
-                # closed, a foreign operation started; what is short of target is asked again).
-                return
-            # Invariant 1: a service-out that is issued again passes admission again.
-            if kind is OpKind.SERVICE_OUT and not self.budget_allows(u.cluster_id, own=u.name):
-                self.set(
-                    u,
-                    phase=U.PENDING,
-                    step=None,
-                    step_start_time=None,
-                    reason="WaitingForBudget",
-                    message="service-out not confirmed and no availability budget "
-                    "left now; waiting before asking again",
-                )
+            if kind is OpKind.SERVICE_OUT:
+                # Invariants 1, 2 and 5: a service-out asked again passes `may_service_out`
+                # again (the world may have changed since it was decided: another run or
+                # caller, the floor, what the provider says of what is short of target).
+                self.service_out(u, obs, reissue=True, context="service-out not confirmed; ")
                 return
             if kind is OpKind.SERVICE_IN:
                 # Invariant 3: a service-in asked again passes the gate again (a failing
@@ -648,15 +663,7 @@ class _Run:
                     )
                 return
             self.calls.append(
-                Call(
-                    kind,
-                    u.cluster_id,
-                    st.request_id or "",
-                    u.name,
-                    version if kind in (OpKind.CONTROL_PLANE, OpKind.NODE_POOL) else "",
-                    pool,
-                    reissue=True,
-                )
+                Call(kind, u.cluster_id, st.request_id or "", u.name, version, pool, reissue=True)
             )
             return
         if op.id != st.operation_id and (u.name in self.changed or op.state.terminal):
@@ -854,10 +861,8 @@ class _Run:
             if not self.service_in(u):
                 self.verify_again(u, "health changed during the postUpgrade hook; verifying")
             return
-        cid = u.cluster_id
         wait = ""
         reason = ""
-        cur = obs.current_operation
         if self.stopping:
             reason, wait = "RunStopped", "run stopped; still in service"
         elif self.halted_hint:
@@ -867,13 +872,6 @@ class _Run:
         elif not needs_upgrade(obs, u.spec):
             self.at_target(u, obs)
             return
-        elif not obs.in_service:
-            reason, wait = "OutOfService", "out of service outside this run; waiting for it"
-        elif cur is not None and not cur.state.terminal and not self._ours(cur):
-            reason, wait = "ForeignOperation", f"operation {cur.id} from another caller"
-        elif not self.budget_allows(cid, own=u.name):
-            # Invariant 1: the floor is checked again when the service-out is issued.
-            reason, wait = "WaitingForBudget", "no availability budget left now"
         if wait:
             self.set(
                 u,
@@ -885,9 +883,8 @@ class _Run:
             )
             self.wake(POLL_SECONDS)
             return
-        # Invariant 5: a hook may take minutes; the verdict must be fresh at the drain.
-        if self.accepted_now(u):
-            self.issue(u, OpKind.SERVICE_OUT)
+        # A hook may take minutes: owner, floor and a fresh verdict are asked again at the drain.
+        self.service_out(u, obs, context=f"{kind} hook passed; ")
 
     def may_service_in(self, u: Upgrade) -> bool:
         """Invariant 3's one home: a cluster may be serviced in only while the health on record
@@ -926,55 +923,201 @@ class _Run:
         )
         self.wake(POLL_SECONDS)
 
-    def accepted_now(self, u: Upgrade) -> bool:
-        """Invariant 5 when a service-out is issued later than its admission (after a hook, or
-        again after a call that did not take effect): True with a fresh ACCEPTED preflight; else
-        a fresh one is asked for (the driver decides again with it), or the refusal is recorded
-        and nothing is drained."""
-        cid = u.cluster_id
+    # -- service-out -----------------------------------------------------------------------
+
+    def may_service_out(
+        self, u: Upgrade, obs: ClusterObs, *, counted: list[int] | None = None, context: str = ""
+    ) -> _NotNow | None:
+        """Invariants 1, 2 and 5's one home: whether this run may take the cluster out of
+        service now. None: it may (the floor's cost is taken from `counted`); otherwise the wait
+        or refusal, recorded on the ClusterUpgrade. Every service-out, a first ask at admission,
+        the drain after a preUpgrade hook, or a re-ask after a call that did not take effect,
+        goes through `service_out`, which asks this.
+
+        One order of checks, each one only for a cluster the ones before it let through:
+        1. owner (invariant 2): another run holds it (`HeldByAnotherRun`, naming the holder);
+        2. another operation in flight on it (`ForeignOperation`): someone is acting on it;
+        3. out of service outside this run (`OutOfService`): someone else took it out.
+           These three say whose the cluster is, whatever the counts: a cluster that is not
+           ours to touch costs no budget, no provider call and no refusal on record, and its
+           wait names what it waits for (invariant 4).
+        4. floor (invariant 1, `floor_allows`): no availability budget (`WaitingForBudget`),
+           before the preflight so that no provider call is spent, and no verdict ages, on a
+           cluster the floor would not let go, and so that an admission pass reserves budget
+           for the clusters it asks about;
+        5. preflight (invariant 5): a fresh ACCEPTED verdict on what is short of target; last,
+           as it is the only check that asks the world (the driver asks, then decides again
+           with the answer: `PreflightAsked`, nothing recorded), and the verdict must be fresh
+           at the drain; REFUSED_NEVER → Blocked `Refused`, REFUSED_LATER → Blocked
+           `RefusedForNow`.
+
+        counted: an admission pass's running room per floor (`room`, counted once per pass and
+        taken from as clusters go: O(1) a candidate at 10,000 clusters); its floor waits are
+        not recorded on each cluster (the run's message says it: no write per waiting
+        cluster). None: counted afresh now (a service-out decided later than its admission),
+        and a wait is looked at again in POLL_SECONDS. context: what the recorded message
+        begins with (where the service-out was decided)."""
+        why = self._held_elsewhere(u, obs)
+        if why is None and not obs.in_service:
+            why = _NotNow(
+                "OutOfService", "out of service outside this run; waiting for it to return"
+            )
+        if why is None and not self.floor_allows(u, counted):
+            why = _NotNow(WAITING_FOR_BUDGET, "no availability budget left now")
+            if counted is not None:
+                return why
+        if why is not None:
+            self.set(
+                u,
+                phase=U.PENDING,
+                step=None,
+                step_start_time=None,
+                reason=why.reason,
+                message=context + why.message,
+            )
+            if counted is None:
+                self.wake(POLL_SECONDS)
+            return why
         pre = verdict_for(self.inp, u)
         if self.inp.preflight_supported and pre is None:
-            self.preflight_needed.append(cid)
+            self.preflight_needed.append(u.cluster_id)
             self.wake(1.0)
-            return False
+            self._take(u, counted)  # an admission holds budget for what it asks about
+            return _NotNow(PREFLIGHT_ASKED, "the provider is asked first (PreflightUpgrade)")
         if pre is not None and pre.verdict != Verdict.ACCEPTED:
             never = pre.verdict == Verdict.REFUSED_NEVER
+            why = _NotNow(
+                "Refused" if never else "RefusedForNow",
+                f"the provider refuses this upgrade{'' if never else ' for now'}: "
+                f"{pre.reason}: {pre.message}",
+            )
             self.set(
                 u,
                 phase=U.BLOCKED,
                 step=None,
                 step_start_time=None,
-                reason="Refused" if never else "RefusedForNow",
-                message=f"the provider refuses this upgrade{'' if never else ' for now'}: "
-                f"{pre.reason}: {pre.message}",
+                reason=why.reason,
+                message=why.message,
             )
             if not never:
                 self.wake(pre.retry_after or 30.0)
-            return False
-        return True
+            return why
+        self._take(u, counted)
+        return None
 
-    # -- admission -------------------------------------------------------------------------
+    def _held_elsewhere(self, u: Upgrade, obs: ClusterObs) -> _NotNow | None:
+        """The first two checks of `may_service_out`: another run holds the cluster, or an
+        operation is in flight on it (any: one of this run's own earlier steps still acting on
+        it would collide as much as another caller's)."""
+        holder = self.holder(u.cluster_id)
+        if holder is not None:
+            return _NotNow(
+                "HeldByAnotherRun", f"held by UpdateRun {holder}; waiting for it to let go"
+            )
+        cur = obs.current_operation
+        if cur is not None and not cur.state.terminal:
+            who = "of an earlier step of this run" if self._ours(cur) else "from another caller"
+            return _NotNow("ForeignOperation", f"operation {cur.id} {who} is in flight")
+        return None
+
+    def ours_out(self, u: Upgrade, obs: ClusterObs) -> bool:
+        """The one exception to `may_service_out`: the cluster is out of service by this
+        attempt's own service-out, whose taking effect was never confirmed (it waited for the
+        floor or the world after the call was made, and the call took effect later), and no
+        other run or operation is on it. Resuming it lowers no availability (it is down
+        already) and asks the provider nothing (the drain is done); holding it back for the
+        floor or a preflight would only strand it out of service (invariant 4)."""
+        st = self.status[u.name]
+        return (
+            not obs.in_service
+            and st.request_id is not None
+            and st.request_id
+            == request_id(
+                self.inp.uid, u.cluster_id, OpKind.SERVICE_OUT.value, u.spec.version, st.attempt
+            )
+            and self._held_elsewhere(u, obs) is None
+        )
+
+    def service_out(
+        self,
+        u: Upgrade,
+        obs: ClusterObs,
+        *,
+        counted: list[int] | None = None,
+        context: str = "",
+        reissue: bool = False,
+        pre_hook: bool = False,
+    ) -> _NotNow | None:
+        """The one place a service-out is asked for, and only if `may_service_out` (or, the one
+        exception, to resume one of ours: `ours_out`); returns what held it back (None: asked
+        for, or its preUpgrade hook started). pre_hook: an admission, whose preUpgrade hook
+        runs first (the service-out then comes from `after_hook`, through here again);
+        reissue: this attempt's own service-out, asked again with its request id."""
+        if not self.ours_out(u, obs):
+            why = self.may_service_out(u, obs, counted=counted, context=context)
+            if why is not None:
+                return why
+            if pre_hook and self.start_hook(u, PRE_HOOK):
+                return None
+        if reissue:
+            rid = self.status[u.name].request_id or ""
+            self.calls.append(Call(OpKind.SERVICE_OUT, u.cluster_id, rid, u.name, reissue=True))
+        else:
+            self.issue(u, OpKind.SERVICE_OUT)
+        return None
+
+    # -- the floor ---------------------------------------------------------------------------
 
     def holder(self, cid: str) -> str | None:
         return self.inp.held_by.get(cid)
 
-    def own_held(self) -> dict[str, str]:
-        """This run's held clusters now: cluster id → upgrade name."""
-        return {
-            self.inp.upgrades[n].cluster_id: n for n, s in self.status.items() if s.phase in ACTIVE
-        }
-
-    def down(self, cid: str, held: Mapping[str, str], own: str | None = None) -> bool:
-        """Counted as down by admission: held (by anyone), foreign op, unavailable, out."""
+    def down(self, cid: str, held: Collection[str]) -> bool:
+        """Invariant 1's rule of what counts as down: gone from the inventory, unavailable, out
+        of service, held by any run on the provider (this one: `held`, its clusters in an
+        ACTIVE phase; another: `holder`), or with another caller's operation in flight."""
         obs = self.effective.get(cid)
         if obs is None or not obs.available or not obs.in_service:
             return True
-        if self.holder(cid) is not None:
-            return True
-        if cid in held and held[cid] != own:
+        if cid in held or self.holder(cid) is not None:
             return True
         cur = obs.current_operation
         return cur is not None and not cur.state.terminal and not self._ours(cur)
+
+    def room(self) -> list[int]:
+        """How many more clusters each floor of `floors` lets go now: its members not `down`,
+        less what it requires (negative: broken already by the world)."""
+        held = {
+            self.inp.upgrades[n].cluster_id for n, s in self.status.items() if s.phase in ACTIVE
+        }
+        return [
+            sum(1 for cid in f.members if not self.down(cid, held)) - f.required
+            for f in self.floors
+        ]
+
+    def floor_allows(self, u: Upgrade, counted: list[int] | None = None) -> bool:
+        """Invariant 1's rule of which floors apply and what a service-out costs: every floor
+        with the cluster among its members (this run's, and each other live run's sharing it)
+        must keep its room. A cluster this run holds is counted down already; any other costs
+        one, an unavailable one too (once taken out it stays down when it recovers, and then
+        the floor must still hold). counted: an admission pass's running room; else counted
+        afresh."""
+        left = self.room() if counted is None else counted
+        cost = self._cost(u)
+        return all(left[i] >= cost for i in self._binding(u.cluster_id))
+
+    def _take(self, u: Upgrade, counted: list[int] | None) -> None:
+        if counted is not None:
+            cost = self._cost(u)
+            for i in self._binding(u.cluster_id):
+                counted[i] -= cost
+
+    def _cost(self, u: Upgrade) -> int:
+        return 0 if self.status[u.name].phase in ACTIVE else 1
+
+    def _binding(self, cid: str) -> list[int]:
+        return [i for i, f in enumerate(self.floors) if cid in f.members]
+
+    # -- ownership -----------------------------------------------------------------------
 
     def busy_ours(self, obs: ClusterObs, st: api.ClusterUpgradeStatus) -> bool:
         """Whether an operation of this run may still act on the cluster."""
@@ -986,36 +1129,6 @@ class _Run:
 
     def _ours(self, op: OpObs) -> bool:
         return op.request_id.startswith(f"{self.inp.uid}:")
-
-    def budget(self) -> int:
-        """Admissions the floor allows now (over this run's clusters)."""
-        held = self.own_held()
-        free = sum(1 for u in self.inp.upgrades.values() if not self.down(u.cluster_id, held))
-        return free - self.inp.spec.required_available_count
-
-    def budget_allows(self, cid: str, own: str) -> bool:
-        """Whether cid may (again) be taken out: the floor holds without it."""
-        held = self.own_held()
-        free = sum(
-            1
-            for u in self.inp.upgrades.values()
-            if u.cluster_id != cid and not self.down(u.cluster_id, held, own)
-        )
-        if free < self.inp.spec.required_available_count:
-            return False
-        return all(
-            sum(1 for x in f.members if x != cid and not self.down(x, held, own)) >= f.required
-            for f in self.inp.floors
-            if cid in f.members
-        )
-
-    def floor_budgets(self) -> list[int]:
-        """Admissions each other run's floor allows now (over that run's clusters)."""
-        held = self.own_held()
-        return [
-            sum(1 for cid in f.members if not self.down(cid, held)) - f.required
-            for f in self.inp.floors
-        ]
 
 
 def _cut(text: str) -> str:
@@ -1613,8 +1726,10 @@ def _admits(run: _Run, walk: _Walk) -> bool:
 
 def _admit(run: _Run, walk: _Walk, by_stage: Mapping[int, Sequence[Upgrade]]) -> None:
     """Phase 4, admission into the active stage: in stable order, each cluster whose turn
-    came is skipped (gone, at target), waits (held by another run, another caller's operation,
-    out of service, its time gate, the concurrency limit, the floor's budget), is asked about
+    came is skipped (gone, at target), resumed (our own service-out took effect unconfirmed:
+    `_Run.ours_out`), waits for its time gate or the concurrency limit, and is then offered to
+    `_Run.service_out`: it waits (held by another run, another operation, out of service, the
+    floor's budget: `_Run.may_service_out`, counted over this pass), is asked about
     (preflight), is refused (Blocked), or is taken out (its preUpgrade hook first)."""
     inp = run.inp
     stages_spec = run.strategy.stages or []
@@ -1633,8 +1748,7 @@ def _admit(run: _Run, walk: _Walk, by_stage: Mapping[int, Sequence[Upgrade]]) ->
     )
     limit = _limit(value, len(members))
     in_flight = sum(1 for s in run.status.values() if s.phase in ACTIVE)
-    budget = run.budget()
-    floor_budgets = run.floor_budgets()
+    room = run.room()
     started = False
     waiting_budget = False
     # Time: clusters whose gate (notBefore, windows) is open go first, in stable order.
@@ -1688,94 +1802,30 @@ def _admit(run: _Run, walk: _Walk, by_stage: Mapping[int, Sequence[Upgrade]]) ->
         if not needs_upgrade(obs, u.spec):
             run.at_target(u, obs)
             continue
-        holder = run.holder(u.cluster_id)
-        if holder is not None:
-            run.set(
-                u,
-                phase=U.PENDING,
-                reason="HeldByAnotherRun",
-                message=f"held by UpdateRun {holder}; waiting for it to let go",
-            )
-            continue
-        cur = obs.current_operation
-        if cur is not None and not cur.state.terminal:
-            run.set(
-                u,
-                phase=U.PENDING,
-                reason="ForeignOperation",
-                message=f"operation {cur.id} from another caller is in flight",
-            )
-            continue
-        if (
-            not obs.in_service
-            and st.request_id
-            and (
-                st.request_id
-                == request_id(
-                    inp.uid, u.cluster_id, OpKind.SERVICE_OUT.value, u.spec.version, st.attempt
-                )
-            )
-            and gates.get(u.name, _OPEN).may_start  # a start, so within its window too
-        ):
-            run.issue(u, OpKind.SERVICE_OUT)  # ours already (unconfirmed): resume it
+        gate = gates.get(u.name, _OPEN)
+        if run.ours_out(u, obs) and gate.may_start:  # a start, so within its window too
+            # Ours already (our service-out took effect unconfirmed): resumed, the one
+            # exception to `may_service_out` (`_Run.ours_out` says why), and no new start.
+            run.service_out(u, obs)
             in_flight += 1
             continue
-        if not obs.in_service:
-            run.set(
-                u,
-                phase=U.PENDING,
-                reason="OutOfService",
-                message="out of service outside this run; waiting for it to return",
-            )
-            continue
-        gate = gates.get(u.name, _OPEN)
         if not gate.may_start:
             run.set(u, phase=U.PENDING, reason=gate.word, message=gate.message)
             time_waits.add(gate.word)
             continue
         if in_flight >= limit:
             break
-        # Invariant 1: an unavailable cluster costs budget too. It is down already, but once
-        # taken out it stays down when it recovers, and then the floor must still hold.
-        cost = 1
-        shared = [i for i, f in enumerate(inp.floors) if u.cluster_id in f.members]
-        if cost > budget or any(floor_budgets[i] < cost for i in shared):
-            waiting_budget = True
-            continue
-        pre = verdict_for(inp, u)
-        if inp.preflight_supported and pre is None:
-            run.preflight_needed.append(u.cluster_id)
-            budget -= cost
-            for i in shared:
-                floor_budgets[i] -= cost
+        # Owner, another operation, out of service, floor (this pass's room), preflight; the
+        # preUpgrade hook runs first, the cluster held and still in service.
+        why = run.service_out(u, obs, counted=room, pre_hook=True)
+        if why is None:
             in_flight += 1
-            continue
-        if pre is not None and pre.verdict == Verdict.REFUSED_NEVER:
-            run.set(
-                u,
-                phase=U.BLOCKED,
-                reason="Refused",
-                message=f"the provider refuses this upgrade: {pre.reason}: {pre.message}",
-            )
-            continue
-        if pre is not None and pre.verdict == Verdict.REFUSED_LATER:
-            run.set(
-                u,
-                phase=U.BLOCKED,
-                reason="RefusedForNow",
-                message=f"the provider refuses this upgrade for now: {pre.reason}: {pre.message}",
-            )
-            run.wake(pre.retry_after or 30.0)
-            continue
-        budget -= cost
-        for i in shared:
-            floor_budgets[i] -= cost
-        in_flight += 1
-        started = True
-        run.note_drift(u, obs)
-        # The preUpgrade hook runs first, the cluster held and still in service.
-        if not run.start_hook(u, PRE_HOOK):
-            run.issue(u, OpKind.SERVICE_OUT)
+            started = True
+            run.note_drift(u, obs)
+        elif why.reason == WAITING_FOR_BUDGET:
+            waiting_budget = True
+        elif why.reason == PREFLIGHT_ASKED:
+            in_flight += 1
     if waiting_budget and not blocked:
         blocked = (
             f"waiting for availability budget: {inp.spec.required_available_count} "
