@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator import api
 from orchestrator.driver import RunDriver, StepResult
-from orchestrator.engine import ACTIVE, Floor, Upgrade, with_status
+from orchestrator.engine import ACTIVE, Decision, Floor, RunInput, Upgrade, decide, with_status
 from orchestrator.fleet import ClusterObs, OpKind, PoolObs
 from orchestrator.initialize import pin_upgrades
 from orchestrator.simulate import T0, ModelFleet
@@ -124,6 +124,45 @@ def as_run_spec(spec: api.ClusterVersionSpec) -> api.UpdateRunSpec:
         skip=spec.skip,
         retry=spec.retry,
     )
+
+
+def pinned(fleet: ModelFleet, spec: api.ClusterVersionSpec) -> dict[str, Upgrade]:
+    """The run's ClusterUpgrades as pinned from the fleet, by cluster id."""
+    upgrades = pin_upgrades("run", as_run_spec(spec), fleet.clusters)
+    assert not isinstance(upgrades, list), [str(p) for p in upgrades]
+    return {u.cluster_id: u for u in upgrades.upgrades}
+
+
+def decide_once(
+    fleet: ModelFleet,
+    spec: api.ClusterVersionSpec,
+    statuses: Mapping[str, api.ClusterUpgradeStatus] | None = None,
+    seconds: float = 0.0,
+    **kw: Any,
+) -> tuple[Decision, dict[str, Upgrade]]:
+    """One decision of run "ns/run" (uid "uid-1") over the fleet, `seconds` after T0;
+    statuses: cluster id → a status to start from; kw: RunInput fields (preflight unsupported
+    and the fleet's snapshot unless given)."""
+    by_id = pinned(fleet, spec)
+    for cid, st in (statuses or {}).items():
+        by_id[cid] = with_status(by_id[cid], st)
+    kw.setdefault("preflight_supported", False)
+    kw.setdefault("snapshot", fleet.snapshot())
+    inp = RunInput(
+        key="ns/run",
+        uid="uid-1",
+        spec=as_run_spec(spec),
+        upgrades={u.name: u for u in by_id.values()},
+        now=T0 + timedelta(seconds=seconds),
+        **kw,
+    )
+    return decide(inp), by_id
+
+
+def status_after(d: Decision, by_id: Mapping[str, Upgrade], cid: str) -> api.ClusterUpgradeStatus:
+    """A cluster's ClusterUpgrade status after the decision."""
+    u = by_id[cid]
+    return d.changed.get(u.name, u.status)
 
 
 @dataclass(frozen=True)

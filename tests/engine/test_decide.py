@@ -4,10 +4,8 @@ runs), re-issued service-outs, preflight refusals, invalid specs and size at 10,
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
 
 from orchestrator import api
 from orchestrator.engine import (
@@ -18,7 +16,6 @@ from orchestrator.engine import (
     Floor,
     Preflight,
     RunInput,
-    Upgrade,
     Verdict,
     call_failed,
     decide,
@@ -27,47 +24,24 @@ from orchestrator.engine import (
 )
 from orchestrator.fleet import OpKind, OpObs, OpState, Snapshot
 from orchestrator.initialize import pin_upgrades
-from orchestrator.simulate import T0, ModelFleet, simulate
+from orchestrator.simulate import T0, simulate
 from orchestrator.validate import validate_spec
-from tests.engine.model import U, as_run_spec, health_checks, make_fleet, spec_for
+from tests.engine.model import (
+    U,
+    as_run_spec,
+    decide_once,
+    health_checks,
+    make_fleet,
+    pinned,
+    spec_for,
+    status_after,
+)
 
 NEW = "1.29.1"
 UID = "uid-1"
 
 
-def _pinned(fleet: ModelFleet, spec: api.ClusterVersionSpec) -> dict[str, Upgrade]:
-    pinned = pin_upgrades("run", as_run_spec(spec), fleet.clusters)
-    assert not isinstance(pinned, list), [str(p) for p in pinned]
-    return {u.cluster_id: u for u in pinned.upgrades}
-
-
-def _decide(
-    fleet: ModelFleet,
-    spec: api.ClusterVersionSpec,
-    statuses: Mapping[str, api.ClusterUpgradeStatus] | None = None,
-    seconds: float = 0.0,
-    **kw: Any,
-) -> tuple[Decision, dict[str, Upgrade]]:
-    """One decision over the fleet; statuses: cluster id → a status to start from."""
-    by_id = _pinned(fleet, spec)
-    for cid, st in (statuses or {}).items():
-        by_id[cid] = with_status(by_id[cid], st)
-    kw.setdefault("preflight_supported", False)
-    kw.setdefault("snapshot", fleet.snapshot())
-    inp = RunInput(
-        key="ns/run",
-        uid=UID,
-        spec=as_run_spec(spec),
-        upgrades={u.name: u for u in by_id.values()},
-        now=T0 + timedelta(seconds=seconds),
-        **kw,
-    )
-    return decide(inp), by_id
-
-
-def _status(d: Decision, by_id: Mapping[str, Upgrade], cid: str) -> api.ClusterUpgradeStatus:
-    u = by_id[cid]
-    return d.changed.get(u.name, u.status)
+_pinned, _decide, _status = pinned, decide_once, status_after
 
 
 def _out(d: Decision) -> list[str]:
