@@ -1839,6 +1839,14 @@ def _admit(run: _Run, walk: _Walk, by_stage: Mapping[int, Sequence[Upgrade]]) ->
         if not blocked:
             first = next(g for g in waits if g.word == word)
             blocked = f"waiting: {first.message}"
+    if run.preflight_needed and not started and not blocked:
+        # Invariant 4: a run that waits for the provider's verdict says so. The driver asks at
+        # once and decides again, so this stays on record only while the ask fails (simulation
+        # seed 7490: a failed PreflightUpgrade left the run saying only a count).
+        asked = sorted(set(run.preflight_needed))
+        blocked = f"waiting: the provider's preflight verdict on {asked[0]}"
+        blocked += f" (and {len(asked) - 1} more)" if len(asked) > 1 else ""
+        waiting = waiting or "Preflight"
     held = [(u.cluster_id, run.status[u.name]) for u in members]
     held = [(c, s) for c, s in held if s.phase == U.PENDING and s.reason in _HELD_ELSEWHERE]
     if held and in_flight == 0 and not blocked:

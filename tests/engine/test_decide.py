@@ -648,3 +648,16 @@ def test_a_retry_of_a_failed_cluster_gone_from_the_inventory_keeps_it_and_carrie
     d, by_id = _decide(fleet, spec, {"c00000": retried}, 120)
     back = _status(d, by_id, "c00000")
     assert back.phase in ACTIVE and back.reason != "OutOfService", back
+
+
+def test_a_run_waiting_for_a_preflight_verdict_says_so() -> None:
+    """Invariant 4 (simulation seed 7490): the driver asks the provider at once and decides
+    again; when the ask fails, the run's status must say what it waits for, not only a count."""
+    fleet = make_fleet(4)
+    spec = spec_for(fleet, NEW, required=1).model_copy(
+        update={"strategy": api.Strategy.model_validate({"maxConcurrency": 1})}
+    )
+    d, _ = _decide(fleet, spec, preflight_supported=True)
+    assert d.preflight_needed and not d.calls
+    assert d.waiting_reason == "Preflight", (d.waiting_reason, d.message)
+    assert "preflight verdict on c0000" in d.message, d.message
