@@ -436,6 +436,7 @@ class Adversary:
             w.log(f"adversary: kubectl delete clusterversion {key}")
         else:
             w.api.runs[key].deleting = True
+            w.api.changed(key)
             w.due[key] = w.now
             w.log(f"adversary: kubectl delete updaterun {key}")
 

@@ -11,6 +11,7 @@ check really returned), for tests/sim/invariants.py. Time is an integer count of
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -876,6 +877,10 @@ class ModelApiServer:
         self.on_write: Callable[[UpObj, api.ClusterUpgradeStatus], None] = lambda o, s: None
         #: Called after every applied UpdateRun status write (run key, new status).
         self.on_run_write: Callable[[str, api.UpdateRunStatus], None] = lambda k, s: None
+        #: Watch events of UpdateRuns, in the order the apiserver applied them: (sequence, key,
+        #: a copy of the run as written, or None once it is gone). The watch caches feed on it.
+        self.events = 0
+        self.on_run_event: Callable[[int, str, RunObj | None], None] = lambda n, k, o: None
 
     def bump(self) -> int:
         self.rv += 1
@@ -885,6 +890,13 @@ class ModelApiServer:
         obj.rv = self.bump()
         self.runs[obj.key] = obj
         self.by_run.setdefault(obj.key, [])
+        self.changed(obj.key)
+
+    def changed(self, key: str) -> None:
+        """A run was written (created, edited, its status or metadata): its watch event."""
+        self.events += 1
+        obj = self.runs.get(key)
+        self.on_run_event(self.events, key, copy.copy(obj) if obj is not None else None)
 
     def create_upgrades(self, run: RunObj, upgrades: Sequence[Upgrade]) -> None:
         for u in upgrades:
@@ -903,6 +915,7 @@ class ModelApiServer:
             if holders is not None:
                 holders.discard(run)
         del self.runs[run]
+        self.changed(run)
 
     def upgrades_of(self, run: str) -> list[UpObj]:
         return [self.upgrades[k] for k in self.by_run.get(run, ())]
@@ -930,6 +943,7 @@ class ModelApiServer:
         obj.status = status
         obj.rv = self.bump()
         self.on_run_write(key, status)
+        self.changed(key)
         return obj.rv
 
     def update_run(self, key: str, **changes: Any) -> None:
@@ -940,6 +954,61 @@ class ModelApiServer:
         if "spec" in changes:
             obj.edited = True
         obj.rv = self.bump()
+        self.changed(key)
+
+
+class RunCache:
+    """One replica's UpdateRun watch cache (orchestrator.cache.ObjectCache): what the
+    replica's controllers know of runs other than the one they GET. Fed by the watch, each
+    event some seconds after its write and in the apiserver's order (an event never overtakes
+    an earlier one); the replica's own writes go in at once (write-through) and an older event
+    never replaces a newer entry. A restarted replica lists afresh."""
+
+    def __init__(self) -> None:
+        #: run key → (event sequence, the run as of that event).
+        self.entries: dict[str, tuple[int, RunObj]] = {}
+        #: Events on their way: (delivery second, sequence, key, run or None: gone).
+        self.pending: list[tuple[int, int, str, RunObj | None]] = []
+
+    def get(self, key: str) -> RunObj | None:
+        entry = self.entries.get(key)
+        return entry[1] if entry is not None else None
+
+    def runs(self) -> list[RunObj]:
+        return [obj for _, obj in self.entries.values()]
+
+    def put(self, seq: int, key: str, obj: RunObj | None) -> None:
+        """An event (or a write's answer): applied unless the entry is newer already."""
+        entry = self.entries.get(key)
+        if entry is not None and entry[0] >= seq:
+            return
+        if obj is None:
+            self.entries.pop(key, None)
+        else:
+            self.entries[key] = (seq, obj)
+
+    def send(self, due: int, seq: int, key: str, obj: RunObj | None) -> None:
+        """Queue an event; it arrives at due, or with the one before it if that is later."""
+        if self.pending:
+            due = max(due, self.pending[-1][0])
+        self.pending.append((due, seq, key, obj))
+
+    def deliver(self, now: int) -> list[str]:
+        """The events due by now, applied in order; the keys they named."""
+        keys = []
+        while self.pending and self.pending[0][0] <= now:
+            _, seq, key, obj = self.pending.pop(0)
+            self.put(seq, key, obj)
+            keys.append(key)
+        return keys
+
+    def next_delivery(self) -> int | None:
+        return self.pending[0][0] if self.pending else None
+
+    def relist(self, server: ModelApiServer) -> None:
+        """A fresh LIST (a restart): every run as it is now, nothing pending."""
+        self.pending.clear()
+        self.entries = {k: (server.events, copy.copy(o)) for k, o in server.runs.items()}
 
 
 class StoreClient:

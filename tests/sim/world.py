@@ -6,11 +6,14 @@ pin runs with `orchestrator.initialize`, compute holdings from the store, call
 the real `orchestrator.engine.decide`), and write the run's status once, conditionally.
 Preconditions the product's controllers must keep, stated here because the simulation relies on
 them: runs sharing a provider are reconciled one at a time, and holdings are read from the
-apiserver with this replica's own writes visible (read-your-writes).
+apiserver with this replica's own writes visible (read-your-writes). Other runs (their floors,
+and the ClusterVersion controller's view of them) are read from each replica's lagging
+UpdateRun watch cache (model.RunCache; tests/sim/README.md).
 """
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -37,6 +40,7 @@ from tests.sim.model import (
     ModelProvider,
     MOp,
     MPool,
+    RunCache,
     RunObj,
     StoreClient,
     at,
@@ -161,6 +165,9 @@ class Replica:
             world.fleet, world.adversary, world.monitor, name, world.cfg.preflight
         )
         self.store = StoreClient(world.api, world.adversary)
+        #: Its UpdateRun watch cache: other runs' floors and phases, and the ClusterVersion
+        #: controller's view of the runs, come from here (orchestrator.runs, .clusterversion).
+        self.runs = RunCache()
         self.drivers: dict[str, RunDriver] = {}
         self.incarnation = 0
 
@@ -175,6 +182,7 @@ class Replica:
         self.store.rvs.clear()
         self.provider.ended.clear()
         self.provider.following = False
+        self.runs.relist(self.world.api)
 
     def driver(self, run: RunObj) -> RunDriver:
         key = "*" if self.world.cfg.shared_driver else run.key
@@ -214,6 +222,11 @@ class World:
         self.ops_rng = random.Random(cfg.seed * 7727 + 11)
         #: Which address of the plugin each owner uses: a stream of its own too.
         self.alias_rng = random.Random(cfg.seed * 6007 + 3)
+        #: How late each UpdateRun watch event reaches each replica: a stream of its own too.
+        self.lag_rng = random.Random(cfg.seed * 4801 + 5)
+        #: Who is writing now: a replica's name (its controllers' writes reach its own cache at
+        #: once), or None (a person, the world: every cache learns by the watch).
+        self.actor: str | None = None
         self.now = 0
         self.history: list[str] = []
         self.fleet = ModelFleet(self._clusters(), OFFERED)
@@ -226,6 +239,7 @@ class World:
         self.fleet.on_end = self._watch_event
         self.api.on_write = self.monitor.on_write
         self.api.on_run_write = self.monitor.on_run_write
+        self.api.on_run_event = self._run_event
         self.lease.on_flip = lambda holder: self.log(f"lease → {holder}")
         self.replicas = [Replica(self, f"r{i}") for i in range(cfg.replicas)]
         self.lease.on_lost = self._lost_lease
@@ -455,7 +469,21 @@ class World:
     # -- controllers ---------------------------------------------------------------------
 
     def reconcile_cvs(self) -> None:
-        """The ClusterVersion → UpdateRun rule: a changed spec starts a new run, stops the old."""
+        """The ClusterVersion → UpdateRun rule: a changed spec starts a new run, stops the old.
+        It runs in the leader's process and reads runs from that replica's watch cache, as
+        orchestrator.clusterversion does; its writes go through that cache."""
+        rep = self._cv_replica()
+        self.actor = rep.name
+        try:
+            self._reconcile_cvs(rep.runs)
+        finally:
+            self.actor = None
+
+    def _cv_replica(self) -> Replica:
+        """The replica the ClusterVersion controller runs in (the leader's, else the first)."""
+        return next((r for r in self.replicas if r.name == self.lease.holder), self.replicas[0])
+
+    def _reconcile_cvs(self, view: RunCache) -> None:
         for cv in list(self.api.cvs.values()):
             if cv.deleting:
                 self._delete_cv(cv)
@@ -466,14 +494,20 @@ class World:
                 self._wanted[(cv.key, cv.generation)] = wanted
             name, spec = wanted
             key = f"{cv.namespace}/{name}"
-            if key not in self.api.runs:
-                self._create_run(cv.namespace, name, spec, cv.key, cv.spec)
-            current = self.api.runs[key]
+            if view.get(key) is None:
+                if key not in self.api.runs:
+                    self._create_run(cv.namespace, name, spec, cv.key, cv.spec)
+                else:  # the create is refused (AlreadyExists): the controller GETs it
+                    view.put(self.api.events, key, copy.copy(self.api.runs[key]))
+            current = view.get(key)
+            assert current is not None
             # The ClusterVersion controller's own rules (orchestrator.initialize): the fields
-            # that follow the ClusterVersion in place, then supersede.
+            # that follow the ClusterVersion in place, then supersede, judged on the cached
+            # run; a patch merges into the stored spec.
             changes = live_fields(current.spec.dump(), cv.spec)
-            if changes:
-                body = current.spec.dump()
+            stored = self.api.runs.get(key)
+            if changes and stored is not None:
+                body = stored.spec.dump()
                 for name_, value in changes.items():
                     if name_ == "strategy":  # a merge patch of strategy.paused
                         body["strategy"] = {**(body.get("strategy") or {}), **value}
@@ -481,11 +515,14 @@ class World:
                         body.pop(name_, None)
                     else:
                         body[name_] = value
-                self.api.update_run(key, spec=api.UpdateRunSpec.model_validate(body))
-                if "requiredAvailableCount" in changes:
-                    self.monitor.floor_changed(key)
-                self.due[key] = self.now
-            mine = [r for r in self.api.runs.values() if r.cv == cv.key]
+                patched = api.UpdateRunSpec.model_validate(body)
+                if patched != stored.spec:  # a patch that changes nothing writes nothing
+                    floor = stored.spec.required_available_count
+                    self.api.update_run(key, spec=patched)
+                    if patched.required_available_count != floor:
+                        self.monitor.floor_changed(key)
+                    self.due[key] = self.now
+            mine = [r for r in view.runs() if r.cv == cv.key]
             stop = set(
                 superseded(
                     (
@@ -500,9 +537,12 @@ class World:
                 )
             )
             for other in mine:
-                if other.key in stop:
+                stored = self.api.runs.get(other.key)
+                if other.key in stop and stored is not None:  # gone: the patch is NotFound
+                    if stored.spec.state == api.RunState.STOP:
+                        continue  # stopped already: the patch changes nothing
                     self.api.update_run(
-                        other.key, spec=other.spec.model_copy(update={"state": api.RunState.STOP})
+                        other.key, spec=stored.spec.model_copy(update={"state": api.RunState.STOP})
                     )
                     self.due[other.key] = self.now
                     self.log(f"stop UpdateRun {other.key} (superseded by {key})")
@@ -514,6 +554,7 @@ class World:
         for run in mine:
             if not run.deleting:
                 run.deleting = True
+                self.api.changed(run.key)
                 self.due[run.key] = self.now
                 self.log(f"delete UpdateRun {run.key} (its ClusterVersion is being deleted)")
         if not mine:
@@ -536,6 +577,10 @@ class World:
         )
 
     def reconcile_run(self, rep: Replica, key: str) -> None:
+        if rep.runs.get(key) is None:
+            # The product reconciles a run once its watch delivered it (existence first).
+            self.due[key] = self.now + 1
+            return
         self.monitor.acting = (rep.name, rep.incarnation)
         run = rep.store.read_run(key)
         now = at(self.now)
@@ -549,7 +594,7 @@ class World:
         upgrades = rep.store.read_upgrades(key)
         held_by, floors = neighbours(
             self.holdings(),
-            self.floor_of,
+            lambda other: self.floor_of(rep, other),
             self.identity(run.spec),
             key,
             {u.cluster_id for u in upgrades.values()},
@@ -635,10 +680,11 @@ class World:
             for o in self.api.upgrades.values()
         ]
 
-    def floor_of(self, run: str) -> int | None:
-        """The floor of another run while it is live (None: finished, or not pinned yet)."""
-        obj = self.api.runs.get(run)
-        if obj is None or not obj.initialized or not api.run_is_live(obj.status.phase):
+    def floor_of(self, rep: Replica, run: str) -> int | None:
+        """The floor of another run while it is live (None: finished, or unknown), as the
+        replica's UpdateRun watch cache has it (runs.UpdateRunController._neighbours)."""
+        obj = rep.runs.get(run)
+        if obj is None or not api.run_is_live(obj.status.phase):
             return None
         return obj.spec.required_available_count
 
@@ -657,6 +703,7 @@ class World:
             self.api.runs[run.key].status = api.UpdateRunStatus(
                 phase=api.RunPhase.INVALID, message="; ".join(str(p) for p in pinned)[:300]
             )
+            self.api.changed(run.key)
             self.log(f"{run.key}: Invalid: {pinned[0]}")
             return
         self.api.create_upgrades(run, pinned.upgrades)
@@ -666,6 +713,7 @@ class World:
             cluster_set_digest=pinned.digest,
             start_time=format_time(at(self.now)),
         )
+        self.api.changed(run.key)
         self.monitor.run_pinned(run.key)
         self.log(f"{run.key}: pinned {len(pinned.upgrades)} clusters")
         self.due[run.key] = self.now
@@ -707,6 +755,8 @@ class World:
     def iterate(self, active: bool, horizon: int) -> None:
         self.now = self._next_time(horizon)
         self.lease.advance(self.now)
+        for replica in self.replicas:
+            replica.runs.deliver(self.now)
         if self.fleet.tick(self.now):
             self.monitor.after_step("operations advanced", world_changed=True)
         while self.hooks and self.hooks[0][0] <= self.now:
@@ -719,6 +769,7 @@ class World:
         self.reconcile_cvs()
         for key in list(self._due_runs()):
             rep = self.adversary.pick_replica() if active else self._leader()
+            self.actor = rep.name
             try:
                 self.reconcile_run(rep, key)
             except Crash as err:
@@ -728,7 +779,28 @@ class World:
             except (LostWrite, WriteConflict, CallError) as err:
                 self.log(f"{rep.name} {key}: pass aborted: {type(err).__name__}: {err}")
                 self.due[key] = self.now + 2
+            finally:
+                self.actor = None
             self.monitor.after_step(f"{rep.name} reconciled {key}")
+
+    def _run_event(self, seq: int, key: str, obj: RunObj | None) -> None:
+        """An UpdateRun write reaches the writer's cache at once (write-through; a deletion
+        only by the watch) and every other replica's after a lag drawn from the seed."""
+        for rep in self.replicas:
+            if rep.name == self.actor and obj is not None:
+                rep.runs.put(seq, key, obj)
+            else:
+                rep.runs.send(self.now + self._lag(), seq, key, obj)
+
+    def _lag(self) -> int:
+        """Seconds a watch event takes: mostly at once, sometimes seconds, rarely longer than
+        a Lease (a slow apiserver, a watch re-established)."""
+        roll = self.lag_rng.random()
+        if roll < 0.7:
+            return self.lag_rng.randint(0, 1)
+        if roll < 0.95:
+            return self.lag_rng.randint(2, 8)
+        return self.lag_rng.randint(9, 40)
 
     def _watch_event(self, op: object) -> None:
         """WatchOperations: the end of an operation wakes the run that started it, and reaches
@@ -772,7 +844,10 @@ class World:
         ended): the product's watch reconciles it at once, so the world is not settled before
         the run had that pass. Seeds 62021 and 63809: a run pinned at the last second of the
         active phase (a stage rename superseding a run; a direct run applied) was judged by
-        the state pinning left, before the engine had decided anything for it.
+        the state pinning left, before the engine had decided anything for it. Likewise a run
+        pinned whose first pass was aborted (a failed call, a conflict): it is requeued, not
+        due yet, and says nothing until a pass of it completes (found with watch-cache lag,
+        which delays pinning: a run created late was pinned at the active phase's last second).
         """
         if any(due <= self.now for due in self.due.values()):
             return False
@@ -781,6 +856,8 @@ class World:
                 return False
             if run.status.phase in FINISHED:
                 continue
+            if run.status.message is None:  # pinned, never decided on
+                return False
             if any(o.upgrade.status.phase in ACTIVE for o in self.api.upgrades_of(run.key)):
                 return False
         return self.now - self.monitor.last_change >= QUIET_SETTLE
