@@ -245,6 +245,11 @@ class World:
         self.lease.on_lost = self._lost_lease
         self.log(f"clocks: {self.lease.describe()}")
         self.due: dict[str, int] = {}
+        #: When the world last changed by the adversary's hand (or its going quiet), and when
+        #: each run last had a pass that completed: the world is not settled before every live
+        #: run has looked at the world as it is now (seed 4197).
+        self.world_changed_at = 0
+        self.last_pass: dict[str, int] = {}
         self.owners: list[Owner] = []
         self.timeouts = (
             api.StepTimeouts(
@@ -655,6 +660,7 @@ class World:
             if status.phase != old.phase:
                 self.log(f"{key}: {old.phase} → {status.phase}: {d.message}")
         self.api.runs[key].edited = False  # looked at (observedGeneration caught up)
+        self.last_pass[key] = self.now
         if run.deleting:
             self._collect_if_released(key)
             if key not in self.api.runs:
@@ -765,6 +771,7 @@ class World:
             self.log(f"scenario: {what}")
             self.monitor.after_step(f"scenario: {what}", world_changed=True)
         if active and self.adversary.act():
+            self.world_changed_at = self.now
             self.monitor.after_step("adversary acted", world_changed=True)
         self.reconcile_cvs()
         for key in list(self._due_runs()):
@@ -827,6 +834,7 @@ class World:
         while self.now < self.cfg.active_seconds:
             self.iterate(True, self.cfg.active_seconds)
         self.adversary.quiet()
+        self.world_changed_at = self.now
         self.log("adversary quiet")
         self.monitor.after_step("adversary quiet")
         limit = self.now + self.cfg.quiet_cap
@@ -857,6 +865,11 @@ class World:
             if run.status.phase in FINISHED:
                 continue
             if run.status.message is None:  # pinned, never decided on
+                return False
+            if self.last_pass.get(run.key, -1) < self.world_changed_at:
+                # The world changed (a cluster came back, an outage ended) since this run last
+                # looked: its status may be stale (seed 4197: judged waiting for budget while
+                # the cluster it counted as down had just returned).
                 return False
             if any(o.upgrade.status.phase in ACTIVE for o in self.api.upgrades_of(run.key)):
                 return False
