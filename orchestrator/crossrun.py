@@ -19,7 +19,9 @@ from orchestrator import api
 from orchestrator.engine import ACTIVE, Floor
 
 __all__ = [
+    "UNSEEN",
     "Holding",
+    "RunNotSeen",
     "endpoint_identity",
     "holding_of",
     "neighbours",
@@ -30,6 +32,20 @@ __all__ = [
 _ACTIVE = frozenset(p.value for p in ACTIVE)
 #: Prefix of the fallback identity of a plugin that reports no fleet_id.
 ENDPOINT_PREFIX = "endpoint/"
+#: floor_of's answer for a run whose ClusterUpgrades the reader has but whose UpdateRun its
+#: cache has not seen yet (the two watches have no order between them): its floor is unknown.
+UNSEEN = -1
+
+
+class RunNotSeen(Exception):
+    """Another run shares clusters with this one, but the reader's run cache has not seen it
+    yet, so its floor is unknown: nothing may be decided on this run until it has (invariant
+    1; simulation seed 6959 with watch-cache lag: a floor of 26 of 27 was broken by a run that
+    read the other run's ClusterUpgrades before its UpdateRun)."""
+
+    def __init__(self, run: str) -> None:
+        super().__init__(f"run {run} shares clusters with this one but is not in the cache yet")
+        self.run = run
 
 
 def endpoint_identity(endpoint: str) -> str:
@@ -65,6 +81,8 @@ class Holding:
     cluster_id: str
     #: Its phase is one of the engine's ACTIVE phases: the run holds the cluster.
     active: bool
+    #: It has an owner (its UpdateRun); an orphan (--cascade=orphan) is no live run's member.
+    owned: bool = True
 
 
 def pinned_provider(provider_id: str | None, endpoint: str, identities: Mapping[str, str]) -> str:
@@ -86,6 +104,7 @@ def holding_of(obj: Mapping[str, Any], identities: Mapping[str, str]) -> Holding
         provider=provider,
         cluster_id=str(spec.get("clusterId", "")),
         active=(obj.get("status") or {}).get("phase") in _ACTIVE,
+        owned=bool(meta.get("ownerReferences")),
     )
 
 
@@ -101,14 +120,16 @@ def neighbours(
     other live runs that share clusters with it.
 
     floor_of(run) is that run's requiredAvailableCount while it is live (api.run_is_live),
-    None when it is finished or gone: a finished run's floor binds no one.
+    None when it is finished or gone (a finished run's floor binds no one), UNSEEN when the
+    reader has not seen the run yet: then RunNotSeen is raised, as nothing may be decided.
     """
     held: dict[str, str] = {}
     members: dict[str, set[str]] = {}
     for h in holdings:
         if h.run == run or h.provider != provider:
             continue
-        members.setdefault(h.run, set()).add(h.cluster_id)
+        if h.owned:
+            members.setdefault(h.run, set()).add(h.cluster_id)
         if h.active:
             known = held.get(h.cluster_id)
             if known is None or h.run < known:
@@ -119,6 +140,8 @@ def neighbours(
         if cids.isdisjoint(mine):
             continue
         required = floor_of(other)
+        if required == UNSEEN:
+            raise RunNotSeen(other)
         if required is None:
             continue
         floors.append(Floor(other, frozenset(cids), required))

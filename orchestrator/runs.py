@@ -24,7 +24,7 @@ from orchestrator.access import Access
 from orchestrator.analysis import Analyzer, PrometheusTarget
 from orchestrator.cache import AccessCatalog, ObjectCache
 from orchestrator.conditions import format_time, get_condition, set_condition
-from orchestrator.crossrun import holding_of, neighbours
+from orchestrator.crossrun import UNSEEN, RunNotSeen, holding_of, neighbours
 from orchestrator.driver import CallError, Fence, HookRunner, RunDriver, WriteConflict
 from orchestrator.engine import ACTIVE, Floor, Preflight, Upgrade
 from orchestrator.fleet import ClusterObs, OpObs, OpState
@@ -462,9 +462,13 @@ class UpdateRunController:
                 "it back, or stop this run and start a new one",
             )
             return self._invalid(obj, status, [problem], gen, now)
-        held_by, floors = self._neighbours(
-            identity, f"{ns}/{name}", {u.cluster_id for u in upgrades.values()}
-        )
+        try:
+            held_by, floors = self._neighbours(
+                identity, f"{ns}/{name}", {u.cluster_id for u in upgrades.values()}
+            )
+        except RunNotSeen as err:
+            log.info("UpdateRun %s/%s waits for the cache: %s", ns, name, err)
+            return 1.0
         try:
             provider.learn(
                 [
@@ -627,8 +631,20 @@ class UpdateRunController:
 
         def floor_of(key: str) -> int | None:
             rns, _, rname = key.partition("/")
-            obj = self.runs.get(rns, rname) if self.runs is not None else None
-            if obj is None or not api.run_is_live((obj.get("status") or {}).get("phase")):
+            if self.runs is None:
+                return None
+            obj = self.runs.get(rns, rname)
+            if obj is None:
+                # Its ClusterUpgrades are here but the run is not (the two watches have no
+                # order between them): ask the apiserver, which knows whether it is gone.
+                try:
+                    obj = self.kube.get_object(api.UPDATE_RUN_PLURAL, rns, rname)
+                except NotFound:
+                    return None  # gone: what is left of it waits for the garbage collector
+                except KubeError:
+                    return UNSEEN  # unknown: nothing is decided on this run; look again
+                self.runs.put(obj)
+            if not api.run_is_live((obj.get("status") or {}).get("phase")):
                 return None
             return int((obj.get("spec") or {}).get("requiredAvailableCount", 1))
 

@@ -21,7 +21,12 @@ def _cu(ns: str, run: str, cid: str, phase: str, provider: str, pid: str | None)
     if pid is not None:
         spec["providerId"] = pid
     return {
-        "metadata": {"namespace": ns, "name": f"{run}-{cid}", "labels": {api.LABEL_RUN: run}},
+        "metadata": {
+            "namespace": ns,
+            "name": f"{run}-{cid}",
+            "labels": {api.LABEL_RUN: run},
+            "ownerReferences": [{"kind": api.UPDATE_RUN_KIND, "name": run, "uid": f"uid-{run}"}],
+        },
         "spec": spec,
         "status": {"phase": phase},
     }
@@ -141,3 +146,28 @@ def test_live_fields_follow_the_cluster_version_in_place() -> None:
     }
     same = {"requiredAvailableCount": 3, "strategy": {"paused": True}, "skip": {"clusters": ["c1"]}}
     assert live_fields(same, cv) == {}
+
+
+def test_a_run_whose_floor_is_unknown_stops_the_decision() -> None:
+    """Seed 6959 (watch-cache lag): another run's ClusterUpgrades were read before its
+    UpdateRun; its floor must not be taken as None (binds nothing)."""
+    from orchestrator.crossrun import UNSEEN, RunNotSeen
+
+    holdings = [holding_of(_cu("a", "other", "c1", "Pending", "x:1", SIM), {})]
+    try:
+        neighbours(holdings, lambda run: UNSEEN, SIM, "b/me", {"c1"})
+    except RunNotSeen as err:
+        assert err.run == "a/other"
+    else:
+        raise AssertionError("an unseen run's floor was ignored")
+
+
+def test_an_orphaned_clusterupgrade_holds_its_cluster_but_binds_no_floor() -> None:
+    owned = _cu("a", "gone", "c1", "ServicingOut", "x:1", SIM)
+    orphan = dict(owned, metadata={**owned["metadata"], "ownerReferences": []})
+    assert not holding_of(orphan, {}).owned and holding_of(owned, {}).owned
+    held, floors = neighbours([holding_of(orphan, {})], lambda run: UNSEEN_RUN, SIM, "b/me", {"c1"})
+    assert held == {"c1": "a/gone"} and floors == []
+
+
+UNSEEN_RUN = -1

@@ -21,7 +21,12 @@ from typing import Any
 
 from orchestrator import api, deletion
 from orchestrator.conditions import format_time
-from orchestrator.crossrun import Holding, neighbours, pinned_provider, provider_identity
+from orchestrator.crossrun import (
+    Holding,
+    neighbours,
+    pinned_provider,
+    provider_identity,
+)
 from orchestrator.driver import CallError, RunDriver, WriteConflict
 from orchestrator.engine import ACTIVE
 from orchestrator.initialize import live_fields, pin_upgrades, run_for, superseded
@@ -690,7 +695,13 @@ class World:
         """The floor of another run while it is live (None: finished, or unknown), as the
         replica's UpdateRun watch cache has it (runs.UpdateRunController._neighbours)."""
         obj = rep.runs.get(run)
-        if obj is None or not api.run_is_live(obj.status.phase):
+        if obj is None:
+            # Its ClusterUpgrades without its UpdateRun in this cache (not seen yet): the
+            # controller asks the apiserver (runs._neighbours), which has it or says it is gone.
+            obj = self.api.runs.get(run)
+            if obj is None:
+                return None
+        if not api.run_is_live(obj.status.phase):
             return None
         return obj.spec.required_available_count
 
