@@ -665,7 +665,8 @@ class World:
             if status.phase != old.phase:
                 self.log(f"{key}: {old.phase} → {status.phase}: {d.message}")
         self.api.runs[key].edited = False  # looked at (observedGeneration caught up)
-        self.last_pass[key] = self.now
+        if not result.conflicts:  # a pass cut short by a conflict is looked at again
+            self.last_pass[key] = self.now
         if run.deleting:
             self._collect_if_released(key)
             if key not in self.api.runs:
