@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -291,11 +292,12 @@ class Orchestrators:
                 proc.stop()
 
 
-@pytest.fixture
-def orchestrators(
-    control_plane: KubeCluster, namespace: str, tmp_path: Path
+@contextmanager
+def running_orchestrators(
+    cluster: KubeCluster, namespace: str, tmp: Path
 ) -> Iterator[Orchestrators]:
-    o = Orchestrators(control_plane, namespace, tmp_path)
+    """Orchestrators for one test on cluster, all stopped afterwards."""
+    o = Orchestrators(cluster, namespace, tmp)
     try:
         yield o
     finally:
@@ -303,6 +305,14 @@ def orchestrators(
         text = o.logs()
         # On failure pytest shows this: the tail of every orchestrator's log.
         print("\n".join(text.splitlines()[-80:]))
+
+
+@pytest.fixture
+def orchestrators(
+    control_plane: KubeCluster, namespace: str, tmp_path: Path
+) -> Iterator[Orchestrators]:
+    with running_orchestrators(control_plane, namespace, tmp_path) as o:
+        yield o
 
 
 def reconcile_errors(logs: str) -> list[str]:

@@ -26,6 +26,7 @@ from tests.e2e.conftest import (
     fleet_file,
     ids,
     reconcile_errors,
+    running_orchestrators,
 )
 from tests.support.kube import KubeCluster, wait_for
 
@@ -46,12 +47,8 @@ def gc_objects(garbage_collected: KubeCluster, gc_namespace: str) -> Iterator[Ob
 def gc_orchestrators(
     garbage_collected: KubeCluster, gc_namespace: str, tmp_path: Path
 ) -> Iterator[Orchestrators]:
-    o = Orchestrators(garbage_collected, gc_namespace, tmp_path)
-    try:
+    with running_orchestrators(garbage_collected, gc_namespace, tmp_path) as o:
         yield o
-    finally:
-        o.stop_all()
-        print("\n".join(o.logs().splitlines()[-80:]))
 
 
 def out_of_service(fleet: Sim) -> list[str]:
