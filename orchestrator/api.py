@@ -1140,7 +1140,6 @@ class ClusterUpgradeStatus(_Model):
     request_id: str | None = None
     operation_id: str | None = None
     attempt: int = 0
-    reasks: int = Field(default=0, description="Times a forgotten operation was re-asked.")
     step_start_time: str | None = None
     start_time: str | None = None
     end_time: str | None = None

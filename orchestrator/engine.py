@@ -12,8 +12,8 @@ ships. Each safety invariant of DESIGN.md has one place here:
 2. One owner: a cluster held by another run is never taken out (`may_service_out`, `held_by`).
 3. Gate: service-in only from `_verify` after every applicable check passed successThreshold
    times (health state lives on the ClusterUpgrade); a stage completes only after its checks.
-4. Never stranded: every active step has a start stamp and a bound (`StepTimeouts`); forgotten
-   operations are re-asked with the same request id, then failed.
+4. Never stranded: every active step has a start stamp and a bound (`StepTimeouts`); an
+   operation the plugin forgot fails its step (never asked again: invariant 6).
 5. Refused before drained: a cluster is taken out only with a fresh ACCEPTED preflight
    (`may_service_out`, also when the service-out comes later than its admission).
 6. No duplicate mutation: request ids are deterministic; the driver persists before calling.
@@ -42,7 +42,6 @@ __all__ = [
     "CONTROL_PLANE_PAST_TARGET",
     "FATAL_CODES",
     "HOOK_POLL_SECONDS",
-    "MAX_REASKS",
     "POST_HOOK",
     "PREFLIGHT_TTL",
     "PRE_HOOK",
@@ -93,8 +92,6 @@ _STEP_PHASE = {
     OpKind.NODE_POOL: U.UPGRADING_NODE_POOLS,
     OpKind.SERVICE_IN: U.SERVICING_IN,
 }
-#: A forgotten operation is re-asked (same request id) this many times, then the cluster fails.
-MAX_REASKS = 2
 #: Phases in which an attempt has ended (`end_time` set).
 ENDED = frozenset({U.UPGRADED, U.FAILED, U.SKIPPED})
 #: Reasons of a Pending cluster that waits for the world to let it go (held elsewhere): the
@@ -464,7 +461,6 @@ class _Run:
             request_id=rid,
             operation_id=st.operation_id if same else None,
             step_start_time=st.step_start_time if same and st.step_start_time else self.stamp,
-            reasks=st.reasks if same else 0,
             reason=None,
             message=None if not same else st.message,
         )
@@ -489,7 +485,6 @@ class _Run:
                     u,
                     phase=U.PENDING,
                     attempt=self.status[u.name].attempt + 1,
-                    reasks=0,
                     health=None,
                     step=None,
                     request_id=None,
@@ -507,7 +502,6 @@ class _Run:
                 u,
                 phase=U.PENDING,
                 attempt=self.status[u.name].attempt + 1,
-                reasks=0,
                 health=None,
                 step=None,
                 request_id=None,
@@ -621,27 +615,20 @@ class _Run:
         if op is None:
             if self.timed_out(u, kind):
                 return
-            reasks = st.reasks
-            forgotten = (st.request_id or "") in self.inp.snapshot.forgotten
-            if forgotten or st.operation_id:  # seen before, now unknown to the plugin
-                if reasks >= MAX_REASKS:
-                    self.fail(
-                        u,
-                        "OperationLost",
-                        f"{st.step}: the plugin forgot operation "
-                        f"{st.operation_id or st.request_id} {reasks + 1} times; "
-                        "re-asking cannot help",
-                    )
-                    return
-                reasks += 1
-                self.set(
+            if (st.request_id or "") in self.inp.snapshot.forgotten or st.operation_id:
+                # Seen, now unknown to the plugin (it restarted without durable operations):
+                # it may have ended, failed or still run in the provider. Asking again would
+                # start the step a second time (invariant 6); a person retries it instead.
+                self.fail(
                     u,
-                    reasks=reasks,
-                    operation_id=None,
-                    message=f"{st.step}: operation {st.operation_id or st.request_id} unknown "
-                    "to the plugin; "
-                    f"asked again with the same request id ({reasks}/{MAX_REASKS})",
+                    "OperationLost",
+                    f"{st.step}: the plugin no longer knows operation "
+                    f"{st.operation_id or st.request_id} (it restarted without durable "
+                    "operations); whether it ran is unknown, so it is not asked again. Check "
+                    "the cluster, then retry it with the annotation "
+                    "multicluster-ops.io/retry-clusters",
                 )
+                return
             if kind is OpKind.SERVICE_OUT and not needs_upgrade(obs, u.spec):
                 # Invariants 5 and 7: upgraded elsewhere before our service-out took effect.
                 self.at_target(u, obs)
@@ -917,7 +904,6 @@ class _Run:
             step="verify",
             request_id=None,
             operation_id=None,
-            reasks=0,
             step_start_time=self.stamp,
             message=message,
         )
@@ -1284,7 +1270,6 @@ def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, who: str) -> Non
         step=None,
         request_id=None,
         operation_id=None,
-        reasks=0,
         health=None,
         step_start_time=None,
         reason="Retry",
@@ -1345,7 +1330,8 @@ def _recover(run: _Run, u: Upgrade) -> None:
     rid = request_id(inp.uid, u.cluster_id, RECOVER_STEP, u.spec.version, st.attempt)
     if st.step == RECOVER_STEP and st.request_id == rid:
         op = run._find_op(rid, obs)
-        if op is not None and op.state == OpState.FAILED:
+        if (op is not None and op.state == OpState.FAILED) or rid in inp.snapshot.forgotten:
+            # Failed, or forgotten by the plugin (never asked again: invariant 6).
             run.set(u, step=RECOVER_GAVE_UP, request_id=None, operation_id=None)
             return
         if op is None or op.state != OpState.SUCCEEDED:
@@ -1355,7 +1341,7 @@ def _recover(run: _Run, u: Upgrade) -> None:
                 run.set(u, step=RECOVER_GAVE_UP, request_id=None, operation_id=None)
                 return
             if op is None and not run.service_in(u, request=rid):
-                # Not seen yet, or forgotten: asked again with the same request id, and only
+                # Not seen yet: asked again with the same request id, and only
                 # while the health on record still passes (invariant 3); else it verifies again.
                 run.set(u, step=RECOVER_STEP, step_start_time=run.stamp, request_id=None)
                 run.wake(POLL_SECONDS)

@@ -384,8 +384,7 @@ class GrpcProvider:
         Asks GetOperation once for an operation recorded on an upgrade but unseen by the watch
         (a restart), and for one the watch last showed running while the inventory no longer
         does, after STALE_SECONDS without news (a watch that missed its end). NOT_FOUND means
-        the plugin forgot it: the engine re-asks with the same request id, a bounded number of
-        times.
+        the plugin forgot it: the engine fails the step (it may have run; never asked again).
         """
         forgotten: set[str] = set()
         inventory = self.inventory()

@@ -119,4 +119,3 @@ def test_two_addresses_of_one_plugin_keep_the_strict_floor(
         spelled,
     )
     assert not errors
-
