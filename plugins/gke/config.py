@@ -117,6 +117,11 @@ class TrafficConfig(_Model):
         default_factory=dict,
         description="cluster id -> the instance group / NEG URLs that serve it",
     )
+    allow_zero_capacity: bool = Field(
+        default=False,
+        description="let a drain leave a backend service with no serving backend (a regional "
+        "cluster's zonal NEGs can be every backend of a service); off by default",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> TrafficConfig:

@@ -171,8 +171,10 @@ class BackendServiceTraffic:
         backends: Mapping[str, list[str]],
         max_poll_seconds: float = 2.0,
         stop: threading.Event | None = None,
+        allow_zero_capacity: bool = False,
     ) -> None:
         self._api = api
+        self._allow_zero = allow_zero_capacity
         self._stop = stop if stop is not None else threading.Event()
         self._services = services
         self._groups = {cid: {group_key(g) for g in groups} for cid, groups in backends.items()}
@@ -271,6 +273,10 @@ class BackendServiceTraffic:
                     "it would drop all of the service's traffic. Add another cluster's backend "
                     "to the service first, or leave this service out of traffic.backendServices"
                 )
+            if draining:
+                zero = self._zero_capacity(cluster_id, ref, service)
+                if zero:
+                    raise FailedPrecondition(zero)
             found.extend(_scaler(b) for b in mine)
         if not found:
             names = ", ".join(_service_path(ref) for ref in self._services)
@@ -279,6 +285,28 @@ class BackendServiceTraffic:
                 f"{names}; check the group URLs"
             )
         return found
+
+    def _zero_capacity(self, cluster_id: str, ref: BackendServiceRef, service: JsonObject) -> str:
+        """Why draining the cluster would leave the service no serving backend ("" when it
+        would not, or when traffic.allowZeroCapacity lets it). A regional cluster's standalone
+        NEGs are one backend per zone, so compute's single-backend rule does not catch a
+        service whose every backend is the cluster's own; nor one whose other backends are
+        drained already (another cluster out of service)."""
+        if self._allow_zero:
+            return ""
+        groups = self._groups.get(cluster_id, set())
+        backends = service.get("backends", [])
+        serving = [b for b in backends if _scaler(b) > 0]
+        others = [b for b in serving if group_key(str(b.get("group", ""))) not in groups]
+        if others or not serving:
+            return ""  # another backend keeps serving, or nothing of ours serves
+        return (
+            f"draining cluster {cluster_id} would leave {_service_path(ref)} with no serving "
+            f"backend ({len(backends) - len(others)} of its {len(backends)} backends are this "
+            "cluster's or drained already): its traffic would be dropped. Service another "
+            "cluster back in first, add another cluster's backend to the service, or set "
+            "traffic.allowZeroCapacity: true to accept the outage"
+        )
 
     def needs_out(self, cluster_id: str) -> bool:
         return any(value > 0 for value in self._plan(cluster_id, draining=True))
@@ -339,6 +367,11 @@ class BackendServiceTraffic:
         service = self._read(ref)
         if service is None:
             return
+        if direction == "out":
+            # Read under the service's lock: drains of other clusters since `_plan` count.
+            zero = self._zero_capacity(cluster_id, ref, service)
+            if zero:
+                raise TrafficError(zero)
         groups = self._groups.get(cluster_id, set())
         changed = False
         backends: list[Backend] = []
@@ -445,5 +478,11 @@ def build_traffic(
 ) -> Traffic:
     """The Traffic of the configured mode; stop set makes running work end with Stopping."""
     if config.mode == "backendServices":
-        return BackendServiceTraffic(api, list(config.backend_services), config.backends, stop=stop)
+        return BackendServiceTraffic(
+            api,
+            list(config.backend_services),
+            config.backends,
+            stop=stop,
+            allow_zero_capacity=config.allow_zero_capacity,
+        )
     return NoTraffic(state)

@@ -345,3 +345,62 @@ def test_a_drain_under_a_compute_rate_quota_waits_and_succeeds(
     assert out.state == _S.OPERATION_STATE_SUCCEEDED, out.error_message
     assert emulator.capacity(PROJECT, "web", "neg-c1") == 0.0
     emulator.clear_quotas()
+
+
+def _regional(emulator: GkeEmulator, config: dict[str, object]) -> dict[str, object]:
+    """Service `zonal`: c1's three zonal NEGs (a regional cluster) and c2's one."""
+    zones = [f"{NEG.format('c1')}-{z}" for z in ("a", "b", "c")]
+    emulator.add_backend_service(
+        PROJECT, "zonal", [{"group": g} for g in zones] + [{"group": NEG.format("c2")}]
+    )
+    traffic = config["traffic"]
+    assert isinstance(traffic, dict)
+    traffic["backendServices"].append({"project": PROJECT, "name": "zonal"})
+    traffic["backends"][C1] = [*traffic["backends"][C1], *zones]
+    return config
+
+
+def test_a_drain_that_would_leave_a_service_no_serving_backend_is_refused(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    # Issue 20: a regional cluster's zonal NEGs are several backends of one service, so
+    # compute's single-backend rule never fires; with c2 out, draining c1 would zero `zonal`.
+    client = start_plugin(_regional(emulator, plugin_config(emulator, NAMES))).client
+    assert wait_terminal(client, client.service_out("out-c2", C2).id).state == (
+        _S.OPERATION_STATE_SUCCEEDED
+    )
+    patches = emulator.calls("compute.backendServices.patch")
+    with pytest.raises(PluginCallError) as err:
+        client.service_out("out-c1", C1)
+    assert err.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert "no serving backend" in err.value.message
+    assert "projects/p/global/backendServices/zonal" in err.value.message
+    assert "allowZeroCapacity" in err.value.message
+    assert emulator.calls("compute.backendServices.patch") == patches  # nothing drained
+    assert [emulator.capacity(PROJECT, "zonal", f"neg-c1-{z}") for z in "abc"] == [1.0] * 3
+    assert client.get_cluster(C1).in_service
+    # With c2 back, c1 drains: c2's backend keeps serving.
+    assert wait_terminal(client, client.service_in("in-c2", C2).id).state == (
+        _S.OPERATION_STATE_SUCCEEDED
+    )
+    assert wait_terminal(client, client.service_out("out-c1-2", C1).id).state == (
+        _S.OPERATION_STATE_SUCCEEDED
+    )
+    assert [emulator.capacity(PROJECT, "zonal", f"neg-c1-{z}") for z in "abc"] == [0.0] * 3
+    assert emulator.capacity(PROJECT, "zonal", "neg-c2") == 1.0
+
+
+def test_a_user_who_opts_in_may_drain_a_service_to_zero(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    config = _regional(emulator, plugin_config(emulator, NAMES))
+    traffic = config["traffic"]
+    assert isinstance(traffic, dict)
+    traffic["allowZeroCapacity"] = True
+    client = start_plugin(config).client
+    for name, cid in (("c2", C2), ("c1", C1)):
+        assert wait_terminal(client, client.service_out(f"out-{name}", cid).id).state == (
+            _S.OPERATION_STATE_SUCCEEDED
+        )
+    capacities = [emulator.capacity(PROJECT, "zonal", f"neg-c1-{z}") for z in "abc"]
+    assert [*capacities, emulator.capacity(PROJECT, "zonal", "neg-c2")] == [0.0] * 4
