@@ -20,6 +20,7 @@ from plugins.gke.local import LocalOperations
 from plugins.gke.operations import (
     GkeOperationStore,
     Mirrored,
+    blocks,
     by_start,
     contract_state,
     describe,
@@ -438,7 +439,7 @@ class GkeFleet:
         )
         if refusal is None or refusal.retryable:
             running, _ = self.upgrades.gke_in_flight(ref)
-            infos = [info for _, info in running]
+            infos = [info for _, info in running if blocks(info, node_pool_versions)]
             own = self.store.in_flight(cluster_id)
             if own is not None and all(info.op_id != own.id for info in infos):
                 infos.append(

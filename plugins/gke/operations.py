@@ -3,6 +3,7 @@ mirrors operations GKE owns next to the ones the plugin runs itself."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from google.cloud import container_v1
@@ -13,9 +14,11 @@ from plugins.gke.ids import OperationRef, parse_target
 from plugins.sdk.operations import TERMINAL_STATES, OperationStore
 
 __all__ = [
+    "ADOPTABLE_TYPES",
     "KIND_BY_TYPE",
     "GkeOperationStore",
     "Mirrored",
+    "blocks",
     "by_start",
     "contract_state",
     "describe",
@@ -28,9 +31,33 @@ _Status = container_v1.Operation.Status
 KIND_BY_TYPE: dict[int, int] = {
     _Type.UPGRADE_MASTER: cluster_pb2.OPERATION_KIND_UPGRADE_CONTROL_PLANE,
     _Type.UPGRADE_NODES: cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL,
-    _Type.AUTO_UPGRADE_NODES: cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL,
+    # google/container/v1 cluster_service.proto, Operation.Type: UPDATE_CLUSTER is "a broad
+    # category" that some GKE-initiated control-plane upgrades use (and AUTO_UPGRADE_NODES is
+    # "Unused. Automatic node upgrade uses UPGRADE_NODES"). It is followed and shown as the
+    # cluster's current control-plane operation, but never adopted while it runs (it carries
+    # no version and may change metadata only): see ADOPTABLE_TYPES.
+    _Type.UPDATE_CLUSTER: cluster_pb2.OPERATION_KIND_UPGRADE_CONTROL_PLANE,
 }
 """GKE operation types the contract reports (others still keep a cluster busy)."""
+
+ADOPTABLE_TYPES = frozenset({"UPGRADE_MASTER", "UPGRADE_NODES"})
+"""Types whose in-flight operation may serve a request of the same kind and target."""
+
+_CONCURRENT_TYPES = frozenset({"AUTO_REPAIR_NODES", "SET_NODE_POOL_MANAGEMENT"})
+"""cluster_service.proto, Operation.Type: AUTO_REPAIR_NODES "may be concurrent with other
+operations"; SET_NODE_POOL_MANAGEMENT "only update[s] metadata and may be concurrent with most
+other operations"."""
+
+
+def blocks(info: Mirrored, node_pools: Iterable[str]) -> bool:
+    """Whether an operation in flight keeps an upgrade (of the control plane and/or those node
+    pools) from starting. GKE runs one cluster operation at a time, except the concurrent
+    types: a node auto-repair holds back only an upgrade of its own pool (the plugin's choice:
+    its nodes are being recreated), a management update nothing."""
+    if info.type_name == "AUTO_REPAIR_NODES":
+        return info.node_pool in set(node_pools)
+    return info.type_name not in _CONCURRENT_TYPES
+
 
 _CODE_CANCELLED = 1  # google.rpc.Code
 

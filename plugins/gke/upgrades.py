@@ -18,8 +18,10 @@ from plugins.gke.config import GkeConfig
 from plugins.gke.ids import ClusterRef, OperationRef, parse_operation_id
 from plugins.gke.local import LocalOperations
 from plugins.gke.operations import (
+    ADOPTABLE_TYPES,
     GkeOperationStore,
     Mirrored,
+    blocks,
     by_start,
     contract_state,
     describe,
@@ -242,13 +244,16 @@ class UpgradeRequests:
             running, done = self.gke_in_flight(ref)
             for gke_op, info in running:
                 same = info.kind == kind and (kind == _CP or info.node_pool == node_pool)
+                same = same and info.type_name in ADOPTABLE_TYPES
                 if same and not self._bound_elsewhere(info.op_id, request_id):
                     return self._adopt(request_id, gke_op, info, cluster_id, version, alias)
-            if running:
-                for gke_op, info in running:
+            pools = [node_pool] if pool is not None else []
+            blocking = [(op, info) for op, info in running if blocks(info, pools)]
+            if blocking:
+                for gke_op, info in blocking:
                     if info.kind:
                         self._fleet.mirror(gke_op, ref.project, force=True)
-                raise self._busy(cluster_id, [info for _, info in running])
+                raise self._busy(cluster_id, [info for _, info in blocking])
             self._fleet.store.ensure_free(cluster_id)
             current = pool.version if pool is not None else cluster.current_master_version
             if version == current:

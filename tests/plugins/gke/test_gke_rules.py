@@ -229,12 +229,12 @@ def test_every_shape_of_gkes_busy_answer_is_aborted_naming_the_running_operation
     is ABORTED naming the running operation, never a final FAILED_PRECONDITION."""
     client = start_plugin(mode="none").client
     emulator.set_busy_shape(shape)
-    emulator.set_timing("AUTO_UPGRADE_NODES", pending=0.05, running=2.0)
+    emulator.set_timing("UPGRADE_NODES", pending=0.05, running=2.0)
     started: list[str] = []
     emulator.before_next_call(
         "UpdateMaster",
         lambda: started.append(
-            emulator.start_foreign_operation(C1, "AUTO_UPGRADE_NODES", NEW, "default-pool")
+            emulator.start_foreign_operation(C1, "UPGRADE_NODES", NEW, "default-pool")
         ),
     )
     error = _code(lambda: client.upgrade_control_plane("cp", C1, NEW), grpc.StatusCode.ABORTED)
@@ -266,33 +266,85 @@ def test_gkes_rate_quota_is_unavailable_with_backoff_never_missing_credentials(
     assert client.get_cluster(C1).control_plane_version == OLD
 
 
-def test_every_running_operation_counts_and_node_repairs_are_understood(
+def test_every_blocking_operation_counts_and_a_node_repair_holds_back_only_its_pool(
     emulator: GkeEmulator, start_plugin: StartPlugin
 ) -> None:
     client = start_plugin(mode="none").client
     _done(client, client.upgrade_control_plane("first", C1, NEW))
-    for kind in ("AUTO_REPAIR_NODES", "AUTO_UPGRADE_NODES"):
+    for kind in ("AUTO_REPAIR_NODES", "UPGRADE_NODES"):
         emulator.set_timing(kind, pending=0.05, running=3.0)
     # An auto-repair of one node first (targetLink .../nodePools/workers/node/N), then an
-    # auto-upgrade of default-pool beside it: two operations RUNNING on one cluster.
+    # auto-upgrade of default-pool beside it (GKE accepts it: a repair "may be concurrent with
+    # other operations"): two operations RUNNING on one cluster.
     repair = emulator.start_foreign_operation(
         C1, "AUTO_REPAIR_NODES", "", "workers", node="gke-c1-workers-7d2c"
     )
-    upgrade = emulator.start_foreign_operation(
-        C1, "AUTO_UPGRADE_NODES", NEW, "default-pool", concurrent=True
-    )
+    upgrade = emulator.start_foreign_operation(C1, "UPGRADE_NODES", NEW, "default-pool")
+    # The control plane waits for the pool upgrade only.
+    error = _code(lambda: client.upgrade_control_plane("cp", C1, NEW), grpc.StatusCode.ABORTED)
+    assert error.operation_id == upgrade and upgrade in error.message
+    assert repair not in error.message
+    # The repaired pool waits for both, the oldest named first.
     error = _code(
-        lambda: client.upgrade_control_plane("cp", C1, NEW),
+        lambda: client.upgrade_node_pool("w", C1, "workers", NEW),
         grpc.StatusCode.ABORTED,
         repair,
         upgrade,
         "AUTO_REPAIR_NODES of node gke-c1-workers-7d2c in pool workers",
     )
-    assert error.operation_id == repair  # the oldest
+    assert error.operation_id == repair
     # The default-pool request is served by GKE's own upgrade, whatever runs beside it.
     adopted = client.upgrade_node_pool("np", C1, "default-pool", NEW)
     assert adopted.id == upgrade and adopted.request_id == "np"
     assert emulator.calls("UpdateMaster") == 1 and emulator.calls("UpdateNodePool") == 0
+
+
+def test_a_node_repair_or_a_management_update_does_not_hold_back_other_upgrades(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    """Issue 20: AUTO_REPAIR_NODES and SET_NODE_POOL_MANAGEMENT may run beside other
+    operations (cluster_service.proto); treating them as blocking stalled whole clusters."""
+    client = start_plugin(mode="none").client
+    for kind in ("AUTO_REPAIR_NODES", "SET_NODE_POOL_MANAGEMENT"):
+        emulator.set_timing(kind, pending=0.05, running=60.0)
+    emulator.start_foreign_operation(C1, "AUTO_REPAIR_NODES", "", "workers", node="n-1")
+    emulator.start_foreign_operation(C1, "SET_NODE_POOL_MANAGEMENT", "", "default-pool")
+    accepted = client.preflight_upgrade(C1, NEW, {"default-pool": NEW})
+    assert accepted.verdict == _S.PREFLIGHT_VERDICT_ACCEPTED, accepted.message
+    later = client.preflight_upgrade(C1, NEW, {"workers": NEW})
+    assert later.verdict == _S.PREFLIGHT_VERDICT_REFUSED_LATER, later.message
+    assert "AUTO_REPAIR_NODES" in later.message
+    _done(client, client.upgrade_control_plane("cp", C1, NEW))
+    _done(client, client.upgrade_node_pool("np", C1, "default-pool", NEW))
+    assert emulator.cluster(C1)["currentMasterVersion"] == NEW
+    pools = {p["name"]: p["version"] for p in emulator.cluster(C1)["nodePools"]}
+    assert pools["default-pool"] == NEW and pools["workers"] == OLD
+
+
+def test_a_gke_update_cluster_operation_is_current_never_adopted_while_it_runs(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    """Issue 20: some GKE-initiated control-plane upgrades are UPDATE_CLUSTER operations (a
+    broad type that may change metadata only, and carries no version). One shows as the
+    cluster's current control-plane operation; a request waits (ABORTED) rather than adopting
+    it, and once it has ended at the target, the request is served by it."""
+    client = start_plugin(mode="none").client
+    emulator.set_timing("UPDATE_CLUSTER", pending=0.05, running=1.5)
+    update = emulator.start_foreign_operation(C1, "UPDATE_CLUSTER", NEW)
+    current = client.get_cluster(C1).current_operation
+    assert current.id == update
+    assert current.kind == _S.OPERATION_KIND_UPGRADE_CONTROL_PLANE and not current.request_id
+    error = _code(lambda: client.upgrade_control_plane("cp", C1, NEW), grpc.StatusCode.ABORTED)
+    assert error.operation_id == update
+    wait_until(
+        lambda: not client.get_cluster(C1).HasField("current_operation"),
+        timeout=30,
+        what="GKE's update ends",
+    )
+    served = _done(client, client.upgrade_control_plane("cp", C1, NEW))
+    assert served.id == update and served.request_id == "cp"
+    assert emulator.calls("UpdateMaster") == 0
+    assert emulator.cluster(C1)["currentMasterVersion"] == NEW
 
 
 def test_list_operations_order_is_not_assumed(emulator: GkeEmulator) -> None:

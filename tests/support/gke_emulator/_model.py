@@ -104,6 +104,9 @@ def _error_info(reason: str, domain: str, **metadata: str) -> dict[str, Any]:
     return info
 
 
+_CONCURRENT_TYPES = frozenset({OpType.AUTO_REPAIR_NODES, OpType.SET_NODE_POOL_MANAGEMENT})
+
+
 def busy_error(shape: str, operation: str, cluster: str) -> ApiError:
     """GKE's "another operation is running on this cluster" answer, in one of the shapes GKE
     sends (all HTTP 400 FAILED_PRECONDITION, gRPC code 9):
@@ -663,9 +666,13 @@ class EmulatorState:
     def _refuse_if_busy(self, project: str, location: str, name: str) -> None:
         # GKE serializes cluster operations: a second one gets HTTP 400, status
         # FAILED_PRECONDITION, in one of GKE's shapes (busy_error; busy_shape), naming the
-        # running operation (any kind, node-level repairs included) except in the structured
-        # form; GKE names one even when several run.
+        # running operation except in the structured form; GKE names one even when several
+        # run. Not the concurrent types (google/container/v1 cluster_service.proto,
+        # Operation.Type): AUTO_REPAIR_NODES "may be concurrent with other operations",
+        # SET_NODE_POOL_MANAGEMENT "may be concurrent with most other operations".
         for op in sorted(self.operations.values(), key=lambda o: o.created):
+            if op.pb.operation_type in _CONCURRENT_TYPES:
+                continue
             if op.key == (project, location, name) and op.pb.status != OpStatus.DONE:
                 raise busy_error(self.busy_shape, op.pb.name, name)
 
