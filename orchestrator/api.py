@@ -762,7 +762,11 @@ class StepTimeouts(_Model):
 
     service_out: StepTimeout = Field(default="15m", description="ServiceOut operations.")
     control_plane: StepTimeout = Field(default="90m", description="Control-plane upgrades.")
-    node_pool: StepTimeout = Field(default="90m", description="Each node-pool upgrade.")
+    node_pool: StepTimeout = Field(
+        default="90m",
+        description="Each node-pool upgrade, plus the soak the provider reports for the pool "
+        "(e.g. a GKE blue-green upgrade's batch and node-pool soaks).",
+    )
     service_in: StepTimeout = Field(default="15m", description="ServiceIn operations.")
     ready: StepTimeout = Field(
         default="30m",

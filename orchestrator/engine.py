@@ -438,6 +438,17 @@ class _Run:
         }[kind]
         return api.parse_duration(text)
 
+    def soak_of(self, u: Upgrade, step: str) -> timedelta:
+        """The soak the provider reports for the pool of a node-pool step (a blue-green
+        upgrade waits that long by its own settings): the step's bound grows by it."""
+        obs = self.effective.get(u.cluster_id)
+        pool = step.partition("/")[2]
+        seconds = next(
+            (p.soak_seconds for p in (obs.node_pools if obs is not None else ()) if p.name == pool),
+            0,
+        )
+        return timedelta(seconds=seconds)
+
     def checks_for(self, stage: str) -> api.HealthChecks | None:
         return checks_for(self.inp.spec, stage)
 
@@ -683,9 +694,15 @@ class _Run:
         if not st.step_start_time:
             return False
         bound = self.timeout_of(kind)
-        left = parse_time(st.step_start_time) + bound - self.now
+        soak = self.soak_of(u, st.step or "") if kind is OpKind.NODE_POOL else timedelta(0)
+        left = parse_time(st.step_start_time) + bound + soak - self.now
         if left < timedelta(0):
-            self.fail(u, "StepTimedOut", f"{st.step} did not finish within {bound}")
+            within = (
+                f"{bound + soak} ({bound} + {soak} of the provider's own soak)"
+                if soak
+                else f"{bound}"
+            )
+            self.fail(u, "StepTimedOut", f"{st.step} did not finish within {within}")
             return True
         self.wake(max(1.0, min(left.total_seconds(), STEP_POLL_SECONDS)))
         return False

@@ -64,6 +64,9 @@ class PoolObs:
     name: str
     version: str
     ready: bool = True
+    #: Seconds the provider itself waits within an upgrade of this pool (blue-green soaks):
+    #: added to the node-pool step timeout.
+    soak_seconds: int = 0
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,12 @@ def cluster_from_pb(c: cluster_pb2.Cluster) -> ClusterObs:
         id=c.id,
         control_plane_version=c.control_plane_version,
         node_pools=tuple(
-            PoolObs(p.name, p.version, p.status != cluster_pb2.NODE_POOL_STATUS_ERROR)
+            PoolObs(
+                p.name,
+                p.version,
+                p.status != cluster_pb2.NODE_POOL_STATUS_ERROR,
+                max(0, p.upgrade_soak_seconds),
+            )
             for p in c.node_pools
         ),
         labels=dict(c.labels),

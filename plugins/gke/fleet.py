@@ -29,6 +29,7 @@ from plugins.gke.operations import (
 )
 from plugins.gke.policy import (
     is_autopilot,
+    upgrade_plan,
 )
 from plugins.gke.preflight import busy_verdict, judge, verdict
 from plugins.gke.state import Binding, PluginState
@@ -223,16 +224,7 @@ class GkeFleet:
             id=ref.id,
             labels=dict(cluster.resource_labels),
             control_plane_version=cluster.current_master_version,
-            node_pools=[
-                cluster_pb2.NodePool(
-                    name=pool.name,
-                    version=pool.version,
-                    status=_POOL_STATUS.get(  # type: ignore[arg-type]
-                        int(pool.status), cluster_pb2.NODE_POOL_STATUS_UNSPECIFIED
-                    ),
-                )
-                for pool in pools
-            ],
+            node_pools=[_contract_pool(pool) for pool in pools],
             available=available,
             unavailable_reason="; ".join(reasons),
             in_service=service.in_service,
@@ -472,3 +464,17 @@ class GkeFleet:
             return False, f"GKE is not reachable: {exc.message}"
         _LOG.debug("probe ok", extra={"fields": {"seconds": round(time.monotonic() - started, 3)}})
         return True, ""
+
+
+def _contract_pool(pool: container_v1.NodePool) -> cluster_pb2.NodePool:
+    """A node pool as the contract reports it, with its upgrade strategy and soak."""
+    strategy, soak = upgrade_plan(pool)
+    return cluster_pb2.NodePool(
+        name=pool.name,
+        version=pool.version,
+        status=_POOL_STATUS.get(  # type: ignore[arg-type]
+            int(pool.status), cluster_pb2.NODE_POOL_STATUS_UNSPECIFIED
+        ),
+        upgrade_strategy=strategy,
+        upgrade_soak_seconds=soak,
+    )

@@ -22,9 +22,10 @@ Sources (GKE documentation and the container v1 API reference):
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from google.cloud import container_v1
 
@@ -371,3 +372,43 @@ def exclusion_refusal(
             retryable=True,
         )
     return None
+
+
+#: GKE's node-pool soak when a blue-green pool sets none (GKE documentation, "Node upgrade
+#: strategies", blue-green phases: the node pool soak defaults to one hour).
+DEFAULT_NODE_POOL_SOAK_SECONDS = 3600
+
+
+def upgrade_plan(pool: container_v1.NodePool) -> tuple[str, int]:
+    """(strategy, soak seconds) of a pool's upgrade, from its upgradeSettings. A blue-green
+    upgrade drains the blue pool in batches, soaking `batchSoakDuration` after each ("Default
+    to zero", cluster_service.proto), then soaks `nodePoolSoakDuration` before deleting it;
+    a surge upgrade has no soak. The batch count follows standardRolloutPolicy (a node count or
+    a fraction of the pool's nodes; one batch when neither is set)."""
+    settings = pool.upgrade_settings
+    strategy = container_v1.NodePoolUpdateStrategy(settings.strategy)
+    if strategy != container_v1.NodePoolUpdateStrategy.BLUE_GREEN:
+        return ("SURGE", 0)
+    blue_green = settings.blue_green_settings
+    policy = blue_green.standard_rollout_policy
+    nodes = max(1, pool.initial_node_count) * max(1, len(pool.locations))
+    if policy.batch_node_count > 0:
+        batch = policy.batch_node_count
+    elif policy.batch_percentage > 0:
+        batch = max(1, math.ceil(nodes * policy.batch_percentage))
+    else:
+        batch = nodes
+    batches = math.ceil(nodes / batch)
+    batch_soak = _seconds(policy.batch_soak_duration)
+    if "node_pool_soak_duration" in blue_green:
+        pool_soak = _seconds(blue_green.node_pool_soak_duration)
+    else:
+        pool_soak = DEFAULT_NODE_POOL_SOAK_SECONDS
+    return ("BLUE_GREEN", batches * batch_soak + pool_soak)
+
+
+def _seconds(value: object) -> int:
+    """Whole seconds of a proto-plus Duration field (a timedelta at run time)."""
+    if isinstance(value, timedelta):
+        return int(value.total_seconds())
+    return int(getattr(value, "seconds", 0))

@@ -155,22 +155,35 @@ class NodePool(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    UPGRADE_STRATEGY_FIELD_NUMBER: _builtins.int
+    UPGRADE_SOAK_SECONDS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """REQUIRED. Unique within the cluster."""
     version: _builtins.str
     """REQUIRED. The kubelet version, e.g. "1.29.4" or a provider form such as "1.29.4-gke.100"."""
     status: Global___NodePoolStatus.ValueType
     """REQUIRED."""
+    upgrade_strategy: _builtins.str
+    """OPTIONAL. How the provider upgrades this pool, in the provider's words (GKE: "SURGE",
+    "BLUE_GREEN"); shown to people.
+    """
+    upgrade_soak_seconds: _builtins.int
+    """OPTIONAL. Seconds an upgrade of this pool waits by the provider's own settings, beyond
+    the work itself (GKE blue-green: each batch's soak and the node-pool soak). The
+    orchestrator adds it to its node-pool step timeout. 0: none or unknown.
+    """
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         version: _builtins.str = ...,
         status: Global___NodePoolStatus.ValueType = ...,
+        upgrade_strategy: _builtins.str = ...,
+        upgrade_soak_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "status", b"status", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "status", b"status", "upgrade_soak_seconds", b"upgrade_soak_seconds", "upgrade_strategy", b"upgrade_strategy", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -90,7 +90,10 @@ def test_rollout_over_four_gke_clusters_converges_and_keeps_the_floor(
     tmp_path: Path,
     orchestrator: OrchestratorProcess,
 ) -> None:
-    with GkeEmulator(master_seconds=FAST, nodes_seconds=FAST, compute_op_seconds=0.2) as emu:
+    # Blue-green soaks (the workers pool: 60 s) run 100 times faster than GKE waits.
+    with GkeEmulator(
+        master_seconds=FAST, nodes_seconds=FAST, compute_op_seconds=0.2, soak_scale=0.01
+    ) as emu:
         populate(emu, NAMES)
         config = plugin_config(emu, NAMES, state_file=tmp_path / "gke-state.json")
         with running_plugin(config) as plugin, FloorSampler(emu) as floor:

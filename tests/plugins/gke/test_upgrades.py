@@ -3,6 +3,7 @@ plugin restarts, conflicts, failures and cancellation."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import grpc
@@ -261,3 +262,28 @@ def test_an_adopted_operation_that_stops_short_of_the_requested_version_fails(
     assert (final.state, final.error_code) == (_S.OPERATION_STATE_FAILED, "TARGET_NOT_REACHED")
     assert NEW in final.error_message and NEWER in final.error_message
     assert emulator.calls("UpdateMaster") == 0
+
+
+def test_pools_report_their_strategy_and_soak_and_a_blue_green_upgrade_soaks(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    """Issue 20: a blue-green upgrade soaks inside its one UPGRADE_NODES operation; the pool
+    reports its strategy and soak (the orchestrator adds the soak to its node-pool bound)."""
+    client = start_plugin(mode="none").client
+    pools = {p.name: p for p in client.get_cluster(C1).node_pools}
+    assert (pools["default-pool"].upgrade_strategy, pools["default-pool"].upgrade_soak_seconds) == (
+        "SURGE",
+        0,
+    )
+    # workers: 3 nodes drained in batches of 50 % (two batches, no batch soak), then
+    # nodePoolSoakDuration 60 s.
+    assert (pools["workers"].upgrade_strategy, pools["workers"].upgrade_soak_seconds) == (
+        "BLUE_GREEN",
+        60,
+    )
+    first = wait_terminal(client, client.upgrade_control_plane("cp", C1, NEW).id)
+    assert first.state == _S.OPERATION_STATE_SUCCEEDED
+    started = time.monotonic()
+    pool = wait_terminal(client, client.upgrade_node_pool("w", C1, "workers", NEW).id)
+    assert pool.state == _S.OPERATION_STATE_SUCCEEDED
+    assert time.monotonic() - started >= 0.6  # the 60 s soak at the emulator's 1/100 scale

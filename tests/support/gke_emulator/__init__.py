@@ -67,9 +67,10 @@ class GkeEmulator:
         master_seconds: OpTiming | None = None,
         nodes_seconds: OpTiming | None = None,
         compute_op_seconds: float = 0.2,
+        soak_scale: float = 1.0,
         port: int = 0,
     ) -> None:
-        self.state = EmulatorState(compute_op_seconds=compute_op_seconds)
+        self.state = EmulatorState(compute_op_seconds=compute_op_seconds, soak_scale=soak_scale)
         if master_seconds is not None:
             self.state.op_timing[OpType.UPGRADE_MASTER] = master_seconds
         if nodes_seconds is not None:

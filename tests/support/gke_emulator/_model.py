@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import math
 import os
 import re
 import threading
@@ -56,6 +57,7 @@ PoolStatus = container_v1.NodePool.Status
 Scope = container_v1.MaintenanceExclusionOptions.Scope
 EndTimeBehavior = container_v1.MaintenanceExclusionOptions.EndTimeBehavior
 Channel = container_v1.ReleaseChannel.Channel
+NodePoolUpdateStrategy = container_v1.NodePoolUpdateStrategy
 
 CONTAINER_BASE = "https://container.googleapis.com/v1"
 COMPUTE_BASE = "https://www.googleapis.com/compute/v1"
@@ -256,6 +258,8 @@ class EmulatorState:
     )
     compute_op_seconds: float = 0.2
     abort_seconds: float = 0.1
+    #: Emulated seconds per second of a blue-green pool's soaks (1.0: GKE's real waits).
+    soak_scale: float = 1.0
     clock: Any = time.monotonic
     lock: threading.RLock = field(default_factory=threading.RLock)
     calls: Counter[str] = field(default_factory=Counter)
@@ -722,6 +726,9 @@ class EmulatorState:
             found = next(p for p in cluster.node_pools if p.name == pool)
             nodes = max(1, found.initial_node_count) * max(1, len(found.locations) or 1)
         timing = self.op_timing.get(op_type, OpTiming())
+        if pool and op_type == OpType.UPGRADE_NODES:
+            soak = _blue_green_soak(found, nodes) * self.soak_scale
+            timing = OpTiming(timing.pending, timing.running + soak)
         op = _Op(
             pb, project, location, cluster.name, pool, target, self.clock(), timing, fault, nodes
         )
@@ -961,3 +968,24 @@ def build_backend_service(name: str, backends: Iterable[Mapping[str, Any]]) -> A
             service.backends.add(),
         )
     return service
+
+
+def _blue_green_soak(pool: Any, nodes: int) -> float:
+    """Seconds a blue-green upgrade of the pool spends soaking, inside its one UPGRADE_NODES
+    operation (GKE documentation, "Node upgrade strategies", blue-green phases: the blue pool
+    is drained in batches with `batchSoakDuration` after each, default zero per
+    cluster_service.proto, then soaks `nodePoolSoakDuration`, one hour when unset, before it is
+    deleted). A surge upgrade does not soak."""
+    settings = pool.upgrade_settings
+    if settings.strategy != NodePoolUpdateStrategy.BLUE_GREEN:
+        return 0.0
+    blue_green = settings.blue_green_settings
+    rollout = blue_green.standard_rollout_policy
+    size = rollout.batch_node_count or math.ceil(nodes * (rollout.batch_percentage or 1.0))
+    drains = math.ceil(nodes / max(1, size))
+    final = (
+        blue_green.node_pool_soak_duration.ToTimedelta().total_seconds()
+        if blue_green.HasField("node_pool_soak_duration")
+        else 3600.0
+    )
+    return drains * rollout.batch_soak_duration.ToTimedelta().total_seconds() + final
