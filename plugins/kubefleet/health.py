@@ -3,7 +3,9 @@
 Pure functions. A tracked workload (namespace, name, kind, healthyReplicas) is healthy on a
 cluster when at least healthyReplicas of its pods report workload_health >= 1; with 0, any pod
 of it reporting is enough (the current cookbook's rule, pkg/controllers/approvalrequest
-countHealthyPodsForWorkload: labels app = workload name, namespace, pod, workload_kind). A
+countHealthyPodsForWorkload: labels app = workload name, namespace, pod, workload_kind). Kinds
+match exactly, case included, as that function compares them (`workload.Kind ==
+metric.WorkloadKind`); a workload asked for without a kind matches no reading that has one. A
 reading without a kind (the seed report schema keeps none) matches any kind. Stale or failed
 data, or data collected before the cluster was last updated, answers UNKNOWN, never HEALTHY.
 """
@@ -80,7 +82,7 @@ def _matches(pod: PodHealth, workload: health_pb2.Workload) -> bool:
     return (
         pod.namespace == workload.namespace
         and pod.workload == workload.name
-        and (not workload.kind or not pod.kind or pod.kind.lower() == workload.kind.lower())
+        and (not pod.kind or pod.kind == workload.kind)
     )
 
 
@@ -88,14 +90,28 @@ def judge(
     pods: Iterable[PodHealth], workload: health_pb2.Workload, observed_time: datetime | None
 ) -> Verdict:
     """The verdict for one workload from the pods of one cluster."""
+    pods = list(pods)
     mine = [p for p in pods if _matches(p, workload)]
     what = f"{workload.namespace}/{workload.name}"
     if workload.kind:
         what += f" ({workload.kind})"
     if not mine:
+        other = sorted(
+            {
+                p.kind
+                for p in pods
+                if p.namespace == workload.namespace and p.workload == workload.name and p.kind
+            }
+        )
+        hint = (
+            f"; its pods report kind {', '.join(other)}: kinds match exactly, case included, "
+            "as the cookbook's approval controller compares them: set the workload's kind"
+            if other
+            else ""
+        )
         return Verdict(
             _MISSING,
-            message=f"no workload_health series for {what}",
+            message=f"no workload_health series for {what}{hint}",
             observed_time=observed_time,
         )
     need = max(0, workload.min_healthy_replicas)

@@ -111,7 +111,7 @@ def test_a_pending_approval_request_is_a_gate_with_its_stage_clusters_and_worklo
     assert cond["status"] == "False" and cond["reason"] == "WorkloadsNotHealthy", cond
     assert "member-1" in cond["message"] and "UNKNOWN" in cond["message"]
     results = plugin.client.check_workloads(
-        ["member-1"], [health_pb2.Workload(namespace=APP_NS, name=APP)]
+        ["member-1"], [health_pb2.Workload(namespace=APP_NS, name=APP, kind="Deployment")]
     )
     assert results[0].health == health_pb2.WORKLOAD_HEALTH_UNKNOWN
     assert "has no collection yet" in results[0].message
@@ -198,7 +198,7 @@ def test_seed_gates_place_a_metric_collector_on_exactly_the_stage_clusters(
     assert cond["status"] == "False" and cond["reason"] == "WorkloadsNotHealthy", cond
     assert "member-1" in cond["message"] and "UNKNOWN" in cond["message"]
     results = plugin.client.check_workloads(
-        ["member-1"], [health_pb2.Workload(namespace=APP_NS, name=APP)]
+        ["member-1"], [health_pb2.Workload(namespace=APP_NS, name=APP, kind="Deployment")]
     )
     assert results[0].health == health_pb2.WORKLOAD_HEALTH_UNKNOWN
     assert "no MetricCollectorReport" in results[0].message

@@ -134,7 +134,9 @@ def test_scale_mode_reads_every_cluster_from_one_central_prometheus_and_spares_t
             plugin = start_plugin(
                 health_source="prometheus", central_prometheus_url=url, report_max_age=30.0
             )
-            web = health_pb2.Workload(namespace=APP_NS, name=APP, min_healthy_replicas=2)
+            web = health_pb2.Workload(
+                namespace=APP_NS, name=APP, kind="Deployment", min_healthy_replicas=2
+            )
             clusters = ["member-1", "member-2", "member-3", "member-4"]
 
             def verdicts() -> list[int]:

@@ -50,21 +50,33 @@ def _pods(*values: float, app: str = "web", kind: str = "Deployment") -> list[he
 def test_a_workload_needs_its_minimum_of_healthy_pods(
     values: tuple[float, ...], minimum: int, verdict: int, healthy: int
 ) -> None:
-    workload = health_pb2.Workload(namespace="ns", name="web", min_healthy_replicas=minimum)
+    workload = health_pb2.Workload(
+        namespace="ns", name="web", kind="Deployment", min_healthy_replicas=minimum
+    )
     result = health.judge(_pods(*values), workload, NOW)
     assert (result.health, result.healthy_pods) == (verdict, healthy)
     assert result.observed_time == NOW
 
 
-def test_kind_matches_case_insensitively_and_only_when_given() -> None:
+def test_kind_matches_exactly_as_the_cookbooks_approval_controller_does() -> None:
+    """Issue 20: countHealthyPodsForWorkload (kubefleet-cookbook,
+    approval-request-metric-collector/pkg/controllers/approvalrequest/controller.go) compares
+    `workload.Kind == metric.WorkloadKind`: case counts, and a tracker without a kind matches
+    no reading that has one. Only a reading without a kind (the seed report schema) matches
+    any."""
     pods = _pods(1.0, kind="StatefulSet")
-    assert (
-        health.judge(pods, health_pb2.Workload(namespace="ns", name="web"), None).health == HEALTHY
-    )
-    sts = health_pb2.Workload(namespace="ns", name="web", kind="statefulset")
+    sts = health_pb2.Workload(namespace="ns", name="web", kind="StatefulSet")
     assert health.judge(pods, sts, None).health == HEALTHY
-    deploy = health_pb2.Workload(namespace="ns", name="web", kind="Deployment")
-    assert health.judge(pods, deploy, None).health == MISSING
+    for kind in ("statefulset", "", "Deployment"):
+        other = health_pb2.Workload(namespace="ns", name="web", kind=kind)
+        verdict = health.judge(pods, other, None)
+        assert verdict.health == MISSING, kind
+        assert "its pods report kind StatefulSet" in verdict.message
+        assert "kinds match exactly" in verdict.message
+    seed = _pods(1.0, kind="")  # the seed schema keeps no kind
+    for kind in ("StatefulSet", ""):
+        workload = health_pb2.Workload(namespace="ns", name="web", kind=kind)
+        assert health.judge(seed, workload, None).health == HEALTHY, kind
 
 
 def test_samples_become_pods_and_a_pod_seen_twice_keeps_its_lowest_value() -> None:
