@@ -228,15 +228,32 @@ class BackendServiceTraffic:
             if unplaced:
                 result[cluster_id] = ServiceState(False, self._missing_problem(missing, unplaced))
                 continue
-            scalers = [
-                _scaler(b) for s in services.values() for b in self._backends_of(cluster_id, s)
+            mine = [
+                (ref, b) for ref, s in services.items() for b in self._backends_of(cluster_id, s)
             ]
             # Partly drained counts as out: the availability floor must not count it.
-            result[cluster_id] = ServiceState(all(value > 0 for value in scalers))
+            serving = all(_scaler(b) > 0 for _, b in mine)
+            undone = [
+                f"{_service_path(ref)} {b.get('group')} at {_scaler(b):g}"
+                for ref, b in mine
+                if _scaler(b) > 0 and _marker_value(str(b.get("description", ""))) is not None
+            ]
+            if undone:
+                # Our drain note is there but the capacity came back: another writer (a GKE
+                # Ingress or autoneg controller's next sync) undid the drain after its read-back.
+                result[cluster_id] = ServiceState(
+                    serving,
+                    f"drain undone by another writer: {', '.join(undone)} carries this plugin's "
+                    f"{DRAIN_MARKER} note yet serves traffic again; a controller owns this "
+                    "service's capacityScaler: shift traffic another way and leave the service "
+                    "out of traffic.backendServices",
+                )
+                continue
+            result[cluster_id] = ServiceState(serving)
         return result
 
-    def _plan(self, cluster_id: str, draining: bool) -> list[float]:
-        """The scalers of the cluster's backends; FailedPrecondition when it cannot be drained
+    def _plan(self, cluster_id: str, draining: bool) -> list[Backend]:
+        """The cluster's backends; FailedPrecondition when it cannot be drained
         or restored (no groups, a missing service holding them, compute's single-backend rule,
         a controller-owned service)."""
         if cluster_id not in self._groups:
@@ -250,7 +267,7 @@ class BackendServiceTraffic:
             raise FailedPrecondition(
                 f"cluster {cluster_id}: {self._missing_problem(missing, unplaced)}"
             )
-        found: list[float] = []
+        found: list[Backend] = []
         for ref, service in services.items():
             mine = self._backends_of(cluster_id, service)
             if not mine:
@@ -277,7 +294,7 @@ class BackendServiceTraffic:
                 zero = self._zero_capacity(cluster_id, ref, service)
                 if zero:
                     raise FailedPrecondition(zero)
-            found.extend(_scaler(b) for b in mine)
+            found.extend(mine)
         if not found:
             names = ", ".join(_service_path(ref) for ref in self._services)
             raise FailedPrecondition(
@@ -309,10 +326,14 @@ class BackendServiceTraffic:
         )
 
     def needs_out(self, cluster_id: str) -> bool:
-        return any(value > 0 for value in self._plan(cluster_id, draining=True))
+        return any(_scaler(b) > 0 for b in self._plan(cluster_id, draining=True))
 
     def needs_in(self, cluster_id: str) -> bool:
-        return any(value == 0 for value in self._plan(cluster_id, draining=False))
+        # Drained, or serving again with our note still there (another writer restored it).
+        return any(
+            _scaler(b) == 0 or _marker_value(str(b.get("description", ""))) is not None
+            for b in self._plan(cluster_id, draining=False)
+        )
 
     def service_out(self, cluster_id: str, request_id: str, progress: Progress) -> None:
         self._each_service(cluster_id, request_id, "out", progress)
@@ -464,9 +485,13 @@ def _drain(backend: Backend) -> bool:
 
 
 def _restore(backend: Backend) -> bool:
-    if _scaler(backend) > 0:
-        return False
     description = str(backend.get("description", ""))
+    if _scaler(backend) > 0:
+        if _marker_value(description) is None:
+            return False
+        # Serving already (another writer restored it): only our stale note goes.
+        backend["description"] = _MARKER.sub("", description)
+        return True
     previous = _marker_value(description)
     backend["capacityScaler"] = previous if previous is not None else _DEFAULT_SCALER
     backend["description"] = _MARKER.sub("", description)

@@ -404,3 +404,27 @@ def test_a_user_who_opts_in_may_drain_a_service_to_zero(
         )
     capacities = [emulator.capacity(PROJECT, "zonal", f"neg-c1-{z}") for z in "abc"]
     assert [*capacities, emulator.capacity(PROJECT, "zonal", "neg-c2")] == [0.0] * 4
+
+
+def test_a_drain_undone_later_by_a_controllers_sync_makes_the_cluster_unavailable(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    """Issue 20: a controller that rewrites capacityScaler on its next sync undoes a drain
+    after the plugin's read-back. The inventory then tells: the cluster takes traffic (in
+    service) and is unavailable with the reason, so the floor never counts it."""
+    client = start_plugin().client
+    assert wait_terminal(client, client.service_out("out", C1).id).state == (
+        _S.OPERATION_STATE_SUCCEEDED
+    )
+    assert not client.get_cluster(C1).in_service
+    emulator.controller_sync(PROJECT, "web")
+    cluster = client.get_cluster(C1)
+    assert cluster.in_service and not cluster.available
+    assert "drain undone by another writer" in cluster.unavailable_reason
+    assert "neg-c1 at 1" in cluster.unavailable_reason
+    assert client.get_cluster(C2).available  # never drained: nothing to undo
+    back = wait_terminal(client, client.service_in("in", C1).id)
+    assert back.state == _S.OPERATION_STATE_SUCCEEDED
+    cluster = client.get_cluster(C1)
+    assert cluster.in_service and cluster.available, cluster.unavailable_reason
+    assert DRAIN_MARKER not in str(_backend(emulator, "web", "c1").get("description", ""))

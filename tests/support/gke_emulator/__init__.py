@@ -190,6 +190,16 @@ class GkeEmulator:
             controlled=controlled or bool(owner),
         )
 
+    def controller_sync(self, project: str, name: str, capacity: float = 1.0) -> None:
+        """A controller that owns the service's capacity (a GKE Ingress or autoneg sync, which
+        runs on its own schedule, long after a drain was read back) sets every backend's
+        capacityScaler to `capacity`, descriptions kept, with a new fingerprint."""
+        with self.state.lock:
+            service = self.state.backend_services[(project, name)]
+            for backend in service.backends:
+                backend.capacity_scaler = capacity
+            service.fingerprint = f"sync-{len(self.state.requests)}-{capacity:g}"
+
     def remove_backend_service(self, project: str, name: str) -> None:
         """Deletes a backend service (compute then answers 404 for it)."""
         with self.state.lock:
