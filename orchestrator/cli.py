@@ -16,24 +16,24 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from orchestrator import api, operate
-from orchestrator.access import (
+from orchestrator.adapters.metrics import Metrics
+from orchestrator.adapters.provider import cluster_from_pb
+from orchestrator.api.crd import crd_yaml
+from orchestrator.engine.access import (
     ALL_NAMESPACES,
     INLINE_FLAG,
     AccessPolicy,
     parse_inline_namespaces,
 )
-from orchestrator.crd import crd_yaml
-from orchestrator.fleet import OpKind
-from orchestrator.metrics import Metrics
-from orchestrator.provider import cluster_from_pb
-from orchestrator.simulate import ModelFleet, Rollout, simulate
-from orchestrator.validate import Problem, parse_spec, validate_spec
+from orchestrator.engine.observations import OpKind
+from orchestrator.engine.validate import Problem, parse_spec, validate_spec
+from orchestrator.pipeline.simulate import ModelFleet, Rollout, simulate
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from orchestrator import webhook
-    from orchestrator.kube import KubeClient
+    from orchestrator.adapters import webhook
+    from orchestrator.adapters.kube import KubeClient
 
 __all__ = ["main"]
 
@@ -217,13 +217,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from orchestrator.controller import Controller  # noqa: PLC0415
-    from orchestrator.driver import Fence  # noqa: PLC0415
-    from orchestrator.gates import GateLoop, PluginEndpoint, parse_plugin_flag  # noqa: PLC0415
-    from orchestrator.kube import KubeClient  # noqa: PLC0415
-    from orchestrator.leader import LeaderElector  # noqa: PLC0415
-    from orchestrator.probes import Probes, serve  # noqa: PLC0415
-    from orchestrator.runs import AlwaysLeader  # noqa: PLC0415
+    from orchestrator.adapters.kube import KubeClient  # noqa: PLC0415
+    from orchestrator.adapters.leader import LeaderElector  # noqa: PLC0415
+    from orchestrator.adapters.probes import Probes, serve  # noqa: PLC0415
+    from orchestrator.controllers.approvals import GateLoop, PluginEndpoint, parse_plugin_flag  # noqa: PLC0415
+    from orchestrator.controllers.manager import Controller  # noqa: PLC0415
+    from orchestrator.controllers.updaterun import AlwaysLeader  # noqa: PLC0415
+    from orchestrator.pipeline.driver import Fence  # noqa: PLC0415
     from plugins.sdk.client import ClientTLS  # noqa: PLC0415
 
     logging.basicConfig(
@@ -340,8 +340,8 @@ def _serve_webhook(
     import tempfile  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
-    from orchestrator import webhook  # noqa: PLC0415
-    from orchestrator.cache import AccessCatalog  # noqa: PLC0415
+    from orchestrator.adapters import webhook  # noqa: PLC0415
+    from orchestrator.adapters.cache import AccessCatalog  # noqa: PLC0415
 
     catalog = AccessCatalog(kube, policy)
     for cache in catalog.caches():
@@ -398,7 +398,7 @@ def _webhook_cert(
     current in a thread."""
     from pathlib import Path  # noqa: PLC0415
 
-    from orchestrator import webhook, webhook_certs  # noqa: PLC0415
+    from orchestrator.adapters import webhook, webhook_certs  # noqa: PLC0415
 
     if args.webhook_cert_dir or workdir is None:
         directory = Path(args.webhook_cert_dir)

@@ -23,8 +23,8 @@ import pytest
 from rich.console import Console
 
 from orchestrator import api, operate
+from orchestrator.adapters.kube import KubeClient
 from orchestrator.cli import main
-from orchestrator.kube import KubeClient
 from orchestrator.operate import (
     ClusterLine,
     Snapshot,

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from orchestrator import api
-from orchestrator.driver import CallError
-from orchestrator.engine import Call
-from orchestrator.fleet import OpKind, OpState
+from orchestrator.engine.decide import Call
+from orchestrator.engine.observations import OpKind, OpState
+from orchestrator.pipeline.driver import CallError
 from plugins.sdk import versions
 from tests.sim.model import ADVERSARY, Crash, MOp
 
