@@ -1,4 +1,4 @@
-"""Generation of the ClusterVersion CustomResourceDefinition from the typed models in api.py."""
+"""Generation of the CustomResourceDefinitions from the models of the kinds (orchestrator/api/)."""
 
 from __future__ import annotations
 

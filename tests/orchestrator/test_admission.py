@@ -60,7 +60,7 @@ CHECKS = {
 WINDOW = {"start": "01:00", "duration": "4h"}
 HTTP_HOOK = {"http": {"url": "http://hook/x"}}
 
-#: (field path, the spec that sets it to VALUE, its minimum). Every duration field in api.py.
+#: (field path, the spec that sets it to VALUE, its minimum). Every duration field of the kinds.
 DURATIONS: list[tuple[str, Any, str]] = [
     *(
         (f"spec.timeouts.{k}", lambda v, k=k: cv_spec(timeouts={k: v}), "2s")
