@@ -50,8 +50,8 @@ MAX_BODY = 8 * 1024 * 1024
 #: Problems listed in a denial before "and N more".
 SHOWN = 10
 
-#: The access check (orchestrator/engine/access.py, DESIGN.md "Who may do what"): given the object's
-#: namespace and its parsed spec, every Problem (field and fix); empty when allowed.
+#: The access check (orchestrator/engine/access.py; docs/operations.md "Who may do what"): given
+#: the object's namespace and its parsed spec, every Problem (field and fix); empty when allowed.
 AccessCheck = Callable[[str, api.ClusterVersionSpec | api.UpdateRunSpec], Sequence[Problem]]
 
 

@@ -33,7 +33,7 @@ LABEL_RUN = f"{GROUP}/update-run"
 
 
 class UpgradePhase(StrEnum):
-    """Where one ClusterUpgrade stands (DESIGN.md per-cluster lifecycle)."""
+    """Where one ClusterUpgrade stands (docs/architecture.md, per-cluster lifecycle)."""
 
     PENDING = "Pending"
     #: The preUpgrade hook runs (the cluster is held, still in service).

@@ -1,13 +1,13 @@
 """Who may do what: the one pure rule that decides which plugins and Prometheus a spec may use.
 
-DESIGN.md "Who may do what". Platform admins declare providers (FleetProvider: a plugin
-endpoint, its TLS, the namespaces allowed to use it) and metric sources (MetricSource: a
-Prometheus address, its token and CA, the namespaces allowed) as cluster-scoped objects. A
-ClusterVersion or UpdateRun names them (`spec.providerRef`, `metric.provider.sourceRef`).
-Inline endpoints and addresses (`spec.opsEndpoint`, a check's `endpoint` or `address`, inline
-TLS Secret refs) are the original operator's manifests: they work in the namespaces the
-orchestrator's configuration allows (`AccessPolicy`, by default only its own namespace), and
-elsewhere only where they name exactly what an allowed FleetProvider or MetricSource declares.
+docs/operations.md "Who may do what" is the reference for people. Platform admins declare providers
+(FleetProvider: a plugin endpoint, its TLS, the namespaces allowed to use it) and metric sources
+(MetricSource: a Prometheus address, its token and CA, the namespaces allowed) as cluster-scoped
+objects. A ClusterVersion or UpdateRun names them (`spec.providerRef`, `metric.provider.sourceRef`).
+Inline endpoints and addresses (`spec.opsEndpoint`, a check's `endpoint` or `address`, inline TLS
+Secret refs) are the original operator's manifests: they work in the namespaces the orchestrator's
+configuration allows (`AccessPolicy`, by default only its own namespace), and elsewhere only where
+they name exactly what an allowed FleetProvider or MetricSource declares.
 
 `check_access` is called, before any plugin is called or any URL fetched, by the UpdateRun
 controller, the ClusterVersion controller and the admission webhook. It does no I/O: callers

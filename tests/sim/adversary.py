@@ -25,7 +25,7 @@ from tests.sim.model import ADVERSARY, Crash, MOp
 if TYPE_CHECKING:
     from tests.sim.world import Replica, World
 
-#: Kinds of touch that are drift (DESIGN.md invariant 7): the run must go on around them.
+#: Kinds of touch that are drift (invariant 7, docs/architecture.md): the run goes on around them.
 DRIFT = frozenset({"oob-bump", "deleted", "relabel"})
 
 

@@ -1,4 +1,4 @@
-"""The eight safety invariants of DESIGN.md, checked against the model's ground truth.
+"""The eight safety invariants (docs/architecture.md), checked against the model's ground truth.
 
 `Monitor` is called by the model at every plugin call, at every operation's effect and after
 every step of the history (an operation advancing, an adversary action, one reconcile); the
