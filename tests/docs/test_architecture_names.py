@@ -1,7 +1,7 @@
 """Every code name docs/architecture.md gives exists: the files and folders it names, and each
 `module.name` it writes in backticks (`decide._Run.may_service_out`, `crossrun.neighbours`,
 `api.run_is_live`, `orchestrator/engine/initialize.py:run_name`), so the map cannot drift from
-the code it describes.
+the code it describes. The files and folders every other document names exist too.
 
 A dotted name is checked when its first word names a module or package of orchestrator/ (by its
 last component: `updaterun`, `decide`, `engine`, or in full: `orchestrator.pipeline.driver`); the
@@ -157,6 +157,21 @@ def problems(text: str) -> list[str]:
 
 def test_every_code_name_in_architecture_exists() -> None:
     assert problems(DOC.read_text()) == []
+
+
+@pytest.mark.parametrize(
+    "doc",
+    sorted(
+        str(p.relative_to(ROOT))
+        for p in [ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("tests/**/*.md")]
+    ),
+)
+def test_every_path_in_the_docs_exists(doc: str) -> None:
+    """Files and folders any document names (`orchestrator/adapters/provider.py`); a
+    placeholder such as `plugins/<name>/` is not a path."""
+    named = {s.strip() for s in spans((ROOT / doc).read_text())}
+    found = [check_path(s) for s in sorted(named) if PATH.match(s) and "<" not in s]
+    assert [p for p in found if p] == []
 
 
 @pytest.mark.parametrize(
