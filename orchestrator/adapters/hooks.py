@@ -45,6 +45,7 @@ from tenacity import (
 from tenacity.stop import stop_base
 
 from orchestrator import api
+from orchestrator.adapters import outbound
 from orchestrator.adapters.kube import Conflict, KubeClient, KubeError, NotFound
 from orchestrator.adapters.metrics import Metrics
 from orchestrator.adapters.secrets import SecretError, TLSResolver
@@ -78,13 +79,6 @@ KEEP_FINISHED = timedelta(hours=6)
 
 class _Retry(Exception):
     """A try that may succeed when repeated (connection error, timeout, 5xx)."""
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is an answer (3xx fails the hook), never followed to another address."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
 
 
 def _label(value: str) -> str:
@@ -269,12 +263,9 @@ class HookExecutor:
         if not url.startswith(("http://", "https://")):
             return HookObs(HookState.FAILED, f"{where}: the URL must start with http(s)://")
         try:
-            context = ssl.create_default_context(cadata=ca) if ca else None
+            via = outbound.opener(ca or None)
         except ssl.SSLError:
             return HookObs(HookState.FAILED, f"{where}.caSecretRef: not a PEM CA bundle")
-        opener = urllib.request.build_opener(
-            _NoRedirect(), urllib.request.HTTPSHandler(context=context)
-        )
         headers = {
             "Content-Type": "application/json",
             "Idempotency-Key": request.id,
@@ -295,20 +286,10 @@ class HookExecutor:
             left = (deadline - self.clock()).total_seconds()
             if left <= 0:
                 raise _Deadline
-            req = urllib.request.Request(url, data=data, headers=headers, method="POST")
             try:
-                with opener.open(req, timeout=min(per_try, left)) as resp:
-                    return HookObs(HookState.SUCCEEDED, f"HTTP {resp.status}")
-            except urllib.error.HTTPError as err:
-                with err:
-                    raw = err.read(BODY_READ)
-                failure = classify_http(err.code)
-                # The answer may echo the token or hold the receiver's secrets: the log only.
-                log_raw(f"hook {request.id} of {request.run}", failure, raw, secrets, log)
-                last = failure.reason
-                if err.code >= 500:
-                    raise _Retry from None
-                return HookObs(HookState.FAILED, failure.describe("", ""))
+                answer = outbound.post(
+                    via, url, data, headers, min(per_try, left), error_bytes=BODY_READ
+                )
             except (urllib.error.URLError, OSError) as err:
                 reason = err.reason if isinstance(err, urllib.error.URLError) else err
                 if isinstance(reason, TimeoutError):
@@ -316,6 +297,15 @@ class HookExecutor:
                 else:
                     last = classify_exception(err).reason
                 raise _Retry from None
+            if answer.ok:
+                return HookObs(HookState.SUCCEEDED, f"HTTP {answer.status}")
+            failure = classify_http(answer.status)
+            # The answer may echo the token or hold the receiver's secrets: the log only.
+            log_raw(f"hook {request.id} of {request.run}", failure, answer.body, secrets, log)
+            last = failure.reason
+            if answer.status >= 500:
+                raise _Retry
+            return HookObs(HookState.FAILED, failure.describe("", ""))
 
         clock = self.clock
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import ssl
 import threading
 import time
 import urllib.error
@@ -37,6 +36,7 @@ from typing import Any, Protocol
 from tenacity import RetryCallState, Retrying, wait_exponential, wait_random
 
 from orchestrator import api
+from orchestrator.adapters import outbound
 from orchestrator.adapters.metrics import Metrics
 from orchestrator.adapters.secrets import SecretError
 from orchestrator.engine.conditions import format_micro_time
@@ -385,25 +385,20 @@ class Notifier:
             headers["Authorization"] = f"Bearer {token.decode('utf-8', 'replace').strip()}"
         if n.type == api.NotificationType.CLOUD_EVENTS:
             headers["Idempotency-Key"] = item.transition_id
-        request = urllib.request.Request(target, item.body, headers, method="POST")
-        context = ssl.create_default_context(cadata=ca.decode()) if ca is not None else None
-        opener = urllib.request.build_opener(
-            urllib.request.HTTPSHandler(context=context), _NoRedirect()
-        )
+        via = outbound.opener(ca.decode() if ca is not None else None)
         try:
-            with opener.open(request, timeout=self.timeout) as answer:
-                answer.read(65536)
-        except urllib.error.HTTPError as err:
-            err.close()  # the body is never read: it may echo the URL or the token
-            reason = classify_http(err.code).reason
-            if err.code in _RETRY_STATUS or err.code >= 500:
-                raise _Retry(reason) from None
-            raise _Permanent(f"the endpoint answered: {reason}") from None
+            # An error answer's body is never read: it may echo the URL or the token.
+            answer = outbound.post(via, target, item.body, headers, self.timeout, drain=65536)
         except (ValueError, http.client.InvalidURL):
             # http.client's words would quote the URL or the header: never shown.
             raise _Permanent(
                 f"{where}: the URL or the bearer token read from its Secrets is malformed"
             ) from None
+        if not answer.ok:
+            reason = classify_http(answer.status).reason
+            if answer.status in _RETRY_STATUS or answer.status >= 500:
+                raise _Retry(reason)
+            raise _Permanent(f"the endpoint answered: {reason}")
 
 
 class _Retry(Exception):
@@ -412,13 +407,6 @@ class _Retry(Exception):
 
 class _SecretUnreadable(Exception):
     """A referenced Secret or key could not be read (the message names the field)."""
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Redirects are answers, not instructions: a 3xx is a failed delivery."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
 
 
 def _lane_key(namespace: str, n: api.Notification) -> tuple[str, ...]:
