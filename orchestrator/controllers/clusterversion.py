@@ -323,7 +323,8 @@ class ClusterVersionController:
         for run in finished[: max(0, len(finished) - self.history)]:
             name = run["metadata"]["name"]
             # No garbage collector is assumed: delete the run's ClusterUpgrades ourselves (a
-            # finished run holds nothing out of service: its finalizers go at once, runs.py).
+            # finished run holds nothing out of service: its finalizers go at once,
+            # controllers/updaterun.py).
             for child in self.upgrades.by_label(namespace, name):
                 with contextlib.suppress(NotFound):
                     self.kube.delete_object(
