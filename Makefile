@@ -23,9 +23,9 @@ $(BUF):
 
 tools: venv $(BUF)
 
-# Regenerate manifests/crds/ from orchestrator/api.py.
+# Regenerate manifests/crds/ from orchestrator/api/.
 crds: venv
-	$(PY) -m orchestrator.crd manifests/crds
+	$(PY) -m orchestrator.api.crd manifests/crds
 
 # Regenerate fleetupgrade/ (the Python stubs) from proto/.
 proto: venv

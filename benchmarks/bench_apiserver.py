@@ -5,7 +5,8 @@ intent is on record before the call), so the apiserver's CPU per status write, t
 is CPU the rollout needs whatever the orchestrator does. This measures it on a private control
 plane (devtools.controlplane, etcd on tmpfs as in the tests and bench_orchestrator):
 
-- status writes of ClusterUpgrades (JSON patch with the resourceVersion, as orchestrator.kube
+- status writes of ClusterUpgrades (JSON patch with the resourceVersion, as
+orchestrator.adapters.kube
   writes them), WRITERS at once, with a watch of ClusterUpgrades open (as the orchestrator's);
 - the same writes without the watch (what the watch fan-out costs);
 - GETs of a ClusterVersion listing N clusters (what reading a large spec costs).
@@ -32,7 +33,7 @@ from typing import Any
 
 from benchmarks.bench_orchestrator import control_plane
 from orchestrator import api
-from orchestrator.kube import KubeClient
+from orchestrator.adapters.kube import KubeClient
 
 __all__ = ["main"]
 

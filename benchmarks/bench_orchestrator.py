@@ -49,9 +49,9 @@ import yaml
 
 from fleetupgrade.plugin.v1 import cluster_pb2
 from orchestrator import api
-from orchestrator.engine import Preflight, RunInput, Verdict, decide, with_status
-from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, PoolObs, Snapshot
-from orchestrator.initialize import as_cluster_version_spec, pin_upgrades
+from orchestrator.engine.decide import Preflight, RunInput, Verdict, decide, with_status
+from orchestrator.engine.initialize import as_cluster_version_spec, pin_upgrades
+from orchestrator.engine.observations import ClusterObs, OpKind, OpObs, OpState, PoolObs, Snapshot
 from plugins.sdk.client import PluginCallError, PluginClient
 
 __all__ = ["control_plane", "main"]

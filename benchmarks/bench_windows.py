@@ -1,4 +1,4 @@
-"""Micro-benchmark of the maintenance gate (orchestrator.windows.gate): µs per call when the
+"""Micro-benchmark of the maintenance gate (orchestrator.engine.windows.gate): µs per call when the
 engine asks it for every cluster of a 10,000-cluster decision. Prints numbers; not a test.
 
 Each scenario runs DECISIONS decisions one minute apart (the engine's `now` moves, so whole
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from orchestrator import api
-from orchestrator.fleet import WindowObs
-from orchestrator.windows import gate
+from orchestrator.engine.observations import WindowObs
+from orchestrator.engine.windows import gate
 
 __all__ = ["main"]
 

@@ -1,1 +1,2 @@
-"""The fleet upgrade orchestrator: ClusterVersion API, pure planner, reconciler and CLI."""
+"""The fleet upgrade orchestrator, one package per layer: cli > operate | controllers > adapters >
+pipeline > engine > api (docs/architecture.md "Packages: the layers")."""

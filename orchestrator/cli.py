@@ -16,24 +16,25 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from orchestrator import api, operate
-from orchestrator.access import (
+from orchestrator.adapters.metrics import Metrics
+from orchestrator.adapters.provider import cluster_from_pb
+from orchestrator.api.crd import crd_yaml
+from orchestrator.engine.access import (
     ALL_NAMESPACES,
     INLINE_FLAG,
     AccessPolicy,
     parse_inline_namespaces,
 )
-from orchestrator.crd import crd_yaml
-from orchestrator.fleet import OpKind
-from orchestrator.metrics import Metrics
-from orchestrator.provider import cluster_from_pb
-from orchestrator.simulate import ModelFleet, Rollout, simulate
-from orchestrator.validate import Problem, parse_spec, validate_spec
+from orchestrator.engine.observations import OpKind
+from orchestrator.engine.validate import Problem, parse_spec, validate_spec
+from orchestrator.pipeline.simulate import ModelFleet, Rollout, simulate
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from orchestrator import webhook
-    from orchestrator.kube import KubeClient
+    from orchestrator.adapters import webhook
+    from orchestrator.adapters.kube import KubeClient
+    from orchestrator.controllers.approvals import GateLoop
 
 __all__ = ["main"]
 
@@ -53,6 +54,24 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleet-orchestrator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the controller")
+    _controller_flags(run)
+    _webhook_flags(run)
+    run.add_argument(
+        "--step-events",
+        action="store_true",
+        help="also record a Kubernetes Event for every step of a cluster (control plane, node "
+        "pools, verifying, post-hook, service-in); by default a ClusterUpgrade gets Events for "
+        "its start and its end, and its status records each step",
+    )
+    _plan_command(sub)
+    sub.add_parser("version", help="print the version of this build")
+    sub.add_parser("crd", help="print every CRD of the project as YAML")
+    operate.add_commands(sub)
+    return parser
+
+
+def _controller_flags(run: argparse.ArgumentParser) -> None:
+    """`run`: the apiserver, metrics, leader election, plugins' gates and who may use what."""
     run.add_argument(
         "--kubeconfig",
         default=os.environ.get("KUBECONFIG"),
@@ -116,6 +135,9 @@ def _parser() -> argparse.ArgumentParser:
         "ClusterVersion could point the orchestrator at any plugin or URL); repeatable",
     )
 
+
+def _webhook_flags(run: argparse.ArgumentParser) -> None:
+    """`run`: the validating admission webhook and its certificates."""
     run.add_argument(
         "--webhook-addr",
         type=_addr,
@@ -161,14 +183,9 @@ def _parser() -> argparse.ArgumentParser:
         "(e.g. 127.0.0.1 for a webhook configured by URL); repeatable",
     )
 
-    run.add_argument(
-        "--step-events",
-        action="store_true",
-        help="also record a Kubernetes Event for every step of a cluster (control plane, node "
-        "pools, verifying, post-hook, service-in); by default a ClusterUpgrade gets Events for "
-        "its start and its end, and its status records each step",
-    )
 
+def _plan_command(sub: Any) -> None:
+    """`plan`: the rollout plan of a ClusterVersion file, changing nothing."""
     p = sub.add_parser("plan", help="print the rollout plan of a ClusterVersion; changes nothing")
     p.add_argument("-f", "--file", required=True, help="the ClusterVersion YAML")
     p.add_argument("--endpoint", default=None, help="plugin HOST:PORT (default: spec.opsEndpoint)")
@@ -188,11 +205,6 @@ def _parser() -> argparse.ArgumentParser:
         help="assumed duration of service-out / service-in (default 30)",
     )
     p.add_argument("--approve-all", action="store_true", help="assume manual stages get approved")
-
-    sub.add_parser("version", help="print the version of this build")
-    sub.add_parser("crd", help="print every CRD of the project as YAML")
-    operate.add_commands(sub)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,14 +229,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from orchestrator.controller import Controller  # noqa: PLC0415
-    from orchestrator.driver import Fence  # noqa: PLC0415
-    from orchestrator.gates import GateLoop, PluginEndpoint, parse_plugin_flag  # noqa: PLC0415
-    from orchestrator.kube import KubeClient  # noqa: PLC0415
-    from orchestrator.leader import LeaderElector  # noqa: PLC0415
-    from orchestrator.probes import Probes, serve  # noqa: PLC0415
-    from orchestrator.runs import AlwaysLeader  # noqa: PLC0415
-    from plugins.sdk.client import ClientTLS  # noqa: PLC0415
+    from orchestrator.adapters.kube import KubeClient  # noqa: PLC0415
+    from orchestrator.adapters.leader import LeaderElector  # noqa: PLC0415
+    from orchestrator.adapters.probes import Probes, serve  # noqa: PLC0415
+    from orchestrator.controllers.approvals import parse_plugin_flag  # noqa: PLC0415
+    from orchestrator.controllers.manager import Controller  # noqa: PLC0415
+    from orchestrator.controllers.updaterun import AlwaysLeader  # noqa: PLC0415
+    from orchestrator.pipeline.driver import Fence  # noqa: PLC0415
 
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.INFO,
@@ -251,18 +262,7 @@ def _run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    home = args.orchestrator_namespace or os.environ.get("POD_NAMESPACE") or args.namespace
-    home = home or "default"
-    policy = AccessPolicy(home, parse_inline_namespaces(args.allow_inline_endpoints_in, home))
-    if ALL_NAMESPACES in policy.inline_namespaces:
-        log.warning(
-            "%s=*: every namespace may point the orchestrator at any plugin or URL", INLINE_FLAG
-        )
-    log.info(
-        "inline endpoints allowed in: %s; FleetProvider/MetricSource Secrets read in %s",
-        ",".join(sorted(policy.inline_namespaces)),
-        home,
-    )
+    policy = _access_policy(args)
     if args.webhook_addr is not None:
         # Every replica serves admission, the leader and the standbys alike.
         threading.Thread(
@@ -298,18 +298,7 @@ def _run(args: argparse.Namespace) -> int:
         policy=policy,
         step_events=args.step_events,
     )
-    tls = None
-    if args.plugin_tls_ca or args.plugin_tls_cert:
-        tls = ClientTLS(args.plugin_tls_ca, args.plugin_tls_cert, args.plugin_tls_key)
-    secrets_ns = args.namespace or args.leader_election_namespace
-    gates = GateLoop(
-        [PluginEndpoint(name, endpoint, tls) for name, endpoint in plugins],
-        metrics,
-        stop,
-        resync_seconds=args.sync_period_seconds,
-        read_secret=lambda ref: kube.read_secret(secrets_ns, ref.name)[ref.key],
-        caller=identity,
-    )
+    gates = _gate_loop(args, plugins, kube, metrics, stop, identity)
     gates.start()
     controller.run()
     gates.join()
@@ -327,6 +316,53 @@ def _run(args: argparse.Namespace) -> int:
     os._exit(code)
 
 
+def _access_policy(args: argparse.Namespace) -> AccessPolicy:
+    """Who may use what: the orchestrator's namespace and the namespaces allowed inline
+    endpoints (--allow-inline-endpoints-in), said in the log."""
+    home = args.orchestrator_namespace or os.environ.get("POD_NAMESPACE") or args.namespace
+    home = home or "default"
+    policy = AccessPolicy(home, parse_inline_namespaces(args.allow_inline_endpoints_in, home))
+    if ALL_NAMESPACES in policy.inline_namespaces:
+        log.warning(
+            "%s=*: every namespace may point the orchestrator at any plugin or URL", INLINE_FLAG
+        )
+    log.info(
+        "inline endpoints allowed in: %s; FleetProvider/MetricSource Secrets read in %s",
+        ",".join(sorted(policy.inline_namespaces)),
+        home,
+    )
+    return policy
+
+
+def _gate_loop(
+    args: argparse.Namespace,
+    plugins: list[tuple[str, str]],
+    kube: KubeClient,
+    metrics: Metrics,
+    stop: threading.Event,
+    identity: str,
+) -> GateLoop:
+    """The loop that resolves the gates of the --plugin endpoints (not started)."""
+    from orchestrator.controllers.approvals import (  # noqa: PLC0415
+        GateLoop,
+        PluginEndpoint,
+    )
+    from plugins.sdk.client import ClientTLS  # noqa: PLC0415
+
+    tls = None
+    if args.plugin_tls_ca or args.plugin_tls_cert:
+        tls = ClientTLS(args.plugin_tls_ca, args.plugin_tls_cert, args.plugin_tls_key)
+    secrets_ns = args.namespace or args.leader_election_namespace
+    return GateLoop(
+        [PluginEndpoint(name, endpoint, tls) for name, endpoint in plugins],
+        metrics,
+        stop,
+        resync_seconds=args.sync_period_seconds,
+        read_secret=lambda ref: kube.read_secret(secrets_ns, ref.name)[ref.key],
+        caller=identity,
+    )
+
+
 def _serve_webhook(
     args: argparse.Namespace, kube: KubeClient, policy: AccessPolicy, stop: threading.Event
 ) -> None:
@@ -340,8 +376,8 @@ def _serve_webhook(
     import tempfile  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
-    from orchestrator import webhook  # noqa: PLC0415
-    from orchestrator.cache import AccessCatalog  # noqa: PLC0415
+    from orchestrator.adapters import webhook  # noqa: PLC0415
+    from orchestrator.adapters.cache import AccessCatalog  # noqa: PLC0415
 
     catalog = AccessCatalog(kube, policy)
     for cache in catalog.caches():
@@ -398,7 +434,7 @@ def _webhook_cert(
     current in a thread."""
     from pathlib import Path  # noqa: PLC0415
 
-    from orchestrator import webhook, webhook_certs  # noqa: PLC0415
+    from orchestrator.adapters import webhook, webhook_certs  # noqa: PLC0415
 
     if args.webhook_cert_dir or workdir is None:
         directory = Path(args.webhook_cert_dir)

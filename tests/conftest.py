@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from devtools.controlplane import MAIN, ControlPlane, ControlPlaneError, find_binaries
-from orchestrator.kube import KubeError
+from orchestrator.adapters.kube import KubeError
 from tests.support.kube import PROJECT_CRDS, KubeCluster
 
 # Names where an unclosed TLS socket was opened when its ResourceWarning fails a test.

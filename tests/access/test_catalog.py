@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator import api
-from orchestrator.access import Access, AccessPolicy
-from orchestrator.cache import AccessCatalog
+from orchestrator.adapters.cache import AccessCatalog
+from orchestrator.engine.access import Access, AccessPolicy
 
 
 def _provider(rv: int, endpoint: str) -> dict[str, Any]:
@@ -18,7 +18,8 @@ def _provider(rv: int, endpoint: str) -> dict[str, Any]:
 
 def test_the_catalog_follows_declared_providers_by_resource_version() -> None:
     # No selector is declared, so the catalog never asks the apiserver for namespace labels.
-    catalog = AccessCatalog(None, AccessPolicy.default("fleet-upgrade-system"))  # type: ignore[arg-type]
+    catalog = AccessCatalog(None, AccessPolicy.default("fleet-upgrade-system"))  # type:
+    # ignore[arg-type]
     spec = api.ClusterVersionSpec.model_validate(
         {"providerRef": {"name": "prod"}, "clusters": [{"id": "a", "version": "1.29.4"}]}
     )

@@ -21,7 +21,7 @@ from kubernetes.config import new_client_from_config
 
 from devtools.controlplane import REPO_ROOT
 from orchestrator import api
-from orchestrator.kube import KubeClient, KubeError
+from orchestrator.adapters.kube import KubeClient, KubeError
 from plugins.sdk.server import ServerTLS
 from plugins.sim.server import SimOptions, Simulator
 from tests.support.certs import generate_pki

@@ -1,4 +1,5 @@
-"""The pure access rule (orchestrator.access.check_access): who may use which plugin and URL."""
+"""The pure access rule (orchestrator.engine.access.check_access): who may use which plugin and
+URL."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator import api
-from orchestrator.access import (
+from orchestrator.engine.access import (
     INLINE_FLAG,
     Access,
     AccessPolicy,
@@ -16,7 +17,7 @@ from orchestrator.access import (
     needs_labels,
     parse_inline_namespaces,
 )
-from orchestrator.validate import Problem
+from orchestrator.engine.validate import Problem
 
 HOME = "fleet-upgrade-system"
 POLICY = AccessPolicy.default(HOME)

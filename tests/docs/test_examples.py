@@ -1,6 +1,7 @@
 """The worked examples of README.md and docs/operations.md are valid objects: every ```yaml
 block's ClusterVersion and UpdateRun parses with the API models and passes the admission
-webhook's validation (orchestrator.webhook.admit), so the docs cannot drift from the API."""
+webhook's validation (orchestrator.adapters.webhook.admit), so the docs cannot drift from the
+API."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 import yaml
 
 from orchestrator import api
-from orchestrator.validate import parse_model
-from orchestrator.webhook import admit
+from orchestrator.adapters.webhook import admit
+from orchestrator.engine.validate import parse_model
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = (ROOT / "README.md", ROOT / "docs" / "operations.md")

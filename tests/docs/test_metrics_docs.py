@@ -1,13 +1,13 @@
 """README.md and docs/operations.md list the same metrics with the same labels, and those are
-exactly what the orchestrator exports (orchestrator.metrics and the gate loop's)."""
+exactly what the orchestrator exports (orchestrator.adapters.metrics and the gate loop's)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from orchestrator.gates import _Metrics as GateMetrics
-from orchestrator.metrics import Metrics
+from orchestrator.adapters.metrics import Metrics
+from orchestrator.controllers.approvals import _Metrics as GateMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import pytest
 
 from orchestrator import api
-from orchestrator.kube import Conflict, KubeClient
+from orchestrator.adapters.kube import Conflict, KubeClient
 from tests.e2e.conftest import (
     Objects,
     Orchestrators,

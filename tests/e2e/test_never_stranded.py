@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
-from orchestrator.conditions import parse_time
+from orchestrator.engine.conditions import parse_time
 from tests.e2e.conftest import (
     OLD,
     Objects,

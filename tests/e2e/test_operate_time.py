@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from orchestrator.conditions import format_time, parse_time
+from orchestrator.engine.conditions import format_time, parse_time
 from tests.e2e.conftest import (
     NEW,
     Objects,

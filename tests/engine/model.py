@@ -1,8 +1,8 @@
 """Fleets, specs and a stepping harness for unit tests of the run engine and driver.
 
-The fleet is orchestrator.simulate.ModelFleet (the what-if's fleet: operations take a fixed time,
-a second operation on a busy cluster is an AssertionError, every started step is recorded). The
-harness runs the real `RunDriver` (and so the real `decide`) over it on a simulated clock, the
+The fleet is orchestrator.pipeline.simulate.ModelFleet (the what-if's fleet: operations take a fixed
+time, a second operation on a busy cluster is an AssertionError, every started step is recorded).
+The harness runs the real `RunDriver` (and so the real `decide`) over it on a simulated clock, the
 way `simulate` does, with what `simulate` fixes made settable: the health checker, the people's
 annotations per step, the spec between steps and the other runs' holdings.
 """
@@ -15,11 +15,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from orchestrator import api
-from orchestrator.driver import RunDriver, StepResult
-from orchestrator.engine import ACTIVE, Decision, Floor, RunInput, Upgrade, decide, with_status
-from orchestrator.fleet import ClusterObs, OpKind, PoolObs
-from orchestrator.initialize import pin_upgrades
-from orchestrator.simulate import T0, ModelFleet
+from orchestrator.engine.decide import (
+    ACTIVE,
+    Decision,
+    Floor,
+    RunInput,
+    Upgrade,
+    decide,
+    with_status,
+)
+from orchestrator.engine.initialize import pin_upgrades
+from orchestrator.engine.observations import ClusterObs, OpKind, PoolObs
+from orchestrator.pipeline.driver import RunDriver, StepResult
+from orchestrator.pipeline.simulate import T0, ModelFleet
 
 U = api.UpgradePhase
 TERMINAL = frozenset(

@@ -1,17 +1,17 @@
-"""Where runs meet (orchestrator.crossrun): a provider is what its plugin says it is."""
+"""Where runs meet (orchestrator.pipeline.crossrun): a provider is what its plugin says it is."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from orchestrator import api
-from orchestrator.crossrun import (
+from orchestrator.engine.decide import Floor
+from orchestrator.pipeline.crossrun import (
     endpoint_identity,
     holding_of,
     neighbours,
     provider_identity,
 )
-from orchestrator.engine import Floor
 
 SIM = provider_identity("sim.fleetupgrade.io", "fleet-a", "localhost:9000")
 
@@ -109,7 +109,7 @@ def test_the_finished_phases_are_one_definition() -> None:
 
 
 def test_supersede_stops_every_other_live_run_not_stopped_yet() -> None:
-    from orchestrator.initialize import superseded
+    from orchestrator.engine.initialize import superseded
 
     runs = [
         ("cv-new", "Run", None),
@@ -126,7 +126,7 @@ def test_supersede_stops_every_other_live_run_not_stopped_yet() -> None:
 
 
 def test_live_fields_follow_the_cluster_version_in_place() -> None:
-    from orchestrator.initialize import live_fields
+    from orchestrator.engine.initialize import live_fields
 
     cv = api.ClusterVersionSpec.model_validate(
         {
@@ -151,7 +151,7 @@ def test_live_fields_follow_the_cluster_version_in_place() -> None:
 def test_a_run_whose_floor_is_unknown_stops_the_decision() -> None:
     """Seed 6959 (watch-cache lag): another run's ClusterUpgrades were read before its
     UpdateRun; its floor must not be taken as None (binds nothing)."""
-    from orchestrator.crossrun import UNSEEN, RunNotSeen
+    from orchestrator.pipeline.crossrun import UNSEEN, RunNotSeen
 
     holdings = [holding_of(_cu("a", "other", "c1", "Pending", "x:1", SIM), {})]
     try:

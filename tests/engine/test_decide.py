@@ -8,7 +8,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 from orchestrator import api
-from orchestrator.engine import (
+from orchestrator.engine.decide import (
     ACTIVE,
     RECOVER_STEP,
     Call,
@@ -22,10 +22,10 @@ from orchestrator.engine import (
     request_id,
     with_status,
 )
-from orchestrator.fleet import OpKind, OpObs, OpState, Snapshot
-from orchestrator.initialize import pin_upgrades
-from orchestrator.simulate import T0, simulate
-from orchestrator.validate import validate_spec
+from orchestrator.engine.initialize import pin_upgrades
+from orchestrator.engine.observations import OpKind, OpObs, OpState, Snapshot
+from orchestrator.engine.validate import validate_spec
+from orchestrator.pipeline.simulate import T0, simulate
 from tests.engine.model import (
     U,
     as_run_spec,

@@ -1,11 +1,13 @@
-"""What holds the deletion of a run (orchestrator.deletion): pure, from its clusters' records."""
+"""What holds the deletion of a run (orchestrator.pipeline.deletion): pure, from its clusters'
+records."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator import api, deletion
-from orchestrator.engine import ACTIVE, RECOVER_GAVE_UP, RECOVER_STEP
+from orchestrator import api
+from orchestrator.engine.decide import ACTIVE, RECOVER_GAVE_UP, RECOVER_STEP
+from orchestrator.pipeline import deletion
 
 U = api.UpgradePhase
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from orchestrator import api
-from orchestrator.conditions import get_condition
-from orchestrator.engine import CONTROL_PLANE_PAST_TARGET, Call, Preflight, Verdict
-from orchestrator.fleet import OpKind, OpObs
-from orchestrator.simulate import T0, ModelFleet
+from orchestrator.engine.conditions import get_condition
+from orchestrator.engine.decide import CONTROL_PLANE_PAST_TARGET, Call, Preflight, Verdict
+from orchestrator.engine.observations import OpKind, OpObs
+from orchestrator.pipeline.simulate import T0, ModelFleet
 from plugins.sdk import versions
 from tests.engine.model import U, harness, make_fleet, per_pool, spec_for
 

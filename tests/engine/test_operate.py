@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from orchestrator import api
-from orchestrator.conditions import format_time
-from orchestrator.engine import RECOVER_GAVE_UP
-from orchestrator.fleet import OpKind, WindowObs
-from orchestrator.simulate import T0
-from orchestrator.validate import validate_spec
+from orchestrator.engine.conditions import format_time
+from orchestrator.engine.decide import RECOVER_GAVE_UP
+from orchestrator.engine.observations import OpKind, WindowObs
+from orchestrator.engine.validate import validate_spec
+from orchestrator.pipeline.simulate import T0
 from tests.engine.model import (
     LIFECYCLE,
     Harness,

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from orchestrator import api
-from orchestrator.fleet import OpKind
+from orchestrator.engine.observations import OpKind
 from tests.engine.model import Harness, as_run_spec, health_checks, make_fleet
 
 ORDER = [OpKind.SERVICE_OUT, OpKind.CONTROL_PLANE, OpKind.NODE_POOL, OpKind.SERVICE_IN]

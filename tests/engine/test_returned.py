@@ -6,10 +6,10 @@ from dataclasses import replace
 from datetime import timedelta
 
 from orchestrator import api
-from orchestrator.engine import RunInput, decide, with_status
-from orchestrator.fleet import OpKind
-from orchestrator.initialize import pin_upgrades
-from orchestrator.simulate import T0
+from orchestrator.engine.decide import RunInput, decide, with_status
+from orchestrator.engine.initialize import pin_upgrades
+from orchestrator.engine.observations import OpKind
+from orchestrator.pipeline.simulate import T0
 from tests.engine.model import U, as_run_spec, make_fleet, spec_for
 
 NEW = "1.29.1"

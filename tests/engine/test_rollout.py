@@ -8,8 +8,8 @@ from dataclasses import replace
 from typing import Any
 
 from orchestrator import api
-from orchestrator.fleet import OpKind
-from orchestrator.simulate import simulate
+from orchestrator.engine.observations import OpKind
+from orchestrator.pipeline.simulate import simulate
 from tests.engine.model import (
     LIFECYCLE,
     U,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from orchestrator import api
-from orchestrator.engine import (
+from orchestrator.engine.decide import (
     PRE_HOOK,
     Decision,
     Floor,
@@ -26,8 +26,8 @@ from orchestrator.engine import (
     hook_id,
     request_id,
 )
-from orchestrator.fleet import OpKind, OpObs, OpState
-from orchestrator.simulate import T0, ModelFleet
+from orchestrator.engine.observations import OpKind, OpObs, OpState
+from orchestrator.pipeline.simulate import T0, ModelFleet
 from tests.engine.model import U, decide_once, make_fleet, spec_for, status_after
 
 NEW = "1.29.1"

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from orchestrator.fleet import OpKind
-from orchestrator.simulate import ModelFleet
+from orchestrator.engine.observations import OpKind
+from orchestrator.pipeline.simulate import ModelFleet
 from tests.engine.model import U, harness, make_fleet, spec_for
 
 OLD, NEW = "1.28.5", "1.29.1"

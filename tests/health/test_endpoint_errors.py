@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client as k8s
 
 from orchestrator import api
-from orchestrator.access import INLINE_FLAG
+from orchestrator.engine.access import INLINE_FLAG
 from tests.manifests.conftest import install_namespace
 from tests.reconcile.test_rollout import NEW, cluster_version, fleet
 from tests.support.kube import KubeCluster, wait_for

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator import api
-from orchestrator.access import INLINE_FLAG, Access, AccessPolicy, check_access
-from orchestrator.validate import Problem
+from orchestrator.engine.access import INLINE_FLAG, Access, AccessPolicy, check_access
+from orchestrator.engine.validate import Problem
 
 HOME = "fleet-upgrade-system"
 POLICY = AccessPolicy.default(HOME)

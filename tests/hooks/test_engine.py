@@ -12,10 +12,10 @@ from datetime import timedelta
 from typing import Any
 
 from orchestrator import api
-from orchestrator.conditions import parse_time
-from orchestrator.driver import HookRequest
-from orchestrator.engine import POST_HOOK, PRE_HOOK, HookObs, hook_id
-from orchestrator.simulate import T0, simulate
+from orchestrator.engine.conditions import parse_time
+from orchestrator.engine.decide import POST_HOOK, PRE_HOOK, HookObs, hook_id
+from orchestrator.pipeline.driver import HookRequest
+from orchestrator.pipeline.simulate import T0, simulate
 from tests.engine.model import LIFECYCLE, Harness, U, harness, health_checks, make_fleet, spec_for
 from tests.sim.hooks import HookWorld, MemoryHooks
 

@@ -18,12 +18,12 @@ import pytest
 from kubernetes import client as k8s
 
 from orchestrator import api
-from orchestrator.driver import HookRequest
-from orchestrator.engine import PRE_HOOK, HookObs, HookState, hook_id
-from orchestrator.hooks import HookExecutor
-from orchestrator.kube import KubeClient
-from orchestrator.metrics import Metrics
-from orchestrator.secrets import TLSResolver
+from orchestrator.adapters.hooks import HookExecutor
+from orchestrator.adapters.kube import KubeClient
+from orchestrator.adapters.metrics import Metrics
+from orchestrator.adapters.secrets import TLSResolver
+from orchestrator.engine.decide import PRE_HOOK, HookObs, HookState, hook_id
+from orchestrator.pipeline.driver import HookRequest
 from tests.hooks.receiver import Receiver, serve
 from tests.support.certs import generate_pki
 from tests.support.kube import KubeCluster, wait_for
@@ -50,7 +50,8 @@ def _request(hook: dict[str, Any], namespace: str = "team-a", attempt: int = 0) 
 @pytest.fixture
 def executor() -> Iterator[tuple[HookExecutor, list[str]]]:
     woken: list[str] = []
-    ex = HookExecutor(None, TLSResolver(None), wake=woken.append, metrics=Metrics())  # type: ignore[arg-type]
+    ex = HookExecutor(None, TLSResolver(None), wake=woken.append, metrics=Metrics())  # type:
+    # ignore[arg-type]
     try:
         yield ex, woken
     finally:

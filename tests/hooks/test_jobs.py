@@ -14,12 +14,12 @@ import pytest
 from kubernetes import client as k8s
 
 from orchestrator import api
-from orchestrator.driver import HookRequest
-from orchestrator.engine import POST_HOOK, HookObs, HookState, hook_id
-from orchestrator.hooks import LABEL_HOOK_ID, HookExecutor
-from orchestrator.kube import KubeClient
-from orchestrator.metrics import Metrics
-from orchestrator.secrets import TLSResolver
+from orchestrator.adapters.hooks import LABEL_HOOK_ID, HookExecutor
+from orchestrator.adapters.kube import KubeClient
+from orchestrator.adapters.metrics import Metrics
+from orchestrator.adapters.secrets import TLSResolver
+from orchestrator.engine.decide import POST_HOOK, HookObs, HookState, hook_id
+from orchestrator.pipeline.driver import HookRequest
 from tests.support.kube import KubeCluster
 
 pytestmark = pytest.mark.kube

@@ -14,11 +14,11 @@ import yaml
 
 from devtools.controlplane import REPO_ROOT
 from orchestrator import api
-from orchestrator.driver import HookRequest
-from orchestrator.engine import PRE_HOOK, HookObs, HookState, hook_id
-from orchestrator.hooks import HookExecutor
-from orchestrator.kube import KubeClient
-from orchestrator.secrets import TLSResolver
+from orchestrator.adapters.hooks import HookExecutor
+from orchestrator.adapters.kube import KubeClient
+from orchestrator.adapters.secrets import TLSResolver
+from orchestrator.engine.decide import PRE_HOOK, HookObs, HookState, hook_id
+from orchestrator.pipeline.driver import HookRequest
 from tests.manifests.conftest import install_namespace  # noqa: F401  (a fixture)
 from tests.manifests.test_rbac_live import _service_account_kubeconfig
 from tests.support.kube import KubeCluster, wait_for

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from orchestrator import api
-from orchestrator.driver import HookRequest
-from orchestrator.engine import POST_HOOK, PRE_HOOK
-from orchestrator.fleet import OpKind
-from orchestrator.simulate import T0
+from orchestrator.engine.decide import POST_HOOK, PRE_HOOK
+from orchestrator.engine.observations import OpKind
+from orchestrator.pipeline.driver import HookRequest
+from orchestrator.pipeline.simulate import T0
 from tests.engine.model import Harness, U, harness, make_fleet, spec_for
 from tests.sim.hooks import HookWorld, MemoryHooks
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.validate import parse_spec, validate_spec
+from orchestrator.engine.validate import parse_spec, validate_spec
 
 
 def _problems(hooks: dict[str, Any]) -> dict[str, str]:

@@ -12,7 +12,7 @@ import pytest
 
 from devtools.controlplane import REPO_ROOT
 from orchestrator import api
-from orchestrator.validate import parse_spec, validate_spec
+from orchestrator.engine.validate import parse_spec, validate_spec
 from plugins.sim.server import SimOptions, Simulator
 from tests.support.kube import KubeCluster
 from tests.support.kubectl import kubectl, yaml_docs

@@ -45,7 +45,7 @@ EXPECTED_GRANTS = {
         ("*", "multicluster-ops.io", "updateruns", v)
         for v in ("get", "list", "watch", "create", "patch", "delete")
     ),
-    # patch: the finalizer multicluster-ops.io/back-in-service (orchestrator.deletion).
+    # patch: the finalizer multicluster-ops.io/back-in-service (orchestrator.pipeline.deletion).
     *(
         ("*", "multicluster-ops.io", "clusterupgrades", v)
         for v in ("get", "list", "watch", "create", "patch", "delete")

@@ -1,4 +1,4 @@
-"""orchestrator.notify.Notifier against a real HTTP(S) receiver on loopback."""
+"""orchestrator.adapters.notify.Notifier against a real HTTP(S) receiver on loopback."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from orchestrator import api
-from orchestrator.metrics import Metrics
-from orchestrator.notify import Notifier
-from orchestrator.secrets import SecretError
-from orchestrator.transitions import Transition
+from orchestrator.adapters.metrics import Metrics
+from orchestrator.adapters.notify import Notifier
+from orchestrator.adapters.secrets import SecretError
+from orchestrator.engine.transitions import Transition
 from tests.notify.receiver import Receiver
 from tests.support.certs import generate_pki
 from tests.support.kube import wait_for
@@ -28,7 +28,7 @@ WHEN = datetime(2026, 11, 23, 4, 30, tzinfo=UTC)
 
 
 class Secrets:
-    """Secret keys by (namespace, name, key), read as orchestrator.secrets reads them."""
+    """Secret keys by (namespace, name, key), read as orchestrator.adapters.secrets reads them."""
 
     def __init__(self) -> None:
         self.data: dict[tuple[str, str, str], bytes] = {}

@@ -1,11 +1,11 @@
-"""orchestrator.transitions: what a pass changed, from status pairs, each transition once."""
+"""orchestrator.engine.transitions: what a pass changed, from status pairs, each transition once."""
 
 from __future__ import annotations
 
 import itertools
 
 from orchestrator import api
-from orchestrator.transitions import ClusterChange, Transition, event_name, transitions
+from orchestrator.engine.transitions import ClusterChange, Transition, event_name, transitions
 
 E = api.NotificationEvent
 S = api.StagePhase
@@ -228,7 +228,8 @@ def test_a_retry_is_recorded_with_the_phases_the_decision_took_it_through() -> N
 
 def test_a_clusters_steps_inside_an_attempt_are_detail_its_start_and_end_are_not() -> None:
     """Events by default: a ClusterUpgrade's start and end (5,000 clusters with an Event per step is
-    25,000 Events a rollout); --step-events records the detail too (orchestrator.runs)."""
+    25,000 Events a rollout); --step-events records the detail too
+    (orchestrator.controllers.updaterun)."""
     status = run(R.PROGRESSING, [stage("canary", S.PROGRESSING)])
     path = [
         U.PENDING,

@@ -23,8 +23,8 @@ import pytest
 from rich.console import Console
 
 from orchestrator import api, operate
+from orchestrator.adapters.kube import KubeClient
 from orchestrator.cli import main
-from orchestrator.kube import KubeClient
 from orchestrator.operate import (
     ClusterLine,
     Snapshot,
@@ -32,7 +32,9 @@ from orchestrator.operate import (
     render,
     renderable,
     snapshot,
+    verbs,
 )
+from orchestrator.operate.read import resolve
 from tests.support.kube import KubeCluster, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -487,14 +489,14 @@ def test_a_concurrent_consume_is_not_undone(control_plane: KubeCluster, objects:
     """The controller consumes retry-clusters between the CLI's read and its write: the write
     (conditional on the resourceVersion it read) is redone from a fresh read, so the consumed
     id does not come back."""
-    target = operate._resolve(objects.kube, objects.ns, "prod")  # reads c9
+    target = resolve(objects.kube, objects.ns, "prod")  # reads c9
     objects.kube.merge_patch(
         api.PLURAL,
         objects.ns,
         "prod",
         {"metadata": {"annotations": {api.ANNOTATION_RETRY_CLUSTERS: None}}},
     )
-    merged = operate._annotate(objects.kube, target, {api.ANNOTATION_RETRY_CLUSTERS: ["c3"]})
+    merged = verbs._annotate(objects.kube, target, {api.ANNOTATION_RETRY_CLUSTERS: ["c3"]})
     assert merged == {api.ANNOTATION_RETRY_CLUSTERS: "c3"}
     assert objects.annotations(api.PLURAL, "prod")[api.ANNOTATION_RETRY_CLUSTERS] == "c3"
 

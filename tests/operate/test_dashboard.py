@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from orchestrator import api
-from orchestrator.engine import ACTIVE
-from orchestrator.metrics import Metrics
+from orchestrator.adapters.metrics import Metrics
+from orchestrator.engine.decide import ACTIVE
 from plugins.kubefleet.collector import CollectorOptions, MetricCollectorAgent
 from plugins.legacy.upstream import UpstreamMetrics
 from plugins.sdk.interceptors import rpc_metrics

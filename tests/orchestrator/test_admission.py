@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from orchestrator import api
-from orchestrator.crd import structural_schema
-from orchestrator.fleet import ClusterObs
-from orchestrator.initialize import Pinned, pin_upgrades
-from orchestrator.simulate import ModelFleet, simulate
-from orchestrator.validate import parse_spec, validate_spec
-from orchestrator.webhook import admit
+from orchestrator.adapters.webhook import admit
+from orchestrator.api.crd import structural_schema
+from orchestrator.engine.initialize import Pinned, pin_upgrades
+from orchestrator.engine.observations import ClusterObs
+from orchestrator.engine.validate import parse_spec, validate_spec
+from orchestrator.pipeline.simulate import ModelFleet, simulate
 
 NEW = "1.29.4"
 
@@ -60,7 +60,7 @@ CHECKS = {
 WINDOW = {"start": "01:00", "duration": "4h"}
 HTTP_HOOK = {"http": {"url": "http://hook/x"}}
 
-#: (field path, the spec that sets it to VALUE, its minimum). Every duration field in api.py.
+#: (field path, the spec that sets it to VALUE, its minimum). Every duration field of the kinds.
 DURATIONS: list[tuple[str, Any, str]] = [
     *(
         (f"spec.timeouts.{k}", lambda v, k=k: cv_spec(timeouts={k: v}), "2s")

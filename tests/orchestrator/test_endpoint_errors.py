@@ -22,9 +22,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from orchestrator import api
-from orchestrator.analysis import Analyzer, PrometheusError, PrometheusTarget, query_prometheus
-from orchestrator.fleet import ClusterObs
-from orchestrator.provider import call_error
+from orchestrator.adapters.analysis import (
+    Analyzer,
+    PrometheusError,
+    PrometheusTarget,
+    query_prometheus,
+)
+from orchestrator.adapters.provider import call_error
+from orchestrator.engine.observations import ClusterObs
 from plugins.sdk.client import ClientTLS, PluginCallError, PluginClient
 from plugins.sdk.endpoint_errors import (
     Failure,
@@ -295,7 +300,7 @@ def test_a_plugin_behind_an_unknown_ca_reads_as_tls_verification_failed(
         tls_plugin.address,
         tls=ClientTLS(ca_file=pki.other_ca_file),
         timeouts={"GetPluginInfo": 3.0},
-        plugin_name=tls_plugin.address,  # as orchestrator.provider.PluginPool names them
+        plugin_name=tls_plugin.address,  # as orchestrator.adapters.provider.PluginPool names them
     )
     err = call_error(_error(client))
     assert err.code == "UNAVAILABLE"

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.kube import Conflict, KubeError
-from orchestrator.leader import LeaderElector
-from orchestrator.lease import LeaseBelief, LeaseRecord, LeaseTiming
+from orchestrator.adapters.kube import Conflict, KubeError
+from orchestrator.adapters.leader import LeaderElector
+from orchestrator.pipeline.lease import LeaseBelief, LeaseRecord, LeaseTiming
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 STEP = 0.05  # seconds of true time per step of the schedule

@@ -8,7 +8,7 @@ import threading
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestrator.metrics import Metrics
+from orchestrator.adapters.metrics import Metrics
 
 PHASES = ("Pending", "ServicingOut", "Upgraded")
 

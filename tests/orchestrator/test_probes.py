@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from orchestrator.probes import Probes, serve
+from orchestrator.adapters.probes import Probes, serve
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The generated stubs in fleetupgrade/ match proto/ (regenerate with `make proto`), and the CRD
-in manifests/crds/ matches the models in orchestrator/api.py (`python -m orchestrator.crd`)."""
+in manifests/crds/ matches the models in orchestrator/api/ (`python -m orchestrator.api.crd`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.crd import crd_files
+from orchestrator.api.crd import crd_files
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.kube import KubeClient
-from orchestrator.leader import LeaderElector
+from orchestrator.adapters.kube import KubeClient
+from orchestrator.adapters.leader import LeaderElector
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.orchestrator import OrchestratorProcess
 

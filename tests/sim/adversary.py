@@ -16,16 +16,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from orchestrator import api
-from orchestrator.driver import CallError
-from orchestrator.engine import Call
-from orchestrator.fleet import OpKind, OpState
+from orchestrator.engine.decide import Call
+from orchestrator.engine.observations import OpKind, OpState
+from orchestrator.pipeline.driver import CallError
 from plugins.sdk import versions
 from tests.sim.model import ADVERSARY, Crash, MOp
 
 if TYPE_CHECKING:
     from tests.sim.world import Replica, World
 
-#: Kinds of touch that are drift (DESIGN.md invariant 7): the run must go on around them.
+#: Kinds of touch that are drift (invariant 7, docs/architecture.md): the run goes on around them.
 DRIFT = frozenset({"oob-bump", "deleted", "relabel"})
 
 

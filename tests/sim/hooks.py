@@ -1,12 +1,12 @@
 """An in-memory `driver.HookRunner` for the simulation and the hook tests, faithful to
-orchestrator/hooks.py where it matters to the invariants:
+orchestrator/adapters/hooks.py where it matters to the invariants:
 
 - HTTP hooks live in the memory of the process that started them (`MemoryHooks`): a crash
   (`crash()`, or a new `MemoryHooks` for a new incarnation) loses them, and `observe` then
   answers UNKNOWN, as the product's executor does after a restart.
 - Job hooks live in the shared model apiserver (`HookWorld.jobs`): a start of an existing name
-  adopts it (orchestrator/hooks.py `_start_job`: AlreadyExists), so they survive crashes; a Job
-  still running at its activeDeadlineSeconds (Hook.timeout) fails with DeadlineExceeded, as the
+  adopts it (orchestrator/adapters/hooks.py `_start_job`: AlreadyExists), so they survive crashes; a
+  Job still running at its activeDeadlineSeconds (Hook.timeout) fails with DeadlineExceeded, as the
   job controller does (kubernetes pkg/controller/job/job_controller.go, the active-deadline
   check: the Job ends Failed with reason DeadlineExceeded).
 
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from orchestrator import api
-from orchestrator.driver import HookRequest
-from orchestrator.engine import HookObs, HookState
+from orchestrator.engine.decide import HookObs, HookState
+from orchestrator.pipeline.driver import HookRequest
 
 __all__ = ["HookRun", "HookWorld", "MemoryHooks"]
 

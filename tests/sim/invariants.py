@@ -1,4 +1,4 @@
-"""The eight safety invariants of DESIGN.md, checked against the model's ground truth.
+"""The eight safety invariants (docs/architecture.md), checked against the model's ground truth.
 
 `Monitor` is called by the model at every plugin call, at every operation's effect and after
 every step of the history (an operation advancing, an adversary action, one reconcile); the
@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from orchestrator import api, windows
-from orchestrator.engine import (
+from orchestrator import api
+from orchestrator.engine import windows
+from orchestrator.engine.decide import (
     ACTIVE,
     RECOVER_STEP,
     SKIPPED_BY_PEOPLE,
@@ -20,7 +21,7 @@ from orchestrator.engine import (
     checks_for,
     short_of_target,
 )
-from orchestrator.fleet import OpKind
+from orchestrator.engine.observations import OpKind
 from plugins.sdk import versions
 from tests.sim.model import ADVERSARY, Evaluation, MCluster, MOp, UpObj, at, seconds
 

@@ -20,11 +20,11 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import api
-from orchestrator.conditions import parse_time
-from orchestrator.driver import CallError, WriteConflict
-from orchestrator.engine import ACTIVE, Call, Preflight, Upgrade, Verdict
-from orchestrator.fleet import ClusterObs, OpKind, OpObs, OpState, PoolObs, Snapshot
-from orchestrator.lease import LeaseBelief, LeaseRecord, LeaseTiming, LeaseWrite
+from orchestrator.engine.conditions import parse_time
+from orchestrator.engine.decide import ACTIVE, Call, Preflight, Upgrade, Verdict
+from orchestrator.engine.observations import ClusterObs, OpKind, OpObs, OpState, PoolObs, Snapshot
+from orchestrator.pipeline.driver import CallError, WriteConflict
+from orchestrator.pipeline.lease import LeaseBelief, LeaseRecord, LeaseTiming, LeaseWrite
 from plugins.sdk import versions
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ class ModelFleet:
                 if not op.forgotten:
                     operations[op.request_id] = op.obs()
                 elif op.request_id not in self.by_rid:
-                    # What orchestrator.provider learns from GetOperation → NOT_FOUND.
+                    # What orchestrator.adapters.provider learns from GetOperation → NOT_FOUND.
                     forgotten.add(op.request_id)
         return Snapshot(clusters, operations, frozenset(forgotten))
 
@@ -465,7 +465,8 @@ class ModelFleet:
 
 
 class ModelProvider:
-    """`orchestrator.driver.Provider` over the model fleet, with the adversary's RPC faults."""
+    """`orchestrator.pipeline.driver.Provider` over the model fleet, with the adversary's RPC
+    faults."""
 
     def __init__(
         self,
@@ -484,8 +485,8 @@ class ModelProvider:
         self.run = ""
         #: Request id → the last terminal state this replica saw: like the product's
         #: OperationTracker, which keeps what WatchOperations showed and never asks the plugin
-        #: again about an operation it saw end (orchestrator.provider.GrpcProvider.learn), so
-        #: a plugin forgetting an ended operation matters only to a replica that restarted.
+        #: again about an operation it saw end (orchestrator.adapters.provider.GrpcProvider.learn),
+        #: so a plugin forgetting an ended operation matters only to a replica that restarted.
         self.ended: dict[str, OpObs] = {}
         #: Whether this replica follows the plugin's WatchOperations (it reconciled since it
         #: last started): then every operation's end reaches `ended` (World._watch_event).
@@ -564,7 +565,7 @@ class Evaluation:
 
 
 class ModelChecker:
-    """`orchestrator.driver.Checker` for one run; results come from the adversary."""
+    """`orchestrator.pipeline.driver.Checker` for one run; results come from the adversary."""
 
     def __init__(
         self,
@@ -617,7 +618,7 @@ class ModelChecker:
 # -- leadership --------------------------------------------------------------------------
 
 
-#: The product's defaults (orchestrator.leader.LeaderElector): 15 s lease, 10 s renew
+#: The product's defaults (orchestrator.adapters.leader.LeaderElector): 15 s lease, 10 s renew
 #: deadline, 2 s retry period.
 LEASE_TIMING = LeaseTiming()
 
@@ -799,7 +800,7 @@ class Lease:
 
 
 class ModelFence:
-    """`orchestrator.driver.Fence` of one replica: its LeaderElector's held()."""
+    """`orchestrator.pipeline.driver.Fence` of one replica: its LeaderElector's held()."""
 
     def __init__(self, lease: Lease, me: str) -> None:
         self.lease = lease
@@ -958,7 +959,7 @@ class ModelApiServer:
 
 
 class RunCache:
-    """One replica's UpdateRun watch cache (orchestrator.cache.ObjectCache): what the
+    """One replica's UpdateRun watch cache (orchestrator.adapters.cache.ObjectCache): what the
     replica's controllers know of runs other than the one they GET. Fed by the watch, each
     event some seconds after its write and in the apiserver's order (an event never overtakes
     an earlier one); the replica's own writes go in at once (write-through) and an older event
@@ -1039,7 +1040,8 @@ class StoreClient:
 
 
 class NamespaceStore:
-    """`orchestrator.driver.UpgradeStore` over one namespace, with lost and conflicting writes."""
+    """`orchestrator.pipeline.driver.UpgradeStore` over one namespace, with lost and conflicting
+    writes."""
 
     def __init__(self, client: StoreClient, namespace: str) -> None:
         self.client = client

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from orchestrator import api
-from orchestrator.driver import HookRequest
-from orchestrator.engine import HookObs, HookState
+from orchestrator.engine.decide import HookObs, HookState
+from orchestrator.pipeline.driver import HookRequest
 from tests.sim.hooks import HookWorld, MemoryHooks
 from tests.sim.invariants import Violation
 from tests.sim.model import at

@@ -1,6 +1,6 @@
-"""The simulation's Lease runs the product's elector belief (orchestrator.lease) on per-replica
-clocks: wall skew never moves the Lease, silence does, and a replica stalled mid-pass past its
-renew deadline issues nothing more (invariant 8, checked by the monitor at every call)."""
+"""The simulation's Lease runs the product's elector belief (orchestrator.pipeline.lease) on
+per-replica clocks: wall skew never moves the Lease, silence does, and a replica stalled mid-pass
+past its renew deadline issues nothing more (invariant 8, checked by the monitor at every call)."""
 
 from __future__ import annotations
 

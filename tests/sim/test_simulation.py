@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable
 import pytest
 
 from orchestrator import api
-from orchestrator.conditions import format_time
-from orchestrator.fleet import OpKind
+from orchestrator.engine.conditions import format_time
+from orchestrator.engine.observations import OpKind
 from tests.sim.invariants import Violation
 from tests.sim.model import ADVERSARY, at
 from tests.sim.world import ENDPOINT, Config, Owner, World, simulate

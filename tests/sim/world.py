@@ -1,9 +1,9 @@
 """One simulated history: the model world, the controllers around the real driver, the clock.
 
 The controllers here stand in for the product's UpdateRun and ClusterVersion controllers: they
-pin runs with `orchestrator.initialize`, compute holdings from the store, call
-`orchestrator.driver.RunDriver.step` (the real observe → decide → persist → call pipeline with
-the real `orchestrator.engine.decide`), and write the run's status once, conditionally.
+pin runs with `orchestrator.engine.initialize`, compute holdings from the store, call
+`orchestrator.pipeline.driver.RunDriver.step` (the real observe → decide → persist → call pipeline
+with the real `orchestrator.engine.decide`), and write the run's status once, conditionally.
 Preconditions the product's controllers must keep, stated here because the simulation relies on
 them: runs sharing a provider are reconciled one at a time, and holdings are read from the
 apiserver with this replica's own writes visible (read-your-writes). Other runs (their floors,
@@ -19,17 +19,18 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator import api, deletion
-from orchestrator.conditions import format_time
-from orchestrator.crossrun import (
+from orchestrator import api
+from orchestrator.engine.conditions import format_time
+from orchestrator.engine.decide import ACTIVE
+from orchestrator.engine.initialize import live_fields, pin_upgrades, run_for, superseded
+from orchestrator.pipeline import deletion
+from orchestrator.pipeline.crossrun import (
     Holding,
     neighbours,
     pinned_provider,
     provider_identity,
 )
-from orchestrator.driver import CallError, RunDriver, WriteConflict
-from orchestrator.engine import ACTIVE
-from orchestrator.initialize import live_fields, pin_upgrades, run_for, superseded
+from orchestrator.pipeline.driver import CallError, RunDriver, WriteConflict
 from tests.sim.adversary import Adversary
 from tests.sim.invariants import Monitor, Violation
 from tests.sim.model import (
@@ -171,7 +172,8 @@ class Replica:
         )
         self.store = StoreClient(world.api, world.adversary)
         #: Its UpdateRun watch cache: other runs' floors and phases, and the ClusterVersion
-        #: controller's view of the runs, come from here (orchestrator.runs, .clusterversion).
+        #: controller's view of the runs, come from here (orchestrator.controllers.updaterun,
+        #: .clusterversion).
         self.runs = RunCache()
         self.drivers: dict[str, RunDriver] = {}
         self.incarnation = 0
@@ -481,7 +483,7 @@ class World:
     def reconcile_cvs(self) -> None:
         """The ClusterVersion → UpdateRun rule: a changed spec starts a new run, stops the old.
         It runs in the leader's process and reads runs from that replica's watch cache, as
-        orchestrator.clusterversion does; its writes go through that cache."""
+        orchestrator.controllers.clusterversion does; its writes go through that cache."""
         rep = self._cv_replica()
         self.actor = rep.name
         try:
@@ -511,7 +513,7 @@ class World:
                     view.put(self.api.events, key, copy.copy(self.api.runs[key]))
             current = view.get(key)
             assert current is not None
-            # The ClusterVersion controller's own rules (orchestrator.initialize): the fields
+            # The ClusterVersion controller's own rules (orchestrator.engine.initialize): the fields
             # that follow the ClusterVersion in place, then supersede, judged on the cached
             # run; a patch merges into the stored spec.
             changes = live_fields(current.spec.dump(), cv.spec)
@@ -559,7 +561,7 @@ class World:
 
     def _delete_cv(self, cv: CvObj) -> None:
         """A ClusterVersion being deleted deletes the runs it owns and goes once they have
-        (orchestrator.clusterversion)."""
+        (orchestrator.controllers.clusterversion)."""
         mine = [r for r in self.api.runs.values() if r.cv == cv.key]
         for run in mine:
             if not run.deleting:
@@ -573,7 +575,8 @@ class World:
 
     def _collect_if_released(self, key: str) -> None:
         """A run being deleted goes, its ClusterUpgrades with it (garbage collector), once
-        nothing of it holds its finalizer (orchestrator.deletion.holds, as the controller asks)."""
+        nothing of it holds its finalizer (orchestrator.pipeline.deletion.holds, as the controller
+        asks)."""
         held = deletion.holds(
             (o.upgrade.cluster_id, o.upgrade.status) for o in self.api.upgrades_of(key)
         )
@@ -680,7 +683,7 @@ class World:
         return provider_identity(*PLUGIN, endpoint)
 
     def holdings(self) -> list[Holding]:
-        """Every ClusterUpgrade as the runs that meet see it (orchestrator.crossrun), read
+        """Every ClusterUpgrade as the runs that meet see it (orchestrator.pipeline.crossrun), read
         from the store as the UpdateRun controller reads its cache."""
         return [
             Holding(

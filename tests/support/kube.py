@@ -21,7 +21,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes.config import new_client_from_config
 
 from devtools.controlplane import REPO_ROOT, ApiServer
-from orchestrator.kube import KubeClient
+from orchestrator.adapters.kube import KubeClient
 
 __all__ = ["PROJECT_CRDS", "KubeCluster", "load_crds", "wait_for"]
 
@@ -133,7 +133,7 @@ class KubeCluster:
         """Create or update CRDs and wait until each is Established and served; return names.
 
         Sources are YAML files, directories of *.yaml files, YAML text, or manifest dicts.
-        Raises orchestrator.kube.KubeError when the apiserver rejects one.
+        Raises orchestrator.adapters.kube.KubeError when the apiserver rejects one.
         """
         crds = load_crds(*sources)
         kube = KubeClient(str(self.kubeconfig))

@@ -1,4 +1,4 @@
-"""The admission decision (orchestrator.webhook.admit / review), without a server: the same
+"""The admission decision (orchestrator.adapters.webhook.admit / review), without a server: the same
 checks as the controllers, the pinned fields of a started UpdateRun, and what is never refused."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from orchestrator import api
-from orchestrator.access import AccessPolicy, check_access
-from orchestrator.initialize import as_cluster_version_spec
-from orchestrator.validate import Problem, parse_model, validate_spec
-from orchestrator.webhook import admit, denial_message, review
+from orchestrator.adapters.webhook import admit, denial_message, review
+from orchestrator.engine.access import AccessPolicy, check_access
+from orchestrator.engine.initialize import as_cluster_version_spec
+from orchestrator.engine.validate import Problem, parse_model, validate_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "team-a"

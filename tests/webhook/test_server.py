@@ -1,7 +1,7 @@
-"""The webhook's HTTPS server (orchestrator/webhook.py) and certificates (webhook_certs.py),
-over real TLS on loopback: a self-managed CA and serving certificate shared through one Secret
-(an in-memory Secret with resourceVersions here; the real one in test_apiserver.py), renewal,
-and reloading of cert-manager style files."""
+"""The webhook's HTTPS server (orchestrator/adapters/webhook.py) and certificates
+(webhook_certs.py), over real TLS on loopback: a self-managed CA and serving certificate shared
+through one Secret (an in-memory Secret with resourceVersions here; the real one in
+test_apiserver.py), renewal, and reloading of cert-manager style files."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ import pytest
 from cryptography import x509
 
 from orchestrator import api
-from orchestrator.webhook import ServingCert, WebhookServer
-from orchestrator.webhook_certs import (
+from orchestrator.adapters.webhook import ServingCert, WebhookServer
+from orchestrator.adapters.webhook_certs import (
     CERT_VALIDITY,
     RENEW_BEFORE,
     CertBundle,

@@ -13,8 +13,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from orchestrator import api
-from orchestrator.fleet import WindowObs
-from orchestrator.windows import gate
+from orchestrator.engine.observations import WindowObs
+from orchestrator.engine.windows import gate
 
 CELL = timedelta(minutes=5)
 CELLS = 16 * 24 * 12  # 16 days

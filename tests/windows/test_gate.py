@@ -1,6 +1,6 @@
-"""The maintenance gate (orchestrator.windows.gate): run and stage windows by days or RRULE in an
-IANA zone across DST, exclusions and the expected duration, allowOverrun, the provider's windows
-and scoped exclusions, notBefore, and the exact next start within the 400-day horizon."""
+"""The maintenance gate (orchestrator.engine.windows.gate): run and stage windows by days or RRULE
+in an IANA zone across DST, exclusions and the expected duration, allowOverrun, the provider's
+windows and scoped exclusions, notBefore, and the exact next start within the 400-day horizon."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from orchestrator import api
-from orchestrator.fleet import WindowObs
-from orchestrator.windows import HORIZON, gate
+from orchestrator.engine.observations import WindowObs
+from orchestrator.engine.windows import HORIZON, gate
 
 US = timedelta(microseconds=1)
 

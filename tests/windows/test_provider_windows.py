@@ -1,6 +1,6 @@
 """The contract's Cluster.maintenance_windows as the orchestrator reads them
-(orchestrator.provider.cluster_from_pb): kinds, first start / end, RRULE and scope kept; entries
-the contract marks malformed (no kind, a missing time) dropped."""
+(orchestrator.adapters.provider.cluster_from_pb): kinds, first start / end, RRULE and scope kept;
+entries the contract marks malformed (no kind, a missing time) dropped."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 from google.protobuf import timestamp_pb2
 
 from fleetupgrade.plugin.v1 import cluster_pb2
-from orchestrator.fleet import WindowObs
-from orchestrator.provider import cluster_from_pb
+from orchestrator.adapters.provider import cluster_from_pb
+from orchestrator.engine.observations import WindowObs
 
 
 def stamp(moment: datetime) -> timestamp_pb2.Timestamp:

@@ -1,14 +1,15 @@
-"""Maintenance specs at admission (orchestrator.webhook.admit, the controllers' validate_spec):
-each unreadable field is refused with its path and the fix; good specs are admitted."""
+"""Maintenance specs at admission (orchestrator.adapters.webhook.admit, the controllers'
+validate_spec): each unreadable field is refused with its path and the fix; good specs are
+admitted."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from orchestrator import api
-from orchestrator.validate import Problem, parse_model, validate_spec
-from orchestrator.webhook import admit
-from orchestrator.windows import parse_time
+from orchestrator.adapters.webhook import admit
+from orchestrator.engine.validate import Problem, parse_model, validate_spec
+from orchestrator.engine.windows import parse_time
 
 NS = "team-a"
 

@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 from fleetupgrade.plugin.v1 import cluster_pb2
 from orchestrator import api
-from orchestrator.fleet import WindowObs
-from orchestrator.provider import cluster_from_pb
-from orchestrator.windows import gate
+from orchestrator.adapters.provider import cluster_from_pb
+from orchestrator.engine.observations import WindowObs
+from orchestrator.engine.windows import gate
 from tests.plugins.gke.conftest import NAMES, StartPlugin
 from tests.plugins.gke.support import NEW, OLD, cluster_id, plugin_config
 from tests.support.gke_emulator import GkeEmulator

@@ -41,7 +41,7 @@ STEP = 60.0  # seconds any one step may take on a loaded machine
 FOLLOWING = "following the gates of plugin kubefleet"
 """What the orchestrator logs once its gate loop runs. Starting the process is a step of its own:
 about 1 s of CPU (imports), 9-15 s of wall time on 2 cores at load 11 (2.4 s and 30-48 s at
-load 13-16 while orchestrator/kube.py still imported every API group up front)."""
+load 13-16 while orchestrator/adapters/kube.py still imported every API group up front)."""
 
 
 def _log(proc: OrchestratorProcess) -> str:

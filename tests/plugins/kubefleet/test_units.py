@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from fleetupgrade.plugin.v1 import cluster_pb2, gate_pb2, health_pb2
-from orchestrator.gates import parse_plugin_flag
+from orchestrator.controllers.approvals import parse_plugin_flag
 from plugins.kubefleet import KubeFleetConfig, collection, collector_names, health, inventory, oplog
 from plugins.kubefleet import gates as gatelib
 from plugins.kubefleet.collector import parse_interval

@@ -1,0 +1,1 @@
+"""The I/O: Kubernetes, plugins over gRPC, HTTP hooks and notifications, certificates, metrics."""

@@ -1,0 +1,225 @@
+"""A list+watch cache of one kind of ours across namespaces, kept current by our own writes too.
+
+`AccessCatalog` holds the caches of the cluster-scoped FleetProviders and MetricSources and
+feeds them to the pure access rule (orchestrator.access.check_access).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from orchestrator import api
+from orchestrator.adapters.kube import Gone, KubeClient, NotFound
+from orchestrator.engine.access import Access, AccessPolicy, check_access, needs_labels
+from orchestrator.engine.validate import Problem
+
+__all__ = ["AccessCatalog", "ObjectCache"]
+
+M = TypeVar("M", api.FleetProviderSpec, api.MetricSourceSpec)
+
+log = logging.getLogger(__name__)
+Key = tuple[str, str]
+
+
+def _rv(obj: dict[str, Any]) -> int:
+    try:
+        return int(obj["metadata"].get("resourceVersion") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+class ObjectCache:
+    """Objects of one plural by (namespace, name), with an index by one label.
+
+    `put` takes the object a write returned (write-through), so a reconcile that follows
+    our own write never reads a stale copy; an older watch event never replaces a newer copy.
+    """
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        plural: str,
+        namespace: str | None,
+        index_label: str | None = None,
+        on_change: Callable[[str, dict[str, Any]], None] | None = None,
+        quiet_echoes: bool = False,
+    ) -> None:
+        """quiet_echoes: a watch event for a version `put` already recorded (the echo of a
+        write whose writer acted on it) does not call on_change."""
+        self._kube = kube
+        self._quiet_echoes = quiet_echoes
+        self._plural = plural
+        self._namespace = namespace
+        self._label = index_label
+        self._on_change = on_change
+        self._objs: dict[Key, dict[str, Any]] = {}
+        self._index: dict[tuple[str, str], set[Key]] = {}
+        self._lock = threading.Lock()
+        self.synced = threading.Event()
+
+    def _index_key(self, obj: dict[str, Any]) -> tuple[str, str] | None:
+        if self._label is None:
+            return None
+        value = (obj["metadata"].get("labels") or {}).get(self._label)
+        return (obj["metadata"].get("namespace", ""), value) if value else None
+
+    def put(self, obj: dict[str, Any], deleted: bool = False) -> bool:
+        """Record an object (from a watch event or a write's answer); False when it is no news
+        (an older copy, or the echo of our own write already recorded from its answer)."""
+        meta = obj["metadata"]
+        key = (meta.get("namespace", ""), meta["name"])  # "": a cluster-scoped kind
+        with self._lock:
+            old = self._objs.get(key)
+            if old is not None:
+                seen, rv = _rv(old), _rv(obj)
+                if seen > rv or (seen == rv and rv != 0 and not deleted):
+                    return False
+            if old is not None:
+                ik = self._index_key(old)
+                if ik is not None:
+                    self._index.get(ik, set()).discard(key)
+            if deleted:
+                return self._objs.pop(key, None) is not None
+            self._objs[key] = obj
+            ik = self._index_key(obj)
+            if ik is not None:
+                self._index.setdefault(ik, set()).add(key)
+            return True
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object, or None."""
+        with self._lock:
+            return self._objs.get((namespace, name))
+
+    def by_label(self, namespace: str, value: str) -> list[dict[str, Any]]:
+        """Objects whose index label has value, in one namespace."""
+        with self._lock:
+            return [self._objs[k] for k in self._index.get((namespace, value), set())]
+
+    def items(self) -> list[dict[str, Any]]:
+        """Every object."""
+        with self._lock:
+            return list(self._objs.values())
+
+    def run(self, stop: threading.Event) -> None:
+        """List, then watch until stop; re-list on 410 Gone or errors (with backoff)."""
+        rv = ""
+        delay = 0.5
+        while not stop.is_set():
+            try:
+                if not rv:
+                    items, rv = self._kube.list_objects(self._plural, self._namespace)
+                    with self._lock:
+                        self._objs.clear()
+                        self._index.clear()
+                    for obj in items:
+                        self.put(obj)
+                    self.synced.set()
+                for event in self._kube.watch_objects(self._plural, self._namespace, rv, 60):
+                    meta = event.obj.get("metadata", {})
+                    rv = meta.get("resourceVersion", rv)
+                    if event.type == "BOOKMARK":
+                        continue
+                    news = self.put(event.obj, deleted=event.type == "DELETED")
+                    # With quiet_echoes, the echo of our own write wakes nobody: the reconcile
+                    # that wrote it already decided on it (a pass per change, not per event).
+                    if (news or not self._quiet_echoes) and self._on_change is not None:
+                        self._on_change(event.type, event.obj)
+                    if stop.is_set():
+                        return
+                delay = 0.5
+            except Gone:
+                rv = ""
+            except Exception as err:  # keep watching through API outages
+                log.warning("watch of %s failed: %s; retrying in %.1fs", self._plural, err, delay)
+                rv = ""
+                stop.wait(delay)
+                delay = min(delay * 2, 30.0)
+
+
+#: How long a namespace's labels are trusted (selectors in allowedNamespaces).
+LABELS_TTL_SECONDS = 30.0
+
+
+class AccessCatalog:
+    """FleetProviders and MetricSources (cluster-scoped caches) and the orchestrator's policy:
+    what `check` needs to decide what a namespace's spec may use, before anything is called."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        policy: AccessPolicy,
+        on_change: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
+        self._kube = kube
+        self.policy = policy
+        self.providers = ObjectCache(kube, api.FLEET_PROVIDER_PLURAL, None, on_change=on_change)
+        self.sources = ObjectCache(kube, api.METRIC_SOURCE_PLURAL, None, on_change=on_change)
+        self._labels: dict[str, tuple[float, dict[str, str]]] = {}
+        self._lock = threading.Lock()
+        self._parse_lock = threading.Lock()
+        #: Parsed specs by name, with the resourceVersion they were parsed at.
+        self._providers: dict[str, tuple[str, api.FleetProviderSpec | None]] = {}
+        self._sources: dict[str, tuple[str, api.MetricSourceSpec | None]] = {}
+
+    @staticmethod
+    def _parsed(
+        model: type[M], cache: ObjectCache, known: dict[str, tuple[str, M | None]]
+    ) -> dict[str, M | None]:
+        """Every cached object's spec by name, parsed again only when resourceVersion moved."""
+        out: dict[str, M | None] = {}
+        for obj in cache.items():
+            meta = obj["metadata"]
+            name, rv = meta["name"], str(meta.get("resourceVersion", ""))
+            seen = known.get(name)
+            if seen is None or seen[0] != rv:
+                seen = (rv, _parse(model, obj))
+                known[name] = seen
+            out[name] = seen[1]
+        for gone in set(known) - set(out):
+            del known[gone]
+        return out
+
+    def caches(self) -> tuple[ObjectCache, ObjectCache]:
+        """The two caches (to run and to wait for)."""
+        return self.providers, self.sources
+
+    def check(
+        self, namespace: str, spec: api.ClusterVersionSpec | api.UpdateRunSpec
+    ) -> Access | list[Problem]:
+        """orchestrator.access.check_access over the cached objects (a NotFound namespace has
+        no labels)."""
+        with self._parse_lock:  # the reconcile loop and the webhook's threads may both ask
+            providers = self._parsed(api.FleetProviderSpec, self.providers, self._providers)
+            sources = self._parsed(api.MetricSourceSpec, self.sources, self._sources)
+        labels = self._namespace_labels(namespace) if needs_labels(providers, sources) else None
+        return check_access(namespace, spec, providers, sources, self.policy, labels)
+
+    def _namespace_labels(self, namespace: str) -> dict[str, str]:
+        now = time.monotonic()
+        with self._lock:
+            known = self._labels.get(namespace)
+        if known is not None and now - known[0] < LABELS_TTL_SECONDS:
+            return known[1]
+        try:
+            labels = self._kube.namespace_labels(namespace)
+        except NotFound:
+            labels = {}
+        with self._lock:
+            self._labels[namespace] = (now, labels)
+        return labels
+
+
+def _parse(model: type[M], obj: dict[str, Any]) -> M | None:
+    """The spec of a declared object, or None (check_access then says it is invalid)."""
+    try:
+        return model.model_validate(obj.get("spec") or {})
+    except ValidationError:
+        log.debug("%s %s has an invalid spec", model.__name__, obj["metadata"]["name"])
+        return None

@@ -1,0 +1,596 @@
+"""The Kubernetes adapter: the one module that imports the kubernetes client."""
+# mypy: disable-error-code="no-untyped-call,no-any-return"
+# (the kubernetes client is untyped; this adapter is the one place that touches it)
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import cached_property
+from typing import Any
+
+import urllib3
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+
+from orchestrator import api
+from orchestrator.pipeline.lease import LeaseRecord
+
+__all__ = ["Conflict", "Gone", "KubeClient", "KubeError", "LeaseRecord", "NotFound", "WatchEvent"]
+
+log = logging.getLogger(__name__)
+#: Deadline of one API request (watches have their own server-side timeout).
+REQUEST_TIMEOUT_SECONDS = 30.0
+
+
+class KubeError(Exception):
+    """An API server error, with its HTTP status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class NotFound(KubeError):
+    """404."""
+
+
+class Conflict(KubeError):
+    """409: stale resourceVersion or already exists."""
+
+
+class Gone(KubeError):
+    """410: the watch's resourceVersion expired; list again."""
+
+
+def _wrap(exc: ApiException) -> KubeError:
+    return _error(int(exc.status or 0), exc.body, exc.reason)
+
+
+def _error(status: int, body: Any, reason: Any) -> KubeError:
+    try:
+        message = json.loads(body or "{}").get("message", reason)
+    except (ValueError, AttributeError):
+        message = str(reason)
+    cls = {404: NotFound, 409: Conflict, 410: Gone}.get(status, KubeError)
+    text = str(message)
+    return cls(status, text if len(text) <= 400 else text[:400] + "…")
+
+
+def _path(plural: str, namespace: str, name: str = "") -> str:
+    """The REST path of our objects of plural in namespace (one object when name is given)."""
+    base = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{plural}"
+    return f"{base}/{name}" if name else base
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One watch event on ClusterVersions."""
+
+    type: str
+    obj: dict[str, Any]
+
+
+class KubeClient:
+    """Typed access to the few API calls the orchestrator makes."""
+
+    def __init__(self, kubeconfig: str | None = None) -> None:
+        if kubeconfig:
+            cfg = client.Configuration()
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        else:
+            try:
+                cfg = client.Configuration()
+                config.load_incluster_config(client_configuration=cfg)
+            except config.ConfigException:
+                cfg = client.Configuration()
+                config.load_kube_config(client_configuration=cfg)
+        cfg.connection_pool_maxsize = 64  # parallel writes of one reconcile (32) + watches
+        self._api = client.ApiClient(cfg)
+        self._host = cfg.host.rstrip("/")
+        self._custom = client.CustomObjectsApi(self._api)
+        self._lock = threading.Lock()
+
+    # The other API groups are built on first use: importing CoreV1Api alone costs about 1 s of
+    # CPU (half of the process's start), and a gate loop or a run without Secrets, Jobs, leader
+    # election or CRD installs never needs them. Under load that is tens of seconds of start.
+
+    @cached_property
+    def _core(self) -> Any:
+        return client.CoreV1Api(self._api)
+
+    @cached_property
+    def _coord(self) -> Any:
+        return client.CoordinationV1Api(self._api)
+
+    @cached_property
+    def _ext(self) -> Any:
+        return client.ApiextensionsV1Api(self._api)
+
+    @cached_property
+    def _batch(self) -> Any:
+        return client.BatchV1Api(self._api)
+
+    def close(self) -> None:
+        """Release connections."""
+        self._api.close()
+
+    # ClusterVersions
+
+    def get_cluster_version(self, namespace: str, name: str) -> dict[str, Any]:
+        """GET one ClusterVersion as plain JSON."""
+        return self._call(
+            self._custom.get_namespaced_custom_object,
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            api.PLURAL,
+            name,
+        )
+
+    def list_cluster_versions(self, namespace: str | None) -> tuple[list[dict[str, Any]], str]:
+        """LIST ClusterVersions (one namespace or all); returns items and the resourceVersion."""
+        if namespace:
+            result = self._call(
+                self._custom.list_namespaced_custom_object,
+                api.GROUP,
+                api.VERSION,
+                namespace,
+                api.PLURAL,
+            )
+        else:
+            result = self._call(
+                self._custom.list_cluster_custom_object, api.GROUP, api.VERSION, api.PLURAL
+            )
+        return list(result.get("items", [])), str(result["metadata"].get("resourceVersion", ""))
+
+    def watch_cluster_versions(
+        self, namespace: str | None, resource_version: str, timeout_seconds: int = 300
+    ) -> Iterator[WatchEvent]:
+        """Watch ClusterVersions from a resourceVersion; raises Gone when it expired."""
+        w = watch.Watch()
+        kwargs: dict[str, Any] = {
+            "resource_version": resource_version,
+            "timeout_seconds": timeout_seconds,
+            "allow_watch_bookmarks": True,
+        }
+        if namespace:
+            fn: Callable[..., Any] = self._custom.list_namespaced_custom_object
+            args: tuple[Any, ...] = (api.GROUP, api.VERSION, namespace, api.PLURAL)
+        else:
+            fn = self._custom.list_cluster_custom_object
+            args = (api.GROUP, api.VERSION, api.PLURAL)
+        try:
+            for event in w.stream(fn, *args, **kwargs):
+                obj = event["object"]
+                if event["type"] == "ERROR":
+                    code = int(obj.get("code", 500)) if isinstance(obj, dict) else 500
+                    raise (Gone if code == 410 else KubeError)(code, str(obj))
+                yield WatchEvent(event["type"], obj)
+        except ApiException as exc:
+            raise _wrap(exc) from exc
+        finally:
+            w.stop()
+
+    def replace_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """Set .status whole (JSON patch add), leaving spec and metadata alone."""
+        body = [{"op": "add", "path": "/status", "value": status}]
+        return self._call(
+            self._custom.patch_namespaced_custom_object_status,
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            api.PLURAL,
+            name,
+            body,
+            _content_type="application/json-patch+json",
+        )
+
+    def set_annotation(self, namespace: str, name: str, key: str, value: str | None) -> None:
+        """Set one annotation, or delete it with None (merge patch)."""
+        body = {"metadata": {"annotations": {key: value}}}
+        self._call(
+            self._custom.patch_namespaced_custom_object,
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            api.PLURAL,
+            name,
+            body,
+        )
+
+    # Any kind of ours (UpdateRuns, ClusterUpgrades, ClusterVersions), as plain JSON
+
+    def get_object(self, plural: str, namespace: str, name: str) -> dict[str, Any]:
+        """GET one object of ours."""
+        return self._raw("GET", _path(plural, namespace, name), None, "application/json")
+
+    def list_objects(
+        self, plural: str, namespace: str | None = None, label_selector: str = ""
+    ) -> tuple[list[dict[str, Any]], str]:
+        """LIST objects of ours (one namespace or all); items and the list's resourceVersion.
+
+        Cluster-scoped kinds (FleetProviders, MetricSources) are listed with namespace None.
+        """
+        kwargs: dict[str, Any] = {"label_selector": label_selector} if label_selector else {}
+        if namespace:
+            result = self._json(
+                self._custom.list_namespaced_custom_object,
+                api.GROUP,
+                api.VERSION,
+                namespace,
+                plural,
+                **kwargs,
+            )
+        else:
+            result = self._json(
+                self._custom.list_cluster_custom_object, api.GROUP, api.VERSION, plural, **kwargs
+            )
+        return list(result.get("items", [])), str(result["metadata"].get("resourceVersion", ""))
+
+    def watch_objects(
+        self, plural: str, namespace: str | None, resource_version: str, timeout_seconds: int = 300
+    ) -> Iterator[WatchEvent]:
+        """Watch objects of ours from a resourceVersion; raises Gone when it expired."""
+        w = watch.Watch()
+        kwargs: dict[str, Any] = {
+            "resource_version": resource_version,
+            "timeout_seconds": timeout_seconds,
+            "allow_watch_bookmarks": True,
+        }
+        if namespace:
+            fn: Callable[..., Any] = self._custom.list_namespaced_custom_object
+            args: tuple[Any, ...] = (api.GROUP, api.VERSION, namespace, plural)
+        else:
+            fn = self._custom.list_cluster_custom_object
+            args = (api.GROUP, api.VERSION, plural)
+        try:
+            for event in w.stream(fn, *args, **kwargs):
+                obj = event["object"]
+                if event["type"] == "ERROR":
+                    code = int(obj.get("code", 500)) if isinstance(obj, dict) else 500
+                    raise (Gone if code == 410 else KubeError)(code, str(obj))
+                yield WatchEvent(event["type"], obj)
+        except ApiException as exc:
+            raise _wrap(exc) from exc
+        finally:
+            w.stop()
+
+    def create_object(self, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST an object of ours; Conflict when it exists."""
+        return self._raw("POST", _path(plural, namespace), body, "application/json")
+
+    def write_status(
+        self, plural: str, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> dict[str, Any]:
+        """Set .status whole, only if the object is still at resource_version (else Conflict).
+
+        The hot path of a rollout (one write per cluster step): sent as bytes over the client's
+        connection pool, without the generated client's per-call validation and models.
+        """
+        body = [
+            {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
+            {"op": "add", "path": "/status", "value": status},
+        ]
+        path = _path(plural, namespace, name) + "/status"
+        return self._raw("PATCH", path, body, "application/json-patch+json")
+
+    def merge_patch(
+        self, plural: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch spec or metadata of an object of ours."""
+        return self._raw(
+            "PATCH", _path(plural, namespace, name), patch, "application/merge-patch+json"
+        )
+
+    def add_finalizer(
+        self, plural: str, obj: dict[str, Any], finalizer: str = api.FINALIZER
+    ) -> dict[str, Any]:
+        """Add finalizer to an object of ours (idempotent); the object as written."""
+        return self._set_finalizers(plural, obj, finalizer, add=True)
+
+    def remove_finalizer(
+        self, plural: str, obj: dict[str, Any], finalizer: str = api.FINALIZER
+    ) -> dict[str, Any] | None:
+        """Remove finalizer from an object of ours (idempotent); the object as written, or
+        None when it is gone (it was the last finalizer of an object being deleted)."""
+        try:
+            return self._set_finalizers(plural, obj, finalizer, add=False)
+        except NotFound:
+            return None
+
+    def _set_finalizers(
+        self, plural: str, obj: dict[str, Any], finalizer: str, *, add: bool
+    ) -> dict[str, Any]:
+        """Write metadata.finalizers with or without finalizer, conditional on the object's
+        resourceVersion (the garbage collector edits the same list: foregroundDeletion,
+        orphan); on a conflict, read it again and retry."""
+        meta = obj["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        for _ in range(5):
+            meta = obj["metadata"]
+            now = list(meta.get("finalizers") or [])
+            if (finalizer in now) == add:
+                return obj
+            wanted = [*now, finalizer] if add else [f for f in now if f != finalizer]
+            body = [
+                {
+                    "op": "replace",
+                    "path": "/metadata/resourceVersion",
+                    "value": meta["resourceVersion"],
+                },
+                {"op": "add", "path": "/metadata/finalizers", "value": wanted},
+            ]
+            try:
+                return self._raw(
+                    "PATCH", _path(plural, namespace, name), body, "application/json-patch+json"
+                )
+            except Conflict:
+                obj = self.get_object(plural, namespace, name)
+        raise Conflict(409, f"{plural}/{name} kept changing while its finalizers were written")
+
+    def delete_object(self, plural: str, namespace: str, name: str) -> None:
+        """DELETE an object of ours (its children go with it: ownerReferences)."""
+        self._call(
+            self._custom.delete_namespaced_custom_object,
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            plural,
+            name,
+            body=client.V1DeleteOptions(propagation_policy="Background"),
+        )
+
+    def _raw(self, method: str, path: str, body: Any, content_type: str) -> Any:
+        """One JSON request over the client's pool and credentials; the parsed answer."""
+        headers = dict(self._api.default_headers)
+        headers["Content-Type"] = content_type
+        headers["Accept"] = "application/json"
+        # Bearer tokens (refreshed by the configuration's hook); client certificates are in
+        # the pool's TLS settings.
+        self._api.update_params_for_auth(headers, [], ["BearerToken"], path, method, None)
+        try:
+            response = self._api.rest_client.pool_manager.request(
+                method,
+                self._host + path,
+                body=None if body is None else json.dumps(body, separators=(",", ":")).encode(),
+                headers=headers,
+                timeout=urllib3.Timeout(total=REQUEST_TIMEOUT_SECONDS),
+                preload_content=True,
+            )
+        except urllib3.exceptions.HTTPError as err:
+            raise KubeError(0, f"{method} {path}: {err}") from err
+        if not 200 <= response.status < 300:
+            raise _error(response.status, response.data, response.reason)
+        return json.loads(response.data)
+
+    def _json(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call without the client's slow model deserialisation; parse the JSON body."""
+        response = self._call(fn, *args, _preload_content=False, **kwargs)
+        return json.loads(response.data)
+
+    # batch/v1 Jobs (pre/post-upgrade hooks, orchestrator.hooks)
+
+    def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST a Job; Conflict when one of that name exists."""
+        return self._json(self._batch.create_namespaced_job, namespace, body)
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+        """GET a Job as plain JSON; NotFound when there is none."""
+        return self._json(self._batch.read_namespaced_job, name, namespace)
+
+    # Secrets, events
+
+    def read_secret(self, namespace: str, name: str) -> dict[str, bytes]:
+        """The decoded data of a Secret."""
+        import base64  # noqa: PLC0415  (only this method needs it)
+
+        secret = self._call(self._core.read_namespaced_secret, name, namespace)
+        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+
+    def namespace_labels(self, name: str) -> dict[str, str]:
+        """The labels of a Namespace (for FleetProvider allowedNamespaces.selector)."""
+        namespace = self._call(self._core.read_namespace, name)
+        return dict(namespace.metadata.labels or {})
+
+    # The admission webhook's self-managed certificate (one Secret) and CA bundle
+
+    def read_secret_versioned(
+        self, namespace: str, name: str
+    ) -> tuple[dict[str, bytes], str] | None:
+        """The decoded data of a Secret and its resourceVersion; None when it does not exist."""
+        import base64  # noqa: PLC0415  (only the Secret methods need it)
+
+        try:
+            secret = self._json(self._core.read_namespaced_secret, name, namespace)
+        except NotFound:
+            return None
+        data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+        return data, str(secret["metadata"]["resourceVersion"])
+
+    def write_secret(
+        self,
+        namespace: str,
+        name: str,
+        data: dict[str, bytes],
+        resource_version: str | None,
+        labels: dict[str, str] | None = None,
+    ) -> bool:
+        """Create a kubernetes.io/tls Secret (resource_version None) or replace it if still at
+        resource_version; False when it already exists or changed meanwhile (409)."""
+        import base64  # noqa: PLC0415
+
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+            "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+        }
+        try:
+            if resource_version is None:
+                self._call(self._core.create_namespaced_secret, namespace, body)
+            else:
+                body["metadata"]["resourceVersion"] = resource_version  # type: ignore[index]
+                self._call(self._core.replace_namespaced_secret, name, namespace, body)
+        except Conflict:
+            return False
+        return True
+
+    def set_webhook_ca_bundle(self, name: str, ca_bundle: bytes) -> bool:
+        """Put ca_bundle in every webhook of one ValidatingWebhookConfiguration (conditional on
+        its resourceVersion, retried on 409); True when it changed something."""
+        import base64  # noqa: PLC0415
+
+        admission = client.AdmissionregistrationV1Api(self._api)
+        encoded = base64.b64encode(ca_bundle).decode()
+        for _ in range(3):
+            config = self._json(admission.read_validating_webhook_configuration, name)
+            ops: list[dict[str, Any]] = [
+                {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": encoded}
+                for i, hook in enumerate(config.get("webhooks") or [])
+                if (hook.get("clientConfig") or {}).get("caBundle") != encoded
+            ]
+            if not ops:
+                return False
+            version = config["metadata"]["resourceVersion"]
+            ops.insert(0, {"op": "replace", "path": "/metadata/resourceVersion", "value": version})
+            try:
+                self._call(
+                    admission.patch_validating_webhook_configuration,
+                    name,
+                    ops,
+                    _content_type="application/json-patch+json",
+                )
+            except Conflict:
+                continue
+            return True
+        raise Conflict(409, f"ValidatingWebhookConfiguration {name} kept changing")
+
+    def create_event(
+        self,
+        obj: dict[str, Any],
+        reason: str,
+        message: str,
+        warning: bool,
+        component: str,
+        name: str | None = None,
+    ) -> None:
+        """Record a core/v1 Event about an object of ours (ClusterVersion, UpdateRun...).
+
+        name: a deterministic name makes the create idempotent (Conflict when it exists)."""
+        meta = obj["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": (
+                {"name": name, "namespace": meta["namespace"]}
+                if name
+                else {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]}
+            ),
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", api.API_VERSION),
+                "kind": obj.get("kind", api.KIND),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": reason[:128],
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "source": {"component": component},
+        }
+        self._raw(
+            "POST", f"/api/v1/namespaces/{meta['namespace']}/events", body, "application/json"
+        )
+
+    # Leases
+
+    def get_lease(
+        self, namespace: str, name: str, timeout: float = REQUEST_TIMEOUT_SECONDS
+    ) -> LeaseRecord | None:
+        """Read a Lease, or None when absent."""
+        try:
+            lease = self._call(
+                self._coord.read_namespaced_lease, name, namespace, _request_timeout=timeout
+            )
+        except NotFound:
+            return None
+        spec = lease.spec
+        return LeaseRecord(
+            holder=spec.holder_identity,
+            renew_time=spec.renew_time,
+            duration_seconds=int(spec.lease_duration_seconds or 15),
+            transitions=int(spec.lease_transitions or 0),
+            resource_version=lease.metadata.resource_version,
+        )
+
+    def write_lease(
+        self,
+        namespace: str,
+        name: str,
+        holder: str,
+        duration: int,
+        transitions: int,
+        acquire_time: datetime,
+        renew_time: datetime,
+        resource_version: str | None,
+        timeout: float = REQUEST_TIMEOUT_SECONDS,
+    ) -> None:
+        """Create the Lease (resource_version None) or replace it; Conflict when stale."""
+        body = client.V1Lease(
+            metadata=client.V1ObjectMeta(
+                name=name, namespace=namespace, resource_version=resource_version
+            ),
+            spec=client.V1LeaseSpec(
+                holder_identity=holder,
+                lease_duration_seconds=duration,
+                lease_transitions=transitions,
+                acquire_time=acquire_time,
+                renew_time=renew_time,
+            ),
+        )
+        if resource_version is None:
+            self._call(
+                self._coord.create_namespaced_lease, namespace, body, _request_timeout=timeout
+            )
+        else:
+            self._call(
+                self._coord.replace_namespaced_lease,
+                name,
+                namespace,
+                body,
+                _request_timeout=timeout,
+            )
+
+    # CRDs (used by the demo and tests to install ours)
+
+    def apply_crd(self, crd: dict[str, Any]) -> None:
+        """Create or replace a CustomResourceDefinition."""
+        name = crd["metadata"]["name"]
+        try:
+            current = self._call(self._ext.read_custom_resource_definition, name)
+        except NotFound:
+            self._call(self._ext.create_custom_resource_definition, crd)
+            return
+        body = {
+            **crd,
+            "metadata": {**crd["metadata"], "resourceVersion": current.metadata.resource_version},
+        }
+        self._call(self._ext.replace_custom_resource_definition, name, body)
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT_SECONDS)  # never hang a reconcile
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as exc:
+            raise _wrap(exc) from exc

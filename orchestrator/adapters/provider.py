@@ -1,0 +1,455 @@
+"""The plugin side of the core: one client per endpoint, operation tracking, and the
+adapter that gives the run driver its `Provider` (inventory, preflight, mutations)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import grpc
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
+
+from fleetupgrade.plugin.v1 import cluster_pb2, identity_pb2
+from orchestrator.adapters.metrics import Metrics
+from orchestrator.engine.decide import Call, Preflight, Verdict
+from orchestrator.engine.observations import (
+    ClusterObs,
+    OpKind,
+    OpObs,
+    OpState,
+    PoolObs,
+    Snapshot,
+    WindowObs,
+)
+from orchestrator.pipeline.crossrun import provider_identity
+from orchestrator.pipeline.driver import CallError
+from plugins.sdk.client import ClientTLS, PluginCallError, PluginClient
+from plugins.sdk.endpoint_errors import plugin_error_message
+
+__all__ = [
+    "GrpcProvider",
+    "OperationTracker",
+    "PluginPool",
+    "call_error",
+    "cluster_from_pb",
+    "op_from_pb",
+    "windows_from_pb",
+]
+
+log = logging.getLogger(__name__)
+#: An operation the watch showed running, gone from the inventory, unheard of for this long,
+#: is asked about once with GetOperation.
+STALE_SECONDS = 5.0
+#: ListClusters page size (the contract's maximum): 5,000 clusters are one round trip, not ten.
+INVENTORY_PAGE = 5000
+
+_KIND = {
+    cluster_pb2.OPERATION_KIND_SERVICE_OUT: OpKind.SERVICE_OUT,
+    cluster_pb2.OPERATION_KIND_SERVICE_IN: OpKind.SERVICE_IN,
+    cluster_pb2.OPERATION_KIND_UPGRADE_CONTROL_PLANE: OpKind.CONTROL_PLANE,
+    cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL: OpKind.NODE_POOL,
+}
+_STATE = {
+    cluster_pb2.OPERATION_STATE_PENDING: OpState.PENDING,
+    cluster_pb2.OPERATION_STATE_RUNNING: OpState.RUNNING,
+    cluster_pb2.OPERATION_STATE_SUCCEEDED: OpState.SUCCEEDED,
+    cluster_pb2.OPERATION_STATE_FAILED: OpState.FAILED,
+}
+#: Errors after which a step will not succeed by asking again: the cluster is marked Failed.
+_FATAL_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+    }
+)
+#: Reads retried in place (beyond the channel's own UNAVAILABLE retries) before Degraded.
+_READ_RETRY = Retrying(
+    retry=retry_if_exception(lambda e: isinstance(e, PluginCallError) and e.retryable),
+    wait=wait_exponential(multiplier=0.05, max=1.0) + wait_random(0, 0.05),
+    stop=stop_after_attempt(3),
+    reraise=True,
+)
+
+
+def op_from_pb(op: cluster_pb2.Operation) -> OpObs:
+    """The planner's view of a contract Operation."""
+    return OpObs(
+        id=op.id,
+        kind=_KIND[op.kind],
+        cluster_id=op.cluster_id,
+        state=_STATE.get(op.state, OpState.PENDING),
+        request_id=op.request_id,
+        node_pool=op.node_pool,
+        target_version=op.target_version,
+        error_code=op.error_code,
+        error_message=op.error_message,
+    )
+
+
+_WINDOW_KINDS = {
+    cluster_pb2.MAINTENANCE_WINDOW_KIND_WINDOW: "window",
+    cluster_pb2.MAINTENANCE_WINDOW_KIND_EXCLUSION: "exclusion",
+}
+
+
+def windows_from_pb(
+    windows: Sequence[cluster_pb2.MaintenanceWindow],
+) -> tuple[WindowObs, ...]:
+    """The provider's maintenance windows and exclusions; entries without a kind or without
+    both times (REQUIRED in the contract) are dropped, as nothing could be honoured of them."""
+    out = []
+    for w in windows:
+        kind = _WINDOW_KINDS.get(w.kind)
+        if kind is None or not (w.HasField("start_time") and w.HasField("end_time")):
+            continue
+        out.append(
+            WindowObs(
+                kind=kind,
+                name=w.name,
+                start=w.start_time.ToDatetime(tzinfo=UTC),
+                end=w.end_time.ToDatetime(tzinfo=UTC),
+                recurrence=w.recurrence,
+                scope=w.scope,
+            )
+        )
+    return tuple(out)
+
+
+def cluster_from_pb(c: cluster_pb2.Cluster) -> ClusterObs:
+    """The planner's view of a contract Cluster."""
+    return ClusterObs(
+        id=c.id,
+        control_plane_version=c.control_plane_version,
+        node_pools=tuple(
+            PoolObs(
+                p.name,
+                p.version,
+                p.status != cluster_pb2.NODE_POOL_STATUS_ERROR,
+                max(0, p.upgrade_soak_seconds),
+            )
+            for p in c.node_pools
+        ),
+        labels=dict(c.labels),
+        available=c.available,
+        unavailable_reason=c.unavailable_reason,
+        in_service=c.in_service,
+        current_operation=op_from_pb(c.current_operation)
+        if c.HasField("current_operation")
+        else None,
+        maintenance_windows=windows_from_pb(c.maintenance_windows),
+    )
+
+
+class PluginPool:
+    """One long-lived client per plugin endpoint and TLS material."""
+
+    def __init__(self, metrics: Metrics, caller: str) -> None:
+        self._metrics = metrics
+        self._caller = caller
+        self._clients: dict[tuple[str, ClientTLS | None], PluginClient] = {}
+        #: Endpoint as spelled → the identity its plugin reported (orchestrator.pipeline.crossrun).
+        self._identities: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def get(self, endpoint: str, tls: ClientTLS | None) -> PluginClient:
+        """The client for endpoint, created on first use."""
+        key = (endpoint, tls)
+        with self._lock:
+            client = self._clients.get(key)
+            if client is None:
+                name = endpoint
+
+                def record(rpc: str, code: grpc.StatusCode, seconds: float) -> None:
+                    self._metrics.on_plugin_call(name, rpc, code.name, seconds)
+
+                client = PluginClient(
+                    endpoint, tls=tls, caller=self._caller, plugin_name=name, on_call=record
+                )
+                self._clients[key] = client
+            return client
+
+    def identity(self, endpoint: str, client: PluginClient) -> str:
+        """What the plugin behind endpoint is (crossrun.provider_identity of its GetPluginInfo),
+        asked once per endpoint; raises CallError when the plugin cannot be asked."""
+        with self._lock:
+            known = self._identities.get(endpoint)
+        if known is not None:
+            return known
+        try:
+            info = client.info()
+        except PluginCallError as err:
+            raise call_error(err) from None
+        found = provider_identity(info.name, info.fleet_id, endpoint)
+        with self._lock:
+            self._identities[endpoint] = found
+        return found
+
+    def identities(self) -> dict[str, str]:
+        """A copy of endpoint → identity for every endpoint asked so far."""
+        with self._lock:
+            return dict(self._identities)
+
+    def close(self) -> None:
+        """Close every channel."""
+        with self._lock:
+            for client in self._clients.values():
+                client.close()
+            self._clients.clear()
+
+
+@dataclass
+class _Stream:
+    thread: threading.Thread
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+class OperationTracker:
+    """Follows every operation of each plugin through WatchOperations (no polling)."""
+
+    #: Terminal operations kept for lookups; the oldest half is dropped past this many.
+    MAX_OPERATIONS = 200_000
+
+    def __init__(self, on_terminal: Callable[[str, OpObs], None]) -> None:
+        self._ops: dict[str, OpObs] = {}
+        self._by_request: dict[str, OpObs] = {}
+        self._seen: dict[str, float] = {}  # op id → monotonic time of its last update
+        self._streams: dict[int, _Stream] = {}
+        self._on_terminal = on_terminal
+        self._lock = threading.Lock()
+
+    def get(self, op_id: str) -> OpObs | None:
+        """The latest state seen of an operation, by operation id."""
+        with self._lock:
+            return self._ops.get(op_id)
+
+    def in_flight(self) -> list[OpObs]:
+        """Operations last seen PENDING or RUNNING."""
+        with self._lock:
+            return [op for op in self._ops.values() if not op.state.terminal]
+
+    def by_request(self) -> dict[str, OpObs]:
+        """A copy of the latest operation states, keyed by request id."""
+        with self._lock:
+            return dict(self._by_request)
+
+    def put(self, op: OpObs) -> bool:
+        """Record a state; True when it is the first terminal state seen for the op."""
+        with self._lock:
+            old = self._ops.get(op.id)
+            if old is not None and old.state.terminal:
+                return False
+            self._ops[op.id] = op
+            self._seen[op.id] = time.monotonic()
+            if op.request_id:
+                self._by_request[op.request_id] = op
+            if len(self._ops) > self.MAX_OPERATIONS:
+                for key in list(self._ops)[: self.MAX_OPERATIONS // 2]:
+                    dropped = self._ops.pop(key)
+                    self._seen.pop(key, None)
+                    self._by_request.pop(dropped.request_id, None)
+            return op.state.terminal
+
+    def age(self, op_id: str) -> float:
+        """Seconds since the operation's last update (infinite when unknown)."""
+        with self._lock:
+            seen = self._seen.get(op_id)
+        return float("inf") if seen is None else time.monotonic() - seen
+
+    def forget(self, op_id: str) -> None:
+        """Drop an operation the plugin no longer knows."""
+        with self._lock:
+            op = self._ops.pop(op_id, None)
+            self._seen.pop(op_id, None)
+            if op is not None and self._by_request.get(op.request_id) is op:
+                del self._by_request[op.request_id]
+
+    def follow(self, client: PluginClient) -> None:
+        """Start the watch stream of a client, once."""
+        with self._lock:
+            if id(client) in self._streams:
+                return
+            stream = _Stream(
+                threading.Thread(
+                    target=self._run,
+                    args=(client,),
+                    name=f"watch-ops-{client.endpoint}",
+                    daemon=True,
+                )
+            )
+            self._streams[id(client)] = stream
+        stream.thread.start()
+
+    def stop(self) -> None:
+        """Stop following."""
+        with self._lock:
+            streams = list(self._streams.values())
+        for stream in streams:
+            stream.stop.set()
+
+    def _run(self, client: PluginClient) -> None:
+        stream = self._streams[id(client)]
+        delay = 0.2
+        while not stream.stop.is_set():
+            watch = client.watch_operations(include_in_flight=True)
+            try:
+                for pb in watch:
+                    delay = 0.2
+                    op = op_from_pb(pb)
+                    if self.put(op):
+                        self._on_terminal(client.endpoint, op)
+                    if stream.stop.is_set():
+                        break
+            except PluginCallError as err:
+                log.info("operation watch on %s ended: %s; reconnecting", client.endpoint, err)
+            finally:
+                watch.cancel()
+            stream.stop.wait(delay)
+            delay = min(delay * 2, 10.0)
+
+
+_VERDICT = {
+    cluster_pb2.PREFLIGHT_VERDICT_ACCEPTED: Verdict.ACCEPTED,
+    cluster_pb2.PREFLIGHT_VERDICT_REFUSED_LATER: Verdict.REFUSED_LATER,
+    cluster_pb2.PREFLIGHT_VERDICT_REFUSED_NEVER: Verdict.REFUSED_NEVER,
+}
+
+
+def call_error(err: PluginCallError) -> CallError:
+    """The driver's view of a failed plugin call (code name, retryability, words, delay).
+
+    The words reach status and Events: the plugin's own (with their contract reason), or for
+    a transport failure endpoint_errors' fixed ones (the raw text goes to the log)."""
+    message = plugin_error_message(err)
+    retry_after = err.retry_after or 0.0
+    return CallError(err.code.name, message, err.retryable, retry_after)
+
+
+def _mutate(client: PluginClient, call: Call) -> cluster_pb2.Operation:
+    if call.kind is OpKind.SERVICE_OUT:
+        return client.service_out(call.request_id, call.cluster_id)
+    if call.kind is OpKind.SERVICE_IN:
+        return client.service_in(call.request_id, call.cluster_id)
+    if call.kind is OpKind.CONTROL_PLANE:
+        return client.upgrade_control_plane(call.request_id, call.cluster_id, call.version)
+    return client.upgrade_node_pool(call.request_id, call.cluster_id, call.node_pool, call.version)
+
+
+@dataclass
+class GrpcProvider:
+    """The driver's `Provider` over one plugin client and the operation tracker."""
+
+    client: PluginClient
+    tracker: OperationTracker
+    clock: Callable[[], datetime]
+    on_operation: Callable[[OpObs], None] = field(default=lambda op: None)
+    #: Clusters converted before, by id with the wire bytes they came from (kept by the caller
+    #: across passes: a cluster whose answer did not change is not converted again).
+    converted: dict[str, tuple[bytes, ClusterObs]] = field(default_factory=dict)
+    _inventory: dict[str, ClusterObs] | None = None
+    _forgotten: frozenset[str] = frozenset()
+
+    @property
+    def supports_preflight(self) -> bool:
+        """PreflightUpgrade is declared by the plugin."""
+        return identity_pb2.PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE in self.client.capabilities()
+
+    def inventory(self) -> dict[str, ClusterObs]:
+        """The whole inventory (read once per reconcile; re-read when the pass asks again)."""
+        if self._inventory is None:
+            try:
+                pbs = _READ_RETRY.copy()(self.client.list_clusters, page_size=INVENTORY_PAGE)
+            except PluginCallError as err:
+                raise call_error(err) from err
+            inventory: dict[str, ClusterObs] = {}
+            converted = self.converted
+            for c in pbs:
+                wire = c.SerializeToString(deterministic=True)
+                known = converted.get(c.id)
+                if known is None or known[0] != wire:
+                    known = (wire, cluster_from_pb(c))
+                    converted[c.id] = known
+                inventory[c.id] = known[1]
+            for gone in converted.keys() - inventory.keys():
+                del converted[gone]
+            self._inventory = inventory
+        return self._inventory
+
+    def snapshot(self, cluster_ids: Sequence[str]) -> Snapshot:
+        """Inventory, the latest operation states by request id, and what the plugin forgot."""
+        return Snapshot(self.inventory(), self.tracker.by_request(), self._forgotten)
+
+    def learn(self, steps: Sequence[tuple[str, str, str]]) -> None:
+        """Catch up on the operations of steps in flight: (request id, operation id, cluster).
+
+        Asks GetOperation once for an operation recorded on an upgrade but unseen by the watch
+        (a restart), and for one the watch last showed running while the inventory no longer
+        does, after STALE_SECONDS without news (a watch that missed its end). NOT_FOUND means
+        the plugin forgot it: the engine fails the step (it may have run; never asked again).
+        """
+        forgotten: set[str] = set()
+        inventory = self.inventory()
+        by_request = self.tracker.by_request()
+        for request_id, recorded_id, cluster_id in steps:
+            known = by_request.get(request_id)
+            if known is not None:
+                if known.state.terminal:
+                    continue
+                cluster = inventory.get(cluster_id)
+                current = cluster.current_operation if cluster is not None else None
+                if current is not None and current.id == known.id:
+                    continue
+                if self.tracker.age(known.id) < STALE_SECONDS:
+                    continue
+                op_id = known.id
+            elif not recorded_id or self.tracker.get(recorded_id) is not None:
+                continue
+            else:
+                op_id = recorded_id
+            try:
+                op = op_from_pb(self.client.get_operation(op_id))
+            except PluginCallError as err:
+                if err.code == grpc.StatusCode.NOT_FOUND:
+                    forgotten.add(request_id)
+                    self.tracker.forget(op_id)
+                    continue
+                raise call_error(err) from err
+            if self.tracker.put(op):
+                self.on_operation(op)
+        self._forgotten = frozenset(forgotten)
+
+    def preflight(self, cluster_id: str, version: str, pools: Mapping[str, str]) -> Preflight:
+        """PreflightUpgrade, as the engine's answer."""
+        try:
+            resp = self.client.preflight_upgrade(cluster_id, version, pools)
+        except PluginCallError as err:
+            raise call_error(err) from err
+        return Preflight(
+            _VERDICT.get(resp.verdict, Verdict.REFUSED_LATER),
+            self.clock(),
+            resp.reason_code,
+            resp.message,
+            float(resp.retry_after_seconds),
+        )
+
+    def call(self, call: Call) -> OpObs:
+        """One mutating call; the operation is tracked at once."""
+        try:
+            op = op_from_pb(_mutate(self.client, call))
+        except PluginCallError as err:
+            raise call_error(err) from err
+        if self.tracker.put(op):
+            self.on_operation(op)
+        return op

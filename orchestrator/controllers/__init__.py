@@ -1,0 +1,1 @@
+"""The reconcilers: the manager, one controller per kind, approval gates."""

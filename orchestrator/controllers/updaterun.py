@@ -1,0 +1,914 @@
+"""The UpdateRun controller: initialize (pin ClusterUpgrades) → execute (the run driver) → status.
+
+Shape of KubeFleet's updaterun controller and Cluster API's MachineSet: the run creates its
+children once, then counts them; each reconcile re-reads the run and its ClusterUpgrades (from
+the cache our own writes keep current), runs one driver step and writes the run's status once,
+conditional on its resourceVersion.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from orchestrator import api
+from orchestrator.adapters.analysis import Analyzer, PrometheusTarget
+from orchestrator.adapters.cache import AccessCatalog, ObjectCache
+from orchestrator.adapters.kube import Conflict, KubeClient, KubeError, NotFound
+from orchestrator.adapters.metrics import Metrics
+from orchestrator.adapters.notify import Notifier
+from orchestrator.adapters.provider import GrpcProvider, OperationTracker, PluginPool
+from orchestrator.adapters.secrets import SecretError, TLSResolver
+from orchestrator.engine.access import Access
+from orchestrator.engine.conditions import format_time, get_condition, set_condition
+from orchestrator.engine.decide import ACTIVE, Floor, Preflight, Upgrade
+from orchestrator.engine.initialize import pin_upgrades, run_name
+from orchestrator.engine.observations import ClusterObs, OpObs, OpState
+from orchestrator.engine.transitions import ClusterChange, event_name, transitions
+from orchestrator.engine.validate import Problem, parse_model
+from orchestrator.pipeline import deletion
+from orchestrator.pipeline.crossrun import UNSEEN, RunNotSeen, holding_of, neighbours
+from orchestrator.pipeline.driver import CallError, Fence, HookRunner, RunDriver, WriteConflict
+
+__all__ = ["AlwaysLeader", "UpdateRunController", "upgrade_from_obj"]
+
+log = logging.getLogger(__name__)
+U = api.UpgradePhase
+#: ClusterUpgrade writes and plugin calls made at once by one reconcile (API latency, not CPU).
+WRITE_PARALLELISM = 32
+#: A pass that wrote ClusterUpgrades but made no call looks again this soon.
+AFTER_WRITES = 0.05
+FINISHED = api.FINISHED_PHASES
+
+
+class AlwaysLeader:
+    """The fence of a replica running without leader election."""
+
+    def held(self) -> bool:
+        """Always True."""
+        return True
+
+
+def upgrade_from_obj(obj: Mapping[str, Any]) -> Upgrade:
+    """The engine's view of a ClusterUpgrade object."""
+    status = obj.get("status") or {}
+    try:
+        st = api.ClusterUpgradeStatus.model_validate(status)
+    except ValidationError:
+        log.warning("status of ClusterUpgrade %s does not parse; starting over", obj["metadata"])
+        st = api.ClusterUpgradeStatus()
+    return Upgrade(
+        name=obj["metadata"]["name"],
+        spec=api.ClusterUpgradeSpec.model_validate(obj["spec"]),
+        status=st,
+    )
+
+
+@dataclass
+class _DriverMemory:
+    """What a run's driver must remember between reconciles (see RunDriver's fields)."""
+
+    unrecorded_failures: set[str] = field(default_factory=set)
+    stage_failures: dict[tuple[str, str], datetime] = field(default_factory=dict)
+
+
+@dataclass
+class _KubeStore:
+    """The driver's `UpgradeStore` over the apiserver; every write is conditional."""
+
+    kube: KubeClient
+    cache: ObjectCache
+    namespace: str
+    objects: dict[str, dict[str, Any]]
+    writes: int = 0
+    #: The writes that took effect, in order (what orchestrator.transitions reads).
+    changes: list[ClusterChange] = field(default_factory=list)
+    #: The decision's statuses by name, with the phases it took each through (engine events).
+    decided: dict[str, tuple[api.ClusterUpgradeStatus, list[tuple[U, str]]]] = field(
+        default_factory=dict
+    )
+
+    def cluster_changes(self) -> list[ClusterChange]:
+        """The writes that took effect; a decision's write with the phases it went through."""
+        out = []
+        for c in self.changes:
+            status, steps = self.decided.get(c.name, (None, []))
+            out.append(replace(c, steps=tuple(steps)) if steps and c.new == status else c)
+        return out
+
+    def write_upgrade_status(self, upgrade: Upgrade, status: api.ClusterUpgradeStatus) -> None:
+        obj = self.objects[upgrade.name]
+        try:
+            new = self.kube.write_status(
+                api.CLUSTER_UPGRADE_PLURAL,
+                self.namespace,
+                upgrade.name,
+                status.dump(),
+                obj["metadata"]["resourceVersion"],
+            )
+        except Conflict as err:
+            raise WriteConflict(str(err)) from err
+        self.writes += 1
+        self.objects[upgrade.name] = new
+        self.changes.append(
+            ClusterChange(
+                upgrade.name, upgrade.cluster_id, upgrade.spec.stage, upgrade.status, status
+            )
+        )
+        self.cache.put(new)
+
+
+@dataclass
+class _CountedChecker:
+    """The driver's `Checker`: the Analyzer, with every evaluation counted in the metrics."""
+
+    analyzer: Analyzer
+    metrics: Metrics
+    namespace: str
+    run: str
+
+    def evaluate(
+        self, checks: api.HealthChecks, clusters: Sequence[ClusterObs], stage: str
+    ) -> list[api.CheckResult]:
+        results = self.analyzer.evaluate(checks, clusters, stage)
+        for r in results:
+            outcome = "passed" if r.passed else "failed"
+            m = self.metrics
+            m.of_run(m.health_checks, self.namespace, self.run, r.name, outcome).inc()
+            if r.value is not None:
+                m.of_run(m.health_value, self.namespace, self.run, r.name).set(r.value)
+        return results
+
+
+@dataclass
+class UpdateRunController:
+    """Reconciles UpdateRuns; one at a time, so holdings read from the cache are consistent."""
+
+    kube: KubeClient
+    metrics: Metrics
+    pool: PluginPool
+    tracker: OperationTracker
+    upgrades: ObjectCache
+    tls: TLSResolver
+    #: FleetProviders, MetricSources and the policy: what this namespace's run may use.
+    catalog: AccessCatalog
+    fence: Fence = field(default_factory=AlwaysLeader)
+    #: UpdateRuns (for the floors of other runs sharing clusters), when the controller has them.
+    runs: ObjectCache | None = None
+    #: Runs pre/post-upgrade hooks (orchestrator.hooks); None: a run with hooks fails them.
+    hooks: HookRunner | None = None
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    #: Records a core/v1 Event: (object, reason, message, warning, Event name).
+    emit_event: Callable[[dict[str, Any], str, str, bool, str], None] | None = None
+    #: Also an Event for each step of a cluster inside an attempt (Transition.detail); by
+    #: default a ClusterUpgrade gets Events for its start and its end only.
+    step_events: bool = False
+    #: Delivers spec.notifications (orchestrator.notify); None: none are sent.
+    notifier: Notifier | None = None
+    #: Run key → provider identity (so an operation's end wakes the runs on that provider,
+    #: whichever address each reaches it by).
+    providers: dict[tuple[str, str], str] = field(default_factory=dict)
+    uids: set[str] = field(default_factory=set)
+    _preflight: dict[tuple[str, str], dict[str, Preflight]] = field(default_factory=dict)
+    #: Parsed ClusterUpgrades by (namespace, name): re-parsed only when resourceVersion moves,
+    #: so a reconcile costs work for what changed, not for the whole run.
+    _parsed: dict[tuple[str, str], tuple[str, Upgrade]] = field(default_factory=dict)
+    _memory: dict[tuple[str, str], _DriverMemory] = field(default_factory=dict)
+    #: Per plugin endpoint, the clusters converted from its inventory (GrpcProvider.converted).
+    _inventories: dict[str, dict[str, tuple[bytes, ClusterObs]]] = field(default_factory=dict)
+    #: Writes, calls and preflights of a pass run on these (threads live as long as we do:
+    #: starting WRITE_PARALLELISM threads per pass was a tenth of a pass at 500 clusters).
+    _workers: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(WRITE_PARALLELISM, thread_name_prefix="write")
+    )
+
+    def _parse(self, namespace: str, obj: Mapping[str, Any]) -> Upgrade:
+        key = (namespace, obj["metadata"]["name"])
+        rv = str(obj["metadata"].get("resourceVersion", ""))
+        known = self._parsed.get(key)
+        if known is not None and known[0] == rv:
+            return known[1]
+        upgrade = upgrade_from_obj(obj)
+        self._parsed[key] = (rv, upgrade)
+        return upgrade
+
+    def reconcile(self, namespace: str, name: str) -> float | None:
+        """One step of one run; returns seconds to requeue after (None: wait for a change)."""
+        try:
+            obj = self.kube.get_object(api.UPDATE_RUN_PLURAL, namespace, name)
+        except NotFound:
+            # Gone (its finalizer released, or removed by a person): nothing can act for its
+            # ClusterUpgrades any more; those being deleted (garbage collector) may go.
+            self._release(namespace, name, only_deleting=True)
+            self.metrics.forget_run(namespace, name)
+            self.providers.pop((namespace, name), None)
+            self._preflight.pop((namespace, name), None)
+            self._memory.pop((namespace, name), None)
+            prefix = f"{name}-"
+            self._parsed = {
+                k: v
+                for k, v in self._parsed.items()
+                if not (k[0] == namespace and k[1].startswith(prefix))
+            }
+            return None
+        status = _run_status(obj)
+        if deletion.deleting(obj):
+            if self._finalize(obj):
+                return None  # nothing of it out of service: let it go
+        else:
+            obj = self._hold(obj, status.phase in FINISHED)
+        meta = obj["metadata"]
+        gen = int(meta.get("generation", 1))
+        now = self.clock()
+        parsed = parse_model(api.UpdateRunSpec, obj.get("spec"))
+        if isinstance(parsed, list):
+            return self._invalid(obj, status, parsed, gen, now)
+        # Being deleted: driven as stopped (engine.decide's Stop path) until its clusters are
+        # back in service; then _finalize lets it go.
+        spec = deletion.stopping(parsed) if deletion.deleting(obj) else parsed
+        if (
+            status.phase in FINISHED
+            and spec.state == api.RunState.RUN
+            and not _people(obj)
+            and status.observed_generation == gen
+        ):
+            # Finished and nothing new: a spec edit (resume after a stop, spec.retry,
+            # spec.skip) bumps the generation and is looked at once.
+            self._export_clusters(namespace, name, self.upgrades.by_label(namespace, name))
+            return None
+        # Who may do what: before any plugin is called or URL fetched (orchestrator.access).
+        access = self.catalog.check(namespace, spec)
+        if isinstance(access, list):
+            return self._invalid(obj, status, access, gen, now)
+        target = access.provider
+        endpoint = target.endpoint
+        self.uids.add(meta["uid"])
+        try:
+            client = self.pool.get(
+                endpoint,
+                self.tls.client_tls(target.secret_namespace, target.ops_endpoint(), target.field),
+            )
+        except SecretError as err:
+            return self._degraded(obj, status, "TLSConfigError", str(err), gen, now, 30.0)
+        try:
+            identity = self.pool.identity(endpoint, client)
+        except CallError as err:
+            return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
+        self.providers[(namespace, name)] = identity
+        self.tracker.follow(client)
+        provider = GrpcProvider(
+            client,
+            self.tracker,
+            self.clock,
+            lambda op: self.count_operation(endpoint, op),
+            converted=self._inventories.setdefault(endpoint, {}),
+        )
+        initialized = get_condition(status.conditions, "Initialized")
+        if initialized is None or initialized.status != "True":
+            return self._initialize(obj, spec, status, provider, endpoint, identity, gen, now)
+        return self._execute(obj, spec, status, provider, access, identity, gen, now)
+
+    # -- initialize -------------------------------------------------------------------------
+
+    def _initialize(
+        self,
+        obj: dict[str, Any],
+        spec: api.UpdateRunSpec,
+        status: api.UpdateRunStatus,
+        provider: GrpcProvider,
+        endpoint: str,
+        identity: str,
+        gen: int,
+        now: datetime,
+    ) -> float | None:
+        meta = obj["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        if spec.state == api.RunState.STOP:
+            conds = set_condition(
+                list(status.conditions or []),
+                "Initialized",
+                False,
+                "Stopped",
+                "stopped before it started",
+                gen,
+                now,
+            )
+            return self._write_run(
+                obj,
+                status.model_copy(
+                    update={
+                        "phase": api.RunPhase.STOPPED,
+                        "message": "stopped before it started",
+                        "conditions": conds,
+                        "end_time": format_time(now),
+                        "observed_generation": gen,
+                    }
+                ),
+            )
+        source = None
+        if spec.cluster_version_ref is not None:
+            try:
+                cv = self.kube.get_object(api.PLURAL, ns, spec.cluster_version_ref.name)
+            except NotFound:
+                return self._invalid(
+                    obj,
+                    status,
+                    [
+                        Problem(
+                            "spec.clusterVersionRef.name",
+                            f"ClusterVersion {spec.cluster_version_ref.name} does not exist",
+                        )
+                    ],
+                    gen,
+                    now,
+                )
+            cv_spec = parse_model(api.ClusterVersionSpec, cv.get("spec"))
+            if (
+                isinstance(cv_spec, list)
+                or run_name(spec.cluster_version_ref.name, cv_spec) != name
+            ):
+                conds = set_condition(
+                    list(status.conditions or []),
+                    "Initialized",
+                    False,
+                    "Superseded",
+                    "the ClusterVersion changed before this run started",
+                    gen,
+                    now,
+                )
+                return self._write_run(
+                    obj,
+                    status.model_copy(
+                        update={
+                            "phase": api.RunPhase.STOPPED,
+                            "conditions": conds,
+                            "message": "superseded before it started",
+                            "end_time": format_time(now),
+                            "observed_generation": gen,
+                        }
+                    ),
+                )
+            source = cv_spec
+        try:
+            inventory = provider.inventory()
+        except CallError as err:
+            return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
+        pinned = pin_upgrades(
+            name, spec, inventory, source, provider=endpoint, provider_id=identity
+        )
+        if isinstance(pinned, list):
+            return self._invalid(obj, status, pinned, gen, now)
+        owner = {
+            "apiVersion": api.API_VERSION,
+            "kind": api.UPDATE_RUN_KIND,
+            "name": name,
+            "uid": meta["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+        def create(u: Upgrade) -> None:
+            body = {
+                "apiVersion": api.API_VERSION,
+                "kind": api.CLUSTER_UPGRADE_KIND,
+                "metadata": {
+                    "name": u.name,
+                    "namespace": ns,
+                    "labels": {api.LABEL_RUN: name},
+                    "ownerReferences": [owner],
+                    "finalizers": [api.FINALIZER],
+                },
+                "spec": u.spec.dump(),
+            }
+            with contextlib.suppress(Conflict):  # created before a crash: idempotent by name
+                self.upgrades.put(self.kube.create_object(api.CLUSTER_UPGRADE_PLURAL, ns, body))
+
+        with ThreadPoolExecutor(max_workers=8) as workers:
+            list(workers.map(create, pinned.upgrades))
+        conds = set_condition(
+            list(status.conditions or []),
+            "Initialized",
+            True,
+            "Pinned",
+            f"{len(pinned.upgrades)} ClusterUpgrades pinned",
+            gen,
+            now,
+        )
+        new = status.model_copy(
+            update={
+                "phase": api.RunPhase.PROGRESSING,
+                "message": f"{len(pinned.upgrades)} clusters pinned",
+                "cluster_set_digest": pinned.digest,
+                "counts": api.RunCounts(total=len(pinned.upgrades), pending=len(pinned.upgrades)),
+                "stages": [
+                    api.StageStatus(
+                        name=s,
+                        phase=api.StagePhase.PENDING,
+                        total=sum(1 for u in pinned.upgrades if u.spec.stage == s),
+                        upgraded=0,
+                    )
+                    for s in pinned.stage_names
+                ],
+                "start_time": format_time(now),
+                "conditions": conds,
+                "observed_generation": gen,
+            }
+        )
+        self._write_run(obj, new)
+        return 0.0
+
+    # -- execute -----------------------------------------------------------------------------
+
+    def _execute(
+        self,
+        obj: dict[str, Any],
+        spec: api.UpdateRunSpec,
+        status: api.UpdateRunStatus,
+        provider: GrpcProvider,
+        access: Access,
+        identity: str,
+        gen: int,
+        now: datetime,
+    ) -> float | None:
+        meta = obj["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        key = f"{ns}/{name}"
+        children = {o["metadata"]["name"]: o for o in self.upgrades.by_label(ns, name)}
+        total = status.counts.total if status.counts else 0
+        if len(children) < total and status.phase not in FINISHED:
+            # The cache has not caught up with our own creations yet. (A run that ended may
+            # have fewer: a ClusterUpgrade deleted alone goes when its run ends; resumed, the
+            # run counts what is left.)
+            return 1.0
+        upgrades = {n: self._parse(ns, o) for n, o in children.items()}
+        endpoint = access.provider.endpoint
+        identities = self.pool.identities()
+        moved = sorted({holding_of(o, identities).provider for o in children.values()} - {identity})
+        if moved:
+            # The run's clusters belong to the provider it was allowed to use when it started
+            # (another address of the same plugin is the same provider).
+            where = "spec.providerRef" if spec.provider_ref else "spec.opsEndpoint"
+            problem = Problem(
+                where,
+                f"this run's clusters were pinned on provider {moved[0]} but "
+                f"{access.provider.via} now points at {endpoint} (provider {identity}); point "
+                "it back, or stop this run and start a new one",
+            )
+            return self._invalid(obj, status, [problem], gen, now)
+        try:
+            held_by, floors = self._neighbours(
+                identity, f"{ns}/{name}", {u.cluster_id for u in upgrades.values()}
+            )
+        except RunNotSeen as err:
+            log.info("UpdateRun %s/%s waits for the cache: %s", ns, name, err)
+            return 1.0
+        try:
+            provider.learn(
+                [
+                    (u.status.request_id, u.status.operation_id or "", u.cluster_id)
+                    for u in upgrades.values()
+                    if u.status.phase in ACTIVE and u.status.request_id
+                ]
+            )
+        except CallError as err:
+            return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
+        store = _KubeStore(self.kube, self.upgrades, ns, dict(children))
+
+        def client_for(ep: str | None, insecure: bool | None, tls: api.TLSConfig | None) -> Any:
+            target = access.plugin(ep, insecure, tls)  # allowed by check_access above
+            return self.pool.get(
+                target.endpoint,
+                self.tls.client_tls(target.secret_namespace, target.ops_endpoint(), target.field),
+            )
+
+        def prometheus_for(mp: api.MetricProvider) -> PrometheusTarget:
+            source = access.prometheus[mp]  # allowed by check_access above
+            where, ns_ = source.via, source.secret_namespace
+            token = ca = None
+            if source.bearer_token_secret_ref is not None:
+                token = self.tls.secret_key(ns_, source.bearer_token_secret_ref, where)
+            if source.ca_secret_ref is not None:
+                ca = self.tls.secret_key(ns_, source.ca_secret_ref, where)
+            return PrometheusTarget(
+                source.address, token, ca, source.insecure_skip_verify, source.shown
+            )
+
+        analyzer = Analyzer(
+            client_for,
+            lambda ref: self.tls.secret_key(ns, ref, "spec.healthChecks"),
+            prometheus_for,
+        )
+        driver = RunDriver(
+            provider,
+            store,
+            _CountedChecker(analyzer, self.metrics, ns, name),
+            self.fence,
+            self._preflight.setdefault((ns, name), {}),
+            parallelism=WRITE_PARALLELISM,
+            executor=self._workers,
+            hooks=self.hooks,
+        )
+        # The driver's memory of failed health evaluations whose write was lost (invariant 3)
+        # lives as long as the controller, not one reconcile.
+        memory = self._memory.setdefault((ns, name), _DriverMemory())
+        driver.unrecorded_failures = memory.unrecorded_failures
+        driver.stage_failures = memory.stage_failures
+        annotations = meta.get("annotations") or {}
+        try:
+            result = driver.step(
+                key=key,
+                uid=meta["uid"],
+                spec=spec,
+                upgrades=upgrades,
+                stages=status.stages or [],
+                held_by=held_by,
+                now=now,
+                approved=_csv(annotations.get(api.ANNOTATION_APPROVE_STAGES)),
+                retry=_csv(annotations.get(api.ANNOTATION_RETRY_CLUSTERS)),
+                # A ClusterUpgrade deleted alone: its cluster is skipped (or finishes its
+                # step); the object goes when its run ends (_hold).
+                skip=_csv(annotations.get(api.ANNOTATION_SKIP_CLUSTERS))
+                | {u.cluster_id for n, u in upgrades.items() if deletion.deleting(children[n])},
+                floors=floors,
+                skip_stages=_csv(annotations.get(api.ANNOTATION_SKIP_STAGES)),
+                requested_by=annotations.get(api.ANNOTATION_REQUESTED_BY) or "",
+                reason=annotations.get(api.ANNOTATION_REASON) or "",
+            )
+        except CallError as err:
+            return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
+        except SecretError as err:
+            return self._degraded(obj, status, "SecretError", str(err), gen, now, 30.0)
+        d = result.decision
+        self.metrics.api_writes.inc(store.writes)
+        # A ClusterUpgrade's name is `upgrade`, never `name` (the run's: metrics, writes).
+        upgrade_of = {u.cluster_id: u.name for u in upgrades.values()} if d.events else {}
+        for cid, phase, message, _ in d.events:
+            upgrade = upgrade_of.get(cid)
+            if upgrade is not None and upgrade in d.changed:
+                decided = store.decided.setdefault(upgrade, (d.changed[upgrade], []))
+                decided[1].append((U(phase), message))
+        finished = d.phase in FINISHED
+        conds = list(status.conditions or [])
+        conds = set_condition(
+            conds,
+            "Progressing",
+            not finished and d.phase != api.RunPhase.HALTED,
+            d.phase.value,
+            d.message,
+            gen,
+            now,
+        )
+        conds = set_condition(
+            conds,
+            "Succeeded",
+            d.phase == api.RunPhase.SUCCEEDED,
+            d.phase.value,
+            d.message,
+            gen,
+            now,
+        )
+        conds = set_condition(conds, "Degraded", False, "AsExpected", "plugin reachable", gen, now)
+        message = d.message
+        if deletion.deleting(obj):
+            message = self._deleting_message(obj)
+            conds = set_condition(
+                conds, "Deleting", True, "BringingClustersBack", message, gen, now
+            )
+        new = status.model_copy(
+            update={
+                "phase": d.phase,
+                "message": message,
+                "current_stage": d.current_stage,
+                "counts": d.counts,
+                "stages": d.stages,
+                "failures": d.failures,
+                "next_start_time": d.next_start_time,
+                "waiting_reason": d.waiting_reason,
+                "end_time": (status.end_time or format_time(now)) if finished else None,
+                "conditions": conds,
+                "observed_generation": gen,
+            }
+        )
+        self._write_run(obj, new, store)
+        self._consume(obj, api.ANNOTATION_RETRY_CLUSTERS)
+        self._consume(obj, api.ANNOTATION_SKIP_CLUSTERS)
+        self._export_clusters(ns, name, [store.objects[u.name] for u in upgrades.values()])
+        if deletion.deleting(obj) and self._finalize(obj):
+            return None
+        if finished:
+            return None
+        if store.writes and not result.calls_made:
+            # What the echo of these writes used to do (the cache keeps it quiet now): a pass
+            # that only moved state (a cluster done, a stage complete) looks again at once.
+            wait = result.requeue_after
+            return AFTER_WRITES if wait is None else min(wait, AFTER_WRITES)
+        return result.requeue_after
+
+    def _export_clusters(
+        self, namespace: str, run: str, upgrades: Iterable[Mapping[str, Any]]
+    ) -> None:
+        """The run's `multicluster_controller_clusters` series: its ClusterUpgrades per phase,
+        every phase present (0 when none), so that the phases sum to the run's clusters."""
+        by_phase = Counter((u.get("status") or {}).get("phase", "Pending") for u in upgrades)
+        self.metrics.clusters.put(
+            namespace, run, {p.value: by_phase.get(p.value, 0) for p in api.UpgradePhase}
+        )
+
+    def _neighbours(
+        self, provider: str, run: str, own: set[str]
+    ) -> tuple[dict[str, str], list[Floor]]:
+        """Across namespaces, for this provider identity: the clusters other runs hold and the
+        floors of the other live runs that share clusters with this one (orchestrator.crossrun,
+        which the simulation calls too)."""
+        identities = self.pool.identities()
+
+        def floor_of(key: str) -> int | None:
+            rns, _, rname = key.partition("/")
+            if self.runs is None:
+                return None
+            obj = self.runs.get(rns, rname)
+            if obj is None:
+                # Its ClusterUpgrades are here but the run is not (the two watches have no
+                # order between them): ask the apiserver, which knows whether it is gone.
+                try:
+                    obj = self.kube.get_object(api.UPDATE_RUN_PLURAL, rns, rname)
+                except NotFound:
+                    return None  # gone: what is left of it waits for the garbage collector
+                except KubeError:
+                    return UNSEEN  # unknown: nothing is decided on this run; look again
+                self.runs.put(obj)
+            if not api.run_is_live((obj.get("status") or {}).get("phase")):
+                return None
+            return int((obj.get("spec") or {}).get("requiredAvailableCount", 1))
+
+        holdings = (holding_of(o, identities) for o in self.upgrades.items())
+        return neighbours(holdings, floor_of, provider, run, own)
+
+    # -- deletion (orchestrator.deletion; docs/operations.md "What deleting a rollout does") --
+
+    def _hold(self, obj: dict[str, Any], finished: bool) -> dict[str, Any]:
+        """The finalizer on the run and its ClusterUpgrades (added at creation; here for objects
+        created before finalizers, idempotent); a ClusterUpgrade deleted alone goes once its
+        run has finished. Returns the run as written."""
+        meta = obj["metadata"]
+        if not deletion.has_finalizer(obj):
+            try:
+                obj = self.kube.add_finalizer(api.UPDATE_RUN_PLURAL, obj)
+            except KubeError as err:  # deleted meanwhile: the next reconcile sees it
+                log.info("no finalizer on UpdateRun %s: %s", meta["name"], err)
+        for child in self.upgrades.by_label(meta["namespace"], meta["name"]):
+            if deletion.has_finalizer(child) or deletion.deleting(child):
+                continue
+            try:
+                self.upgrades.put(self.kube.add_finalizer(api.CLUSTER_UPGRADE_PLURAL, child))
+            except KubeError as err:  # deleted meanwhile: no finalizer may be added then
+                log.info("no finalizer on ClusterUpgrade %s: %s", child["metadata"]["name"], err)
+        if finished:
+            self._release(meta["namespace"], meta["name"], only_deleting=True)
+        return obj
+
+    def _holds(self, obj: Mapping[str, Any]) -> tuple[deletion.Holds, api.FailedClusterPolicy]:
+        """What of the run's clusters (its ClusterUpgrades as cached) holds its deletion."""
+        meta = obj["metadata"]
+        ns = meta["namespace"]
+        parsed = parse_model(api.UpdateRunSpec, obj.get("spec"))
+        strategy = None if isinstance(parsed, list) else parsed.strategy
+        policy = (strategy or api.Strategy()).failed_cluster_policy
+        upgrades = [self._parse(ns, c) for c in self.upgrades.by_label(ns, meta["name"])]
+        return deletion.holds((u.cluster_id, u.status) for u in upgrades), policy
+
+    def _deleting_message(self, obj: Mapping[str, Any]) -> str:
+        waiting = self._holds(obj)[0].waiting
+        shown = ", ".join(waiting[:10]) + (" ..." if len(waiting) > 10 else "")
+        return (
+            f"being deleted: bringing {len(waiting)} cluster(s) back into service before it "
+            f"goes ({shown or 'none left'})"
+        )
+
+    def _finalize(self, obj: dict[str, Any]) -> bool:
+        """A run being deleted: True when it has let go (finalizers removed from its
+        ClusterUpgrades, then from itself); False while a cluster it took out is not back."""
+        meta = obj["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        held, policy = self._holds(obj)
+        if held.waiting:
+            return False
+        if held.kept_out:
+            reason = "DeletedWithClustersKeptOut"
+            more = " ..." if len(held.kept_out) > 10 else ""
+            message = (
+                f"deleted with {len(held.kept_out)} failed cluster(s) possibly out of service, "
+                f"kept out by failedClusterPolicy {policy.value}: "
+                f"{', '.join(held.kept_out[:10])}{more}; service them back in by hand once "
+                "repaired"
+            )
+            log.warning("UpdateRun %s/%s: %s: %s", ns, name, reason, message)
+            if self.emit_event is not None:
+                event = event_name(name, f"{meta['uid']}/{reason}")
+                self.emit_event(obj, reason, message, True, event)
+        self._release(ns, name, only_deleting=False)
+        if self.kube.remove_finalizer(api.UPDATE_RUN_PLURAL, obj) is not None:
+            log.info("UpdateRun %s/%s: nothing left to bring back; finalizer removed", ns, name)
+        return True
+
+    def _release(self, ns: str, name: str, *, only_deleting: bool) -> None:
+        """Remove the finalizer from the run's ClusterUpgrades (only_deleting: from those being
+        deleted; called once the run has ended or is gone)."""
+        for child in self.upgrades.by_label(ns, name):
+            if not deletion.has_finalizer(child):
+                continue
+            if only_deleting and not deletion.deleting(child):
+                continue
+            try:
+                written = self.kube.remove_finalizer(api.CLUSTER_UPGRADE_PLURAL, child)
+            except KubeError as err:
+                log.info("finalizer of ClusterUpgrade %s: %s", child["metadata"]["name"], err)
+                continue
+            if written is not None:
+                self.upgrades.put(written, deleted=deletion.released(written))
+
+    def _consume(self, obj: dict[str, Any], key: str) -> None:
+        """Remove the ids a people-annotation named: each is acted on once, then consumed."""
+        asked = _csv((obj["metadata"].get("annotations") or {}).get(key))
+        if not asked:
+            return
+        meta = obj["metadata"]
+        try:
+            self.kube.merge_patch(
+                api.UPDATE_RUN_PLURAL,
+                meta["namespace"],
+                meta["name"],
+                {"metadata": {"annotations": {key: None}}},
+            )
+        except KubeError as err:
+            log.info("could not consume %s on %s: %s", key, meta["name"], err)
+
+    # -- status ----------------------------------------------------------------------------
+
+    def _write_run(
+        self, obj: dict[str, Any], status: api.UpdateRunStatus, store: _KubeStore | None = None
+    ) -> float | None:
+        """Write the run's status (if changed), then announce what the pass's writes that took
+        effect changed (the run's, and store's ClusterUpgrades'): Events and notifications."""
+        before = obj.get("status") or {}
+        body = status.dump()
+        written: api.UpdateRunStatus | None = None
+        requeue: float | None = None
+        if body != before:
+            meta = obj["metadata"]
+            try:
+                updated = self.kube.write_status(
+                    api.UPDATE_RUN_PLURAL,
+                    meta["namespace"],
+                    meta["name"],
+                    body,
+                    meta["resourceVersion"],
+                )
+            except Conflict:
+                requeue = 0.0
+            else:
+                obj["status"] = updated.get("status", body)
+                obj["metadata"] = updated["metadata"]
+                written = status
+                if self.runs is not None:
+                    # Write-through, as for ClusterUpgrades: the next run reconciled here reads
+                    # this run's phase (is its floor live?) as written, not as the watch last
+                    # brought it (a run resumed a moment ago binds its floor at once).
+                    self.runs.put(updated)
+        if written is not None or (store is not None and store.changes):
+            self._announce(obj, before, written, store)
+        return requeue
+
+    def _announce(
+        self,
+        obj: dict[str, Any],
+        before: Mapping[str, Any],
+        written: api.UpdateRunStatus | None,
+        store: _KubeStore | None,
+    ) -> None:
+        """One Event per transition per object, and the notifications the spec asks for; both
+        from orchestrator.transitions, computed only from writes that took effect."""
+        meta = obj["metadata"]
+        prev = _run_status({"status": before})
+        new = written if written is not None else prev
+        found = transitions(meta["uid"], prev, new, store.cluster_changes() if store else ())
+        if not found:
+            return
+        if self.emit_event is not None:
+            for t in found:
+                if t.detail and not self.step_events:
+                    continue
+                target = store.objects.get(t.upgrade, obj) if store and t.upgrade else obj
+                name = event_name(target["metadata"]["name"], t.id)
+                self.emit_event(target, t.reason, t.message, t.warning, name)
+        wanted = (obj.get("spec") or {}).get("notifications")
+        if self.notifier is None or not wanted or all(t.event is None for t in found):
+            return
+        parsed = parse_model(api.UpdateRunSpec, obj.get("spec"))
+        if isinstance(parsed, list) or not parsed.notifications:
+            return
+        ns = meta["namespace"]
+        if not self.catalog.policy.allows_inline(ns):
+            # A notification URL is an address written by the namespace's users (in a Secret):
+            # like an inline endpoint, only where the orchestrator's configuration allows.
+            reason = "NotificationsNotAllowed"
+            message = (
+                f"spec.notifications: notification URLs are not used in namespace {ns}; "
+                "ask the platform admin to allow it (--allow-inline-endpoints-in), or remove "
+                "spec.notifications"
+            )
+            log.warning("UpdateRun %s/%s: %s", ns, meta["name"], message)
+            if self.emit_event is not None:
+                name = event_name(meta["name"], f"{meta['uid']}/{reason}")
+                self.emit_event(obj, reason, message, True, name)
+            return
+        self.notifier.notify(ns, meta["name"], parsed.notifications, found, new, self.clock())
+
+    def _invalid(
+        self,
+        obj: dict[str, Any],
+        status: api.UpdateRunStatus,
+        problems: list[Problem],
+        gen: int,
+        now: datetime,
+    ) -> float | None:
+        text = "; ".join(str(p) for p in problems[:5])
+        if len(problems) > 5:
+            text += f"; and {len(problems) - 5} more"
+        in_flight = status.counts.in_flight if status.counts else 0
+        if in_flight:
+            # E.g. access revoked mid-run: nothing is called without access, so clusters taken
+            # out stay where they are; say so, and that fixing the problem resumes them.
+            text += (
+                f"; {in_flight} cluster(s) in flight wait where they are (possibly out of "
+                f"service) until this is fixed: kubectl get cu -l {api.LABEL_RUN}="
+                f"{obj['metadata']['name']}"
+            )
+        conds = set_condition(
+            list(status.conditions or []), "Ready", False, "InvalidSpec", text, gen, now
+        )
+        return self._write_run(
+            obj,
+            status.model_copy(
+                update={
+                    "phase": api.RunPhase.INVALID,
+                    "message": text,
+                    "conditions": conds,
+                    "observed_generation": gen,
+                }
+            ),
+        )
+
+    def _degraded(
+        self,
+        obj: dict[str, Any],
+        status: api.UpdateRunStatus,
+        reason: str,
+        message: str,
+        gen: int,
+        now: datetime,
+        retry: float,
+    ) -> float:
+        conds = set_condition(
+            list(status.conditions or []), "Degraded", True, reason, message, gen, now
+        )
+        self._write_run(obj, status.model_copy(update={"conditions": conds}))
+        return retry
+
+    def count_operation(self, plugin: str, op: OpObs) -> None:
+        """Count a terminal operation of ours once (request ids start with a run's uid)."""
+        if op.request_id.split(":", 1)[0] not in self.uids:
+            return
+        counter = (
+            self.metrics.success_operation
+            if op.state == OpState.SUCCEEDED
+            else self.metrics.failed_operation
+        )
+        counter.labels(op.kind.value, plugin).inc()
+
+
+def _run_status(obj: Mapping[str, Any]) -> api.UpdateRunStatus:
+    try:
+        return api.UpdateRunStatus.model_validate(obj.get("status") or {})
+    except ValidationError:
+        return api.UpdateRunStatus()
+
+
+def _people(obj: Mapping[str, Any]) -> bool:
+    annotations = obj["metadata"].get("annotations") or {}
+    return bool(
+        annotations.get(api.ANNOTATION_RETRY_CLUSTERS)
+        or annotations.get(api.ANNOTATION_SKIP_CLUSTERS)
+    )
+
+
+def _csv(value: str | None) -> frozenset[str]:
+    return frozenset(v.strip() for v in (value or "").split(",") if v.strip())

@@ -1,0 +1,1 @@
+"""Pure decisions: what a run does next, windows, health verdicts, validation, access."""

@@ -1,0 +1,2054 @@
+"""The pure decision of one UpdateRun step: pinned intents, fleet, holdings → new states, calls.
+
+No I/O. The driver (orchestrator.driver) observes, calls `decide`, writes every changed
+ClusterUpgrade (intent before call) and only then makes the calls. The same function runs in the
+product and inside the adversarial simulation (tests/sim), so what the simulation proves is what
+ships. Each safety invariant of DESIGN.md has one place here:
+
+1. Floor: `_Run.may_service_out` (the one predicate every service-out passes: at admission,
+   after a preUpgrade hook, and re-issued) keeps every floor that applies (`floor_allows`),
+   counting as down every cluster held by any run on the provider, every cluster with another
+   caller's operation in flight, and every cluster unavailable or out of service (`down`).
+2. One owner: a cluster held by another run is never taken out (`may_service_out`, `held_by`).
+3. Gate: service-in only from `_verify` after every applicable check passed successThreshold
+   times (health state lives on the ClusterUpgrade); a stage completes only after its checks.
+4. Never stranded: every active step has a start stamp and a bound (`StepTimeouts`); an
+   operation the plugin forgot fails its step (never asked again: invariant 6).
+5. Refused before drained: a cluster is taken out only with a fresh ACCEPTED preflight
+   (`may_service_out`, also when the service-out comes later than its admission).
+6. No duplicate mutation: request ids are deterministic; the driver persists before calling.
+   Hooks likewise: a HookStatus Running with a deterministic id (`hook_id`) is persisted before
+   the hook starts; an HTTP hook whose outcome a restart lost fails instead of being resent.
+7. Drift is local: a vanished, already-upgraded or busy cluster is recorded on its own upgrade.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from orchestrator import api
+from orchestrator.engine import windows
+from orchestrator.engine.conditions import format_time, get_condition, parse_time, set_condition
+from orchestrator.engine.health import judge
+from orchestrator.engine.observations import (
+    ClusterObs,
+    OpKind,
+    OpObs,
+    OpState,
+    Snapshot,
+    apply_succeeded,
+)
+from plugins.sdk import versions
+
+__all__ = [
+    "ACTIVE",
+    "CONTROL_PLANE_PAST_TARGET",
+    "FATAL_CODES",
+    "HOOK_POLL_SECONDS",
+    "POST_HOOK",
+    "PREFLIGHT_TTL",
+    "PRE_HOOK",
+    "RECOVER_GAVE_UP",
+    "RECOVER_STEP",
+    "SKIPPED_BY_PEOPLE",
+    "Call",
+    "Decision",
+    "Floor",
+    "HookCall",
+    "HookObs",
+    "HookState",
+    "Preflight",
+    "RunInput",
+    "Upgrade",
+    "Verdict",
+    "awaits_checks",
+    "call_failed",
+    "checks_for",
+    "cluster_set_digest",
+    "control_plane_past_target",
+    "counts_as_failure",
+    "decide",
+    "hook_id",
+    "needs_upgrade",
+    "request_id",
+    "short_of_target",
+    "with_status",
+]
+
+U = api.UpgradePhase
+#: Phases in which a cluster is held by its run (out of service or about to be).
+ACTIVE = frozenset(
+    {
+        U.SERVICING_OUT,
+        U.UPGRADING_CONTROL_PLANE,
+        U.UPGRADING_NODE_POOLS,
+        U.VERIFYING,
+        U.SERVICING_IN,
+        U.PRE_HOOK,
+        U.POST_HOOK,
+    }
+)
+_DONE = frozenset({U.UPGRADED, U.SKIPPED})
+_STEP_PHASE = {
+    OpKind.SERVICE_OUT: U.SERVICING_OUT,
+    OpKind.CONTROL_PLANE: U.UPGRADING_CONTROL_PLANE,
+    OpKind.NODE_POOL: U.UPGRADING_NODE_POOLS,
+    OpKind.SERVICE_IN: U.SERVICING_IN,
+}
+#: Phases in which an attempt has ended (`end_time` set).
+ENDED = frozenset({U.UPGRADED, U.FAILED, U.SKIPPED})
+#: Reasons of a Pending cluster that waits for the world to let it go (held elsewhere): the
+#: run names one when nothing of it moves (invariant 4: it says what it waits for).
+_HELD_ELSEWHERE = frozenset({"HeldByAnotherRun", "ForeignOperation", "OutOfService"})
+#: How long an ACCEPTED preflight verdict stands.
+PREFLIGHT_TTL = timedelta(seconds=60)
+#: How often a step in flight is looked at again even without news from the watch.
+STEP_POLL_SECONDS = 10.0
+#: How often to look again at a cluster waiting for availability or readiness.
+POLL_SECONDS = 2.0
+#: How often a running hook is looked at again even without news (a Job's status is polled).
+HOOK_POLL_SECONDS = 5.0
+#: The two hook kinds, as HookStatus.kind spells them.
+PRE_HOOK = "preUpgrade"
+POST_HOOK = "postUpgrade"
+#: Hook messages kept in status and events (the hook's own words, cut).
+HOOK_MESSAGE_MAX = 300
+#: The ClusterUpgrade condition recording a control plane found past the pinned target
+#: (invariant 7: upgraded outside the run, left there, done; never a failure).
+CONTROL_PLANE_PAST_TARGET = "ControlPlanePastTarget"
+#: The reason of a service-out held back by the floor (invariant 1).
+WAITING_FOR_BUDGET = "WaitingForBudget"
+#: What `_Run.may_service_out` answers while the provider is asked (nothing recorded).
+PREFLIGHT_ASKED = "PreflightAsked"
+
+
+class Verdict(StrEnum):
+    """A provider's answer to PreflightUpgrade."""
+
+    ACCEPTED = "Accepted"
+    REFUSED_LATER = "RefusedLater"
+    REFUSED_NEVER = "RefusedNever"
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """One preflight answer, as the driver obtained it."""
+
+    verdict: Verdict
+    at: datetime
+    reason: str = ""
+    message: str = ""
+    retry_after: float = 0.0
+    #: The run's control-plane target it was asked about ("": any; the request itself held only
+    #: what was short of it: `short_of_target`): a verdict answers one target, so a cache
+    #: shared by runs with other targets never lends one run another's answer.
+    version: str = ""
+
+
+class HookState(StrEnum):
+    """What the hook executor knows of one hook id."""
+
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    #: Nothing: a Job not created (yet), or an HTTP call whose outcome died with a process.
+    UNKNOWN = "Unknown"
+
+
+@dataclass(frozen=True)
+class HookObs:
+    """One hook's outcome as the executor observed it (by hook id)."""
+
+    state: HookState
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class HookCall:
+    """Start (or adopt, for a Job) one hook; made only after its intent was persisted."""
+
+    kind: str
+    upgrade: str
+    cluster_id: str
+    hook_id: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """One ClusterUpgrade as the engine sees it: the pinned spec and the mutable status."""
+
+    name: str
+    spec: api.ClusterUpgradeSpec
+    status: api.ClusterUpgradeStatus
+
+    @property
+    def cluster_id(self) -> str:
+        """The provider's cluster id."""
+        return self.spec.cluster_id
+
+
+@dataclass(frozen=True)
+class Call:
+    """One mutating plugin call, made only after its intent was persisted."""
+
+    kind: OpKind
+    cluster_id: str
+    request_id: str
+    upgrade: str
+    version: str = ""
+    node_pool: str = ""
+    #: True when this re-issues a service-out (the driver re-checked the budget already here).
+    reissue: bool = False
+
+
+@dataclass(frozen=True)
+class Floor:
+    """Another live run on the provider that shares clusters with this one: its floor holds too."""
+
+    run: str
+    members: frozenset[str]
+    required: int
+
+
+@dataclass(frozen=True)
+class RunInput:
+    """Everything one decision reads."""
+
+    key: str
+    uid: str
+    spec: api.UpdateRunSpec
+    upgrades: Mapping[str, Upgrade]
+    snapshot: Snapshot
+    now: datetime
+    #: Clusters (of this provider) held by other runs: cluster id → holder "namespace/name".
+    held_by: Mapping[str, str] = field(default_factory=dict)
+    preflight: Mapping[str, Preflight] = field(default_factory=dict)
+    #: False when the provider does not implement PreflightUpgrade (nothing to ask).
+    preflight_supported: bool = True
+    stages: Sequence[api.StageStatus] = ()
+    approved_stages: frozenset[str] = frozenset()
+    retry_clusters: frozenset[str] = frozenset()
+    skip_clusters: frozenset[str] = frozenset()
+    #: Stage names of the skip-stages annotation (level-triggered, like approved_stages).
+    skip_stages: frozenset[str] = frozenset()
+    #: Who asked and why (the requested-by and reason annotations), recorded with skips.
+    requested_by: str = ""
+    reason: str = ""
+    #: Invariant 1 across runs: a service-out of a cluster shared with another live run keeps
+    #: that run's floor too. The snapshot and held_by must cover the members of these runs.
+    floors: Sequence[Floor] = ()
+    #: What the hook executor knows of the hooks recorded Running: hook id → outcome.
+    hooks: Mapping[str, HookObs] = field(default_factory=dict)
+
+
+@dataclass
+class Decision:
+    """What to persist and what to call, in that order."""
+
+    changed: dict[str, api.ClusterUpgradeStatus]
+    calls: list[Call]
+    preflight_needed: list[str]
+    stages: list[api.StageStatus]
+    counts: api.RunCounts
+    phase: api.RunPhase
+    message: str
+    current_stage: str | None
+    requeue_after: float | None
+    events: list[tuple[str, str, str, bool]] = field(default_factory=list)
+    retried: set[str] = field(default_factory=set)
+    skipped: set[str] = field(default_factory=set)
+    #: Hooks to start (after their HookStatus Running is on record), like `calls`.
+    hook_calls: list[HookCall] = field(default_factory=list)
+    #: Failures against the run's budget (None: no failure and no budget set).
+    failures: api.FailureSummary | None = None
+    #: When the next cluster may start, if clusters wait for time (notBefore, windows).
+    next_start_time: str | None = None
+    #: Why no cluster starts now, in a word: Paused, Stopped, Halted, AwaitingApproval,
+    #: Soaking, Verifying, AvailabilityBudget, NotBefore, MaintenanceWindow (None: not waiting).
+    waiting_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class _NotNow:
+    """Why a service-out is not asked for now (`_Run.may_service_out`): a ClusterUpgrade
+    reason and its message."""
+
+    reason: str
+    message: str
+
+
+def attempt_end(old: api.ClusterUpgradeStatus, now: str) -> str:
+    """The endTime of an attempt that ends (or is recorded again) now: when its work ended. A
+    cluster that had already ended keeps it (a person skipping it after it failed, or a refused
+    service-in of a failed one under failedClusterPolicy), so a stage verified after that end
+    stays verified."""
+    return old.end_time if old.phase in ENDED and old.end_time else now
+
+
+def _ended_since(
+    members: Sequence[Upgrade], status: Mapping[str, api.ClusterUpgradeStatus], since: str
+) -> bool:
+    """Whether a member of a stage ended later than `since` (a stage analysis's start)."""
+    start = parse_time(since)
+    return any(
+        (end := status[u.name].end_time) is not None and parse_time(end) > start for u in members
+    )
+
+
+def verdict_for(inp: RunInput, u: Upgrade) -> Preflight | None:
+    """The provider's verdict on this upgrade if one stands: fresh (PREFLIGHT_TTL) and asked
+    for this upgrade's target; None: ask again before anything is drained (invariant 5)."""
+    pre = inp.preflight.get(u.cluster_id)
+    if pre is None or inp.now - pre.at > PREFLIGHT_TTL:
+        return None
+    if pre.version and pre.version != u.spec.version:
+        return None
+    return pre
+
+
+def request_id(uid: str, cluster_id: str, step: str, target: str, attempt: int) -> str:
+    """The deterministic request id of one step of one attempt: never started twice."""
+    return f"{uid}:{cluster_id}:{step}:{target}:{attempt}"
+
+
+def hook_id(uid: str, cluster_id: str, kind: str, attempt: int) -> str:
+    """The deterministic id of one hook of one attempt: the Job's name and the HTTP call's
+    Idempotency-Key (a DNS label: at most 63 characters, readable, hashed for uniqueness)."""
+    digest = hashlib.sha256(f"{uid}\0{cluster_id}\0{kind}\0{attempt}".encode()).hexdigest()
+    base = re.sub(r"[^a-z0-9]+", "-", cluster_id.lower())[:28].strip("-") or "cluster"
+    short = "pre" if kind == PRE_HOOK else "post"
+    return f"{base}-{short}-{attempt % 10000}-{digest[:16]}"
+
+
+def cluster_set_digest(items: Iterable[tuple[str, str, str]]) -> str:
+    """sha256 over sorted (cluster id, control-plane target, node target) triples."""
+    h = hashlib.sha256()
+    for cid, cp, node in sorted(items):
+        h.update(f"{cid}\0{cp}\0{node}\n".encode())
+    return h.hexdigest()
+
+
+def short_of_target(obs: ClusterObs, spec: api.ClusterUpgradeSpec) -> tuple[str, dict[str, str]]:
+    """What of the cluster is still short of its pinned targets, as (control-plane target,
+    node pool name → target): the control plane's target, or "" when it is at or past it (done:
+    invariant 7, a control plane someone else upgraded past the target is never asked to go
+    back), and each node pool below its target, in the plugin's order. This is what a
+    preflight asks about and what the steps upgrade; with no control-plane target, the pools
+    are judged against the version the control plane has (the pinned target is at most that)."""
+    control_plane = "" if versions.meets(obs.control_plane_version, spec.version) else spec.version
+    pools = {
+        pool.name: target
+        for pool in obs.node_pools
+        if not versions.meets(pool.version, target := spec.pool_target(pool.name))
+    }
+    return control_plane, pools
+
+
+def _pool_needing(obs: ClusterObs, spec: api.ClusterUpgradeSpec) -> str | None:
+    return next(iter(short_of_target(obs, spec)[1]), None)
+
+
+def needs_upgrade(obs: ClusterObs, spec: api.ClusterUpgradeSpec) -> bool:
+    """Whether the cluster is short of its pinned targets (at or past target is done)."""
+    control_plane, pools = short_of_target(obs, spec)
+    return bool(control_plane or pools)
+
+
+def control_plane_past_target(obs: ClusterObs, spec: api.ClusterUpgradeSpec) -> bool:
+    """Whether the control plane is past the pinned target (someone else upgraded it: a
+    release channel, a person); going to the target would be a downgrade."""
+    return versions.is_downgrade(obs.control_plane_version, spec.version)
+
+
+def _achieved(kind: OpKind, pool: str, version: str, obs: ClusterObs) -> bool:
+    if kind is OpKind.SERVICE_OUT:
+        return not obs.in_service
+    if kind is OpKind.SERVICE_IN:
+        return obs.in_service
+    if kind is OpKind.CONTROL_PLANE:
+        return versions.meets(obs.control_plane_version, version)
+    found = next((p for p in obs.node_pools if p.name == pool), None)
+    return found is None or versions.meets(found.version, version)
+
+
+class _Run:
+    """One decision in progress (private: `decide` is the public surface)."""
+
+    def __init__(self, inp: RunInput) -> None:
+        self.inp = inp
+        self.now = inp.now
+        self.stamp = format_time(inp.now)
+        self.strategy = inp.spec.strategy or api.Strategy()
+        self.timeouts = inp.spec.timeouts or api.StepTimeouts()
+        self.status: dict[str, api.ClusterUpgradeStatus] = {
+            n: u.status for n, u in inp.upgrades.items()
+        }
+        self.changed: dict[str, api.ClusterUpgradeStatus] = {}
+        self.calls: list[Call] = []
+        self.events: list[tuple[str, str, str, bool]] = []
+        self.preflight_needed: list[str] = []
+        self.requeue: float | None = None
+        self.effective: dict[str, ClusterObs] = dict(inp.snapshot.clusters)
+        self.stopping = inp.spec.state == api.RunState.STOP
+        #: The run is past a failure budget as the statuses stood before this decision's
+        #: follow-ups: a pre-hook that passes now does not lead to a drain (decide sets it).
+        self.halted_hint = False
+        self.retried: set[str] = set()
+        self.skipped: set[str] = set()
+        self.hook_calls: list[HookCall] = []
+        #: The floors a service-out keeps (invariant 1): this run's, then each other live
+        #: run's that shares clusters with it.
+        self.floors: list[Floor] = [
+            Floor(
+                inp.key,
+                frozenset(u.cluster_id for u in inp.upgrades.values()),
+                inp.spec.required_available_count,
+            ),
+            *inp.floors,
+        ]
+
+    # -- bookkeeping -----------------------------------------------------------------------
+
+    def wake(self, seconds: float) -> None:
+        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
+
+    def set(self, u: Upgrade, **changes: object) -> api.ClusterUpgradeStatus:
+        old = self.status[u.name]
+        phase = changes.get("phase", old.phase)
+        if phase != old.phase:
+            changes.setdefault("last_transition_time", self.stamp)
+            if phase in ENDED:
+                changes.setdefault("end_time", attempt_end(old, self.stamp))
+            if old.phase == U.PENDING and phase in ACTIVE:
+                changes.setdefault("start_time", old.start_time or self.stamp)
+            msg = str(changes.get("message") or f"{old.phase.value} → {phase}")
+            self.events.append((u.cluster_id, str(phase), msg, phase == U.FAILED))
+        new = old.model_copy(update=changes)
+        if new != old:
+            self.status[u.name] = new
+            self.changed[u.name] = new
+        return new
+
+    def timeout_of(self, kind: OpKind | None) -> timedelta:
+        t = self.timeouts
+        text = {
+            OpKind.SERVICE_OUT: t.service_out,
+            OpKind.CONTROL_PLANE: t.control_plane,
+            OpKind.NODE_POOL: t.node_pool,
+            OpKind.SERVICE_IN: t.service_in,
+            None: t.ready,
+        }[kind]
+        return api.parse_duration(text)
+
+    def soak_of(self, u: Upgrade, step: str) -> timedelta:
+        """The soak the provider reports for the pool of a node-pool step (a blue-green
+        upgrade waits that long by its own settings): the step's bound grows by it."""
+        obs = self.effective.get(u.cluster_id)
+        pool = step.partition("/")[2]
+        seconds = next(
+            (p.soak_seconds for p in (obs.node_pools if obs is not None else ()) if p.name == pool),
+            0,
+        )
+        return timedelta(seconds=seconds)
+
+    def checks_for(self, stage: str) -> api.HealthChecks | None:
+        return checks_for(self.inp.spec, stage)
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def issue(self, u: Upgrade, kind: OpKind, pool: str = "", reissue: bool = False) -> None:
+        st = self.status[u.name]
+        version = ""
+        target = u.spec.version
+        if kind is OpKind.CONTROL_PLANE:
+            version = u.spec.version
+        elif kind is OpKind.NODE_POOL:
+            version = target = u.spec.pool_target(pool)
+        step = f"{kind.value}/{pool}" if pool else kind.value
+        rid = request_id(self.inp.uid, u.cluster_id, step, target, st.attempt)
+        same = st.request_id == rid
+        self.set(
+            u,
+            phase=_STEP_PHASE[kind],
+            step=step,
+            request_id=rid,
+            operation_id=st.operation_id if same else None,
+            step_start_time=st.step_start_time if same and st.step_start_time else self.stamp,
+            reason=None,
+            message=None if not same else st.message,
+        )
+        self.calls.append(Call(kind, u.cluster_id, rid, u.name, version, pool, reissue))
+
+    def fail(self, u: Upgrade, reason: str, message: str) -> None:
+        self.set(u, phase=U.FAILED, reason=reason, message=message)
+
+    def advance(self, u: Upgrade, obs: ClusterObs) -> None:
+        """The next step of a cluster that has no operation in flight: only what is still short
+        of target is upgraded (a control plane at or past it has no step)."""
+        spec = u.spec
+        self.note_drift(u, obs)
+        if self.stopping and (not obs.in_service or needs_upgrade(obs, spec)):
+            if not obs.in_service:
+                self.verify(u, obs)
+            else:
+                # A resumed run starts it over as a new attempt (invariant 6: this attempt's
+                # service-out request id is spent; asked again, the plugin would answer with
+                # the old, succeeded operation and its next step would run in service).
+                self.set(
+                    u,
+                    phase=U.PENDING,
+                    attempt=self.status[u.name].attempt + 1,
+                    health=None,
+                    step=None,
+                    request_id=None,
+                    operation_id=None,
+                    step_start_time=None,
+                    reason="RunStopped",
+                    message="run stopped; back in service",
+                )
+            return
+        if obs.in_service and needs_upgrade(obs, spec):
+            # Back in service yet short of target (someone serviced it in): start over, as a
+            # new attempt (invariant 6: this attempt's service-out request id is spent; asked
+            # again, the plugin would answer with the old, succeeded operation).
+            self.set(
+                u,
+                phase=U.PENDING,
+                attempt=self.status[u.name].attempt + 1,
+                health=None,
+                step=None,
+                request_id=None,
+                operation_id=None,
+                step_start_time=None,
+                reason="ServicedInElsewhere",
+                message="serviced in outside this run before finishing; queued again",
+            )
+        elif not versions.meets(obs.control_plane_version, spec.version):
+            self.issue(u, OpKind.CONTROL_PLANE)
+        elif (pool := _pool_needing(obs, spec)) is not None:
+            self.issue(u, OpKind.NODE_POOL, pool)
+        elif not obs.in_service:
+            self.verify(u, obs)
+        else:
+            drift = (
+                f" (control plane found past the target {spec.version}; left there)"
+                if control_plane_past_target(obs, spec)
+                else ""
+            )
+            self.set(
+                u,
+                phase=U.UPGRADED,
+                step=None,
+                reason="Upgraded",
+                operation_id=None,
+                message=f"runs {obs.control_plane_version}{drift}",
+            )
+
+    def verify(self, u: Upgrade, obs: ClusterObs) -> None:
+        """Service in once available, pools ready and every applicable check passed."""
+        st = self.status[u.name]
+        entering = st.phase != U.VERIFYING
+        since = self.stamp if entering or not st.step_start_time else st.step_start_time
+        health = None if entering else st.health
+        waiting = ""
+        if not obs.available:
+            waiting = "waiting for the cluster to become available"
+            if obs.unavailable_reason:
+                waiting += f": {obs.unavailable_reason}"
+        elif not all(p.ready for p in obs.node_pools):
+            waiting = "waiting for node pools to become ready"
+        if waiting:
+            if self.now - parse_time(since) > self.timeout_of(None):
+                self.fail(u, "NotReady", f"{waiting} for longer than {self.timeouts.ready}")
+                return
+            self.set(
+                u,
+                phase=U.VERIFYING,
+                step="verify",
+                request_id=None,
+                operation_id=None,
+                step_start_time=since,
+                message=waiting,
+                health=None,
+            )
+            self.wake(POLL_SECONDS)
+            return
+        checks = self.checks_for(u.spec.stage)
+        if checks is not None:
+            if health is None:
+                health = api.HealthState(since=self.stamp)
+            verdict = judge(health, checks, self.now)
+            if verdict.failed:
+                self.set(u, health=health)
+                self.fail(u, "HealthCheckFailed", verdict.message)
+                return
+            if not verdict.passed:
+                self.set(
+                    u,
+                    phase=U.VERIFYING,
+                    step="verify",
+                    request_id=None,
+                    operation_id=None,
+                    step_start_time=since,
+                    message=verdict.message,
+                    health=health,
+                )
+                self.wake(max(verdict.wait_seconds, 0.0))
+                return
+        # The postUpgrade hook runs after the checks passed, before the service-in; only for a
+        # cluster at its targets (a stopped run services in a half-done cluster without it).
+        if not needs_upgrade(obs, u.spec) and self.start_hook(u, POST_HOOK):
+            return
+        if not self.service_in(u):
+            self.verify_again(u, "health on record lacks successThreshold passes; verifying")
+
+    def follow(self, u: Upgrade) -> None:
+        """Carry one in-flight upgrade forward from what its operation did."""
+        st = self.status[u.name]
+        obs = self.effective.get(u.cluster_id)
+        if st.phase in (U.PRE_HOOK, U.POST_HOOK):
+            self.follow_hook(u)
+            return
+        if st.phase == U.VERIFYING:
+            if obs is None:
+                self.gone(u, None)
+                return
+            self.verify(u, obs)
+            return
+        kind_text, _, pool = (st.step or "").partition("/")
+        kind = OpKind(kind_text)
+        version = u.spec.version if kind is OpKind.CONTROL_PLANE else u.spec.pool_target(pool)
+        op = self._find_op(st.request_id or "", obs)
+        if obs is None:
+            self.gone(u, kind)
+            return
+        if op is None and _achieved(kind, pool, version, obs):
+            self.advance(u, obs)
+            return
+        if op is None:
+            if self.timed_out(u, kind):
+                return
+            if (st.request_id or "") in self.inp.snapshot.forgotten or st.operation_id:
+                # Seen, now unknown to the plugin (it restarted without durable operations):
+                # it may have ended, failed or still run in the provider. Asking again would
+                # start the step a second time (invariant 6); a person retries it instead.
+                self.fail(
+                    u,
+                    "OperationLost",
+                    f"{st.step}: the plugin no longer knows operation "
+                    f"{st.operation_id or st.request_id} (it restarted without durable "
+                    "operations); whether it ran is unknown, so it is not asked again. Check "
+                    "the cluster, then retry it with the annotation "
+                    "multicluster-ops.io/retry-clusters",
+                )
+                return
+            if kind is OpKind.SERVICE_OUT and not needs_upgrade(obs, u.spec):
+                # Invariants 5 and 7: upgraded elsewhere before our service-out took effect.
+                self.at_target(u, obs)
+                return
+            if kind is OpKind.SERVICE_OUT:
+                # Invariants 1, 2 and 5: a service-out asked again passes `may_service_out`
+                # again (the world may have changed since it was decided: another run or
+                # caller, the floor, what the provider says of what is short of target).
+                self.service_out(u, obs, reissue=True, context="service-out not confirmed; ")
+                return
+            if kind is OpKind.SERVICE_IN:
+                # Invariant 3: a service-in asked again passes the gate again (a failing
+                # evaluation may have come after the passes it was decided on).
+                if not self.service_in(u, reissue=True):
+                    self.verify_again(
+                        u,
+                        "service-in not confirmed and a health evaluation failed since it was "
+                        "decided; verifying again",
+                    )
+                return
+            self.calls.append(
+                Call(kind, u.cluster_id, st.request_id or "", u.name, version, pool, reissue=True)
+            )
+            return
+        if op.id != st.operation_id and (u.name in self.changed or op.state.terminal):
+            # Recorded along with a write that happens anyway: progress alone costs no write
+            # (at most two API writes per cluster step).
+            self.set(u, operation_id=op.id)
+        if not op.state.terminal:
+            self.timed_out(u, kind)
+            return
+        if op.state == OpState.FAILED:
+            self.fail(
+                u,
+                "OperationFailed",
+                f"{st.step} failed: {op.error_code}: {op.error_message}".rstrip(": "),
+            )
+            return
+        obs = apply_succeeded(obs, op)
+        self.effective[u.cluster_id] = obs
+        self.advance(u, obs)
+
+    def _find_op(self, rid: str, obs: ClusterObs | None) -> OpObs | None:
+        op = self.inp.snapshot.operations.get(rid)
+        if op is not None:
+            return op
+        cur = obs.current_operation if obs is not None else None
+        return cur if cur is not None and cur.request_id == rid else None
+
+    def timed_out(self, u: Upgrade, kind: OpKind) -> bool:
+        st = self.status[u.name]
+        if not st.step_start_time:
+            return False
+        bound = self.timeout_of(kind)
+        soak = self.soak_of(u, st.step or "") if kind is OpKind.NODE_POOL else timedelta(0)
+        left = parse_time(st.step_start_time) + bound + soak - self.now
+        if left < timedelta(0):
+            within = (
+                f"{bound + soak} ({bound} + {soak} of the provider's own soak)"
+                if soak
+                else f"{bound}"
+            )
+            self.fail(u, "StepTimedOut", f"{st.step} did not finish within {within}")
+            return True
+        self.wake(max(1.0, min(left.total_seconds(), STEP_POLL_SECONDS)))
+        return False
+
+    def gone(self, u: Upgrade, kind: OpKind | None) -> None:
+        st = self.status[u.name]
+        start = st.step_start_time or self.stamp
+        if self.now - parse_time(start) > self.timeout_of(kind):
+            # Invariant 7: drift is recorded on this cluster's upgrade; the run goes on.
+            self.set(
+                u,
+                phase=U.SKIPPED,
+                reason="ClusterGone",
+                message=f"{st.step}: cluster left the plugin's inventory mid-upgrade and did "
+                "not come back in time; if it returns, check whether it is in service",
+            )
+            return
+        self.set(
+            u,
+            step_start_time=start,
+            message=f"{st.step}: cluster is not in the plugin's inventory; waiting",
+        )
+        self.wake(POLL_SECONDS)
+
+    # -- hooks -------------------------------------------------------------------------------
+
+    def hook_spec(self, kind: str) -> api.Hook | None:
+        """The run's hook of a kind, if any."""
+        hooks = self.strategy.hooks
+        if hooks is None:
+            return None
+        return hooks.pre_upgrade if kind == PRE_HOOK else hooks.post_upgrade
+
+    def start_hook(self, u: Upgrade, kind: str) -> bool:
+        """Enter the hook phase of `kind`: record the intent (HookStatus Running, id of this
+        attempt) and ask for the hook to start, or resume the one this attempt recorded. False
+        when the run has no such hook or this attempt's already succeeded (go on without it).
+
+        Invariant 6 for hooks: an HTTP hook is started only when its intent is new; a Job is
+        asked for again by its deterministic name (created, or adopted if it exists)."""
+        spec = self.hook_spec(kind)
+        st = self.status[u.name]
+        hid = hook_id(self.inp.uid, u.cluster_id, kind, st.attempt)
+        recorded = st.hook if st.hook is not None and st.hook.id == hid else None
+        if spec is None or (recorded is not None and recorded.phase == api.HookPhase.SUCCEEDED):
+            return False
+        hook = recorded or api.HookStatus(kind=kind, id=hid, start_time=self.stamp)
+        self.set(
+            u,
+            phase=U.PRE_HOOK if kind == PRE_HOOK else U.POST_HOOK,
+            step=kind,
+            request_id=None,
+            operation_id=None,
+            step_start_time=hook.start_time,
+            reason=None,
+            message=f"{kind} hook {hid} running",
+            hook=hook,
+        )
+        if recorded is None or spec.job is not None:
+            self.hook_calls.append(HookCall(kind, u.name, u.cluster_id, hid, st.attempt))
+        self.wake(HOOK_POLL_SECONDS)
+        return True
+
+    def follow_hook(self, u: Upgrade) -> None:
+        """Carry a cluster in a hook phase on from what the executor observed (bounded by
+        Hook.timeout: invariant 4)."""
+        st = self.status[u.name]
+        kind = PRE_HOOK if st.phase == U.PRE_HOOK else POST_HOOK
+        spec = self.hook_spec(kind)
+        hook = st.hook
+        if spec is None or hook is None or hook.kind != kind:
+            self.after_hook(u, kind)  # the hook is configured no more: go on without it
+            return
+        if hook.phase == api.HookPhase.SUCCEEDED:
+            self.after_hook(u, kind)
+            return
+        seen = self.inp.hooks.get(hook.id, HookObs(HookState.UNKNOWN))
+        if seen.state == HookState.SUCCEEDED:
+            done = hook.model_copy(
+                update={"phase": api.HookPhase.SUCCEEDED, "message": _cut(seen.message) or None}
+            )
+            self.set(u, hook=done, message=f"{kind} hook {hook.id} succeeded")
+            self.after_hook(u, kind)
+            return
+        if seen.state == HookState.FAILED:
+            self.hook_failed(u, kind, seen.message or "failed")
+            return
+        bound = api.parse_duration(spec.timeout)
+        left = parse_time(hook.start_time) + bound - self.now
+        if left < timedelta(0):
+            self.hook_failed(u, kind, f"did not finish within {spec.timeout}")
+            return
+        if seen.state == HookState.UNKNOWN:
+            if spec.job is None:
+                # Sent before a restart, or not: sending it again could run it twice.
+                self.hook_failed(
+                    u,
+                    kind,
+                    "hook outcome unknown after a restart; retry the cluster to run it again",
+                )
+                return
+            # A Job not created yet (a crash between intent and create): create or adopt it.
+            self.hook_calls.append(HookCall(kind, u.name, u.cluster_id, hook.id, st.attempt))
+        self.wake(max(1.0, min(left.total_seconds(), HOOK_POLL_SECONDS)))
+
+    def note_drift(self, u: Upgrade, obs: ClusterObs) -> None:
+        """Invariant 7: a control plane found past the pinned target (upgraded outside this
+        run) is recorded on the cluster's ClusterUpgrade as a condition; it is done, not a
+        failure, and nothing asks it to go back."""
+        if not control_plane_past_target(obs, u.spec):
+            return
+        st = self.status[u.name]
+        message = (
+            f"control plane found at {obs.control_plane_version}, past the target "
+            f"{u.spec.version}: upgraded outside this run (a release channel or a person); "
+            "left there and counted as done, not as a failure; node pools below their targets "
+            "are still upgraded to them"
+        )
+        old = get_condition(st.conditions, CONTROL_PLANE_PAST_TARGET)
+        if old is not None and old.status == "True" and old.message == message:
+            return
+        conds = list(st.conditions or [])
+        conds = set_condition(
+            conds, CONTROL_PLANE_PAST_TARGET, True, "UpgradedOutsideRun", message, None, self.now
+        )
+        self.set(u, conditions=conds)
+
+    def at_target(self, u: Upgrade, obs: ClusterObs) -> None:
+        """Invariant 7: already at or past its target (upgraded elsewhere): Skipped, no step."""
+        self.note_drift(u, obs)
+        self.set(
+            u,
+            phase=U.SKIPPED,
+            step=None,
+            step_start_time=None,
+            reason="AtTarget",
+            message=f"already at or past target ({obs.control_plane_version})",
+        )
+
+    def hook_failed(self, u: Upgrade, kind: str, message: str) -> None:
+        """The hook failed or timed out: the cluster fails with the hook's own words."""
+        hook = self.status[u.name].hook
+        assert hook is not None  # only called for a recorded hook
+        text = _cut(message)
+        self.set(u, hook=hook.model_copy(update={"phase": api.HookPhase.FAILED, "message": text}))
+        if kind == PRE_HOOK:
+            # Never taken out by this attempt: no step on record, so neither a retry nor the
+            # failed-cluster policy takes it for one of ours that is out of service.
+            self.set(u, step=None, step_start_time=None)
+        reason = "PreUpgradeHookFailed" if kind == PRE_HOOK else "PostUpgradeHookFailed"
+        self.fail(u, reason, f"{kind} hook {hook.id}: {text}")
+
+    def after_hook(self, u: Upgrade, kind: str) -> None:
+        """The step after a hook: the service-out (pre) or the service-in (post)."""
+        obs = self.effective.get(u.cluster_id)
+        if obs is None:
+            self.gone(u, None)
+            return
+        if kind == POST_HOOK:
+            if not self.service_in(u):
+                self.verify_again(u, "health changed during the postUpgrade hook; verifying")
+            return
+        wait = ""
+        reason = ""
+        if self.stopping:
+            reason, wait = "RunStopped", "run stopped; still in service"
+        elif self.halted_hint:
+            reason, wait = "RunHalted", "the run halted on its failure budget; still in service"
+        elif self.strategy.paused:
+            reason, wait = "Paused", "the run is paused; still in service"
+        elif not needs_upgrade(obs, u.spec):
+            self.at_target(u, obs)
+            return
+        if wait:
+            self.set(
+                u,
+                phase=U.PENDING,
+                step=None,
+                step_start_time=None,
+                reason=reason,
+                message=f"{kind} hook passed; {wait}",
+            )
+            self.wake(POLL_SECONDS)
+            return
+        # A hook may take minutes: owner, floor and a fresh verdict are asked again at the drain.
+        self.service_out(u, obs, context=f"{kind} hook passed; ")
+
+    def may_service_in(self, u: Upgrade) -> bool:
+        """Invariant 3's one home: a cluster may be serviced in only while the health on record
+        has successThreshold passes in a row of every check that applies to it (True without
+        checks, and without a health record: nothing was decided on one). Every service-in, a
+        first ask or a re-ask, of an attempt or of a failed cluster's recovery, goes through
+        `service_in`, which asks this."""
+        checks = self.checks_for(u.spec.stage)
+        health = self.status[u.name].health
+        return checks is None or health is None or health.passes >= checks.success_threshold
+
+    def service_in(self, u: Upgrade, request: str | None = None, reissue: bool = False) -> bool:
+        """The one place a service-in is asked for, and only if `may_service_in`; False (nothing
+        asked) otherwise. request: the request id of a failed cluster's recovery
+        (failedClusterPolicy); reissue: the attempt's own service-in, asked again."""
+        if not self.may_service_in(u):
+            return False
+        if request is None and not reissue:
+            self.issue(u, OpKind.SERVICE_IN)
+            return True
+        rid = request if request is not None else self.status[u.name].request_id or ""
+        self.calls.append(Call(OpKind.SERVICE_IN, u.cluster_id, rid, u.name, reissue=reissue))
+        return True
+
+    def verify_again(self, u: Upgrade, message: str) -> None:
+        """Back to Verifying: the service-in was not asked (`may_service_in` failed)."""
+        self.set(
+            u,
+            phase=U.VERIFYING,
+            step="verify",
+            request_id=None,
+            operation_id=None,
+            step_start_time=self.stamp,
+            message=message,
+        )
+        self.wake(POLL_SECONDS)
+
+    # -- service-out -----------------------------------------------------------------------
+
+    def may_service_out(
+        self, u: Upgrade, obs: ClusterObs, *, counted: list[int] | None = None, context: str = ""
+    ) -> _NotNow | None:
+        """Invariants 1, 2 and 5's one home: whether this run may take the cluster out of
+        service now. None: it may (the floor's cost is taken from `counted`); otherwise the wait
+        or refusal, recorded on the ClusterUpgrade. Every service-out, a first ask at admission,
+        the drain after a preUpgrade hook, or a re-ask after a call that did not take effect,
+        goes through `service_out`, which asks this.
+
+        One order of checks, each one only for a cluster the ones before it let through:
+        1. owner (invariant 2): another run holds it (`HeldByAnotherRun`, naming the holder);
+        2. another operation in flight on it (`ForeignOperation`): someone is acting on it;
+        3. out of service outside this run (`OutOfService`): someone else took it out.
+           These three say whose the cluster is, whatever the counts: a cluster that is not
+           ours to touch costs no budget, no provider call and no refusal on record, and its
+           wait names what it waits for (invariant 4).
+        4. floor (invariant 1, `floor_allows`): no availability budget (`WaitingForBudget`),
+           before the preflight so that no provider call is spent, and no verdict ages, on a
+           cluster the floor would not let go, and so that an admission pass reserves budget
+           for the clusters it asks about;
+        5. preflight (invariant 5): a fresh ACCEPTED verdict on what is short of target; last,
+           as it is the only check that asks the world (the driver asks, then decides again
+           with the answer: `PreflightAsked`, nothing recorded), and the verdict must be fresh
+           at the drain; REFUSED_NEVER → Blocked `Refused`, REFUSED_LATER → Blocked
+           `RefusedForNow`.
+
+        counted: an admission pass's running room per floor (`room`, counted once per pass and
+        taken from as clusters go: O(1) a candidate at 10,000 clusters); its floor waits are
+        not recorded on each cluster (the run's message says it: no write per waiting
+        cluster). None: counted afresh now (a service-out decided later than its admission),
+        and a wait is looked at again in POLL_SECONDS. context: what the recorded message
+        begins with (where the service-out was decided)."""
+        why = self._held_elsewhere(u, obs)
+        if why is None and not obs.in_service:
+            why = _NotNow(
+                "OutOfService", "out of service outside this run; waiting for it to return"
+            )
+        if why is None and not self.floor_allows(u, counted):
+            why = _NotNow(WAITING_FOR_BUDGET, "no availability budget left now")
+            if counted is not None:
+                return why
+        if why is not None:
+            self.set(
+                u,
+                phase=U.PENDING,
+                step=None,
+                step_start_time=None,
+                reason=why.reason,
+                message=context + why.message,
+            )
+            if counted is None:
+                self.wake(POLL_SECONDS)
+            return why
+        pre = verdict_for(self.inp, u)
+        if self.inp.preflight_supported and pre is None:
+            self.preflight_needed.append(u.cluster_id)
+            self.wake(1.0)
+            self._take(u, counted)  # an admission holds budget for what it asks about
+            return _NotNow(PREFLIGHT_ASKED, "the provider is asked first (PreflightUpgrade)")
+        if pre is not None and pre.verdict != Verdict.ACCEPTED:
+            never = pre.verdict == Verdict.REFUSED_NEVER
+            why = _NotNow(
+                "Refused" if never else "RefusedForNow",
+                f"the provider refuses this upgrade{'' if never else ' for now'}: "
+                f"{pre.reason}: {pre.message}",
+            )
+            self.set(
+                u,
+                phase=U.BLOCKED,
+                step=None,
+                step_start_time=None,
+                reason=why.reason,
+                message=why.message,
+            )
+            if not never:
+                self.wake(pre.retry_after or 30.0)
+            return why
+        self._take(u, counted)
+        return None
+
+    def _held_elsewhere(self, u: Upgrade, obs: ClusterObs) -> _NotNow | None:
+        """The first two checks of `may_service_out`: another run holds the cluster, or an
+        operation is in flight on it (any: one of this run's own earlier steps still acting on
+        it would collide as much as another caller's)."""
+        holder = self.holder(u.cluster_id)
+        if holder is not None:
+            return _NotNow(
+                "HeldByAnotherRun", f"held by UpdateRun {holder}; waiting for it to let go"
+            )
+        cur = obs.current_operation
+        if cur is not None and not cur.state.terminal:
+            who = "of an earlier step of this run" if self._ours(cur) else "from another caller"
+            return _NotNow("ForeignOperation", f"operation {cur.id} {who} is in flight")
+        return None
+
+    def ours_out(self, u: Upgrade, obs: ClusterObs) -> bool:
+        """The one exception to `may_service_out`: the cluster is out of service by this
+        attempt's own service-out, whose taking effect was never confirmed (it waited for the
+        floor or the world after the call was made, and the call took effect later), and no
+        other run or operation is on it. Resuming it lowers no availability (it is down
+        already) and asks the provider nothing (the drain is done); holding it back for the
+        floor or a preflight would only strand it out of service (invariant 4)."""
+        st = self.status[u.name]
+        return (
+            not obs.in_service
+            and st.request_id is not None
+            and st.request_id
+            == request_id(
+                self.inp.uid, u.cluster_id, OpKind.SERVICE_OUT.value, u.spec.version, st.attempt
+            )
+            and self._held_elsewhere(u, obs) is None
+        )
+
+    def service_out(
+        self,
+        u: Upgrade,
+        obs: ClusterObs,
+        *,
+        counted: list[int] | None = None,
+        context: str = "",
+        reissue: bool = False,
+        pre_hook: bool = False,
+    ) -> _NotNow | None:
+        """The one place a service-out is asked for, and only if `may_service_out` (or, the one
+        exception, to resume one of ours: `ours_out`); returns what held it back (None: asked
+        for, or its preUpgrade hook started). pre_hook: an admission, whose preUpgrade hook
+        runs first (the service-out then comes from `after_hook`, through here again);
+        reissue: this attempt's own service-out, asked again with its request id."""
+        if not self.ours_out(u, obs):
+            why = self.may_service_out(u, obs, counted=counted, context=context)
+            if why is not None:
+                return why
+            if pre_hook and self.start_hook(u, PRE_HOOK):
+                return None
+        if reissue:
+            rid = self.status[u.name].request_id or ""
+            self.calls.append(Call(OpKind.SERVICE_OUT, u.cluster_id, rid, u.name, reissue=True))
+        else:
+            self.issue(u, OpKind.SERVICE_OUT)
+        return None
+
+    # -- the floor ---------------------------------------------------------------------------
+
+    def holder(self, cid: str) -> str | None:
+        return self.inp.held_by.get(cid)
+
+    def down(self, cid: str, held: Collection[str]) -> bool:
+        """Invariant 1's rule of what counts as down: gone from the inventory, unavailable, out
+        of service, held by any run on the provider (this one: `held`, its clusters in an
+        ACTIVE phase; another: `holder`), or with another caller's operation in flight."""
+        obs = self.effective.get(cid)
+        if obs is None or not obs.available or not obs.in_service:
+            return True
+        if cid in held or self.holder(cid) is not None:
+            return True
+        cur = obs.current_operation
+        return cur is not None and not cur.state.terminal and not self._ours(cur)
+
+    def room(self) -> list[int]:
+        """How many more clusters each floor of `floors` lets go now: its members not `down`,
+        less what it requires (negative: broken already by the world)."""
+        held = {
+            self.inp.upgrades[n].cluster_id for n, s in self.status.items() if s.phase in ACTIVE
+        }
+        return [
+            sum(1 for cid in f.members if not self.down(cid, held)) - f.required
+            for f in self.floors
+        ]
+
+    def floor_allows(self, u: Upgrade, counted: list[int] | None = None) -> bool:
+        """Invariant 1's rule of which floors apply and what a service-out costs: every floor
+        with the cluster among its members (this run's, and each other live run's sharing it)
+        must keep its room. A cluster this run holds is counted down already; any other costs
+        one, an unavailable one too (once taken out it stays down when it recovers, and then
+        the floor must still hold). counted: an admission pass's running room; else counted
+        afresh."""
+        left = self.room() if counted is None else counted
+        cost = self._cost(u)
+        return all(left[i] >= cost for i in self._binding(u.cluster_id))
+
+    def _take(self, u: Upgrade, counted: list[int] | None) -> None:
+        if counted is not None:
+            cost = self._cost(u)
+            for i in self._binding(u.cluster_id):
+                counted[i] -= cost
+
+    def _cost(self, u: Upgrade) -> int:
+        return 0 if self.status[u.name].phase in ACTIVE else 1
+
+    def _binding(self, cid: str) -> list[int]:
+        return [i for i, f in enumerate(self.floors) if cid in f.members]
+
+    # -- ownership -----------------------------------------------------------------------
+
+    def busy_ours(self, obs: ClusterObs, st: api.ClusterUpgradeStatus) -> bool:
+        """Whether an operation of this run may still act on the cluster."""
+        cur = obs.current_operation
+        if cur is not None and not cur.state.terminal and self._ours(cur):
+            return True
+        op = self.inp.snapshot.operations.get(st.request_id or "")
+        return op is not None and not op.state.terminal
+
+    def _ours(self, op: OpObs) -> bool:
+        return op.request_id.startswith(f"{self.inp.uid}:")
+
+
+def _cut(text: str) -> str:
+    """A hook's message for status: one line, at most HOOK_MESSAGE_MAX characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= HOOK_MESSAGE_MAX else flat[: HOOK_MESSAGE_MAX - 1] + "…"
+
+
+def checks_for(spec: api.UpdateRunSpec, stage: str) -> api.HealthChecks | None:
+    """The health checks that apply to a stage's clusters: the stage's own, else the run's."""
+    for st in (spec.strategy.stages if spec.strategy else None) or []:
+        if st.name == stage and st.health_checks is not None:
+            return st.health_checks
+    return spec.health_checks
+
+
+def _limit(value: int | str | None, members: int) -> int:
+    return members if value is None else api.parse_max_concurrency(value, members)
+
+
+#: Reasons of a Skipped cluster that a person asked for (a retry may undo them).
+SKIPPED_BY_PEOPLE = frozenset({"SkippedByUser", "StageSkipped"})
+#: The step of a Failed cluster that failedClusterPolicy ServiceInIfHealthy may service back in.
+RECOVER_STEP = "recover"
+#: The step of a Failed cluster that stays out: its recovery's checks or readiness failed.
+RECOVER_GAVE_UP = "recover/gaveUp"
+
+
+def counts_as_failure(st: api.ClusterUpgradeStatus) -> bool:
+    """Whether a cluster counts against the failure budgets: Failed, or Blocked because the
+    provider will never accept its target (reason Refused)."""
+    return st.phase == U.FAILED or (st.phase == U.BLOCKED and st.reason == "Refused")
+
+
+def awaits_checks(st: api.ClusterUpgradeStatus) -> bool:
+    """Whether the driver evaluates the cluster's checks: Verifying, or a Failed cluster that
+    failedClusterPolicy ServiceInIfHealthy may service back in."""
+    return st.phase == U.VERIFYING or (
+        # Until its service-in back is asked for (then, as for Servicing-in, the intent
+        # stands on the evaluations before it).
+        st.phase == U.FAILED and st.step == RECOVER_STEP and st.request_id is None
+    )
+
+
+def _retriable(st: api.ClusterUpgradeStatus) -> bool:
+    return st.phase in (U.FAILED, U.BLOCKED) or (
+        st.phase == U.SKIPPED and st.reason in SKIPPED_BY_PEOPLE
+    )
+
+
+def _short(text: str, most: int = 200) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= most else flat[: most - 1] + "…"
+
+
+def _said(by: str | None, reason: str | None) -> str:
+    return f"{by or 'unknown'}: {reason or 'no reason given'}"
+
+
+def _people(run: _Run) -> None:
+    """Skips (annotation: once; spec.skip.clusters: while listed), then retries (annotation:
+    once; spec.retry: once per round and cluster, recorded as retry_round)."""
+    inp = run.inp
+    skip = inp.spec.skip or api.SkipSpec()
+    spec_skip = frozenset(skip.clusters or ())
+    retry = inp.spec.retry
+    if not (spec_skip or retry or inp.skip_clusters or inp.retry_clusters):
+        return
+    for u in inp.upgrades.values():
+        st = run.status[u.name]
+        cid = u.cluster_id
+        said = None
+        if cid in inp.skip_clusters:
+            said = _said(inp.requested_by, inp.reason)
+        elif cid in spec_skip:
+            said = _said(skip.requested_by or inp.requested_by, skip.reason)
+        if said is not None and st.phase in (U.PENDING, U.BLOCKED, U.FAILED):
+            run.set(u, phase=U.SKIPPED, reason="SkippedByUser", message=f"skipped by {said}")
+            run.skipped.add(cid)
+            continue
+        due = retry is not None and cid in retry.clusters and st.retry_round < retry.round
+        if due and retry is not None:
+            # The round is spent by every listed cluster the first time a decision sees it
+            # (idempotent under re-apply); only those that can retry get a fresh attempt.
+            run.set(u, retry_round=retry.round)
+            who = _said(retry.requested_by or inp.requested_by, retry.reason)
+        else:
+            who = _said(inp.requested_by, inp.reason)
+        if (due or cid in inp.retry_clusters) and _retriable(st):
+            _retry(run, u, st, who)
+
+
+def _returned(run: _Run) -> None:
+    """Invariant 4 for drift: a cluster recorded Skipped (ClusterGone) after it left the
+    inventory mid-upgrade, back now and still out of service, is this run's to bring back:
+    a fresh attempt carries it on from where it stands (no new service-out, no budget)."""
+    for u in run.inp.upgrades.values():
+        st = run.status[u.name]
+        if st.phase != U.SKIPPED or st.reason != "ClusterGone" or not st.step:
+            continue
+        obs = run.inp.snapshot.clusters.get(u.cluster_id)
+        if obs is None or obs.in_service or run.holder(u.cluster_id):
+            continue
+        cur = obs.current_operation
+        if cur is not None and not cur.state.terminal and not run._ours(cur):
+            continue  # someone else is acting on it: wait for them
+        _retry(run, u, st, "the cluster's return")
+        run.set(
+            u,
+            reason="ClusterReturned",
+            message=f"back in the inventory out of service after {st.step}: carrying it on "
+            f"(attempt {st.attempt + 2})",
+        )
+
+
+def _released(run: _Run) -> None:
+    """Invariant 4 across runs. An ended attempt that keeps its `step` may still have its
+    cluster out of service: a retry carries it on from there, failedClusterPolicy brings it
+    back, a return resumes it. Once the cluster is seen in service with no operation of this
+    run in flight on it, the attempt keeps nothing out (its service-out failed, or someone
+    serviced it back in) and its step is cleared, so that a later retry never adopts a
+    cluster that another run has taken out since."""
+    for u in run.inp.upgrades.values():
+        st = run.status[u.name]
+        if not st.step or st.phase in ACTIVE or st.phase in (U.PENDING, U.UPGRADED):
+            continue
+        obs = run.inp.snapshot.clusters.get(u.cluster_id)
+        if obs is None or not obs.in_service or run.busy_ours(obs, st):
+            continue
+        message = st.message
+        if st.step == RECOVER_STEP:
+            message = (
+                "serviced back in (failedClusterPolicy ServiceInIfHealthy) after it failed: "
+                f"{st.message or st.reason}"
+            )
+        run.set(
+            u,
+            step=None,
+            request_id=None,
+            operation_id=None,
+            step_start_time=None,
+            message=message,
+        )
+
+
+def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, who: str) -> None:
+    """A fresh attempt with the run's pinned targets: new request ids, fresh health."""
+    inp = run.inp
+    run.set(
+        u,
+        phase=U.PENDING,
+        attempt=st.attempt + 1,
+        step=None,
+        request_id=None,
+        operation_id=None,
+        health=None,
+        step_start_time=None,
+        reason="Retry",
+        message=f"retry requested by {who} (attempt {st.attempt + 2})",
+    )
+    run.retried.add(u.cluster_id)
+    obs = inp.snapshot.clusters.get(u.cluster_id)
+    if st.step == RECOVER_STEP and st.request_id is not None and obs is not None:
+        # Its service-in back (failedClusterPolicy) was asked for: the new attempt adopts
+        # that operation (the same request id) and goes on from its outcome, so no other
+        # step of ours can run on the cluster while it is in flight.
+        run.set(
+            u,
+            phase=U.SERVICING_IN,
+            step=OpKind.SERVICE_IN.value,
+            request_id=st.request_id,
+            step_start_time=run.stamp,
+        )
+        return
+    out = obs is None or not obs.in_service
+    if st.step and out and not run.holder(u.cluster_id):
+        # Invariant 4: the failed attempt took it out; the retry keeps it (no new
+        # service-out, no budget) and `follow` carries it on from where it stands. Also while
+        # the cluster is away from the inventory: it may come back out of service, ours to
+        # bring back (`follow` waits for it, then records ClusterGone, which `_returned`
+        # carries on); a retry that dropped the claim left it out for ever (simulation seed
+        # 577).
+        run.set(
+            u,
+            phase=U.SERVICING_OUT,
+            step=OpKind.SERVICE_OUT.value,
+            request_id=request_id(
+                inp.uid,
+                u.cluster_id,
+                OpKind.SERVICE_OUT.value,
+                u.spec.version,
+                st.attempt + 1,
+            ),
+            step_start_time=run.stamp,
+        )
+
+
+def _recover(run: _Run, u: Upgrade) -> None:
+    """failedClusterPolicy ServiceInIfHealthy: a Failed cluster this run took out of service is
+    serviced back in once it is available, its pools ready, no operation in flight on it and
+    every applicable check passed successThreshold times (invariant 3 holds for it too). It
+    stays Failed (reason kept); the message says it was serviced back in. Bounded: checks that
+    fail, or readiness past timeouts.ready, leave it out (step RECOVER_GAVE_UP)."""
+    st = run.status[u.name]
+    obs = run.effective.get(u.cluster_id)
+    if not st.step or st.step == RECOVER_GAVE_UP or obs is None:
+        return
+    if run.holder(u.cluster_id) is not None:
+        return
+    if obs.in_service:
+        return  # serviced back in: `_released` clears the step
+    inp = run.inp
+    rid = request_id(inp.uid, u.cluster_id, RECOVER_STEP, u.spec.version, st.attempt)
+    if st.step == RECOVER_STEP and st.request_id == rid:
+        op = run._find_op(rid, obs)
+        if (op is not None and op.state == OpState.FAILED) or rid in inp.snapshot.forgotten:
+            # Failed, or forgotten by the plugin (never asked again: invariant 6).
+            run.set(u, step=RECOVER_GAVE_UP, request_id=None, operation_id=None)
+            return
+        if op is None or op.state != OpState.SUCCEEDED:
+            asked = st.step_start_time
+            if asked and run.now - parse_time(asked) > run.timeout_of(OpKind.SERVICE_IN):
+                # Invariant 4: the way back in is bounded like any service-in.
+                run.set(u, step=RECOVER_GAVE_UP, request_id=None, operation_id=None)
+                return
+            if op is None and not run.service_in(u, request=rid):
+                # Not seen yet: asked again with the same request id, and only
+                # while the health on record still passes (invariant 3); else it verifies again.
+                run.set(u, step=RECOVER_STEP, step_start_time=run.stamp, request_id=None)
+                run.wake(POLL_SECONDS)
+                return
+            run.wake(STEP_POLL_SECONDS)
+            return
+        run.wake(POLL_SECONDS)  # succeeded; the inventory shows it in service on the next look
+        return
+    entering = st.step != RECOVER_STEP
+    since = run.stamp if entering or not st.step_start_time else st.step_start_time
+    cur = obs.current_operation
+    busy = cur is not None and not cur.state.terminal
+    ready = obs.available and all(p.ready for p in obs.node_pools) and not busy
+    if not ready:
+        if not entering and run.now - parse_time(since) > run.timeout_of(None):
+            run.set(u, step=RECOVER_GAVE_UP, health=None, step_start_time=None)
+            return
+        run.set(u, step=RECOVER_STEP, step_start_time=since, health=None, request_id=None)
+        run.wake(POLL_SECONDS * 5)
+        return
+    checks = run.checks_for(u.spec.stage)
+    if checks is not None:
+        health = None if entering else st.health
+        if health is None:
+            health = api.HealthState(since=run.stamp)
+        verdict = judge(health, checks, run.now)
+        if verdict.failed:
+            run.set(u, step=RECOVER_GAVE_UP, health=health, step_start_time=None)
+            return
+        if not verdict.passed:
+            run.set(u, step=RECOVER_STEP, step_start_time=since, health=health, request_id=None)
+            run.wake(max(verdict.wait_seconds, 0.0))
+            return
+    if run.service_in(u, request=rid):
+        # Asked now: the service-in's own bound (timeouts.serviceIn) runs from here.
+        run.set(u, step=RECOVER_STEP, step_start_time=run.stamp, request_id=rid, operation_id=None)
+
+
+def _skip_stages(
+    run: _Run, names: Sequence[str], by_stage: Mapping[int, Sequence[Upgrade]]
+) -> frozenset[str]:
+    """Stages a person skipped (spec.skip.stages, the skip-stages annotation; both level-
+    triggered): members not started are Skipped, members in flight go on."""
+    inp = run.inp
+    spec = inp.spec.skip or api.SkipSpec()
+    in_spec = frozenset(spec.stages or ())
+    skipped = (in_spec | inp.skip_stages) & frozenset(names)
+    for index, name in enumerate(names):
+        if name not in skipped:
+            continue
+        if name in in_spec:
+            said = _said(spec.requested_by or inp.requested_by, spec.reason)
+        else:
+            said = _said(inp.requested_by, inp.reason)
+        for u in by_stage.get(index, []):
+            if run.status[u.name].phase in (U.PENDING, U.BLOCKED, U.FAILED):
+                run.set(
+                    u,
+                    phase=U.SKIPPED,
+                    reason="StageSkipped",
+                    message=f"skipped by {said} (stage {name})",
+                )
+    return skipped
+
+
+@dataclass
+class _Budgets:
+    """The failure budgets of one decision: per stage and for the run."""
+
+    #: Per stage: (done, failed, refused, settled: nothing pending or in flight).
+    stats: list[tuple[int, int, int, bool]]
+    #: Per stage: its failures are past its own budget or take the run past the run's.
+    over: list[bool]
+    stage_budgets: list[int | None]
+    run_budget: int | None
+    #: The failures counted, in stage order: (cluster id, reason, message).
+    counted: list[tuple[str, str, str]]
+    halted: bool
+
+
+def _budgets(
+    run: _Run,
+    names: Sequence[str],
+    by_stage: Mapping[int, Sequence[Upgrade]],
+    skipped: frozenset[str],
+) -> _Budgets:
+    """Failed clusters count at once; clusters Blocked because the provider refuses their
+    target count once the rest of their stage is settled (a refusal takes nothing out, and
+    the stage's other clusters may still go). Past a stage's or the run's budget, the run
+    halts."""
+    strategy = run.strategy
+    total = len(run.inp.upgrades)
+    run_budget: int | None
+    if strategy.max_failures is not None:
+        run_budget = api.parse_max_failures(strategy.max_failures, total)
+    else:
+        run_budget = 0 if strategy.on_failure == api.OnFailure.HALT else None
+    stages_spec = strategy.stages or []
+    out = _Budgets([], [], [], run_budget, [], False)
+    for index, name in enumerate(names):
+        members = by_stage.get(index, [])
+        sts = [(u, run.status[u.name]) for u in members]
+        n_done = sum(1 for _, st in sts if st.phase in _DONE)
+        failed = [(u, st) for u, st in sts if st.phase == U.FAILED]
+        refused = [(u, st) for u, st in sts if st.phase == U.BLOCKED and st.reason == "Refused"]
+        settled = n_done + len(failed) + len(refused) == len(members)
+        counted = failed + (refused if settled else [])
+        spec_stage = stages_spec[index] if stages_spec else None
+        own = (
+            api.parse_max_failures(spec_stage.max_failures, len(members))
+            if spec_stage is not None and spec_stage.max_failures is not None
+            else None
+        )
+        before = len(out.counted)
+        out.counted += [(u.cluster_id, st.reason or "", st.message or "") for u, st in counted]
+        past_stage = own is not None and len(counted) > own
+        past_run = run_budget is not None and len(out.counted) > max(run_budget, before)
+        out.stats.append((n_done, len(failed), len(refused), settled))
+        out.over.append(name not in skipped and (past_stage or past_run))
+        out.stage_budgets.append(own)
+    out.halted = any(out.over) or (run_budget is not None and len(out.counted) > run_budget)
+    return out
+
+
+@dataclass(frozen=True)
+class _TimeGate:
+    """Whether a cluster may start now as far as time goes (notBefore, windows)."""
+
+    may_start: bool
+    next_start: datetime | None = None
+    #: The Pending reason while closed: NotBefore or MaintenanceWindow.
+    word: str = ""
+    message: str = ""
+
+
+_OPEN = _TimeGate(True)
+
+
+def _minor_changes(current: str, target: str) -> bool:
+    a, b = versions.parse(current), versions.parse(target)
+    return (a.major, a.minor) != (b.major, b.minor)
+
+
+def _time_gate(run: _Run, stage: api.Stage | None, u: Upgrade) -> _TimeGate:
+    """The time gate of one cluster (orchestrator.windows): the run's notBefore, and the
+    maintenance of its stage (else the run's) with the provider's windows of the cluster."""
+    maintenance = (
+        stage.maintenance
+        if stage is not None and stage.maintenance is not None
+        else run.strategy.maintenance
+    )
+    text = run.strategy.not_before
+    if maintenance is None and not text:
+        return _OPEN
+    not_before = windows.parse_time(text) if text else None
+    obs = run.effective.get(u.cluster_id)
+    provider = obs.maintenance_windows if obs is not None else ()
+    minor = obs is None or _minor_changes(obs.control_plane_version, u.spec.version)
+    gate = windows.gate(maintenance, provider, run.now, not_before=not_before, minor=minor)
+    if gate.may_start:
+        return _OPEN
+    word = "NotBefore" if not_before is not None and run.now < not_before else "MaintenanceWindow"
+    when = (
+        f"may start at {format_time(gate.next_start)}"
+        if gate.next_start is not None
+        else "no start within the windows' horizon"
+    )
+    return _TimeGate(False, gate.next_start, word, f"{gate.reason}; {when}")
+
+
+def decide(inp: RunInput) -> Decision:
+    """One step of a run: a visible sequence of phases over one working copy of the run (in
+    the manner of Cluster API's doReconcile). Pure: the caller persists `changed` before making
+    `calls`."""
+    run = _Run(inp)
+    by_stage: dict[int, list[Upgrade]] = {}
+    for u in sorted(inp.upgrades.values(), key=lambda x: (x.spec.stage_index, x.cluster_id)):
+        by_stage.setdefault(u.spec.stage_index, []).append(u)
+    names, skipped_stages = _people_first(run, by_stage)
+    _carry_in_flight(run)
+    budgets = _budgets(run, names, by_stage, skipped_stages)
+    walk = _walk_stages(run, names, by_stage, skipped_stages, budgets)
+    if _admits(run, walk):
+        _admit(run, walk, by_stage)
+    return _summarise(
+        run,
+        walk.stages,
+        walk.current,
+        walk.halted,
+        walk.blocked,
+        budgets,
+        next_start=format_time(walk.next_start) if walk.next_start is not None else None,
+        waiting=walk.waiting or None,
+    )
+
+
+def _people_first(
+    run: _Run, by_stage: Mapping[int, Sequence[Upgrade]]
+) -> tuple[list[str], frozenset[str]]:
+    """Phase 1, people first: skips, then retries (annotations are consumed by the
+    controller; spec fields are level-triggered, a retry round applies once per cluster), and
+    stages a person skipped. Returns the stage names and the skipped ones."""
+    _released(run)
+    _people(run)
+    stages_spec = run.strategy.stages or []
+    names = [s.name for s in stages_spec] or ["default"]
+    # Before anything issues calls: a skipped stage's members not started never are.
+    skipped_stages = _skip_stages(run, names, by_stage)
+    _returned(run)
+    run.halted_hint = _budgets(run, names, by_stage, skipped_stages).halted
+    return names, skipped_stages
+
+
+def _carry_in_flight(run: _Run) -> None:
+    """Phase 2: every cluster in flight is carried forward from what its operation did; failed
+    clusters are serviced back in where the policy says so (failedClusterPolicy)."""
+    inp = run.inp
+    for u in inp.upgrades.values():
+        if run.status[u.name].phase in ACTIVE:
+            run.follow(u)
+    if run.strategy.failed_cluster_policy == api.FailedClusterPolicy.SERVICE_IN_IF_HEALTHY:
+        for u in inp.upgrades.values():
+            if run.status[u.name].phase == U.FAILED:
+                _recover(run, u)
+    _released(run)  # an attempt that ended in this pass with its cluster still in service
+
+
+@dataclass
+class _Walk:
+    """The run-level view of one pass: the stage walk's findings, which admission adds to."""
+
+    names: list[str]
+    stages: list[api.StageStatus]
+    #: The stage admitting clusters; -1: a stage verifying, soaking or failed holds the run;
+    #: None: every stage is done.
+    active: int | None
+    halted: bool
+    waiting: str
+    blocked: str
+    next_start: datetime | None = None
+
+    @property
+    def current(self) -> str | None:
+        """The name of the stage admitting clusters, if any."""
+        return self.names[self.active] if self.active is not None and self.active >= 0 else None
+
+
+def _walk_stages(
+    run: _Run,
+    names: list[str],
+    by_stage: Mapping[int, Sequence[Upgrade]],
+    skipped_stages: frozenset[str],
+    budgets: _Budgets,
+) -> _Walk:
+    """Phase 3: each stage's phase, in order (skipped, completed, verifying its checks,
+    soaking, failed, awaiting approval, progressing); the first incomplete one is active."""
+    inp = run.inp
+    stages_spec = run.strategy.stages or []
+    prev = {s.name: s for s in inp.stages}
+    halted = budgets.halted
+    waiting = "Halted" if halted else ""
+    stage_status: list[api.StageStatus] = []
+    active_index: int | None = None
+    blocked = ""
+    for index, name in enumerate(names):
+        members = by_stage.get(index, [])
+        spec_stage = stages_spec[index] if stages_spec else None
+        n_done, n_failed, _, settled = budgets.stats[index]
+        over = budgets.over[index]
+        old = prev.get(name)
+        start = old.start_time if old else None
+        completion = old.completion_time if old else None
+        health = old.health if old else None
+        phase = api.StagePhase.PENDING
+        last = index + 1 == len(names)
+        if name in skipped_stages:
+            # Skipped by a person: its checks are not evaluated and the run moves on.
+            phase = api.StagePhase.SKIPPED
+            health = None
+        elif active_index is None and settled and not over:
+            checks = None if last else run.checks_for(name)
+            if health is not None and _ended_since(members, run.status, health.since):
+                # Invariant 3: a member ended after this analysis began (it was retried and the
+                # stage's reopening never reached the run's status): verify the stage anew.
+                health, completion = None, None
+            verdict = judge(health, checks, inp.now) if checks is not None else None
+            if verdict is not None and not verdict.passed:
+                if health is None:
+                    health = api.HealthState(since=run.stamp)
+                    verdict = judge(health, checks, inp.now) if checks else verdict
+                active_index = -1
+                if verdict.failed:
+                    phase = api.StagePhase.FAILED
+                    halted = True
+                    waiting = "Halted"
+                    blocked = f"stage {name}: {verdict.message}"
+                else:
+                    phase = api.StagePhase.VERIFYING
+                    waiting = waiting or "StageVerifying"
+                    blocked = f"stage {name}: {verdict.message}"
+                    run.wake(max(verdict.wait_seconds, 0.5))
+            else:
+                phase = api.StagePhase.COMPLETED
+                completion = completion or run.stamp
+                soak = spec_stage.soak_time if spec_stage else None
+                if soak and not last:
+                    left = parse_time(completion) + api.parse_duration(soak) - inp.now
+                    if left > timedelta(0):
+                        phase = api.StagePhase.SOAKING
+                        active_index = -1
+                        waiting = waiting or "Soaking"
+                        blocked = f"stage {name} soaking for {int(left.total_seconds())}s more"
+                        run.wake(left.total_seconds())
+        elif active_index is None:
+            active_index = index
+            # Invariant 3: a stage that is incomplete again (a member retried) verifies anew.
+            health = None
+            if over or (halted and n_failed):
+                phase = api.StagePhase.FAILED
+            elif (
+                spec_stage is not None
+                and spec_stage.approval == api.Approval.MANUAL
+                and name not in inp.approved_stages
+                and not start
+            ):
+                phase = api.StagePhase.AWAITING_APPROVAL
+                waiting = waiting or "AwaitingApproval"
+                blocked = (
+                    f"stage {name} awaits approval: add it to the "
+                    f"{api.ANNOTATION_APPROVE_STAGES} annotation"
+                )
+            else:
+                phase = api.StagePhase.PROGRESSING
+        stage_status.append(
+            api.StageStatus(
+                name=name,
+                phase=phase,
+                total=len(members),
+                upgraded=n_done,
+                failed=n_failed,
+                max_failures=budgets.stage_budgets[index],
+                start_time=start,
+                completion_time=completion
+                if phase in (api.StagePhase.COMPLETED, api.StagePhase.SOAKING)
+                else None,
+                health=health,
+            )
+        )
+    if run.stopping:
+        waiting = "Stopped"
+    elif run.strategy.paused and not halted:
+        waiting = "Paused"
+    return _Walk(names, stage_status, active_index, halted, waiting, blocked)
+
+
+def _admits(run: _Run, walk: _Walk) -> bool:
+    """Whether this pass admits clusters: a stage is progressing and nothing holds the run
+    (halted on its budget, stopped, paused)."""
+    return (
+        walk.active is not None
+        and walk.active >= 0
+        and walk.stages[walk.active].phase == api.StagePhase.PROGRESSING
+        and not walk.halted
+        and not run.stopping
+        and not run.strategy.paused
+    )
+
+
+def _admit(run: _Run, walk: _Walk, by_stage: Mapping[int, Sequence[Upgrade]]) -> None:
+    """Phase 4, admission into the active stage: in stable order, each cluster whose turn
+    came is skipped (gone, at target), resumed (our own service-out took effect unconfirmed:
+    `_Run.ours_out`), waits for its time gate or the concurrency limit, and is then offered to
+    `_Run.service_out`: it waits (held by another run, another operation, out of service, the
+    floor's budget: `_Run.may_service_out`, counted over this pass), is asked about
+    (preflight), is refused (Blocked), or is taken out (its preUpgrade hook first)."""
+    inp = run.inp
+    stages_spec = run.strategy.stages or []
+    active_index = walk.active
+    assert active_index is not None
+    stage_status = walk.stages
+    waiting, blocked = walk.waiting, walk.blocked
+    next_start: datetime | None = None
+    time_waits: set[str] = set()
+    members = by_stage.get(active_index, [])
+    spec_stage = stages_spec[active_index] if stages_spec else None
+    value = (
+        spec_stage.max_concurrency
+        if spec_stage is not None and spec_stage.max_concurrency is not None
+        else run.strategy.max_concurrency
+    )
+    limit = _limit(value, len(members))
+    in_flight = sum(1 for s in run.status.values() if s.phase in ACTIVE)
+    room = run.room()
+    started = False
+    waiting_budget = False
+    # Time: clusters whose gate (notBefore, windows) is open go first, in stable order.
+    timed = (
+        run.strategy.not_before
+        or run.strategy.maintenance
+        or (spec_stage is not None and spec_stage.maintenance)
+    )
+    gates = {
+        u.name: _time_gate(run, spec_stage, u)
+        for u in (members if timed else ())
+        if run.status[u.name].phase in (U.PENDING, U.BLOCKED)
+    }
+    waits = [g for g in gates.values() if not g.may_start]
+    if waits:
+        nexts = [g.next_start for g in waits if g.next_start is not None]
+        if nexts:
+            next_start = min(nexts)
+            run.wake(max((next_start - inp.now).total_seconds(), 1.0))
+    if waits:
+        members = sorted(members, key=lambda x: not gates.get(x.name, _OPEN).may_start)
+    for u in members:  # their time came: no stale wait shown while they queue
+        st = run.status[u.name]
+        if (
+            st.phase == U.PENDING
+            and st.reason in ("NotBefore", "MaintenanceWindow")
+            and gates.get(u.name, _OPEN).may_start
+        ):
+            run.set(u, reason=None, message=None)
+    for u in members:
+        st = run.status[u.name]
+        if st.phase not in (U.PENDING, U.BLOCKED):
+            continue
+        if st.phase == U.BLOCKED and st.reason == "Refused":
+            continue
+        if u.cluster_id in run.retried:
+            # Retried in this pass: admitted from the next one, once every retry of the
+            # pass is on record (a pass cut short, or writes made in parallel, must not
+            # leave a new service-out on record beside failures it was decided without).
+            run.wake(0.0)
+            continue
+        obs = run.effective.get(u.cluster_id)
+        if obs is None:
+            run.set(
+                u,
+                phase=U.SKIPPED,
+                reason="ClusterGone",
+                message="not in the plugin's inventory when its turn came",
+            )
+            continue
+        if not needs_upgrade(obs, u.spec):
+            run.at_target(u, obs)
+            continue
+        gate = gates.get(u.name, _OPEN)
+        if run.ours_out(u, obs) and gate.may_start:  # a start, so within its window too
+            # Ours already (our service-out took effect unconfirmed): resumed, the one
+            # exception to `may_service_out` (`_Run.ours_out` says why), and no new start.
+            run.service_out(u, obs)
+            in_flight += 1
+            continue
+        if not gate.may_start:
+            run.set(u, phase=U.PENDING, reason=gate.word, message=gate.message)
+            time_waits.add(gate.word)
+            continue
+        if in_flight >= limit:
+            break
+        # Owner, another operation, out of service, floor (this pass's room), preflight; the
+        # preUpgrade hook runs first, the cluster held and still in service.
+        why = run.service_out(u, obs, counted=room, pre_hook=True)
+        if why is None:
+            in_flight += 1
+            started = True
+            run.note_drift(u, obs)
+        elif why.reason == WAITING_FOR_BUDGET:
+            waiting_budget = True
+        elif why.reason == PREFLIGHT_ASKED:
+            in_flight += 1
+    if waiting_budget and not blocked:
+        blocked = (
+            f"waiting for availability budget: {inp.spec.required_available_count} "
+            "clusters must stay available and in service"
+        )
+        waiting = waiting or "AvailabilityBudget"
+        run.wake(POLL_SECONDS * 5)
+    if time_waits and not started:
+        word = "NotBefore" if "NotBefore" in time_waits else "MaintenanceWindow"
+        waiting = waiting or word
+        if not blocked:
+            first = next(g for g in waits if g.word == word)
+            blocked = f"waiting: {first.message}"
+    if run.preflight_needed and not started and not blocked:
+        # Invariant 4: a run that waits for the provider's verdict says so. The driver asks at
+        # once and decides again, so this stays on record only while the ask fails (simulation
+        # seed 7490: a failed PreflightUpgrade left the run saying only a count).
+        asked = sorted(set(run.preflight_needed))
+        blocked = f"waiting: the provider's preflight verdict on {asked[0]}"
+        blocked += f" (and {len(asked) - 1} more)" if len(asked) > 1 else ""
+        waiting = waiting or "Preflight"
+    held = [(u.cluster_id, run.status[u.name]) for u in members]
+    held = [(c, s) for c, s in held if s.phase == U.PENDING and s.reason in _HELD_ELSEWHERE]
+    if held and in_flight == 0 and not blocked:
+        # Invariant 4: nothing moves until the world lets a cluster go; the run names it
+        # (a person can act on that), never only a count.
+        cid, st = held[0]
+        blocked = f"waiting: {cid}: {st.message}"
+        blocked += f" (and {len(held) - 1} more)" if len(held) > 1 else ""
+        waiting = waiting or st.reason or ""
+    if started and not stage_status[active_index].start_time:
+        stage_status[active_index] = stage_status[active_index].model_copy(
+            update={"start_time": run.stamp}
+        )
+    walk.waiting, walk.blocked, walk.next_start = waiting, blocked, next_start
+
+
+def _outs_last(run: _Run) -> dict[str, api.ClusterUpgradeStatus]:
+    """The changed statuses, new service-outs last: a pass cut short (crash, conflict) has
+    recorded the failures, skips and retries its admissions were decided on."""
+    fresh = {
+        n
+        for n, st in run.changed.items()
+        if st.phase == U.SERVICING_OUT and run.inp.upgrades[n].status.phase not in ACTIVE
+    }
+    if not fresh:
+        return run.changed
+    out = {n: st for n, st in run.changed.items() if n not in fresh}
+    out.update((n, run.changed[n]) for n in run.changed if n in fresh)
+    return out
+
+
+def _summarise(
+    run: _Run,
+    stages: list[api.StageStatus],
+    current: str | None,
+    halted: bool,
+    blocked: str,
+    budgets: _Budgets,
+    next_start: str | None = None,
+    waiting: str | None = None,
+) -> Decision:
+    counts = {"pending": 0, "in_flight": 0, "upgraded": 0, "failed": 0, "blocked": 0, "skipped": 0}
+    for st in run.status.values():
+        key = {
+            U.UPGRADED: "upgraded",
+            U.FAILED: "failed",
+            U.BLOCKED: "blocked",
+            U.SKIPPED: "skipped",
+            U.PENDING: "pending",
+        }.get(st.phase, "in_flight")
+        counts[key] += 1
+    total = len(run.status)
+    in_flight = counts["in_flight"]
+    # A failed cluster being serviced back in (failedClusterPolicy) keeps the run going.
+    recovering = sorted(
+        run.inp.upgrades[n].cluster_id
+        for n, st in run.status.items()
+        if st.phase == U.FAILED and st.step == RECOVER_STEP
+    )
+    finished = (
+        all(s.phase in (api.StagePhase.COMPLETED, api.StagePhase.SKIPPED) for s in stages)
+        and not recovering
+    )
+    failures = None
+    if budgets.counted or run.strategy.max_failures is not None:
+        failures = api.FailureSummary(
+            count=len(budgets.counted),
+            max_failures=budgets.run_budget,
+            clusters=[cid for cid, _, _ in budgets.counted[:20]] or None,
+        )
+    if run.stopping:
+        phase = api.RunPhase.STOPPING if in_flight else api.RunPhase.STOPPED
+        message = f"stopped by spec.state; {in_flight} cluster(s) finishing their step"
+    elif finished and counts["failed"] + counts["blocked"] == 0 and in_flight == 0:
+        phase = api.RunPhase.SUCCEEDED
+        message = f"{counts['upgraded']} upgraded, {counts['skipped']} skipped of {total}"
+    elif finished and in_flight == 0:
+        phase = api.RunPhase.FAILED
+        message = f"finished with {counts['failed']} failed and {counts['blocked']} blocked"
+        why = sorted(
+            (run.inp.upgrades[n].cluster_id, s.message or "")
+            for n, s in run.status.items()
+            if s.phase in (U.FAILED, U.BLOCKED)
+        )
+        if why:  # the run says why, not only how many
+            message += f"; {why[0][0]}: {why[0][1]}"
+    elif halted and budgets.counted:
+        phase = api.RunPhase.HALTED
+        limit = "unlimited" if budgets.run_budget is None else str(budgets.run_budget)
+        past = [
+            f"stage {s.name} ({s.failed} failed, maxFailures {s.max_failures})"
+            for s, over in zip(stages, budgets.over, strict=True)
+            if over and s.max_failures is not None and s.phase != api.StagePhase.SKIPPED
+        ]
+        message = (
+            f"halted: {len(budgets.counted)} failure(s) past the budget (run maxFailures "
+            f"{limit}{'; ' + ', '.join(past) if past else ''}): "
+            + "; ".join(
+                f"{cid} ({reason}): {_short(text)}" for cid, reason, text in budgets.counted[:3]
+            )
+        )
+        if len(budgets.counted) > 3:
+            message += f"; and {len(budgets.counted) - 3} more"
+    elif halted:
+        phase = api.RunPhase.HALTED
+        failed = sorted(
+            (run.inp.upgrades[n].cluster_id, s.message or "")
+            for n, s in run.status.items()
+            if s.phase == U.FAILED
+        )
+        message = (
+            f"halted: cluster {failed[0][0]} failed: {failed[0][1]}"
+            if failed
+            else f"halted: {blocked}"
+        )
+    else:
+        phase = api.RunPhase.PROGRESSING
+        if recovering and not in_flight and not blocked:
+            # Invariant 4: only a failed cluster's way back in keeps the run going; say so.
+            blocked = (
+                f"waiting: {recovering[0]} failed and is serviced back in once healthy "
+                "(failedClusterPolicy ServiceInIfHealthy)"
+            )
+            waiting = waiting or "Recovering"
+        message = blocked or (
+            f"{counts['upgraded']}/{total} upgraded, {in_flight} in flight"
+            + (f", stage {current}" if current else "")
+        )
+    return Decision(
+        changed=_outs_last(run),
+        calls=run.calls,
+        preflight_needed=run.preflight_needed,
+        stages=stages,
+        counts=api.RunCounts(total=total, **counts),
+        phase=phase,
+        message=message,
+        current_stage=current,
+        requeue_after=run.requeue,
+        events=run.events,
+        retried=run.retried,
+        skipped=run.skipped,
+        hook_calls=run.hook_calls,
+        failures=failures,
+        next_start_time=next_start,
+        waiting_reason=waiting,
+    )
+
+
+#: Codes after which asking again cannot help (the contract's error tables).
+FATAL_CODES = frozenset(
+    {"INVALID_ARGUMENT", "NOT_FOUND", "UNIMPLEMENTED", "PERMISSION_DENIED", "UNAUTHENTICATED"}
+)
+
+
+def call_failed(
+    status: api.ClusterUpgradeStatus,
+    call: Call,
+    code: str,
+    retryable: bool,
+    message: str,
+    now: datetime,
+) -> tuple[api.ClusterUpgradeStatus, float | None]:
+    """The status after a mutating call failed, and when to look again (None: never).
+
+    Fatal codes and non-retryable refusals fail (or, for a service-out that never happened,
+    block) the cluster with the plugin's words; anything else keeps the intent (the same
+    request id is asked again on the next reconcile, bounded by the step timeout).
+    """
+    stamp = format_time(now)
+    text = f"{call.kind.value}: {code}: {message}"
+    if code in FATAL_CODES or (code == "FAILED_PRECONDITION" and not retryable):
+        if call.kind is OpKind.SERVICE_OUT and not call.reissue:
+            update = {
+                "phase": U.BLOCKED,
+                "reason": "Refused",
+                "step": None,
+                "step_start_time": None,
+                "message": f"refused before drain: {text}",
+            }
+        else:
+            update = {
+                "phase": U.FAILED,
+                "reason": "Refused",
+                "message": text,
+                "end_time": attempt_end(status, stamp),
+            }
+        return status.model_copy(update={**update, "last_transition_time": stamp}), None
+    wait = 30.0 if code == "FAILED_PRECONDITION" else 2.0
+    return status.model_copy(update={"message": f"will ask again: {text}"}), wait
+
+
+def with_status(u: Upgrade, status: api.ClusterUpgradeStatus) -> Upgrade:
+    """The upgrade with a new status (a helper for drivers and models)."""
+    return replace(u, status=status)

@@ -1,0 +1,1 @@
+"""One pass of a run (observe, decide, persist, call); where runs and replicas meet."""

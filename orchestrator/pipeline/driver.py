@@ -1,0 +1,542 @@
+"""One UpdateRun reconcile as a pipeline: observe → decide (pure) → record intents → act → record.
+
+The driver knows the world only through four small protocols, so the product (kube + gRPC
+adapters in orchestrator.runs) and the adversarial simulation (tests/sim) run this same code:
+
+- `UpgradeStore`: conditional writes of ClusterUpgrade status (resourceVersion; a stale write
+  raises `WriteConflict` and nothing after it happens in this pass).
+- `Provider`: the plugin (inventory + operations snapshot, preflight, the four mutations).
+- `Checker`: health-check evaluation for a set of clusters.
+- `Fence`: whether this replica still holds the Lease; checked before every plugin call.
+- `HookRunner` (optional): starts pre/post-upgrade hooks by their deterministic id and reports
+  what it knows of them (orchestrator.hooks in the product); started, like calls, only after
+  the intent (HookStatus Running) is on record.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Protocol, TypeVar
+
+from orchestrator import api
+from orchestrator.engine.conditions import parse_time
+from orchestrator.engine.decide import (
+    ACTIVE,
+    POST_HOOK,
+    Call,
+    Decision,
+    Floor,
+    HookObs,
+    HookState,
+    Preflight,
+    RunInput,
+    Upgrade,
+    awaits_checks,
+    call_failed,
+    checks_for,
+    decide,
+    short_of_target,
+    with_status,
+)
+from orchestrator.engine.health import due_in, record
+from orchestrator.engine.observations import ClusterObs, OpObs, Snapshot
+
+__all__ = [
+    "CallError",
+    "Checker",
+    "Fence",
+    "HookRequest",
+    "HookRunner",
+    "Provider",
+    "RunDriver",
+    "StepResult",
+    "UpgradeStore",
+    "WriteConflict",
+    "holdings",
+]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class WriteConflict(Exception):
+    """The object changed since it was read (HTTP 409): re-read, decide again."""
+
+
+class CallError(Exception):
+    """A plugin call failed: the gRPC code name, whether retrying can help, and the words."""
+
+    def __init__(self, code: str, message: str, retryable: bool, retry_after: float = 0.0):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+class UpgradeStore(Protocol):
+    """Conditional status writes of ClusterUpgrades."""
+
+    def write_upgrade_status(self, upgrade: Upgrade, status: api.ClusterUpgradeStatus) -> None:
+        """Write status if the object is unchanged since read; raise WriteConflict if not."""
+
+
+class Provider(Protocol):
+    """The plugin behind a run."""
+
+    @property
+    def supports_preflight(self) -> bool:
+        """Whether PreflightUpgrade is declared."""
+
+    def snapshot(self, cluster_ids: Sequence[str]) -> Snapshot:
+        """Inventory and the latest known operations (by request id)."""
+
+    def preflight(self, cluster_id: str, version: str, pools: Mapping[str, str]) -> Preflight:
+        """Ask whether the upgrade would be accepted now (version "": the control plane stays;
+        pools: only those that would change); raise CallError on failure."""
+
+    def call(self, call: Call) -> OpObs:
+        """Make one mutating call; raise CallError on failure."""
+
+
+class Checker(Protocol):
+    """Evaluates health checks."""
+
+    def evaluate(
+        self, checks: api.HealthChecks, clusters: Sequence[ClusterObs], stage: str
+    ) -> list[api.CheckResult]:
+        """One evaluation of every check over the clusters."""
+
+
+class Fence(Protocol):
+    """Leadership: a replica that lost the Lease issues nothing more."""
+
+    def held(self) -> bool:
+        """True while this replica may act."""
+
+
+@dataclass(frozen=True)
+class HookRequest:
+    """Everything an executor needs to start or observe one hook (built by the driver)."""
+
+    #: The run as "namespace/name" and its uid.
+    run: str
+    run_uid: str
+    #: The ClusterUpgrade (its name) and the cluster.
+    upgrade: str
+    cluster_id: str
+    kind: str
+    #: The deterministic id (engine.hook_id): the Job name and the HTTP Idempotency-Key.
+    id: str
+    attempt: int
+    hook: api.Hook
+    current_version: str
+    target_version: str
+    #: When the intent was recorded: the hook's deadline is this + hook.timeout.
+    start_time: datetime
+
+    @property
+    def namespace(self) -> str:
+        """The run's namespace (the Job's, and where the hook's Secrets are read)."""
+        return self.run.partition("/")[0]
+
+    @property
+    def run_name(self) -> str:
+        """The run's name."""
+        return self.run.partition("/")[2]
+
+
+class HookRunner(Protocol):
+    """Runs hooks; idempotent by request id (never runs one id twice)."""
+
+    def start(self, request: HookRequest) -> None:
+        """Start the hook (a Job: create it, or adopt the existing one); never blocks for
+        its outcome. Failures are reported by `observe`."""
+
+    def observe(self, request: HookRequest) -> HookObs:
+        """What is known of the hook now (UNKNOWN: nothing, e.g. after a restart)."""
+
+
+@dataclass
+class StepResult:
+    """What a reconcile of one run did, for the run's status write."""
+
+    decision: Decision
+    calls_made: int = 0
+    conflicts: int = 0
+    fenced: bool = False
+    requeue_after: float | None = None
+
+
+@dataclass
+class RunDriver:
+    """Runs one reconcile of one run against the protocols."""
+
+    provider: Provider
+    store: UpgradeStore
+    checker: Checker
+    fence: Fence
+    #: Preflight answers kept between passes (cluster id → answer), per driver.
+    preflight_cache: dict[str, Preflight] = field(default_factory=dict)
+    #: Writes and calls made at once (1: in order, as the simulation replays them).
+    parallelism: int = 1
+    #: A long-lived pool of `parallelism` workers to make them on (None: one per pass).
+    executor: Executor | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: Invariant 3: ClusterUpgrades whose failing evaluation could not be recorded (the write
+    #: conflicted or got no answer); their next evaluation counts passes from zero. Keep it
+    #: between passes like preflight_cache (the controller owns it).
+    unrecorded_failures: set[str] = field(default_factory=set)
+    #: The same for stage-level checks, whose health the run's status write records: (run,
+    #: stage) → time of a failing evaluation; until the stored health shows it (or later),
+    #: the next evaluation counts passes from zero.
+    stage_failures: dict[tuple[str, str], datetime] = field(default_factory=dict)
+    #: The hook executor (None: hooks fail, saying this orchestrator runs none).
+    hooks: HookRunner | None = None
+
+    def step(
+        self,
+        *,
+        key: str,
+        uid: str,
+        spec: api.UpdateRunSpec,
+        upgrades: Mapping[str, Upgrade],
+        stages: Sequence[api.StageStatus],
+        held_by: Mapping[str, str],
+        now: datetime,
+        approved: frozenset[str] = frozenset(),
+        retry: frozenset[str] = frozenset(),
+        skip: frozenset[str] = frozenset(),
+        floors: Sequence[Floor] = (),
+        skip_stages: frozenset[str] = frozenset(),
+        requested_by: str = "",
+        reason: str = "",
+    ) -> StepResult:
+        """Observe, decide, persist intents, then call; returns the decision taken.
+
+        floors: the other live runs on this provider sharing clusters with this one; their
+        members are observed too, and held_by must name their holders.
+        """
+        ids = [u.cluster_id for u in upgrades.values()]
+        own = set(ids)
+        ids += sorted({cid for f in floors for cid in f.members} - own)
+        snapshot = self.provider.snapshot(ids)
+        upgrades, health_changed = self._evaluate_clusters(spec, upgrades, snapshot, now)
+        stages = self._evaluate_stages(key, spec, upgrades, stages, snapshot, now)
+        hook_obs = self._observe_hooks(key, uid, spec, upgrades, snapshot)
+        inp = RunInput(
+            key=key,
+            uid=uid,
+            spec=spec,
+            upgrades=upgrades,
+            snapshot=snapshot,
+            now=now,
+            held_by=held_by,
+            preflight=self.preflight_cache,
+            preflight_supported=self.provider.supports_preflight,
+            stages=stages,
+            approved_stages=approved,
+            retry_clusters=retry,
+            skip_clusters=skip,
+            skip_stages=skip_stages,
+            requested_by=requested_by,
+            reason=reason,
+            floors=floors,
+            hooks=hook_obs,
+        )
+        decision = decide(inp)
+        if decision.preflight_needed and self.fence.held():
+            by_cluster = {u.cluster_id: u for u in upgrades.values()}
+
+            def ask(cid: str) -> None:
+                u = by_cluster[cid]
+                obs = snapshot.clusters.get(cid)
+                if obs is None:
+                    return  # gone: the next decision records it
+                # Only what is still short of target (invariant 7): a control plane at or past
+                # it is not asked for (that would be a downgrade), its pools are judged
+                # against the version it has.
+                control_plane, pools = short_of_target(obs, u.spec)
+                if not control_plane and not pools:
+                    return  # at target: the next decision records it, nothing to ask
+                try:
+                    answer = self.provider.preflight(cid, control_plane, pools)
+                except CallError as err:
+                    log.info("preflight of %s failed: %s", cid, err)
+                    return
+                with self._lock:
+                    self.preflight_cache[cid] = replace(answer, version=u.spec.version)
+
+            # A wave of admissions asks about each cluster at once (bounded, like the writes).
+            self._each(ask, list(decision.preflight_needed))
+            decision = decide(inp)
+        result = StepResult(decision, requeue_after=decision.requeue_after)
+        # Record intents (and health progress) before any call: a crash after this write
+        # resumes with the same request ids; a crash before it never called.
+        # In the decision's order (it writes new service-outs last), health-only writes first.
+        to_write = {k: v for k, v in health_changed.items() if k not in decision.changed}
+        to_write.update(decision.changed)
+        written = self._write_all(upgrades, to_write, result)
+        self.unrecorded_failures -= written & health_changed.keys()
+        calls = [
+            c
+            for c in decision.calls
+            # A call whose intent is not on record is not made.
+            if c.upgrade in written or (c.upgrade not in decision.changed and not result.conflicts)
+        ]
+
+        def act(call: Call) -> None:
+            if not self.fence.held():
+                result.fenced = True
+                return
+            u = upgrades[call.upgrade]
+            status = decision.changed.get(call.upgrade, u.status)
+            try:
+                self.provider.call(call)
+                with self._lock:
+                    result.calls_made += 1
+            except CallError as err:
+                new, wait = call_failed(status, call, err.code, err.retryable, err.message, now)
+                if err.retry_after:
+                    wait = err.retry_after
+                conflicted = False
+                try:
+                    self.store.write_upgrade_status(with_status(u, status), new)
+                except WriteConflict:
+                    conflicted = True
+                with self._lock:
+                    result.conflicts += conflicted
+                    result.requeue_after = _min(
+                        result.requeue_after, wait if wait is not None else 0.0
+                    )
+
+        self._each(act, calls)
+        hook_calls = [
+            c
+            for c in decision.hook_calls
+            if c.upgrade in written or (c.upgrade not in decision.changed and not result.conflicts)
+        ]
+        if hook_calls and self.fence.held():
+            for hc in hook_calls:
+                u = upgrades[hc.upgrade]
+                request = self._hook_request(
+                    key, uid, spec, u, decision.changed.get(hc.upgrade, u.status), snapshot
+                )
+                if request is not None and self.hooks is not None:
+                    self.hooks.start(request)
+        elif hook_calls:
+            result.fenced = True
+        if decision.calls and result.calls_made:
+            result.requeue_after = _min(result.requeue_after, 1.0)
+        if result.conflicts and decision.phase in _FINAL:
+            # Invariant 4: a decision not wholly on record cannot finish the run (a cluster
+            # whose write conflicted may still be out of service); look again at once.
+            result.decision = replace(
+                decision,
+                phase=api.RunPhase.STOPPING
+                if decision.phase == api.RunPhase.STOPPED
+                else api.RunPhase.PROGRESSING,
+                message=f"{decision.message} (a write conflicted; looking again)",
+            )
+            result.requeue_after = 0.0
+        return result
+
+    def _write_all(
+        self,
+        upgrades: Mapping[str, Upgrade],
+        to_write: Mapping[str, api.ClusterUpgradeStatus],
+        result: StepResult,
+    ) -> set[str]:
+        """Write every changed status; the names whose write took effect."""
+        written: set[str] = set()
+
+        def write(name: str) -> None:
+            if self.parallelism == 1 and result.conflicts:
+                return  # sequential: stop at the first conflict (the rest waits a pass)
+            try:
+                self.store.write_upgrade_status(upgrades[name], to_write[name])
+            except WriteConflict:
+                with self._lock:
+                    result.conflicts += 1
+                    result.requeue_after = 0.0
+                return
+            with self._lock:
+                written.add(name)
+
+        self._each(write, list(to_write))
+        return written
+
+    def _each(self, fn: Callable[[T], None], items: Sequence[T]) -> None:
+        """fn over items: in order, or on `parallelism` threads (the product's API latency)."""
+        if self.parallelism <= 1 or len(items) <= 1:
+            for item in items:
+                fn(item)
+            return
+        if self.executor is not None:  # the controller's long-lived pool: no threads per pass
+            for _ in self.executor.map(fn, items):
+                pass
+            return
+        with ThreadPoolExecutor(max_workers=min(self.parallelism, len(items))) as pool:
+            for _ in pool.map(fn, items):
+                pass
+
+    def _observe_hooks(
+        self,
+        key: str,
+        uid: str,
+        spec: api.UpdateRunSpec,
+        upgrades: Mapping[str, Upgrade],
+        snapshot: Snapshot,
+    ) -> dict[str, HookObs]:
+        """What the executor knows of every hook recorded Running (by hook id)."""
+        requests = [
+            r
+            for u in upgrades.values()
+            if u.status.hook is not None
+            and u.status.hook.phase == api.HookPhase.RUNNING
+            and u.status.phase in (api.UpgradePhase.PRE_HOOK, api.UpgradePhase.POST_HOOK)
+            and (r := self._hook_request(key, uid, spec, u, u.status, snapshot)) is not None
+        ]
+        out: dict[str, HookObs] = {}
+
+        def observe(request: HookRequest) -> None:
+            if self.hooks is None:
+                seen = HookObs(HookState.FAILED, "this orchestrator was started without hooks")
+            else:
+                seen = self.hooks.observe(request)
+            with self._lock:
+                out[request.id] = seen
+
+        self._each(observe, requests)
+        return out
+
+    @staticmethod
+    def _hook_request(
+        key: str,
+        uid: str,
+        spec: api.UpdateRunSpec,
+        u: Upgrade,
+        status: api.ClusterUpgradeStatus,
+        snapshot: Snapshot,
+    ) -> HookRequest | None:
+        """The request for the hook recorded on status (None when the spec has none)."""
+        hook = status.hook
+        hooks = spec.strategy.hooks if spec.strategy is not None else None
+        if hook is None or hooks is None:
+            return None
+        which = hooks.post_upgrade if hook.kind == POST_HOOK else hooks.pre_upgrade
+        if which is None:
+            return None
+        obs = snapshot.clusters.get(u.cluster_id)
+        return HookRequest(
+            run=key,
+            run_uid=uid,
+            upgrade=u.name,
+            cluster_id=u.cluster_id,
+            kind=hook.kind,
+            id=hook.id,
+            attempt=status.attempt,
+            hook=which,
+            current_version=obs.control_plane_version if obs is not None else "",
+            target_version=u.spec.version,
+            start_time=parse_time(hook.start_time),
+        )
+
+    def _evaluate_clusters(
+        self,
+        spec: api.UpdateRunSpec,
+        upgrades: Mapping[str, Upgrade],
+        snapshot: Snapshot,
+        now: datetime,
+    ) -> tuple[dict[str, Upgrade], dict[str, api.ClusterUpgradeStatus]]:
+        """Run the checks that are due for clusters in Verifying; health lives on the upgrade.
+
+        A failing evaluation of ours that no write recorded (unrecorded_failures) breaks the
+        passes on record: the next evaluation counts from zero, and a service-in that another
+        replica decided on those passes gets them reset on record before it is asked again.
+        """
+        out = dict(upgrades)
+        changed: dict[str, api.ClusterUpgradeStatus] = {}
+        for name, u in upgrades.items():
+            st = u.status
+            base = st.health
+            if base is not None and base.passes and name in self.unrecorded_failures:
+                base = base.model_copy(update={"passes": 0})
+                if st.phase == api.UpgradePhase.SERVICING_IN:
+                    new = st.model_copy(update={"health": base})
+                    out[name] = with_status(u, new)
+                    changed[name] = new
+                    continue
+            checks = checks_for(spec, u.spec.stage)
+            obs = snapshot.clusters.get(u.cluster_id)
+            if (
+                not awaits_checks(st)
+                or base is None
+                or checks is None
+                or obs is None
+                or not obs.available
+                or due_in(base, checks, now) > 0
+            ):
+                continue
+            results = self.checker.evaluate(checks, [obs], u.spec.stage)
+            if not all(r.passed for r in results):
+                self.unrecorded_failures.add(name)  # until the write below takes effect
+            new = st.model_copy(update={"health": record(base, results, now)})
+            out[name] = with_status(u, new)
+            changed[name] = new
+        return out, changed
+
+    def _evaluate_stages(
+        self,
+        key: str,
+        spec: api.UpdateRunSpec,
+        upgrades: Mapping[str, Upgrade],
+        stages: Sequence[api.StageStatus],
+        snapshot: Snapshot,
+        now: datetime,
+    ) -> list[api.StageStatus]:
+        out = list(stages)
+        for i, st in enumerate(out):
+            checks = checks_for(spec, st.name)
+            if (
+                st.phase != api.StagePhase.VERIFYING
+                or st.health is None
+                or checks is None
+                or due_in(st.health, checks, now) > 0
+            ):
+                continue
+            members = [
+                snapshot.clusters[u.cluster_id]
+                for u in upgrades.values()
+                if u.spec.stage == st.name and u.cluster_id in snapshot.clusters
+            ]
+            base = st.health
+            lost = self.stage_failures.get((key, st.name))
+            seen = base.last_check_time
+            if lost is not None and seen is not None and parse_time(seen) >= lost:
+                del self.stage_failures[(key, st.name)]  # recorded (or something after it)
+            elif lost is not None:
+                base = base.model_copy(update={"passes": 0})  # that failure was never recorded
+            results = self.checker.evaluate(checks, members, st.name)
+            if not all(r.passed for r in results):
+                self.stage_failures[(key, st.name)] = now
+            out[i] = st.model_copy(update={"health": record(base, results, now)})
+        return out
+
+
+_FINAL = api.FINISHED_PHASES
+
+
+def _min(a: float | None, b: float | None) -> float | None:
+    values = [v for v in (a, b) if v is not None]
+    return min(values) if values else None
+
+
+def holdings(upgrades: Sequence[tuple[str, Upgrade]]) -> dict[str, str]:
+    """cluster id → holder run key, over (run key, upgrade) pairs in active phases."""
+    return {u.cluster_id: run for run, u in upgrades if u.status.phase in ACTIVE}
