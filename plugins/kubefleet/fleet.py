@@ -59,9 +59,17 @@ from plugins.kubefleet.objects import (
     set_condition,
 )
 from plugins.kubefleet.prometheus import PrometheusError, escape_label_value, query_vector
-from plugins.sdk.errors import FailedPrecondition, NotFound, Unavailable
-from plugins.sdk.kube import Kube, KubeConflict, KubeError, KubeNotFound, Resource
-from plugins.sdk.kubecache import Informer
+from plugins.sdk import (
+    FailedPrecondition,
+    Informer,
+    Kube,
+    KubeConflict,
+    KubeError,
+    KubeNotFound,
+    NotFound,
+    Resource,
+    Unavailable,
+)
 
 __all__ = [
     "HEALTH_CONDITION",

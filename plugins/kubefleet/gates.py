@@ -39,7 +39,7 @@ from plugins.kubefleet.objects import (
     generation,
     parse_time,
 )
-from plugins.sdk.kube import Resource
+from plugins.sdk import Resource
 
 __all__ = [
     "ACCEPTED",

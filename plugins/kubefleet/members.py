@@ -16,11 +16,21 @@ from plugins.kubefleet import inventory, oplog
 from plugins.kubefleet.backoff import WriteBackoff
 from plugins.kubefleet.config import KubeFleetConfig
 from plugins.kubefleet.objects import ANNOTATION_OPERATIONS, MEMBER_CLUSTERS
-from plugins.sdk.errors import Conflict, InvalidArgument, NotFound, Unavailable
-from plugins.sdk.kube import Kube, KubeError, KubeNotFound
-from plugins.sdk.kubecache import Informer
-from plugins.sdk.operations import TERMINAL_STATES, OperationStore
-from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
+from plugins.sdk import (
+    TERMINAL_STATES,
+    Conflict,
+    Informer,
+    InvalidArgument,
+    Kube,
+    KubeError,
+    KubeNotFound,
+    NotFound,
+    OperationStore,
+    Unavailable,
+    check_page_size,
+    decode_page_token,
+    encode_page_token,
+)
 
 __all__ = ["Members", "operation_id"]
 

@@ -40,18 +40,24 @@ from plugins.ocm.objects import (
     timed_out,
     version_reached,
 )
-from plugins.sdk import versions
-from plugins.sdk.errors import (
+from plugins.sdk import (
     FailedPrecondition,
+    Informer,
+    Kube,
+    KubeConflict,
+    KubeError,
+    KubeNotFound,
     NotFound,
+    OperationStore,
     Reason,
+    Resource,
     Unavailable,
     Unimplemented,
+    accepted,
+    is_downgrade,
+    refused_later,
+    refused_never,
 )
-from plugins.sdk.kube import Kube, KubeConflict, KubeError, KubeNotFound, Resource
-from plugins.sdk.kubecache import Informer
-from plugins.sdk.operations import OperationStore
-from plugins.sdk.preflight import accepted, refused_later, refused_never
 
 __all__ = ["OcmFleet", "operation_id_for"]
 
@@ -394,7 +400,7 @@ class OcmFleet:
         """Raises what UpgradeControlPlane would refuse (downgrade) before anything is written."""
         current = self._version(obj)
         try:
-            downgrade = versions.is_downgrade(current, version)
+            downgrade = is_downgrade(current, version)
         except ValueError:
             downgrade = False  # no readable version: let the upgrade say what it runs
         if downgrade:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plugins.sdk.kube import Kube, Resource
+from plugins.sdk import Kube, Resource
 
 __all__ = ["CLUSTER_CURATORS", "MANAGED_CLUSTERS", "MANIFEST_WORKS", "connect"]
 
