@@ -14,6 +14,7 @@ import grpc
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.kubefleet import inventory, oplog
 from plugins.kubefleet.backoff import WriteBackoff
+from plugins.kubefleet.caches import hub_unavailable
 from plugins.kubefleet.config import KubeFleetConfig
 from plugins.kubefleet.objects import ANNOTATION_OPERATIONS, MEMBER_CLUSTERS
 from plugins.sdk import (
@@ -46,10 +47,6 @@ _RECORD_KIND: dict[int, str] = {_SERVICE_OUT: "ServiceOut", _SERVICE_IN: "Servic
 def operation_id(request_id: str) -> str:
     """The operation id of a request id: the same in every process (the store's own rule)."""
     return f"kubefleet-{hashlib.sha256(request_id.encode('utf-8')).hexdigest()[:20]}"
-
-
-def _hub_unavailable(action: str, exc: KubeError) -> Unavailable:
-    return Unavailable(f"hub: cannot {action}: {exc.message}; retry")
 
 
 class Members:
@@ -208,7 +205,7 @@ class Members:
                 f"cluster {cluster_id} not found: no MemberCluster of that name"
             ) from None
         except KubeError as exc:
-            raise _hub_unavailable(action, exc) from exc
+            raise hub_unavailable(action, exc) from exc
         if not written:
             raise Unavailable(
                 f"hub: MemberCluster {cluster_id} kept changing while trying to {action}"
