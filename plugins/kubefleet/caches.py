@@ -25,7 +25,15 @@ from plugins.kubefleet.objects import (
     STAGED_UPDATE_RUNS,
     Cookbook,
 )
-from plugins.sdk import Informer, Kube, KubeError, Resource, Unavailable
+from plugins.sdk import (
+    Informer,
+    Kube,
+    KubeError,
+    Resource,
+    Unavailable,
+    caches_readiness,
+    require_listed,
+)
 
 __all__ = ["HubCaches", "hub_unavailable"]
 
@@ -111,17 +119,8 @@ class HubCaches:
 
     def readiness(self) -> tuple[bool, str]:
         """(ready, why not): every cache listed and its watch healthy."""
-        for informer in self.informers:
-            if not informer.synced:
-                reason = informer.last_error or "first list in progress"
-                return False, f"{informer.resource} not listed yet: {reason}"
-            if not informer.healthy:
-                return False, f"{informer.resource} watch failing: {informer.last_error}"
-        return True, ""
+        return caches_readiness(self.informers)
 
     def require_listed(self) -> None:
         """Unavailable (retry) while a cache has not listed the hub yet."""
-        for informer in self.informers:
-            if not informer.synced:
-                reason = informer.last_error or "the first list is in progress"
-                raise Unavailable(f"hub: {informer.resource} not listed yet ({reason}); retry")
+        require_listed(self.informers, "hub")

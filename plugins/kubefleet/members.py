@@ -31,6 +31,7 @@ from plugins.sdk import (
     check_page_size,
     decode_page_token,
     encode_page_token,
+    require_listed,
 )
 
 __all__ = ["Members", "operation_id"]
@@ -261,9 +262,7 @@ class Members:
 
     def _require_listed(self) -> None:
         """Unavailable until the MemberClusters (and so the recorded operations) are listed."""
-        if not self._members.synced:
-            reason = self._members.last_error or "the first list is in progress"
-            raise Unavailable(f"hub: {MEMBER_CLUSTERS} not listed yet ({reason}); retry")
+        require_listed([self._members], "hub")
         self.restore()
 
     def follow_operations(self) -> None:

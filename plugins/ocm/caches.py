@@ -16,7 +16,17 @@ from plugins.ocm import inventory
 from plugins.ocm.config import OcmConfig
 from plugins.ocm.hub import CLUSTER_CURATORS, MANAGED_CLUSTERS, MANIFEST_WORKS
 from plugins.ocm.objects import MANAGED_SELECTOR
-from plugins.sdk import Informer, Kube, KubeError, NotFound, Reason, Resource, Unavailable
+from plugins.sdk import (
+    Informer,
+    Kube,
+    KubeError,
+    NotFound,
+    Reason,
+    Resource,
+    Unavailable,
+    caches_readiness,
+    require_listed,
+)
 
 __all__ = ["RETRIES", "HubCaches"]
 
@@ -93,22 +103,11 @@ class HubCaches:
 
     def readiness(self) -> tuple[bool, str]:
         """(ready, why not): every cache listed and its watch healthy."""
-        for informer in self.informers:
-            if not informer.synced:
-                reason = informer.last_error or "first list in progress"
-                return False, f"{informer.resource} not listed yet: {reason}"
-            if not informer.healthy:
-                return False, f"{informer.resource} watch failing: {informer.last_error}"
-        return True, ""
+        return caches_readiness(self.informers)
 
     def require_listed(self) -> None:
         """Unavailable (retry) while a cache has not listed the hub yet."""
-        for informer in self.informers:
-            if not informer.synced:
-                reason = informer.last_error or "the first list is in progress"
-                raise Unavailable(
-                    f"hub {self.name}: {informer.resource} not listed yet ({reason}); retry"
-                )
+        require_listed(self.informers, f"hub {self.name}")
 
     # -- ids, objects and locks --------------------------------------------------------------
 

@@ -22,7 +22,8 @@ What is here, by the question a plugin author asks:
 - configuration files: read_yaml, validate_model and their error placement helpers;
 - Kubernetes versions: Version, parse_version, compare_versions, is_newer_version,
   version_meets, is_downgrade (the versions module's names, qualified for a flat namespace);
-- Kubernetes access: Kube, Resource, the KubeError kinds, Informer and CachedObject;
+- Kubernetes access: Kube, Resource, the KubeError kinds, Informer and CachedObject, and
+  caches_readiness / require_listed over a plugin's informers;
 - endpoints the plugin calls: classify_http / classify_exception / classify_grpc, Failure,
   log_raw, redact, url_secrets, LOG_HINT (messages safe for a status; raw text to the log);
 - calling a plugin: PluginClient, ClientTLS, PluginCallError (its code, reason, retryable).
@@ -62,7 +63,7 @@ from plugins.sdk.errors import (
 )
 from plugins.sdk.identity import StaticIdentity, always_ready, package_version
 from plugins.sdk.kube import Kube, KubeConflict, KubeError, KubeGone, KubeNotFound, Resource
-from plugins.sdk.kubecache import CachedObject, Informer
+from plugins.sdk.kubecache import CachedObject, Informer, caches_readiness, require_listed
 from plugins.sdk.operations import TERMINAL_STATES, OperationStore, kind_name
 from plugins.sdk.preflight import (
     accepted,
@@ -148,6 +149,7 @@ __all__ = [
     "accepted",
     "add_server_args",
     "always_ready",
+    "caches_readiness",
     "caller_of",
     "check_page_size",
     "check_version",
@@ -175,6 +177,7 @@ __all__ = [
     "refused_never",
     "require",
     "require_all",
+    "require_listed",
     "require_request_id",
     "run_plugin",
     "run_until_signal",
