@@ -19,7 +19,7 @@ from google.cloud import compute_v1, container_v1
 
 from plugins.gke.config import ApiConfig
 from plugins.gke.ids import ClusterRef
-from plugins.sdk.errors import Conflict, FailedPrecondition, NotFound, PluginError, Unavailable
+from plugins.sdk import Conflict, FailedPrecondition, NotFound, PluginError, Unavailable
 
 __all__ = [
     "CLOUD_PLATFORM_SCOPE",

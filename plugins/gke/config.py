@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 from pydantic_core import ErrorDetails
 
-from plugins.sdk.config import read_yaml, validate_model
+from plugins.sdk import read_yaml, validate_model
 
 __all__ = [
     "ApiConfig",

@@ -36,10 +36,17 @@ from plugins.gke.state import Binding, PluginState
 from plugins.gke.traffic import ServiceState, Traffic, build_traffic
 from plugins.gke.upgrades import UpgradeRequests
 from plugins.gke.windows import maintenance_windows
-from plugins.sdk import versions
-from plugins.sdk.errors import InvalidArgument, NotFound, PluginError
-from plugins.sdk.operations import TERMINAL_STATES, kind_name
-from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
+from plugins.sdk import (
+    TERMINAL_STATES,
+    InvalidArgument,
+    NotFound,
+    PluginError,
+    check_page_size,
+    decode_page_token,
+    encode_page_token,
+    kind_name,
+    version_meets,
+)
 
 __all__ = ["GkeFleet"]
 
@@ -333,7 +340,7 @@ class GkeFleet:
         if binding.node_pool:
             pool = next((p for p in cluster.node_pools if p.name == binding.node_pool), None)
             reached = pool.version if pool is not None else ""
-        if not reached or not versions.meets(reached, binding.version):
+        if not reached or not version_meets(reached, binding.version):
             op.state = cluster_pb2.OPERATION_STATE_FAILED
             op.error_code = "TARGET_NOT_REACHED"
             op.error_message = (

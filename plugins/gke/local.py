@@ -11,8 +11,7 @@ from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.gke.operations import GkeOperationStore
 from plugins.gke.state import Binding, PluginState
 from plugins.gke.traffic import Stopping, Traffic
-from plugins.sdk.errors import PluginError
-from plugins.sdk.operations import TERMINAL_STATES, kind_name
+from plugins.sdk import TERMINAL_STATES, PluginError, kind_name
 
 __all__ = ["LocalOperations"]
 

@@ -11,7 +11,7 @@ from google.protobuf import timestamp_pb2
 
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.gke.ids import OperationRef, parse_target
-from plugins.sdk.operations import TERMINAL_STATES, OperationStore
+from plugins.sdk import TERMINAL_STATES, OperationStore
 
 __all__ = [
     "ADOPTABLE_TYPES",

@@ -30,8 +30,7 @@ from datetime import UTC, datetime, timedelta
 from google.cloud import container_v1
 
 from plugins.gke.windows import as_datetime, exclusion_scope
-from plugins.sdk import versions
-from plugins.sdk.errors import FailedPrecondition, InvalidArgument, Reason
+from plugins.sdk import FailedPrecondition, InvalidArgument, Reason, is_newer_version, parse_version
 
 __all__ = [
     "AUTOPILOT_NODE_POOL",
@@ -117,7 +116,7 @@ def _channel_default(config: container_v1.ServerConfig, channel: int) -> str:
 
 
 def _minor(version: str) -> tuple[int, int]:
-    parsed = versions.parse(version)
+    parsed = parse_version(version)
     return parsed.major, parsed.minor
 
 
@@ -156,7 +155,7 @@ def offered_node_versions(
 
 
 def _listing(offered: Iterable[str]) -> str:
-    ordered = sorted(set(offered), key=versions.parse, reverse=True)
+    ordered = sorted(set(offered), key=parse_version, reverse=True)
     if not ordered:
         return "none"
     shown = ", ".join(ordered[:_SHOWN])
@@ -166,7 +165,7 @@ def _listing(offered: Iterable[str]) -> str:
 def _resolve(field: str, requested: str, offered: list[str], default: str, what: str) -> str:
     """An alias ("latest", "1.X", "1.X.Y", "-") as the explicit version GKE would pick from
     offered; an explicit version unchanged; InvalidArgument when an alias matches nothing."""
-    ordered = sorted(set(offered), key=versions.parse, reverse=True)
+    ordered = sorted(set(offered), key=parse_version, reverse=True)
     picked: str | None = None
     if requested == "-":
         picked = default or None
@@ -175,9 +174,9 @@ def _resolve(field: str, requested: str, offered: list[str], default: str, what:
     elif _ALIAS.match(requested):
         if requested in ordered:
             return requested
-        wanted = versions.parse(requested)
+        wanted = parse_version(requested)
         depth = 3 if requested.count(".") == 2 else 2
-        picked = next((v for v in ordered if versions.parse(v)[:depth] == wanted[:depth]), None)
+        picked = next((v for v in ordered if parse_version(v)[:depth] == wanted[:depth]), None)
     else:
         return requested  # an explicit version: checked against the offered list later
     if picked is None:
@@ -218,9 +217,7 @@ def resolve_node_pool(
     version; aliases pick among offered node versions not newer than the control plane)."""
     master = master or cluster.current_master_version
     offered = [
-        v
-        for v in offered_node_versions(cluster, config, master)
-        if not versions.is_newer(v, master)
+        v for v in offered_node_versions(cluster, config, master) if not is_newer_version(v, master)
     ]
     return _resolve(field, requested, offered, master, "node pools")
 
@@ -248,7 +245,7 @@ def check_control_plane(
     """
     current = cluster.current_master_version
     now, new = _minor(current), _minor(version)
-    if versions.is_newer(current, version) and new != now:
+    if is_newer_version(current, version) and new != now:
         raise Refusal(
             f"version: {version} is older than the control plane of cluster {cluster_id} "
             f"({current}); GKE does not downgrade control planes to an earlier minor version "
@@ -307,7 +304,7 @@ def check_node_pool(
     master = master or cluster.current_master_version
     if is_autopilot(cluster):
         raise autopilot_refusal(cluster_id)
-    if versions.is_newer(version, master):
+    if is_newer_version(version, master):
         raise Refusal(
             f"version: {version} is newer than the control plane of cluster {cluster_id} "
             f"({master}); node pool {pool.name} cannot pass its control plane: upgrade the "
@@ -321,7 +318,7 @@ def check_node_pool(
             f"minor {_minor(master)[0]}.{_minor(master)[1] - MAX_NODE_MINOR_SKEW} or newer",
             reason=NODE_POOL_TOO_FAR_BEHIND,
         )
-    if versions.is_newer(pool.version, version):
+    if is_newer_version(pool.version, version):
         raise Refusal(
             f"version: {version} is older than node pool {pool.name} of cluster {cluster_id} "
             f"({pool.version}); the plugin does not downgrade node pools (use GKE's "

@@ -22,9 +22,15 @@ from plugins.gke.policy import (
     resolve_control_plane,
     resolve_node_pool,
 )
-from plugins.sdk import versions
-from plugins.sdk.errors import InvalidArgument, NotFound, Reason
-from plugins.sdk.preflight import accepted, refused_later, verdict_of
+from plugins.sdk import (
+    InvalidArgument,
+    NotFound,
+    Reason,
+    accepted,
+    parse_version,
+    refused_later,
+    verdict_of,
+)
 
 __all__ = ["BUSY_RETRY_SECONDS", "busy_verdict", "judge", "verdict"]
 
@@ -109,7 +115,7 @@ def _judge(
                 check_control_plane(cluster_id, cluster, master, config, location)
             except Refusal as refusal:
                 return refusal
-            minor = versions.parse(master)[:2] != versions.parse(current)[:2]
+            minor = parse_version(master)[:2] != parse_version(current)[:2]
     nodes = False
     pools = {pool.name: pool for pool in cluster.node_pools}
     for name in sorted(node_pool_versions):
@@ -131,7 +137,7 @@ def _judge(
         except Refusal as refusal:
             return refusal
         nodes = True
-        minor = minor or versions.parse(wanted)[:2] != versions.parse(pool.version)[:2]
+        minor = minor or parse_version(wanted)[:2] != parse_version(pool.version)[:2]
     if respect_exclusions and (master != current or nodes):
         return exclusion_refusal(cluster_id, cluster, minor=minor, node=nodes, now=now)
     return None

@@ -15,11 +15,13 @@ from plugins.gke.api import GkeApi
 from plugins.gke.config import GkeConfig, gke_fleet_id, load_config
 from plugins.gke.fleet import GkeFleet
 from plugins.gke.servicers import gke_servicers
-from plugins.sdk.cli import parse_plugin_args, plugin_parser, run_plugin
-from plugins.sdk.identity import package_version
-from plugins.sdk.server import (
+from plugins.sdk import (
     PluginServer,
     ServerTLS,
+    package_version,
+    parse_plugin_args,
+    plugin_parser,
+    run_plugin,
     serve,
     server_tls_from_args,
 )

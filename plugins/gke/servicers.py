@@ -11,10 +11,14 @@ import grpc
 
 from fleetupgrade.plugin.v1 import cluster_pb2, identity_pb2
 from plugins.gke.fleet import GkeFleet
-from plugins.sdk.identity import StaticIdentity
-from plugins.sdk.server import PluginServicers
-from plugins.sdk.servicers import ClusterServicer, caller_of
-from plugins.sdk.validate import require, require_request_id
+from plugins.sdk import (
+    ClusterServicer,
+    PluginServicers,
+    StaticIdentity,
+    caller_of,
+    require,
+    require_request_id,
+)
 
 __all__ = ["CAPABILITIES", "PLUGIN_NAME", "GkeClusterServicer", "gke_servicers"]
 

@@ -18,7 +18,7 @@ from plugins.gke.api import ComputeBusy, GkeApi, JsonObject, RateLimited
 from plugins.gke.config import BackendServiceRef, TrafficConfig
 from plugins.gke.ids import group_key
 from plugins.gke.state import PluginState
-from plugins.sdk.errors import FailedPrecondition, NotFound, PluginError, Unavailable
+from plugins.sdk import FailedPrecondition, NotFound, PluginError, Unavailable
 
 __all__ = [
     "DRAIN_MARKER",

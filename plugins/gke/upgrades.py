@@ -37,9 +37,15 @@ from plugins.gke.policy import (
     resolve_node_pool,
 )
 from plugins.gke.state import Binding, PluginState
-from plugins.sdk import versions
-from plugins.sdk.errors import Conflict, InvalidArgument, NotFound, PluginError, Unavailable
-from plugins.sdk.operations import TERMINAL_STATES
+from plugins.sdk import (
+    TERMINAL_STATES,
+    Conflict,
+    InvalidArgument,
+    NotFound,
+    PluginError,
+    Unavailable,
+    parse_version,
+)
 
 __all__ = ["FleetView", "UpgradeRequests"]
 
@@ -268,7 +274,7 @@ class UpgradeRequests:
             else:
                 check_node_pool(cluster_id, cluster, pool, version, config, ref.location)
             if self._fleet.config.upgrades.respect_maintenance_exclusions:
-                minor = versions.parse(version)[:2] != versions.parse(current)[:2]
+                minor = parse_version(version)[:2] != parse_version(current)[:2]
                 refusal = exclusion_refusal(cluster_id, cluster, minor=minor, node=pool is not None)
                 if refusal is not None:
                     raise refusal

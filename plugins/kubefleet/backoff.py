@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 
-from plugins.sdk.kube import KubeError
+from plugins.sdk import KubeError
 
 __all__ = ["WriteBackoff"]
 

@@ -38,7 +38,7 @@ from plugins.kubefleet.objects import (
     member_namespace,
     name_with_limit,
 )
-from plugins.sdk.kube import Resource
+from plugins.sdk import Resource
 
 __all__ = [
     "OVERRIDE_PREFIX",

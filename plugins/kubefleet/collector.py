@@ -54,9 +54,7 @@ from plugins.kubefleet.objects import (
     set_condition,
 )
 from plugins.kubefleet.prometheus import PrometheusError, query_vector
-from plugins.sdk.kube import Kube, KubeError, KubeNotFound, Resource
-from plugins.sdk.kubecache import Informer
-from plugins.sdk.server import configure_logging
+from plugins.sdk import Informer, Kube, KubeError, KubeNotFound, Resource, configure_logging
 
 __all__ = [
     "COLLECTED",

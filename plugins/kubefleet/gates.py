@@ -39,7 +39,7 @@ from plugins.kubefleet.objects import (
     generation,
     parse_time,
 )
-from plugins.sdk.kube import Resource
+from plugins.sdk import Resource
 
 __all__ = [
     "ACCEPTED",
@@ -49,6 +49,7 @@ __all__ = [
     "BEFORE_STAGE",
     "REJECTED_REASON",
     "GateRef",
+    "GateView",
     "Readiness",
     "approval_state",
     "create_time",
@@ -344,3 +345,42 @@ def stage_updated_times(runs: Sequence[Mapping[str, Any]]) -> dict[str, datetime
 def create_time(obj: Mapping[str, Any]) -> datetime | None:
     """metadata.creationTimestamp as an aware datetime (None when absent)."""
     return parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
+
+
+@dataclass
+class GateView:
+    """One approval request as a gate, with what this plugin has to say about it."""
+
+    ref: GateRef
+    obj: dict[str, Any]
+    state: int
+    tracked: bool = False
+    clusters: list[str] = field(default_factory=list)
+    workloads: list[health_pb2.Workload] = field(default_factory=list)
+    extra: Any = None
+    status: str = "Unknown"
+    reason: str = ""
+    message: str = ""
+    collect_on: list[str] = field(default_factory=list)
+    """The clusters whose health data the gate needs (also while it is blocked)."""
+    blocked: str = ""
+    """Why the gate cannot be decided yet (its preconditions); "" when it can."""
+
+    def gate(self) -> gate_pb2.Gate:
+        """The contract's Gate of this view."""
+        out = gate_pb2.Gate(
+            id=self.ref.id,
+            run=self.ref.run,
+            stage=self.ref.stage,
+            cluster_ids=self.clusters,
+            workloads=self.workloads,
+            state=self.state,  # type: ignore[arg-type]
+            message=self.message,
+            tracked=self.tracked,
+        )
+        if self.extra is not None:
+            out.extra_health_checks.CopyFrom(self.extra)
+        created = create_time(self.obj)
+        if created is not None:
+            out.create_time.FromDatetime(created)
+        return out

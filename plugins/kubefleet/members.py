@@ -14,13 +14,25 @@ import grpc
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.kubefleet import inventory, oplog
 from plugins.kubefleet.backoff import WriteBackoff
+from plugins.kubefleet.caches import hub_unavailable
 from plugins.kubefleet.config import KubeFleetConfig
 from plugins.kubefleet.objects import ANNOTATION_OPERATIONS, MEMBER_CLUSTERS
-from plugins.sdk.errors import Conflict, InvalidArgument, NotFound, Unavailable
-from plugins.sdk.kube import Kube, KubeError, KubeNotFound
-from plugins.sdk.kubecache import Informer
-from plugins.sdk.operations import TERMINAL_STATES, OperationStore
-from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
+from plugins.sdk import (
+    TERMINAL_STATES,
+    Conflict,
+    Informer,
+    InvalidArgument,
+    Kube,
+    KubeError,
+    KubeNotFound,
+    NotFound,
+    OperationStore,
+    Unavailable,
+    check_page_size,
+    decode_page_token,
+    encode_page_token,
+    require_listed,
+)
 
 __all__ = ["Members", "operation_id"]
 
@@ -36,10 +48,6 @@ _RECORD_KIND: dict[int, str] = {_SERVICE_OUT: "ServiceOut", _SERVICE_IN: "Servic
 def operation_id(request_id: str) -> str:
     """The operation id of a request id: the same in every process (the store's own rule)."""
     return f"kubefleet-{hashlib.sha256(request_id.encode('utf-8')).hexdigest()[:20]}"
-
-
-def _hub_unavailable(action: str, exc: KubeError) -> Unavailable:
-    return Unavailable(f"hub: cannot {action}: {exc.message}; retry")
 
 
 class Members:
@@ -198,7 +206,7 @@ class Members:
                 f"cluster {cluster_id} not found: no MemberCluster of that name"
             ) from None
         except KubeError as exc:
-            raise _hub_unavailable(action, exc) from exc
+            raise hub_unavailable(action, exc) from exc
         if not written:
             raise Unavailable(
                 f"hub: MemberCluster {cluster_id} kept changing while trying to {action}"
@@ -254,9 +262,7 @@ class Members:
 
     def _require_listed(self) -> None:
         """Unavailable until the MemberClusters (and so the recorded operations) are listed."""
-        if not self._members.synced:
-            reason = self._members.last_error or "the first list is in progress"
-            raise Unavailable(f"hub: {MEMBER_CLUSTERS} not listed yet ({reason}); retry")
+        require_listed([self._members], "hub")
         self.restore()
 
     def follow_operations(self) -> None:

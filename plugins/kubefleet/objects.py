@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from plugins.sdk.kube import Resource
+from plugins.sdk import Resource
 
 __all__ = [
     "ANNOTATION_GATE",

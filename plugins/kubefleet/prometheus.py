@@ -10,13 +10,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
-from plugins.sdk.endpoint_errors import (
-    LOG_HINT,
-    Failure,
-    classify_exception,
-    log_raw,
-    url_secrets,
-)
+from plugins.sdk import LOG_HINT, Failure, classify_exception, log_raw, url_secrets
 
 __all__ = ["PrometheusError", "Sample", "escape_label_value", "query_vector"]
 
@@ -54,7 +48,7 @@ def query_vector(
 ) -> list[Sample]:
     """Runs an instant query that must answer a vector; NaN samples are dropped.
 
-    A failure is PrometheusError in plugins.sdk.endpoint_errors' fixed words, naming the
+    A failure is PrometheusError in the SDK's fixed words for endpoint failures, naming the
     endpoint by `name`, never its URL (the plugin's config) nor what it answered: these
     messages reach CheckWorkloads answers and conditions. The answer goes to the log, redacted.
     """

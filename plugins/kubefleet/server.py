@@ -13,9 +13,17 @@ from plugins.kubefleet.config import COOKBOOK_CHOICES, HEALTH_SOURCES, KubeFleet
 from plugins.kubefleet.fleet import KubeFleetHub, resolve_cookbook
 from plugins.kubefleet.inventory import DEFAULT_TAINT_KEY, DEFAULT_VERSION_SOURCE, TaintSpec
 from plugins.kubefleet.servicers import servicers
-from plugins.sdk.cli import parse_plugin_args, plugin_parser, run_plugin
-from plugins.sdk.kube import Kube
-from plugins.sdk.server import PluginServer, PluginServicers, ServerTLS, serve, server_tls_from_args
+from plugins.sdk import (
+    Kube,
+    PluginServer,
+    PluginServicers,
+    ServerTLS,
+    parse_plugin_args,
+    plugin_parser,
+    run_plugin,
+    serve,
+    server_tls_from_args,
+)
 
 __all__ = ["KubeFleetOptions", "KubeFleetPlugin", "build_parser", "main"]
 

@@ -18,10 +18,15 @@ from fleetupgrade.plugin.v1 import (
     identity_pb2,
 )
 from plugins.kubefleet.fleet import KubeFleetHub
-from plugins.sdk.errors import InvalidArgument, Unimplemented
-from plugins.sdk.identity import StaticIdentity, package_version
-from plugins.sdk.servicers import ClusterServicer, HealthServicer
-from plugins.sdk.validate import require
+from plugins.sdk import (
+    ClusterServicer,
+    HealthServicer,
+    InvalidArgument,
+    StaticIdentity,
+    Unimplemented,
+    package_version,
+    require,
+)
 
 __all__ = [
     "CAPABILITIES",

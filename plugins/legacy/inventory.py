@@ -18,8 +18,14 @@ import yaml
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.legacy._gen import plugin_pb2
 from plugins.legacy.upstream import Upstream, UpstreamError
-from plugins.sdk.errors import NotFound, Reason, Unavailable
-from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
+from plugins.sdk import (
+    NotFound,
+    Reason,
+    Unavailable,
+    check_page_size,
+    decode_page_token,
+    encode_page_token,
+)
 
 __all__ = ["Inventory", "Observed", "load_clusters_file"]
 

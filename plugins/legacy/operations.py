@@ -27,15 +27,17 @@ from plugins.legacy._gen import plugin_pb2
 from plugins.legacy.inventory import Inventory, Observed
 from plugins.legacy.state import Pending, SentState, UpstreamRef
 from plugins.legacy.upstream import UpstreamError
-from plugins.sdk.errors import (
+from plugins.sdk import (
+    TERMINAL_STATES,
     Conflict,
     InvalidArgument,
     NotFound,
+    OperationStore,
     PluginError,
     Reason,
     Unavailable,
+    kind_name,
 )
-from plugins.sdk.operations import TERMINAL_STATES, OperationStore, kind_name
 
 __all__ = ["Ask", "BridgeOperations", "Operations", "Poller"]
 

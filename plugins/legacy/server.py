@@ -17,11 +17,20 @@ from plugins.legacy.inventory import Inventory, load_clusters_file
 from plugins.legacy.operations import BridgeOperations, Operations, Poller
 from plugins.legacy.state import SUFFIX, SentState
 from plugins.legacy.upstream import Upstream, UpstreamError
-from plugins.sdk.cli import parse_plugin_args, plugin_parser, run_plugin
-from plugins.sdk.client import ClientTLS
-from plugins.sdk.identity import StaticIdentity, package_version
-from plugins.sdk.server import PluginServer, PluginServicers, ServerTLS, serve, server_tls_from_args
-from plugins.sdk.servicers import ClusterServicer
+from plugins.sdk import (
+    ClientTLS,
+    ClusterServicer,
+    PluginServer,
+    PluginServicers,
+    ServerTLS,
+    StaticIdentity,
+    package_version,
+    parse_plugin_args,
+    plugin_parser,
+    run_plugin,
+    serve,
+    server_tls_from_args,
+)
 
 __all__ = ["PLUGIN_NAME", "BridgeOptions", "LegacyBridge", "build_parser", "main"]
 

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from plugins.sdk.errors import Unavailable
+from plugins.sdk import Unavailable
 
 __all__ = ["SUFFIX", "Pending", "SentState", "UpstreamRef"]
 

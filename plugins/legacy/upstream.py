@@ -14,8 +14,7 @@ from google.protobuf import empty_pb2
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 from plugins.legacy._gen import plugin_pb2, plugin_pb2_grpc
-from plugins.sdk.client import ClientTLS
-from plugins.sdk.errors import FailedPrecondition, NotFound, PluginError, Unavailable
+from plugins.sdk import ClientTLS, FailedPrecondition, NotFound, PluginError, Unavailable
 
 __all__ = ["SERVICE", "Upstream", "UpstreamError", "UpstreamMetrics"]
 

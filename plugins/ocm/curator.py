@@ -41,9 +41,7 @@ from plugins.ocm.objects import (
     timed_out,
     version_reached,
 )
-from plugins.sdk import versions
-from plugins.sdk.errors import Reason
-from plugins.sdk.preflight import accepted, refused_never
+from plugins.sdk import Reason, accepted, is_newer_version, refused_never
 
 __all__ = [
     "CONDITION_CURATOR_JOB",
@@ -182,7 +180,7 @@ def needs_reset(curator: Mapping[str, Any], target: str) -> bool:
         return True
     done = job_version(curator)
     try:
-        return done is None or not versions.is_newer(target, done)
+        return done is None or not is_newer_version(target, done)
     except ValueError:
         return True
 

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from plugins.sdk.kube import Kube, Resource
+from plugins.sdk import Kube, Resource
 
-__all__ = ["CLUSTER_CURATORS", "MANAGED_CLUSTERS", "MANIFEST_WORKS", "connect"]
+__all__ = [
+    "CLUSTER_CURATORS",
+    "MANAGED_CLUSTERS",
+    "MANAGED_CLUSTER_INFOS",
+    "MANIFEST_WORKS",
+    "connect",
+]
 
 
 MANAGED_CLUSTERS = Resource(
@@ -21,6 +27,15 @@ MANIFEST_WORKS = Resource(
     "work.open-cluster-management.io", "v1", "manifestworks", "ManifestWork", True
 )
 """ManifestWork (in the cluster's namespace on the hub)."""
+
+MANAGED_CLUSTER_INFOS = Resource(
+    "internal.open-cluster-management.io",
+    "v1beta1",
+    "managedclusterinfos",
+    "ManagedClusterInfo",
+    True,
+)
+"""ManagedClusterInfo (ACM's foundation; in the cluster namespace, named after the cluster)."""
 
 
 def connect(kubeconfig: str | None = None, name: str = "", flag: str = "--kubeconfig") -> Kube:

@@ -16,10 +16,18 @@ import grpc
 from fleetupgrade.plugin.v1 import cluster_pb2, health_pb2
 from plugins.ocm.config import OcmConfig
 from plugins.ocm.fleet import OcmFleet
-from plugins.sdk.errors import InvalidArgument, NotFound, Reason, Unavailable, Unimplemented
-from plugins.sdk.kube import Kube
-from plugins.sdk.operations import OperationStore
-from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
+from plugins.sdk import (
+    InvalidArgument,
+    Kube,
+    NotFound,
+    OperationStore,
+    Reason,
+    Unavailable,
+    Unimplemented,
+    check_page_size,
+    decode_page_token,
+    encode_page_token,
+)
 
 __all__ = ["OcmHubs"]
 

@@ -10,6 +10,7 @@ GetOperation still finds it. The ledger keeps the last LEDGER_SIZE operations pe
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Mapping
@@ -19,7 +20,14 @@ from typing import Any
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.ocm.objects import annotations_of
 
-__all__ = ["ANNOTATION_OPERATIONS", "LEDGER_SIZE", "Record", "read_ledger", "with_record"]
+__all__ = [
+    "ANNOTATION_OPERATIONS",
+    "LEDGER_SIZE",
+    "Record",
+    "operation_id_for",
+    "read_ledger",
+    "with_record",
+]
 
 _LOG = logging.getLogger("plugins.ocm.ledger")
 
@@ -30,6 +38,12 @@ LEDGER_SIZE = 16
 """Operations kept per cluster; an older request_id is forgotten after a restart."""
 
 _MESSAGE_MAX = 300
+
+
+def operation_id_for(request_id: str) -> str:
+    """The operation id of a request: derived from the request_id, so stable across restarts."""
+    return "ocm-" + hashlib.sha256(request_id.encode("utf-8")).hexdigest()[:20]
+
 
 _KINDS: dict[int, str] = {
     cluster_pb2.OPERATION_KIND_SERVICE_OUT: "ServiceOut",

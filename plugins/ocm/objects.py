@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fleetupgrade.plugin.v1 import cluster_pb2
-from plugins.sdk import versions
+from plugins.sdk import version_meets
 
 __all__ = [
     "ANNOTATION_OPERATION_ID",
@@ -85,10 +85,10 @@ def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
 
 
 def version_reached(current: str, target: str) -> bool:
-    """True when a cluster at current has reached target (versions.meets: a bare 1.29.1 is met
+    """True when a cluster at current has reached target (version_meets: a bare 1.29.1 is met
     by 1.29.1+k3s1); False when either does not parse."""
     try:
-        return versions.meets(current, target)
+        return version_meets(current, target)
     except ValueError:
         return False
 

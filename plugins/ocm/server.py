@@ -13,12 +13,14 @@ from plugins.ocm.config import ConfigError, OcmConfig, load_config
 from plugins.ocm.hub import connect
 from plugins.ocm.hubs import OcmHubs
 from plugins.ocm.servicers import ocm_servicers
-from plugins.sdk.cli import parse_plugin_args, plugin_parser, run_plugin
-from plugins.sdk.identity import package_version
-from plugins.sdk.kube import Kube
-from plugins.sdk.server import (
+from plugins.sdk import (
+    Kube,
     PluginServer,
     ServerTLS,
+    package_version,
+    parse_plugin_args,
+    plugin_parser,
+    run_plugin,
     serve,
     server_tls_from_args,
 )

@@ -6,9 +6,7 @@ from collections.abc import Mapping
 
 from fleetupgrade.plugin.v1 import identity_pb2
 from plugins.ocm.hubs import OcmHubs
-from plugins.sdk.identity import StaticIdentity
-from plugins.sdk.server import PluginServicers
-from plugins.sdk.servicers import ClusterServicer, HealthServicer
+from plugins.sdk import ClusterServicer, HealthServicer, PluginServicers, StaticIdentity
 
 __all__ = ["CAPABILITIES", "PLUGIN_NAME", "ocm_servicers"]
 

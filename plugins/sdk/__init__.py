@@ -1,27 +1,192 @@
-"""What every plugin shares: server bootstrap, client helper, errors and the conformance kit."""
+"""The plugin SDK: everything a plugin imports, from this one module.
 
+A plugin writes ``from plugins.sdk import PluginServer, OperationStore, NotFound, ...`` and
+never names a module inside this package: those modules (cli, client, config, endpoint_errors,
+errors, identity, interceptors, journal, kube, kubecache, operations, preflight, server,
+servicers, validate, versions) are how the SDK is built, free to move. The import-linter
+contract "plugins import the SDK only through plugins.sdk" (pyproject.toml) holds every
+plugin to this, and tests/contract/test_sdk_surface.py pins the names below, so a name leaves
+the surface only on purpose. The conformance kit is a sub-surface of its own,
+``plugins.sdk.conformance`` (it needs pytest, which a plugin at run time does not).
+
+What is here, by the question a plugin author asks:
+- serving: PluginServer, PluginServicers, ServerTLS, serve, run_until_signal, add_server_args,
+  server_tls_from_args, configure_logging, and the command line (plugin_parser,
+  parse_plugin_args, run_plugin, RunningPlugin);
+- identity: StaticIdentity, package_version, always_ready;
+- the gRPC services over a backend: ClusterServicer, HealthServicer and the backend protocols
+  (ClusterBackend, PreflightBackend, HealthBackend), caller_of;
+- errors a backend raises (PluginError and its kinds, Reason) and preflight verdicts;
+- operations: OperationStore, TERMINAL_STATES, kind_name;
+- request checks and paging: require*, check_*, encode/decode_page_token;
+- configuration files: read_yaml, validate_model and their error placement helpers;
+- Kubernetes versions: Version, parse_version, compare_versions, is_newer_version,
+  version_meets, is_downgrade (the versions module's names, qualified for a flat namespace);
+- Kubernetes access: Kube, Resource, the KubeError kinds, Informer and CachedObject, and
+  caches_readiness / require_listed over a plugin's informers;
+- endpoints the plugin calls: classify_http / classify_exception / classify_grpc, Failure,
+  log_raw, redact, url_secrets, LOG_HINT (messages safe for a status; raw text to the log);
+- calling a plugin: PluginClient, ClientTLS, PluginCallError (its code, reason, retryable).
+"""
+
+from plugins.sdk.cli import RunningPlugin, parse_plugin_args, plugin_parser, run_plugin
 from plugins.sdk.client import ClientTLS, PluginCallError, PluginClient
-from plugins.sdk.errors import PluginError
+from plugins.sdk.config import (
+    field_path,
+    place_problem,
+    read_yaml,
+    validate_model,
+    validation_problems,
+)
+from plugins.sdk.endpoint_errors import (
+    LOG_HINT,
+    Failure,
+    classify_exception,
+    classify_grpc,
+    classify_http,
+    log_raw,
+    plugin_error_message,
+    redact,
+    url_secrets,
+)
+from plugins.sdk.errors import (
+    ERROR_DOMAIN,
+    AlreadyExists,
+    Conflict,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PluginError,
+    Reason,
+    Unavailable,
+    Unimplemented,
+)
+from plugins.sdk.identity import StaticIdentity, always_ready, package_version
+from plugins.sdk.kube import Kube, KubeConflict, KubeError, KubeGone, KubeNotFound, Resource
+from plugins.sdk.kubecache import CachedObject, Informer, caches_readiness, require_listed
+from plugins.sdk.operations import TERMINAL_STATES, OperationStore, kind_name
+from plugins.sdk.preflight import (
+    accepted,
+    refused_later,
+    refused_never,
+    verdict_of,
+    verdict_of_check,
+)
 from plugins.sdk.server import (
     PluginServer,
     PluginServicers,
     ServerTLS,
     add_server_args,
+    configure_logging,
     run_until_signal,
     serve,
     server_tls_from_args,
 )
+from plugins.sdk.servicers import (
+    ClusterBackend,
+    ClusterServicer,
+    HealthBackend,
+    HealthServicer,
+    PreflightBackend,
+    caller_of,
+)
+from plugins.sdk.validate import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    check_page_size,
+    check_version,
+    decode_page_token,
+    encode_page_token,
+    require,
+    require_all,
+    require_request_id,
+)
+from plugins.sdk.versions import Version, is_downgrade
+from plugins.sdk.versions import compare as compare_versions
+from plugins.sdk.versions import is_newer as is_newer_version
+from plugins.sdk.versions import meets as version_meets
+from plugins.sdk.versions import parse as parse_version
 
 __all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "ERROR_DOMAIN",
+    "LOG_HINT",
+    "MAX_PAGE_SIZE",
+    "TERMINAL_STATES",
+    "AlreadyExists",
+    "CachedObject",
     "ClientTLS",
+    "ClusterBackend",
+    "ClusterServicer",
+    "Conflict",
+    "FailedPrecondition",
+    "Failure",
+    "HealthBackend",
+    "HealthServicer",
+    "Informer",
+    "InvalidArgument",
+    "Kube",
+    "KubeConflict",
+    "KubeError",
+    "KubeGone",
+    "KubeNotFound",
+    "NotFound",
+    "OperationStore",
     "PluginCallError",
     "PluginClient",
     "PluginError",
     "PluginServer",
     "PluginServicers",
+    "PreflightBackend",
+    "Reason",
+    "Resource",
+    "RunningPlugin",
     "ServerTLS",
+    "StaticIdentity",
+    "Unavailable",
+    "Unimplemented",
+    "Version",
+    "accepted",
     "add_server_args",
+    "always_ready",
+    "caches_readiness",
+    "caller_of",
+    "check_page_size",
+    "check_version",
+    "classify_exception",
+    "classify_grpc",
+    "classify_http",
+    "compare_versions",
+    "configure_logging",
+    "decode_page_token",
+    "encode_page_token",
+    "field_path",
+    "is_downgrade",
+    "is_newer_version",
+    "kind_name",
+    "log_raw",
+    "package_version",
+    "parse_plugin_args",
+    "parse_version",
+    "place_problem",
+    "plugin_error_message",
+    "plugin_parser",
+    "read_yaml",
+    "redact",
+    "refused_later",
+    "refused_never",
+    "require",
+    "require_all",
+    "require_listed",
+    "require_request_id",
+    "run_plugin",
     "run_until_signal",
     "serve",
     "server_tls_from_args",
+    "url_secrets",
+    "validate_model",
+    "validation_problems",
+    "verdict_of",
+    "verdict_of_check",
+    "version_meets",
 ]

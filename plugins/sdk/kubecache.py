@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from plugins.sdk.errors import Unavailable
 from plugins.sdk.kube import Kube, KubeError, KubeGone, Resource
 
-__all__ = ["CachedObject", "Informer", "key_of"]
+__all__ = ["CachedObject", "Informer", "caches_readiness", "key_of", "require_listed"]
 
 _LOG = logging.getLogger("plugins.sdk.kubecache")
 _BACKOFF_MIN = 0.2
@@ -199,3 +200,24 @@ class Informer:
 
 def _rv(obj: dict[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def caches_readiness(informers: Iterable[Informer]) -> tuple[bool, str]:
+    """(ready, why not) of a plugin whose answers come from these caches: every one listed
+    and its watch healthy (a readiness probe)."""
+    for informer in informers:
+        if not informer.synced:
+            reason = informer.last_error or "first list in progress"
+            return False, f"{informer.resource} not listed yet: {reason}"
+        if not informer.healthy:
+            return False, f"{informer.resource} watch failing: {informer.last_error}"
+    return True, ""
+
+
+def require_listed(informers: Iterable[Informer], where: str) -> None:
+    """Unavailable (retry) while one of the caches has not listed its objects yet; where names
+    the API server in the message ("hub", "hub east")."""
+    for informer in informers:
+        if not informer.synced:
+            reason = informer.last_error or "the first list is in progress"
+            raise Unavailable(f"{where}: {informer.resource} not listed yet ({reason}); retry")

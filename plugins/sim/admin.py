@@ -32,7 +32,7 @@ from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
-from plugins.sdk.errors import FailedPrecondition, NotFound
+from plugins.sdk import FailedPrecondition, NotFound
 from plugins.sim.config import ConfigError, Faults, WorkloadSpec
 from plugins.sim.fleet import Fleet
 from plugins.sim.monitor import InvariantMonitor

@@ -11,8 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from fleetupgrade.plugin.v1 import cluster_pb2, health_pb2
-from plugins.sdk import versions
-from plugins.sdk.config import read_yaml, validate_model
+from plugins.sdk import is_newer_version, parse_version, read_yaml, validate_model
 
 __all__ = [
     "FAULTABLE_METHODS",
@@ -156,7 +155,7 @@ class ClusterSpec(_Model):
             if pool.name in seen:
                 raise ValueError(f"nodePools[{index}].name: {pool.name!r} appears twice")
             seen.add(pool.name)
-            if versions.is_newer(pool.version, self.control_plane_version):
+            if is_newer_version(pool.version, self.control_plane_version):
                 raise ValueError(
                     f"nodePools[{index}].version: {pool.version} is newer than "
                     f"controlPlaneVersion {self.control_plane_version}; a node pool cannot be "
@@ -407,7 +406,7 @@ class FleetConfig(_Model):
 
 def _check_version(field: str, value: str) -> None:
     try:
-        versions.parse(value)
+        parse_version(value)
     except ValueError:
         raise ValueError(
             f"{field}: {value!r} is not a version; write it like 1.29.4 or 1.29.4-gke.100"

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import grpc
 
-from plugins.sdk.errors import PluginError, Reason, Unavailable
+from plugins.sdk import PluginError, Reason, Unavailable
 from plugins.sim.config import HangRpc, RpcErrorFault
 
 __all__ = ["InjectedError", "RpcFaults", "short_method"]

@@ -18,10 +18,21 @@ import grpc
 from google.protobuf import timestamp_pb2
 
 from fleetupgrade.plugin.v1 import cluster_pb2, health_pb2
-from plugins.sdk import preflight, versions
-from plugins.sdk.errors import FailedPrecondition, NotFound, Reason
-from plugins.sdk.operations import TERMINAL_STATES, OperationStore, kind_name
-from plugins.sdk.validate import check_page_size, decode_page_token, encode_page_token
+from plugins.sdk import (
+    TERMINAL_STATES,
+    FailedPrecondition,
+    NotFound,
+    OperationStore,
+    Reason,
+    check_page_size,
+    compare_versions,
+    decode_page_token,
+    encode_page_token,
+    is_newer_version,
+    kind_name,
+    parse_version,
+    verdict_of_check,
+)
 from plugins.sim.config import (
     DEFAULT_STEP_SECONDS,
     AvailabilityFlap,
@@ -562,7 +573,7 @@ class Fleet:
             return cluster.in_service
         if kind == _CP:
             current = cluster.cp_version
-            order = versions.compare(version, current)
+            order = compare_versions(version, current)
             if order == 0:
                 return True
             if order < 0:
@@ -571,7 +582,7 @@ class Fleet:
                     f"{version} is not supported",
                     reason=Reason.DOWNGRADE_NOT_SUPPORTED,
                 )
-            now, then = versions.parse(current), versions.parse(version)
+            now, then = parse_version(current), parse_version(version)
             if then.major != now.major or then.minor > now.minor + 1:
                 raise FailedPrecondition(
                     f"cluster {cid}: control plane is at {current}; upgrade one minor version "
@@ -588,13 +599,13 @@ class Fleet:
                 reason=Reason.NODE_POOL_NOT_FOUND,
             )
         control_plane = control_plane or cluster.cp_version
-        if versions.is_newer(version, control_plane):
+        if is_newer_version(version, control_plane):
             raise FailedPrecondition(
                 f"cluster {cid}: node pool {pool} cannot be newer than the control plane "
                 f"({control_plane}); upgrade the control plane to {version} first",
                 reason=Reason.NODE_POOL_AHEAD_OF_CONTROL_PLANE,
             )
-        if versions.compare(version, entry.version) == 0:
+        if compare_versions(version, entry.version) == 0:
             return True
         self._check_refusals(cluster, "nodePool", version)
         return False
@@ -605,7 +616,7 @@ class Fleet:
         for rule in self._config.faults.refuse_versions:
             if step not in rule.steps or (rule.clusters and cid not in rule.clusters):
                 continue
-            if any(versions.compare(version, v) == 0 for v in rule.versions):
+            if any(compare_versions(version, v) == 0 for v in rule.versions):
                 raise FailedPrecondition(
                     rule.message
                     or f"cluster {cid}: version {version} is refused ({rule.reason}; fault "
@@ -640,7 +651,7 @@ class Fleet:
                 control_plane = cluster.cp_version
                 if control_plane_version:
                     self._check(cluster, _CP, "", control_plane_version)
-                    if versions.is_newer(control_plane_version, control_plane):
+                    if is_newer_version(control_plane_version, control_plane):
                         control_plane = control_plane_version
                 for name, version in sorted(node_pool_versions.items()):
                     self._check(cluster, _NP, name, version, control_plane)
@@ -655,7 +666,7 @@ class Fleet:
                         retry_after=max(0.0, left) if math.isfinite(left) else 0.0,
                     )
 
-            return preflight.verdict_of_check(check)
+            return verdict_of_check(check)
 
     def _take_rule(
         self, group: str, rules: Sequence[object], cluster: _Cluster, step: StepKind, pool: str
@@ -813,7 +824,7 @@ class Fleet:
         ]:
             if value is not None:
                 try:
-                    versions.parse(value)
+                    parse_version(value)
                 except ValueError:
                     raise FailedPrecondition(
                         f"{name}: {value!r} is not a version; write it like 1.29.4"

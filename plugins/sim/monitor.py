@@ -17,7 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from fleetupgrade.plugin.v1 import cluster_pb2
-from plugins.sdk import versions
+from plugins.sdk import compare_versions
 
 __all__ = [
     "ClusterView",
@@ -106,8 +106,8 @@ class InvariantMonitor:
         target = self.target_version
         if not target:
             return False
-        return versions.compare(view.control_plane_version, target) == 0 and all(
-            versions.compare(v, target) == 0 for v in view.node_pool_versions
+        return compare_versions(view.control_plane_version, target) == 0 and all(
+            compare_versions(v, target) == 0 for v in view.node_pool_versions
         )
 
     def add_clusters(self, views: list[ClusterView]) -> None:
@@ -177,7 +177,7 @@ class InvariantMonitor:
                 or (
                     bool(done)
                     and bool(step.target_version)
-                    and versions.compare(done, step.target_version) == 0
+                    and compare_versions(done, step.target_version) == 0
                 )
             )
             if duplicate:

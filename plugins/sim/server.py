@@ -15,12 +15,14 @@ from types import FrameType
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from plugins.sdk import versions
-from plugins.sdk.cli import parse_plugin_args, plugin_parser, run_plugin
-from plugins.sdk.identity import package_version
-from plugins.sdk.server import (
+from plugins.sdk import (
     PluginServer,
     ServerTLS,
+    package_version,
+    parse_plugin_args,
+    parse_version,
+    plugin_parser,
+    run_plugin,
     serve,
     server_tls_from_args,
 )
@@ -140,7 +142,7 @@ class Simulator:
             raise ConfigError("pass exactly one of --fleet FILE or --generate N")
         if options.target_version:
             try:
-                versions.parse(options.target_version)
+                parse_version(options.target_version)
             except ValueError:
                 raise ConfigError(
                     f"--target-version: {options.target_version!r} is not a version; "

@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fleetupgrade.plugin.v1 import identity_pb2
-from plugins.sdk.identity import StaticIdentity
-from plugins.sdk.server import PluginServicers
-from plugins.sdk.servicers import ClusterServicer, HealthServicer
+from plugins.sdk import ClusterServicer, HealthServicer, PluginServicers, StaticIdentity
 from plugins.sim.fleet import Fleet
 
 __all__ = ["CAPABILITIES", "PLUGIN_NAME", "sim_servicers"]
