@@ -100,7 +100,7 @@ class RunningPlugin:
         self.plugin.stop(grace=0)
 
 
-def start_plugin(emulator: AksEmulator, config: dict[str, Any]) -> RunningPlugin:
+def launch_plugin(emulator: AksEmulator, config: dict[str, Any]) -> RunningPlugin:
     """A started plugin with the configuration data, its token from the emulator."""
     plugin = AksPlugin(
         AksPluginOptions(
@@ -114,7 +114,7 @@ def start_plugin(emulator: AksEmulator, config: dict[str, Any]) -> RunningPlugin
 
 @contextmanager
 def running_plugin(emulator: AksEmulator, config: dict[str, Any]) -> Iterator[RunningPlugin]:
-    running = start_plugin(emulator, config)
+    running = launch_plugin(emulator, config)
     try:
         yield running
     finally:
