@@ -112,6 +112,9 @@ class AksEmulator:
     def transient(self, count: int, status: int = 503) -> None:
         self.state.transient(count, status)
 
+    def hold(self, cluster_id: str) -> None:
+        self.state.hold(cluster_key(*split_id(cluster_id)))
+
     def set_state(self, cluster_id: str, state: str) -> None:
         self.state.set_state(cluster_key(*split_id(cluster_id)), state)
 

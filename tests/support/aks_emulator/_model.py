@@ -203,6 +203,13 @@ class EmulatorState:
             self._transient = count
             self._transient_status = status
 
+    def hold(self, key: str) -> None:
+        """Another client's operation that ARM has accepted but the cluster's
+        provisioningState does not show yet (ARM's reads are eventually consistent): the next
+        mutation answers 409 OperationNotAllowed while reads still say Succeeded."""
+        with self._lock:
+            self._clusters[key].operation = "held-by-another-client"
+
     def set_state(self, key: str, state: str) -> None:
         """Sets a cluster's provisioningState (e.g. an operation AKS runs by itself)."""
         with self._lock:
