@@ -298,7 +298,7 @@ class AksFleet:
 
     # ------------------------------------------------------------------- inventory
 
-    def _in_service(self) -> dict[str, bool]:
+    def service_states(self) -> dict[str, bool]:
         """recordOnly: each cluster's last service change, from the (journaled) operations."""
         state: dict[str, bool] = {}
         for op in self.store.operations():
@@ -353,7 +353,7 @@ class AksFleet:
         )
         start = next((i for i, cid in enumerate(ids) if cid > after), len(ids)) if after else 0
         page = ids[start : start + size]
-        service = self._in_service()
+        service = self.service_states()
         more = start + size < len(ids)
         return cluster_pb2.ListClustersResponse(
             clusters=[self._contract_cluster(*listing[cid], service) for cid in page],
@@ -366,7 +366,7 @@ class AksFleet:
         ref = self.cluster_ref(cluster_id)
         cluster = self._read(ref)
         return cluster_pb2.GetClusterResponse(
-            cluster=self._contract_cluster(ref, cluster, self._in_service())
+            cluster=self._contract_cluster(ref, cluster, self.service_states())
         )
 
     # ------------------------------------------------------------------ operations
