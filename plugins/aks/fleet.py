@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,8 @@ _IN = cluster_pb2.OPERATION_KIND_SERVICE_IN
 _RUNNING = cluster_pb2.OPERATION_STATE_RUNNING
 _SUCCEEDED = cluster_pb2.OPERATION_STATE_SUCCEEDED
 _FAILED = cluster_pb2.OPERATION_STATE_FAILED
+MAINTENANCE_TTL = 300.0
+"""Seconds a cluster's maintenance configurations are reused before ARM is asked again."""
 
 
 def _pool_status(state: str) -> cluster_pb2.NodePoolStatus.ValueType:
@@ -82,6 +85,8 @@ class AksFleet:
         self._follows_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._maintenance_cache: dict[str, tuple[float, list[Json]]] = {}
+        self._maintenance_lock = threading.Lock()
 
     # --------------------------------------------------------------------- lifecycle
 
@@ -306,6 +311,29 @@ class AksFleet:
                 state[op.cluster_id] = op.kind == _IN
         return state
 
+    def _maintenance(self, ref: ClusterRef) -> list[Json]:
+        """The cluster's maintenance configurations, read at most every MAINTENANCE_TTL
+        seconds (they change rarely; a page of 500 clusters would otherwise cost 500 reads)."""
+        now = time.monotonic()
+        with self._maintenance_lock:
+            cached = self._maintenance_cache.get(ref.id)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        configs = self.api.maintenance_configurations(ref)
+        with self._maintenance_lock:
+            self._maintenance_cache[ref.id] = (now + MAINTENANCE_TTL, configs)
+        return configs
+
+    def _prefetch_maintenance(self, refs: Sequence[ClusterRef]) -> None:
+        """Reads the page's stale maintenance configurations in parallel (ARM answers each
+        in ~100 ms; one by one a large page would not fit ListClusters' deadline)."""
+        now = time.monotonic()
+        with self._maintenance_lock:
+            stale = [r for r in refs if self._maintenance_cache.get(r.id, (0.0, []))[0] <= now]
+        if len(stale) > 1:
+            with ThreadPoolExecutor(max_workers=8, thread_name_prefix="aks-maint") as pool:
+                list(pool.map(self._maintenance, stale))
+
     def _contract_cluster(
         self, ref: ClusterRef, cluster: Json, service: Mapping[str, bool]
     ) -> cluster_pb2.Cluster:
@@ -332,7 +360,7 @@ class AksFleet:
             available=not reasons,
             unavailable_reason="; ".join(reasons),
             in_service=service.get(ref.id, True),
-            maintenance_windows=maintenance_windows(self.api.maintenance_configurations(ref)),
+            maintenance_windows=maintenance_windows(self._maintenance(ref)),
         )
         current = self.store.in_flight(ref.id)
         if current is not None:
@@ -354,6 +382,7 @@ class AksFleet:
         start = next((i for i, cid in enumerate(ids) if cid > after), len(ids)) if after else 0
         page = ids[start : start + size]
         service = self.service_states()
+        self._prefetch_maintenance([listing[cid][0] for cid in page])
         more = start + size < len(ids)
         return cluster_pb2.ListClustersResponse(
             clusters=[self._contract_cluster(*listing[cid], service) for cid in page],
@@ -422,9 +451,13 @@ class AksFleet:
             refusal = judge(cluster_id, cluster, profile, "" if pool else version, targets)
             if refusal is not None:
                 raise refusal
-            current = (
-                pool_version(pool_profiles(cluster)[pool]) if pool else cluster_version(cluster)
-            )
+            live = pool_profiles(cluster)
+            if pool and pool not in live:
+                raise NotFound(
+                    f"node pool {pool} not found in cluster {cluster_id}",
+                    reason=Reason.NODE_POOL_NOT_FOUND,
+                )
+            current = pool_version(live[pool]) if pool else cluster_version(cluster)
             arm_kind = "pool" if pool else "cluster"
             if versions.meets(current, version):
                 if not (pool and self._node_image_due(ref, pool)):

@@ -132,3 +132,13 @@ def test_plugin_info_reports_the_fleet_id_and_capabilities(start_plugin: StartPl
     with pytest.raises(PluginCallError) as raised:
         running.client.service_out("r-out", cluster_id("c1"))
     assert raised.value.code == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_maintenance_configurations_are_read_once_per_cluster_within_their_ttl(
+    emulator: AksEmulator, start_plugin: StartPlugin
+) -> None:
+    client = start_plugin().client
+    assert len(client.list_clusters()) == len(NAMES)
+    assert len(client.list_clusters()) == len(NAMES)
+    client.get_cluster(cluster_id("c1"))
+    assert emulator.calls("MaintenanceConfigurations.ListByManagedCluster") == len(NAMES)
