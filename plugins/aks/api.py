@@ -149,7 +149,9 @@ def build_credential(config: ApiConfig) -> TokenCredential:
     if config.credentials == "default":
         return DefaultAzureCredential(exclude_interactive_browser_credential=True)
     try:
-        return WorkloadIdentityCredential()
+        return WorkloadIdentityCredential(
+            disable_instance_discovery=config.disable_instance_discovery
+        )
     except ValueError:
         raise ConfigError(
             "api.credentials: workloadIdentity needs AZURE_TENANT_ID, AZURE_CLIENT_ID and "

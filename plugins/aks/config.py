@@ -115,6 +115,11 @@ class ApiConfig(_Model):
     endpoint: str = ARM_ENDPOINT
     credentials: Literal["workloadIdentity", "default"] = "workloadIdentity"
     ca_file: str = Field(default="", description="PEM bundle to trust instead of the system's")
+    disable_instance_discovery: bool = Field(
+        default=False,
+        description="trust AZURE_AUTHORITY_HOST without asking login.microsoftonline.com "
+        "(Azure Stack Hub, air-gapped clouds, an emulator)",
+    )
     timeout_seconds: float = Field(default=8.0, gt=0, le=60)
     retries: int = Field(default=2, ge=0, le=10)
 

@@ -7,7 +7,9 @@ operations, so azure-mgmt-containerservice talks to it unchanged:
 
 azure-core sends bearer tokens only over https, hence real TLS (tests/support/certs.py). The
 emulator accepts one bearer token (emulator.token; emulator.credential() is a TokenCredential
-that returns it).
+that returns it), and also serves the Entra ID token endpoint a workload identity credential
+uses (AZURE_AUTHORITY_HOST = emulator.endpoint, the federated token emulator.federated_token,
+client emulator.client_id), answering that bearer token.
 
 Rules (each with its source in _model.py): upgrade profiles (no minor skipping, pools not past
 the control plane), one operation at a time per cluster (409 OperationNotAllowed), LRO polling
@@ -67,6 +69,9 @@ class AksEmulator:
         pki = generate_pki(Path(self._dir.name))
         self.ca_file = pki.ca_file
         self.token = secrets.token_urlsafe(24)
+        self.federated_token = f"federated.{secrets.token_urlsafe(24)}"
+        self.client_id = "11111111-2222-3333-4444-555555555555"
+        self.tenant_id = "99999999-8888-7777-6666-555555555555"
         self.state = EmulatorState(op_seconds=op_seconds)
         self.server = EmulatorServer(
             self.state,
@@ -74,6 +79,8 @@ class AksEmulator:
             pki.server.key_file,
             api_version=API_VERSION,
             token=self.token,
+            federated_token=self.federated_token,
+            client_id=self.client_id,
             page_size=page_size,
         )
 

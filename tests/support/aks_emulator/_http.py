@@ -66,11 +66,16 @@ class EmulatorServer:
         *,
         api_version: str,
         token: str,
+        federated_token: str,
+        client_id: str,
         page_size: int = 2,
     ) -> None:
         self.state = state
         self.api_version = api_version
         self.token = token
+        self.federated_token = federated_token
+        self.client_id = client_id
+        self.token_requests: list[dict[str, str]] = []
         self.page_size = page_size
         self._routes: list[tuple[str, re.Pattern[str], str, Handler]] = []
         self._add_routes()
@@ -245,11 +250,66 @@ class EmulatorServer:
             raise ApiError(400, error.get("code", "Failed"), error.get("message", "failed"))
         return 204, None, {}
 
+    def _identity(
+        self, handler: BaseHTTPRequestHandler, method: str, path: str, body: bytes
+    ) -> bool:
+        """Microsoft Entra ID's two endpoints a workload identity credential uses, so
+        azure-identity's WorkloadIdentityCredential (through MSAL) runs unchanged with
+        AZURE_AUTHORITY_HOST = the emulator: the tenant's OpenID configuration
+        ({authority}/{tenant}/v2.0/.well-known/openid-configuration) and the token endpoint,
+        which takes the client-credentials grant with the federated token as client_assertion
+        (https://learn.microsoft.com/entra/identity-platform/
+        v2-oauth2-client-creds-grant-flow, "Third case: Access token request with a federated
+        credential"). A wrong assertion or client id answers 401 invalid_client."""
+        tenant = re.match(
+            r"^/([^/]+)/(v2\.0/\.well-known/openid-configuration|oauth2/v2\.0/token)$", path
+        )
+        if tenant is None:
+            return False
+        base = f"{self.endpoint}/{tenant.group(1)}"
+        if method == "GET" and tenant.group(2).startswith("v2.0"):
+            self._send(
+                handler,
+                200,
+                {
+                    "issuer": f"{base}/v2.0",
+                    "authorization_endpoint": f"{base}/oauth2/v2.0/authorize",
+                    "token_endpoint": f"{base}/oauth2/v2.0/token",
+                },
+                {},
+            )
+            return True
+        form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
+        self.token_requests.append({k: v for k, v in form.items() if k != "client_assertion"})
+        if (
+            form.get("client_assertion") != self.federated_token
+            or form.get("client_id") != self.client_id
+            or form.get("grant_type") != "client_credentials"
+        ):
+            self._send(
+                handler,
+                401,
+                {"error": "invalid_client", "error_description": "AADSTS700016: unknown client"},
+                {},
+            )
+            return True
+        self._send(
+            handler,
+            200,
+            {"token_type": "Bearer", "expires_in": 3599, "access_token": self.token},
+            {},
+        )
+        return True
+
     def _dispatch(self, handler: BaseHTTPRequestHandler, method: str) -> None:
         split = urlsplit(handler.path)
         query = parse_qs(split.query)
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else b""
+        if not split.path.startswith("/subscriptions/") and self._identity(
+            handler, method, split.path, body
+        ):
+            return
         headers = dict(handler.headers.items())
         headers["x-emulator-path"] = split.path
         headers["x-emulator-url"] = f"{self.endpoint}{handler.path}"
