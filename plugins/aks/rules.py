@@ -22,6 +22,8 @@ from plugins.sdk.errors import FailedPrecondition, NotFound, PluginError, Reason
 
 __all__ = [
     "BUSY_RETRY_SECONDS",
+    "MAX_POOL_MINOR_SKEW",
+    "NODE_POOL_TOO_FAR_BEHIND",
     "SETTLED",
     "busy_refusal",
     "cluster_version",
@@ -34,6 +36,14 @@ Json = dict[str, Any]
 SETTLED = frozenset({"Succeeded", "Failed", "Canceled"})
 """provisioningStates in which no operation runs on the resource."""
 BUSY_RETRY_SECONDS = 30.0
+"""RetryInfo of a refusal because AKS runs an operation the plugin did not start."""
+MAX_POOL_MINOR_SKEW = 2
+"""A node pool's minor may be at most this many behind the control plane's
+(https://learn.microsoft.com/azure/aks/supported-kubernetes-versions: "node pool minor version
+must be within two minor versions of the control plane version")."""
+NODE_POOL_TOO_FAR_BEHIND = "NODE_POOL_TOO_FAR_BEHIND"
+"""ErrorInfo reason (as the GKE plugin's): the control plane's upgrade would leave a pool more
+than MAX_POOL_MINOR_SKEW minors behind it."""
 
 
 def cluster_version(cluster: Json) -> str:
@@ -105,12 +115,14 @@ def judge(
     plane = props.get("controlPlaneProfile") or {}
     current = str(plane.get("kubernetesVersion") or cluster_version(cluster))
     plane_upgrades = _upgrades(plane)
-    if control_plane_version:
-        refusal = _plane_refusal(cluster_id, current, control_plane_version, plane_upgrades)
-        if refusal is not None:
-            return refusal
     pools = {str(p.get("name")): p for p in props.get("agentPoolProfiles") or []}
     live = pool_profiles(cluster)
+    if control_plane_version:
+        refusal = _plane_refusal(cluster_id, current, control_plane_version, plane_upgrades)
+        if refusal is None:
+            refusal = _skew_refusal(cluster_id, control_plane_version, live)
+        if refusal is not None:
+            return refusal
     reach = control_plane_version or current
     due = bool(control_plane_version) and not versions.meets(current, control_plane_version)
     for name, target in sorted(node_pool_versions.items()):
@@ -156,6 +168,25 @@ def _plane_refusal(
             f"(upgrade profile: {choices})",
             reason=Reason.VERSION_NOT_OFFERED,
         )
+    return None
+
+
+def _skew_refusal(cluster_id: str, target: str, live: Mapping[str, Json]) -> PluginError | None:
+    """The control plane at target would leave a pool, as it runs now (the control plane is
+    upgraded before the pools), more than MAX_POOL_MINOR_SKEW minors behind."""
+    plane = versions.parse(target)
+    for name, pool in sorted(live.items()):
+        now = pool_version(pool)
+        if not now:
+            continue
+        have = versions.parse(now)
+        if have.major == plane.major and plane.minor - have.minor > MAX_POOL_MINOR_SKEW:
+            return FailedPrecondition(
+                f"cluster {cluster_id}: the control plane at {target} would leave node pool "
+                f"{name} ({now}) more than {MAX_POOL_MINOR_SKEW} minor versions behind; "
+                "upgrade the node pool first",
+                reason=NODE_POOL_TOO_FAR_BEHIND,
+            )
     return None
 
 

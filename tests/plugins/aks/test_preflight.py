@@ -8,8 +8,16 @@ import pytest
 
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.sdk.client import PluginCallError
-from tests.plugins.aks.conftest import StartPlugin
-from tests.plugins.aks.support import NEW, NEWER, NEXT_MINOR, OLD, cluster_id, wait_terminal
+from tests.plugins.aks.conftest import NAMES, StartPlugin
+from tests.plugins.aks.support import (
+    NEW,
+    NEWER,
+    NEXT_MINOR,
+    OLD,
+    cluster_id,
+    plugin_config,
+    wait_terminal,
+)
 from tests.support.aks_emulator import AksEmulator
 
 ACCEPTED = cluster_pb2.PREFLIGHT_VERDICT_ACCEPTED
@@ -104,3 +112,24 @@ def test_preflight_and_the_mutation_agree_on_a_never_target(
     assert raised.value.reason == verdict.reason_code == "VERSION_NOT_OFFERED"
     assert raised.value.retry_after is None
     assert emulator.calls("ManagedClusters.CreateOrUpdate") == 0
+
+
+def test_a_control_plane_upgrade_leaving_a_pool_three_minors_behind_is_refused(
+    emulator: AksEmulator, start_plugin: StartPlugin
+) -> None:
+    emulator.add_cluster(
+        cluster_id("lagging"),
+        location="westeurope",
+        version=OLD,
+        pools=[{"name": "system", "mode": "System"}, {"name": "legacy", "version": "1.27.9"}],
+    )
+    config = plugin_config(emulator, [*NAMES, "lagging"])
+    client = start_plugin(config).client
+    verdict = client.preflight_upgrade(cluster_id("lagging"), NEW, {})
+    assert (verdict.verdict, verdict.reason_code) == (NEVER, "NODE_POOL_TOO_FAR_BEHIND")
+    with pytest.raises(PluginCallError) as raised:
+        client.upgrade_control_plane("lag", cluster_id("lagging"), NEW)
+    assert raised.value.reason == "NODE_POOL_TOO_FAR_BEHIND"
+    assert emulator.calls("ManagedClusters.CreateOrUpdate") == 0
+    # Pools at the control plane's version: the same upgrade is accepted.
+    assert client.preflight_upgrade(cluster_id("c1"), NEW, {}).verdict == ACCEPTED
