@@ -28,7 +28,7 @@ from plugins.aks.rules import BUSY_RETRY_SECONDS
 from plugins.sdk.endpoint_errors import redact
 from plugins.sdk.errors import FailedPrecondition, NotFound, PluginError, Reason, Unavailable
 
-__all__ = ["AksApi", "ArmBusy", "Json", "build_credential", "is_transient", "plugin_error"]
+__all__ = ["AksApi", "ArmBusy", "Json", "build_credential", "operation_failed", "plugin_error"]
 
 _LOG = logging.getLogger("plugins.aks.api")
 _T = TypeVar("_T")
@@ -67,14 +67,11 @@ def _retry_after(exc: HttpResponseError) -> float:
         return 0.0
 
 
-def is_transient(exc: BaseException) -> bool:
-    """A failure to reach ARM (throttled, 5xx, no connection), not an answer about the work."""
-    if isinstance(exc, (ServiceRequestError, ServiceResponseError)):
-        return True
-    if isinstance(exc, HttpResponseError):
-        status = exc.status_code or 0
-        return status == 429 or status >= 500
-    return False
+def operation_failed(exc: BaseException) -> bool:
+    """A poller's error that is ARM's verdict on the operation (its status resource answered,
+    2xx, with status Failed or Canceled), not a failure to ask."""
+    status = getattr(exc, "status_code", None)
+    return isinstance(exc, HttpResponseError) and status is not None and 200 <= status < 300
 
 
 def error_code(exc: HttpResponseError) -> str:
@@ -90,7 +87,8 @@ def plugin_error(exc: BaseException, what: str, pool: str = "") -> PluginError:
     ARM's message is logged redacted, never answered: the words are fixed here, with ARM's
     status and error code.
     """
-    if isinstance(exc, ClientAuthenticationError) and not isinstance(exc, HttpResponseError):
+    if isinstance(exc, ClientAuthenticationError) and exc.status_code is None:
+        # azure-identity could not get a token (no answer from ARM at all).
         _LOG.warning("no Azure token: %s", redact(str(exc)))
         return Unavailable(
             f"{what}: the plugin has no Azure token (workload identity not configured?); "

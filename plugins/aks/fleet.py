@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
@@ -17,7 +17,7 @@ from azure.core.exceptions import HttpResponseError
 from azure.core.polling import LROPoller
 
 from fleetupgrade.plugin.v1 import cluster_pb2
-from plugins.aks.api import AksApi, Json, error_code, is_transient
+from plugins.aks.api import AksApi, Json, error_code, operation_failed
 from plugins.aks.config import AksConfig
 from plugins.aks.ids import ClusterRef, parse_cluster_id
 from plugins.aks.operations import ArmOperation, ArmOperations
@@ -65,6 +65,7 @@ class _Follow:
     ref: ClusterRef
     arm: ArmOperation
     poller: LROPoller[Any] | None
+    resume_at: float = 0.0  # after a failed poll: when to resume the poller from its token
 
 
 class AksFleet:
@@ -141,6 +142,11 @@ class AksFleet:
                 try:
                     if follow.poller is not None:
                         self._check_poller(op_id, follow)
+                    elif follow.arm.token:
+                        if time.monotonic() >= follow.resume_at:
+                            follow.poller = self._resume(follow.ref, follow.arm)
+                            if follow.poller is None:  # unreadable: follow the resource
+                                follow.arm = replace(follow.arm, token="")
                     elif by_resource:
                         self._check_resource(op_id, follow)
                 except PluginError as exc:
@@ -160,25 +166,28 @@ class AksFleet:
             return
         try:
             result = poller.result(timeout=0)
-        except HttpResponseError as exc:
-            if is_transient(exc):
-                # Throttled or a 5xx while polling: the operation goes on in ARM; poll anew.
-                _LOG.warning("polling ARM for %s failed transiently; resuming", op_id)
-                follow.poller = self._resume(follow.ref, follow.arm)
-                return
-            code = error_code(exc) or f"HTTP_{exc.status_code}"
-            self._end(
-                op_id,
-                _FAILED,
-                code,
-                f"AKS operation ended {code}; see the cluster's activity log in Azure",
-            )
-            return
         except Exception as exc:
-            if is_transient(exc):
-                follow.poller = self._resume(follow.ref, follow.arm)
-                return
-            raise
+            if isinstance(exc, HttpResponseError) and operation_failed(exc):
+                code = error_code(exc) or "OperationFailed"
+                self._end(
+                    op_id,
+                    _FAILED,
+                    code,
+                    f"AKS operation ended {code}; see the cluster's activity log in Azure",
+                )
+            elif isinstance(exc, HttpResponseError) and exc.status_code == 404:
+                # ARM no longer knows the operation's status: its resource tells.
+                follow.poller = None
+                follow.arm = replace(follow.arm, token="")
+            else:
+                # Throttled, a 5xx, no connection, no token while polling: this says nothing
+                # about the operation, which goes on in ARM; poll anew from its token later.
+                _LOG.warning(
+                    "polling ARM for %s failed (%s); resuming later", op_id, type(exc).__name__
+                )
+                follow.poller = None
+                follow.resume_at = time.monotonic() + self.config.operations.poll_seconds
+            return
         reached = self._reached(follow.arm, result.as_dict() if result is not None else None)
         self._judge_end(op_id, follow.arm, reached)
 

@@ -180,3 +180,35 @@ def test_each_arm_refusal_maps_to_its_contract_reason(emulator: AksEmulator) -> 
     emulator.throttle(1, retry_after=3)
     throttled = _arm_error(emulator, lambda sdk: sdk.managed_clusters.get(GROUP, "c1"))
     assert isinstance(throttled, Unavailable) and throttled.retry_after == 3
+
+
+class _NoCredential:
+    """A TokenCredential that cannot get a token (as azure-identity without its environment)."""
+
+    def get_token(self, *scopes: str, **kwargs: object) -> object:
+        from azure.identity import CredentialUnavailableError
+
+        raise CredentialUnavailableError("federated token file /secret/path unreadable")
+
+
+def test_no_token_is_unavailable_with_fixed_words(emulator: AksEmulator) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from plugins.aks import AksPlugin, AksPluginOptions, parse_config
+    from plugins.sdk.client import PluginClient
+
+    plugin = AksPlugin(
+        AksPluginOptions(
+            config=parse_config(plugin_config(emulator, NAMES)),
+            registry=CollectorRegistry(),
+            credential=_NoCredential(),  # type: ignore[arg-type]
+        )
+    )
+    try:
+        with PluginClient(plugin.address, caller="aks-tests") as client:
+            error = _refused(lambda: client.get_cluster(cluster_id("c1")))
+            assert error.code == grpc.StatusCode.UNAVAILABLE
+            assert "no Azure token" in str(error) and "/secret/path" not in str(error)
+            assert not client.probe().ready
+    finally:
+        plugin.stop(grace=0)

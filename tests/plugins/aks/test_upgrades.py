@@ -180,3 +180,17 @@ def test_an_operation_whose_arm_token_was_lost_is_followed_by_its_resource(
         assert emulator.calls(PUT_CLUSTER) == 1
     finally:
         second.stop()
+
+
+def test_losing_the_token_while_polling_does_not_fail_the_operation(
+    emulator: AksEmulator, start_plugin: StartPlugin
+) -> None:
+    client = start_plugin().client
+    emulator.state.op_seconds = 1.0
+    op = client.upgrade_control_plane("no-token", cluster_id("c3"), NEW)
+    token, emulator.server.token = emulator.server.token, "revoked"  # ARM answers 401 a while
+    wait_until(lambda: emulator.server.unauthorized >= 2, what="polls answered 401")
+    emulator.server.token = token
+    assert wait_terminal(client, op.id).state == SUCCEEDED
+    assert _versions(emulator, "c3")[0] == NEW
+    assert emulator.calls(PUT_CLUSTER) == 1

@@ -76,6 +76,7 @@ class EmulatorServer:
         self.federated_token = federated_token
         self.client_id = client_id
         self.token_requests: list[dict[str, str]] = []
+        self.unauthorized = 0  # requests refused for their bearer token
         self.page_size = page_size
         self._routes: list[tuple[str, re.Pattern[str], str, Handler]] = []
         self._add_routes()
@@ -319,6 +320,7 @@ class EmulatorServer:
             # ARM rejects a request without a valid bearer token: 401 with
             # WWW-Authenticate (https://learn.microsoft.com/rest/api/azure/#request-header).
             if auth != f"Bearer {self.token}":
+                self.unauthorized += 1
                 raise ApiError(
                     401,
                     "AuthenticationFailed",
