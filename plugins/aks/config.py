@@ -121,7 +121,13 @@ class ApiConfig(_Model):
         "(Azure Stack Hub, air-gapped clouds, an emulator)",
     )
     timeout_seconds: float = Field(default=8.0, gt=0, le=60)
-    retries: int = Field(default=2, ge=0, le=10)
+    retries: int = Field(
+        default=0,
+        ge=0,
+        le=10,
+        description="azure-core's own retries of a 429 / 5xx; each may sleep ARM's "
+        "Retry-After, past the caller's deadline, so 0: the caller retries UNAVAILABLE itself",
+    )
 
     @field_validator("endpoint")
     @classmethod

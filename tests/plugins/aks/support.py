@@ -73,7 +73,7 @@ def plugin_config(
     )
     data: dict[str, Any] = {
         "clusters": clusters,
-        "api": {"endpoint": emulator.endpoint, "caFile": emulator.ca_file, "retries": 0},
+        "api": {"endpoint": emulator.endpoint, "caFile": emulator.ca_file},
         "operations": {"pollSeconds": poll_seconds},
         "traffic": {"mode": traffic},
     }

@@ -26,7 +26,7 @@ def _error(data: Any) -> str:
 def test_a_minimal_configuration_gets_safe_defaults() -> None:
     config = parse_config({"clusters": {"ids": [CID]}})
     assert config.api.endpoint == "https://management.azure.com"
-    assert config.api.credentials == "workloadIdentity"
+    assert config.api.credentials == "workloadIdentity" and config.api.retries == 0
     assert config.traffic.mode == "unsupported"
     assert not config.upgrades.node_image_when_current
     assert config.operations.state_file == ""
