@@ -277,7 +277,16 @@ class AksFleet:
         )
 
     def cluster_ref(self, cluster_id: str) -> ClusterRef:
+        """The cluster a request names, in the inventory's one spelling only: runs meet by
+        cluster id (holdings, floors, one owner), so two spellings of one cluster must not
+        both be accepted."""
         ref = parse_cluster_id(cluster_id)
+        if ref is not None and ref.id != cluster_id and self._may_select(ref):
+            raise NotFound(
+                f"cluster {cluster_id} is not in the plugin's inventory; ARM ids are "
+                f"case-insensitive and the plugin spells this one {ref.id}",
+                reason=Reason.CLUSTER_NOT_FOUND,
+            )
         if ref is None or not self._may_select(ref):
             raise NotFound(
                 f"cluster {cluster_id} is not in the plugin's inventory",

@@ -53,10 +53,18 @@ def test_discovery_selects_by_resource_group_and_tags(
     assert raised.value.code == grpc.StatusCode.NOT_FOUND
 
 
-def test_ids_are_case_insensitive_and_answered_in_one_spelling(start_plugin: StartPlugin) -> None:
+def test_another_spelling_of_an_id_is_not_found_and_names_the_one_spelling(
+    emulator: AksEmulator, start_plugin: StartPlugin
+) -> None:
     client = start_plugin().client
-    shouted = cluster_id("C2").replace("resourceGroups/fleet-rg", "RESOURCEGROUPS/FLEET-RG")
-    assert client.get_cluster(shouted).id == cluster_id("c2")
+    shouted = cluster_id("C2").replace("resourceGroups/fleet-rg", "resourceGroups/FLEET-RG")
+    with pytest.raises(PluginCallError) as raised:
+        client.get_cluster(shouted)
+    assert raised.value.code == grpc.StatusCode.NOT_FOUND
+    assert cluster_id("c2") in str(raised.value)
+    with pytest.raises(PluginCallError):
+        client.upgrade_control_plane("shouted", shouted, OLD)
+    assert client.get_cluster(cluster_id("c2")).id == cluster_id("c2")
 
 
 def test_a_failed_or_stopped_cluster_is_unavailable_with_the_reason(
