@@ -1,0 +1,123 @@
+"""The fleet-plugin-aks command: AKS managed clusters served over the plugin contract."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from azure.core.credentials import TokenCredential
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from plugins.aks.api import AksApi, build_credential
+from plugins.aks.config import AksConfig, aks_fleet_id, load_config
+from plugins.aks.fleet import AksFleet
+from plugins.aks.servicers import aks_servicers
+from plugins.sdk import (
+    PluginServer,
+    ServerTLS,
+    package_version,
+    parse_plugin_args,
+    plugin_parser,
+    run_plugin,
+    serve,
+    server_tls_from_args,
+)
+
+__all__ = ["AksPlugin", "AksPluginOptions", "build_parser", "main"]
+
+_LOG = logging.getLogger("plugins.aks.server")
+# azure-core logs requests (headers included) and azure-identity token exchanges at DEBUG;
+# --debug must not print them, so these stay at WARNING whatever the root level is.
+_QUIET_LOGGERS = ("azure", "msal", "urllib3")
+
+
+@dataclass
+class AksPluginOptions:
+    """What an AksPlugin runs: its configuration, address, TLS, metrics and credential."""
+
+    config: AksConfig
+    listen: str = "127.0.0.1:0"
+    tls: ServerTLS | None = None
+    registry: CollectorRegistry | None = None
+    credential: TokenCredential | None = None  # None: from config.api.credentials
+    max_workers: int = 32
+
+
+class AksPlugin:
+    """A running AKS plugin: the fleet (ARM clients, operation follower) and its gRPC server."""
+
+    def __init__(self, options: AksPluginOptions) -> None:
+        self.options = options
+        config = options.config
+        credential = options.credential or build_credential(config.api)
+        api = AksApi(config.api, credential, config.operations.poll_seconds)
+        self.fleet = AksFleet(config, api)
+        try:
+            self.fleet.start()
+            manifest = {
+                "clusters": str(len(config.clusters.ids)),
+                "discovery": str(len(config.clusters.discover)),
+                "traffic": config.traffic.mode,
+                "endpoint": config.api.endpoint,
+            }
+            self.server: PluginServer = serve(
+                options.listen,
+                aks_servicers(self.fleet, package_version(), manifest, aks_fleet_id(config)),
+                tls=options.tls,
+                max_workers=options.max_workers,
+                plugin_name="aks",
+                registry=options.registry if options.registry is not None else REGISTRY,
+            )
+        except BaseException:
+            self.fleet.close()
+            raise
+        self.server.add_stop_callback(self.fleet.store.close)
+
+    @property
+    def address(self) -> str:
+        """HOST:PORT the gRPC server listens on."""
+        return self.server.address
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Stops the server (in-flight RPCs get grace seconds), the follower and the clients."""
+        self.fleet.store.close()
+        if not self.server.stopped:
+            self.server.stop(grace)
+        self.fleet.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of fleet-plugin-aks."""
+    return plugin_parser(
+        "fleet-plugin-aks",
+        "Serve AKS managed clusters over the fleetupgrade plugin contract.",
+        config=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the plugin until SIGTERM/SIGINT."""
+    args = parse_plugin_args(build_parser(), argv)
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+    def options() -> AksPluginOptions:
+        return AksPluginOptions(
+            config=load_config(args.config),
+            listen=args.listen,
+            tls=server_tls_from_args(args),
+            registry=REGISTRY,
+        )
+
+    def ready(plugin: AksPlugin) -> None:
+        fields = {"address": plugin.address, "config": str(Path(args.config))}
+        _LOG.info("AKS plugin ready", extra={"fields": fields})
+
+    return run_plugin("fleet-plugin-aks", args, options, AksPlugin, ready)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
