@@ -6,6 +6,7 @@ from plugins.sdk import Kube, Resource
 
 __all__ = [
     "CLUSTER_CURATORS",
+    "HOSTED_CLUSTERS",
     "MANAGED_CLUSTERS",
     "MANAGED_CLUSTER_INFOS",
     "MANIFEST_WORKS",
@@ -22,6 +23,11 @@ CLUSTER_CURATORS = Resource(
     "cluster.open-cluster-management.io", "v1beta1", "clustercurators", "ClusterCurator", True
 )
 """ClusterCurator (stolostron; namespaced, by convention named after the cluster)."""
+
+HOSTED_CLUSTERS = Resource(
+    "hypershift.openshift.io", "v1beta1", "hostedclusters", "HostedCluster", True
+)
+"""HyperShift HostedCluster (on the hub when it hosts control planes; absent elsewhere)."""
 
 MANIFEST_WORKS = Resource(
     "work.open-cluster-management.io", "v1", "manifestworks", "ManifestWork", True

@@ -17,7 +17,12 @@ from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.ocm import curator, inventory, work
 from plugins.ocm.caches import RETRIES, HubCaches
 from plugins.ocm.follower import Follower
-from plugins.ocm.hub import CLUSTER_CURATORS, MANAGED_CLUSTER_INFOS, MANIFEST_WORKS
+from plugins.ocm.hub import (
+    CLUSTER_CURATORS,
+    HOSTED_CLUSTERS,
+    MANAGED_CLUSTER_INFOS,
+    MANIFEST_WORKS,
+)
 from plugins.ocm.ledger import operation_id_for
 from plugins.ocm.objects import (
     ANNOTATION_REQUEST_ID,
@@ -89,6 +94,41 @@ class Upgrades:
                 reason=Reason.DOWNGRADE_NOT_SUPPORTED,
             )
 
+    def _hosted_refusal(self, cluster: str) -> None:
+        """Raises for a HyperShift hosted cluster whose ClusterCurator would take the wrong
+        path. The curator controller takes its hosted path only when a HostedCluster named
+        like the ClusterCurator sits in the ClusterCurator's namespace
+        (cluster-curator-controller, controllers/clustercurator_controller.go
+        isHostedCluster; the job then patches hypershift.openshift.io HostedCluster and
+        NodePools in that namespace, pkg/jobs/hypershift UpgradeCluster). This plugin writes
+        ClusterCurator <cluster>/<cluster>: a HostedCluster <cluster> in another namespace
+        would be curated as if standalone, so it is refused; one in namespace <cluster> takes
+        the hosted path as it should. No HostedCluster API on the hub: not hosted."""
+        try:
+            hosted, _ = self._hub.list(HOSTED_CLUSTERS)
+        except KubeNotFound:
+            return  # HyperShift is not installed on this hub
+        except KubeError as exc:
+            if exc.status in (401, 403):
+                return  # not readable with this role: the documented RBAC grants list
+            raise self._caches.unavailable("list HostedClusters", exc) from exc
+        elsewhere = sorted(
+            str((h.get("metadata") or {}).get("namespace", ""))
+            for h in hosted
+            if (h.get("metadata") or {}).get("name") == cluster
+            and (h.get("metadata") or {}).get("namespace") != cluster
+        )
+        if elsewhere:
+            raise FailedPrecondition(
+                f"cluster {self._caches.qualified(cluster)} is a HyperShift hosted cluster "
+                f"(HostedCluster {elsewhere[0]}/{cluster}): the curator upgrades it only from a "
+                f"ClusterCurator in namespace {elsewhere[0]}, and this plugin writes "
+                f"ClusterCurator {cluster}/{cluster}, which the curator would run as a "
+                "standalone upgrade. Upgrade hosted clusters with a ClusterCurator of your own "
+                "there (or the HostedCluster's release image), and leave them out of this run",
+                reason="HOSTED_CLUSTER_NOT_SUPPORTED",
+            )
+
     def upgrade_control_plane(
         self, request_id: str, cluster: str, version: str
     ) -> cluster_pb2.Operation:
@@ -106,6 +146,8 @@ class Upgrades:
                 )[0]
             self._store.ensure_free(cluster_id)
             self._upgrade_refusal(cluster, obj, version)
+            if self.cfg.upgrade_method == "ClusterCurator":
+                self._hosted_refusal(cluster)
             op_id = operation_id_for(request_id)
             if version_reached(self._caches.version(obj), version):
                 self._taints.write(
@@ -301,6 +343,10 @@ class Upgrades:
     def _curator_preflight(
         self, cluster: str, cluster_id: str, version: str
     ) -> cluster_pb2.PreflightUpgradeResponse:
+        try:
+            self._hosted_refusal(cluster)
+        except FailedPrecondition as exc:
+            return refused_never(exc.reason, exc.message)
         # Read, not cached: the cache holds only curators this plugin wrote, and ACM's own
         # curator of the cluster is the one an upgrade would write.
         try:

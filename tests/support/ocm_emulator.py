@@ -58,6 +58,35 @@ AVAILABLE = "ManagedClusterConditionAvailable"
 MC = ("cluster.open-cluster-management.io", "v1", "managedclusters")
 MCI = ("internal.open-cluster-management.io", "v1beta1", "managedclusterinfos")
 CURATOR = ("cluster.open-cluster-management.io", "v1beta1", "clustercurators")
+HOSTED_CLUSTER = ("hypershift.openshift.io", "v1beta1", "hostedclusters")
+_HOSTED_CLUSTER_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "hostedclusters.hypershift.openshift.io"},
+    "spec": {
+        "group": "hypershift.openshift.io",
+        "scope": "Namespaced",
+        "names": {
+            "plural": "hostedclusters",
+            "singular": "hostedcluster",
+            "kind": "HostedCluster",
+            "listKind": "HostedClusterList",
+        },
+        "versions": [
+            {
+                "name": "v1beta1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
 WORK = ("work.open-cluster-management.io", "v1", "manifestworks")
 PLACEMENT = ("cluster.open-cluster-management.io", "v1beta1", "placements")
 TAINT_UNAVAILABLE = "cluster.open-cluster-management.io/unavailable"
@@ -446,6 +475,26 @@ class OcmEmulator:
         self.stop()
 
     # -- member clusters ---------------------------------------------------------------------
+
+    def add_hosted_cluster(self, namespace: str, name: str) -> None:
+        """A HyperShift HostedCluster on the hub (the hub then hosts that cluster's control
+        plane). HyperShift's CRD is not among the pinned upstream files: a minimal one
+        (group hypershift.openshift.io, v1beta1, namespaced, fields kept as written) stands
+        for it; the plugin only lists HostedClusters by name and namespace."""
+        self.hub.install_crds(_HOSTED_CLUSTER_CRD)
+        with contextlib.suppress(ApiException):  # 409: there already
+            self._core.create_namespace({"metadata": {"name": namespace}})
+        self._custom.create_namespaced_custom_object(
+            *HOSTED_CLUSTER[:2],
+            namespace,
+            HOSTED_CLUSTER[2],
+            {
+                "apiVersion": f"{HOSTED_CLUSTER[0]}/{HOSTED_CLUSTER[1]}",
+                "kind": "HostedCluster",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"release": {"image": "quay.io/openshift-release-dev/ocp-release:4.14.10"}},
+            },
+        )
 
     def add_cluster(
         self,

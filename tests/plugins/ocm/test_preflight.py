@@ -83,3 +83,31 @@ def test_preflight_of_the_manifest_work_method_asks_no_update_service(
     plugin = start_plugin(work_config())
     # The ManifestWork method delivers your manifest: no update service to ask.
     assert plugin.client.preflight_upgrade(name, NEW).verdict == ACCEPTED
+
+
+def test_a_hosted_cluster_the_curator_would_curate_as_standalone_is_refused(
+    emulator: OcmEmulator, start_plugin: StartPlugin, names: Callable[[int], list[str]]
+) -> None:
+    """Issue 20: the curator controller takes its hosted path only when a HostedCluster named
+    like the ClusterCurator sits in the ClusterCurator's namespace (isHostedCluster). This
+    plugin writes ClusterCurator <cluster>/<cluster>: a HostedCluster in another namespace
+    (HyperShift's usual `clusters`) is refused, before anything is written; one in namespace
+    <cluster> takes the hosted path, and a standalone cluster is unaffected."""
+    hosted, beside, standalone = names(3)
+    for name in (hosted, beside, standalone):
+        emulator.add_cluster(name, OLD)
+    emulator.add_hosted_cluster("clusters", hosted)
+    emulator.add_hosted_cluster(beside, beside)
+    plugin = start_plugin(curator_config())
+    refused = plugin.client.preflight_upgrade(hosted, NEW)
+    assert (refused.verdict, refused.reason_code) == (NEVER, "HOSTED_CLUSTER_NOT_SUPPORTED")
+    assert f"HostedCluster clusters/{hosted}" in refused.message
+    with pytest.raises(PluginCallError) as err:
+        plugin.client.upgrade_control_plane("up-hosted", hosted, NEW)
+    assert err.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert f"ClusterCurator {hosted}/{hosted}" in err.value.message
+    assert hosted not in emulator.curations_started  # nothing written for it
+    for name in (beside, standalone):
+        assert plugin.client.preflight_upgrade(name, NEW).verdict == ACCEPTED, name
+    done = plugin.end(plugin.client.upgrade_control_plane("up-standalone", standalone, NEW).id)
+    assert done.state == SUCCEEDED, done.error_message
