@@ -13,7 +13,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,18 +30,24 @@ from orchestrator.adapters.secrets import SecretError, TLSResolver
 from orchestrator.engine.access import Access
 from orchestrator.engine.conditions import format_time, get_condition, set_condition
 from orchestrator.engine.decide import ACTIVE, Floor, Preflight, Upgrade
-from orchestrator.engine.initialize import pin_upgrades, run_name
+from orchestrator.engine.initialize import Pinned, pin_upgrades, run_name
 from orchestrator.engine.observations import ClusterObs, OpObs, OpState
 from orchestrator.engine.transitions import ClusterChange, event_name, transitions
 from orchestrator.engine.validate import Problem, parse_model
 from orchestrator.pipeline import deletion
 from orchestrator.pipeline.crossrun import UNSEEN, RunNotSeen, holding_of, neighbours
-from orchestrator.pipeline.driver import CallError, Fence, HookRunner, RunDriver, WriteConflict
+from orchestrator.pipeline.driver import (
+    CallError,
+    Fence,
+    HookRunner,
+    RunDriver,
+    StepResult,
+    WriteConflict,
+)
 
 __all__ = ["AlwaysLeader", "UpdateRunController", "upgrade_from_obj"]
 
 log = logging.getLogger(__name__)
-U = api.UpgradePhase
 #: ClusterUpgrade writes and plugin calls made at once by one reconcile (API latency, not CPU).
 WRITE_PARALLELISM = 32
 #: A pass that wrote ClusterUpgrades but made no call looks again this soon.
@@ -87,22 +93,8 @@ class _KubeStore:
     kube: KubeClient
     cache: ObjectCache
     namespace: str
+    #: The run's ClusterUpgrades by name, as last written (the Events' subjects).
     objects: dict[str, dict[str, Any]]
-    writes: int = 0
-    #: The writes that took effect, in order (what orchestrator.transitions reads).
-    changes: list[ClusterChange] = field(default_factory=list)
-    #: The decision's statuses by name, with the phases it took each through (engine events).
-    decided: dict[str, tuple[api.ClusterUpgradeStatus, list[tuple[U, str]]]] = field(
-        default_factory=dict
-    )
-
-    def cluster_changes(self) -> list[ClusterChange]:
-        """The writes that took effect; a decision's write with the phases it went through."""
-        out = []
-        for c in self.changes:
-            status, steps = self.decided.get(c.name, (None, []))
-            out.append(replace(c, steps=tuple(steps)) if steps and c.new == status else c)
-        return out
 
     def write_upgrade_status(self, upgrade: Upgrade, status: api.ClusterUpgradeStatus) -> None:
         obj = self.objects[upgrade.name]
@@ -116,13 +108,7 @@ class _KubeStore:
             )
         except Conflict as err:
             raise WriteConflict(str(err)) from err
-        self.writes += 1
         self.objects[upgrade.name] = new
-        self.changes.append(
-            ClusterChange(
-                upgrade.name, upgrade.cluster_id, upgrade.spec.stage, upgrade.status, status
-            )
-        )
         self.cache.put(new)
 
 
@@ -205,30 +191,18 @@ class UpdateRunController:
         try:
             obj = self.kube.get_object(api.UPDATE_RUN_PLURAL, namespace, name)
         except NotFound:
-            # Gone (its finalizer released, or removed by a person): nothing can act for its
-            # ClusterUpgrades any more; those being deleted (garbage collector) may go.
-            self._release(namespace, name, only_deleting=True)
-            self.metrics.forget_run(namespace, name)
-            self.providers.pop((namespace, name), None)
-            self._preflight.pop((namespace, name), None)
-            self._memory.pop((namespace, name), None)
-            prefix = f"{name}-"
-            self._parsed = {
-                k: v
-                for k, v in self._parsed.items()
-                if not (k[0] == namespace and k[1].startswith(prefix))
-            }
+            self._forget(namespace, name)
             return None
         status = _run_status(obj)
+        parsed = parse_model(api.UpdateRunSpec, obj.get("spec"))
         if deletion.deleting(obj):
-            if self._finalize(obj):
+            if self._finalize(obj, _failed_cluster_policy(parsed)):
                 return None  # nothing of it out of service: let it go
         else:
             obj = self._hold(obj, status.phase in FINISHED)
         meta = obj["metadata"]
         gen = int(meta.get("generation", 1))
         now = self.clock()
-        parsed = parse_model(api.UpdateRunSpec, obj.get("spec"))
         if isinstance(parsed, list):
             return self._invalid(obj, status, parsed, gen, now)
         # Being deleted: driven as stopped (engine.decide's Stop path) until its clusters are
@@ -276,6 +250,21 @@ class UpdateRunController:
             return self._initialize(obj, spec, status, provider, endpoint, identity, gen, now)
         return self._execute(obj, spec, status, provider, access, identity, gen, now)
 
+    def _forget(self, namespace: str, name: str) -> None:
+        """A run that is gone (its finalizer released, or removed by a person): nothing can act
+        for its ClusterUpgrades any more; those being deleted (garbage collector) may go."""
+        self._release(namespace, name, only_deleting=True)
+        self.metrics.forget_run(namespace, name)
+        self.providers.pop((namespace, name), None)
+        self._preflight.pop((namespace, name), None)
+        self._memory.pop((namespace, name), None)
+        prefix = f"{name}-"
+        self._parsed = {
+            k: v
+            for k, v in self._parsed.items()
+            if not (k[0] == namespace and k[1].startswith(prefix))
+        }
+
     # -- initialize -------------------------------------------------------------------------
 
     def _initialize(
@@ -289,83 +278,85 @@ class UpdateRunController:
         gen: int,
         now: datetime,
     ) -> float | None:
+        """Pin the run once: its ClusterUpgrades created from the inventory of now (and the
+        ClusterVersion it was made for, which must not have changed since), then its status."""
         meta = obj["metadata"]
-        ns, name = meta["namespace"], meta["name"]
         if spec.state == api.RunState.STOP:
-            conds = set_condition(
-                list(status.conditions or []),
-                "Initialized",
-                False,
-                "Stopped",
-                "stopped before it started",
-                gen,
-                now,
-            )
-            return self._write_run(
-                obj,
-                status.model_copy(
-                    update={
-                        "phase": api.RunPhase.STOPPED,
-                        "message": "stopped before it started",
-                        "conditions": conds,
-                        "end_time": format_time(now),
-                        "observed_generation": gen,
-                    }
-                ),
-            )
+            message = "stopped before it started"
+            return self._not_started(obj, spec, status, "Stopped", message, message, gen, now)
         source = None
         if spec.cluster_version_ref is not None:
-            try:
-                cv = self.kube.get_object(api.PLURAL, ns, spec.cluster_version_ref.name)
-            except NotFound:
-                return self._invalid(
+            cv = self._cluster_version(meta["namespace"], spec.cluster_version_ref.name)
+            if isinstance(cv, Problem):
+                return self._invalid(obj, status, [cv], gen, now)
+            if cv is None or run_name(spec.cluster_version_ref.name, cv) != meta["name"]:
+                return self._not_started(
                     obj,
+                    spec,
                     status,
-                    [
-                        Problem(
-                            "spec.clusterVersionRef.name",
-                            f"ClusterVersion {spec.cluster_version_ref.name} does not exist",
-                        )
-                    ],
-                    gen,
-                    now,
-                )
-            cv_spec = parse_model(api.ClusterVersionSpec, cv.get("spec"))
-            if (
-                isinstance(cv_spec, list)
-                or run_name(spec.cluster_version_ref.name, cv_spec) != name
-            ):
-                conds = set_condition(
-                    list(status.conditions or []),
-                    "Initialized",
-                    False,
                     "Superseded",
                     "the ClusterVersion changed before this run started",
+                    "superseded before it started",
                     gen,
                     now,
                 )
-                return self._write_run(
-                    obj,
-                    status.model_copy(
-                        update={
-                            "phase": api.RunPhase.STOPPED,
-                            "conditions": conds,
-                            "message": "superseded before it started",
-                            "end_time": format_time(now),
-                            "observed_generation": gen,
-                        }
-                    ),
-                )
-            source = cv_spec
+            source = cv
         try:
             inventory = provider.inventory()
         except CallError as err:
             return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
         pinned = pin_upgrades(
-            name, spec, inventory, source, provider=endpoint, provider_id=identity
+            meta["name"], spec, inventory, source, provider=endpoint, provider_id=identity
         )
         if isinstance(pinned, list):
             return self._invalid(obj, status, pinned, gen, now)
+        self._create_upgrades(obj, pinned.upgrades)
+        self._write_run(obj, _pinned_status(status, pinned, gen, now), spec=spec)
+        return 0.0
+
+    def _cluster_version(
+        self, namespace: str, name: str
+    ) -> api.ClusterVersionSpec | Problem | None:
+        """The spec of the ClusterVersion a run was made for; a Problem when it does not exist;
+        None when its spec no longer parses (it changed since)."""
+        try:
+            cv = self.kube.get_object(api.PLURAL, namespace, name)
+        except NotFound:
+            return Problem("spec.clusterVersionRef.name", f"ClusterVersion {name} does not exist")
+        cv_spec = parse_model(api.ClusterVersionSpec, cv.get("spec"))
+        return None if isinstance(cv_spec, list) else cv_spec
+
+    def _not_started(
+        self,
+        obj: dict[str, Any],
+        spec: api.UpdateRunSpec,
+        status: api.UpdateRunStatus,
+        reason: str,
+        why: str,
+        message: str,
+        gen: int,
+        now: datetime,
+    ) -> float | None:
+        """A run that stops before it pinned anything: Stopped, never Initialized (reason and
+        why on that condition; message on the run)."""
+        conds = set_condition(
+            list(status.conditions or []), "Initialized", False, reason, why, gen, now
+        )
+        stopped = status.model_copy(
+            update={
+                "phase": api.RunPhase.STOPPED,
+                "message": message,
+                "conditions": conds,
+                "end_time": format_time(now),
+                "observed_generation": gen,
+            }
+        )
+        return self._write_run(obj, stopped, spec=spec)
+
+    def _create_upgrades(self, obj: Mapping[str, Any], upgrades: Sequence[Upgrade]) -> None:
+        """Create the run's ClusterUpgrades, owned by it (idempotent by name)."""
+        meta = obj["metadata"]
+        ns, name = meta["namespace"], meta["name"]
         owner = {
             "apiVersion": api.API_VERSION,
             "kind": api.UPDATE_RUN_KIND,
@@ -392,38 +383,7 @@ class UpdateRunController:
                 self.upgrades.put(self.kube.create_object(api.CLUSTER_UPGRADE_PLURAL, ns, body))
 
         with ThreadPoolExecutor(max_workers=8) as workers:
-            list(workers.map(create, pinned.upgrades))
-        conds = set_condition(
-            list(status.conditions or []),
-            "Initialized",
-            True,
-            "Pinned",
-            f"{len(pinned.upgrades)} ClusterUpgrades pinned",
-            gen,
-            now,
-        )
-        new = status.model_copy(
-            update={
-                "phase": api.RunPhase.PROGRESSING,
-                "message": f"{len(pinned.upgrades)} clusters pinned",
-                "cluster_set_digest": pinned.digest,
-                "counts": api.RunCounts(total=len(pinned.upgrades), pending=len(pinned.upgrades)),
-                "stages": [
-                    api.StageStatus(
-                        name=s,
-                        phase=api.StagePhase.PENDING,
-                        total=sum(1 for u in pinned.upgrades if u.spec.stage == s),
-                        upgraded=0,
-                    )
-                    for s in pinned.stage_names
-                ],
-                "start_time": format_time(now),
-                "conditions": conds,
-                "observed_generation": gen,
-            }
-        )
-        self._write_run(obj, new)
-        return 0.0
+            list(workers.map(create, upgrades))
 
     # -- execute -----------------------------------------------------------------------------
 
@@ -438,9 +398,10 @@ class UpdateRunController:
         gen: int,
         now: datetime,
     ) -> float | None:
+        """One driver step over the run's ClusterUpgrades (as cached), then what it did
+        recorded once (`_record`): observe, decide, act in the driver; record here."""
         meta = obj["metadata"]
         ns, name = meta["namespace"], meta["name"]
-        key = f"{ns}/{name}"
         children = {o["metadata"]["name"]: o for o in self.upgrades.by_label(ns, name)}
         total = status.counts.total if status.counts else 0
         if len(children) < total and status.phase not in FINISHED:
@@ -449,20 +410,9 @@ class UpdateRunController:
             # run counts what is left.)
             return 1.0
         upgrades = {n: self._parse(ns, o) for n, o in children.items()}
-        endpoint = access.provider.endpoint
-        identities = self.pool.identities()
-        moved = sorted({holding_of(o, identities).provider for o in children.values()} - {identity})
-        if moved:
-            # The run's clusters belong to the provider it was allowed to use when it started
-            # (another address of the same plugin is the same provider).
-            where = "spec.providerRef" if spec.provider_ref else "spec.opsEndpoint"
-            problem = Problem(
-                where,
-                f"this run's clusters were pinned on provider {moved[0]} but "
-                f"{access.provider.via} now points at {endpoint} (provider {identity}); point "
-                "it back, or stop this run and start a new one",
-            )
-            return self._invalid(obj, status, [problem], gen, now)
+        moved = self._moved(spec, access, identity, children.values())
+        if moved is not None:
+            return self._invalid(obj, status, [moved], gen, now)
         try:
             held_by, floors = self._neighbours(
                 identity, f"{ns}/{name}", {u.cluster_id for u in upgrades.values()}
@@ -481,6 +431,63 @@ class UpdateRunController:
         except CallError as err:
             return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
         store = _KubeStore(self.kube, self.upgrades, ns, dict(children))
+        driver = self._driver(obj, provider, access, store)
+        annotations = meta.get("annotations") or {}
+        try:
+            result = driver.step(
+                key=f"{ns}/{name}",
+                uid=meta["uid"],
+                spec=spec,
+                upgrades=upgrades,
+                stages=status.stages or [],
+                held_by=held_by,
+                now=now,
+                approved=_csv(annotations.get(api.ANNOTATION_APPROVE_STAGES)),
+                retry=_csv(annotations.get(api.ANNOTATION_RETRY_CLUSTERS)),
+                # A ClusterUpgrade deleted alone: its cluster is skipped (or finishes its
+                # step); the object goes when its run ends (_hold).
+                skip=_csv(annotations.get(api.ANNOTATION_SKIP_CLUSTERS))
+                | {u.cluster_id for n, u in upgrades.items() if deletion.deleting(children[n])},
+                floors=floors,
+                skip_stages=_csv(annotations.get(api.ANNOTATION_SKIP_STAGES)),
+                requested_by=annotations.get(api.ANNOTATION_REQUESTED_BY) or "",
+                reason=annotations.get(api.ANNOTATION_REASON) or "",
+            )
+        except CallError as err:
+            return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
+        except SecretError as err:
+            return self._degraded(obj, status, "SecretError", str(err), gen, now, 30.0)
+        return self._record(obj, spec, status, result, store.objects, gen, now)
+
+    def _moved(
+        self,
+        spec: api.UpdateRunSpec,
+        access: Access,
+        identity: str,
+        children: Iterable[Mapping[str, Any]],
+    ) -> Problem | None:
+        """The run's clusters belong to the provider it was allowed to use when it started
+        (another address of the same plugin is the same provider): a Problem when the spec
+        now points elsewhere."""
+        identities = self.pool.identities()
+        moved = sorted({holding_of(o, identities).provider for o in children} - {identity})
+        if not moved:
+            return None
+        where = "spec.providerRef" if spec.provider_ref else "spec.opsEndpoint"
+        return Problem(
+            where,
+            f"this run's clusters were pinned on provider {moved[0]} but "
+            f"{access.provider.via} now points at {access.provider.endpoint} (provider "
+            f"{identity}); point it back, or stop this run and start a new one",
+        )
+
+    def _driver(
+        self, obj: Mapping[str, Any], provider: GrpcProvider, access: Access, store: _KubeStore
+    ) -> RunDriver:
+        """The run's driver over the apiserver and its plugin, with the health checks' clients
+        (only those access allows) and the memory it keeps between reconciles."""
+        meta = obj["metadata"]
+        ns, name = meta["namespace"], meta["name"]
 
         def client_for(ep: str | None, insecure: bool | None, tls: api.TLSConfig | None) -> Any:
             target = access.plugin(ep, insecure, tls)  # allowed by check_access above
@@ -521,60 +528,58 @@ class UpdateRunController:
         memory = self._memory.setdefault((ns, name), _DriverMemory())
         driver.unrecorded_failures = memory.unrecorded_failures
         driver.stage_failures = memory.stage_failures
-        annotations = meta.get("annotations") or {}
-        try:
-            result = driver.step(
-                key=key,
-                uid=meta["uid"],
-                spec=spec,
-                upgrades=upgrades,
-                stages=status.stages or [],
-                held_by=held_by,
-                now=now,
-                approved=_csv(annotations.get(api.ANNOTATION_APPROVE_STAGES)),
-                retry=_csv(annotations.get(api.ANNOTATION_RETRY_CLUSTERS)),
-                # A ClusterUpgrade deleted alone: its cluster is skipped (or finishes its
-                # step); the object goes when its run ends (_hold).
-                skip=_csv(annotations.get(api.ANNOTATION_SKIP_CLUSTERS))
-                | {u.cluster_id for n, u in upgrades.items() if deletion.deleting(children[n])},
-                floors=floors,
-                skip_stages=_csv(annotations.get(api.ANNOTATION_SKIP_STAGES)),
-                requested_by=annotations.get(api.ANNOTATION_REQUESTED_BY) or "",
-                reason=annotations.get(api.ANNOTATION_REASON) or "",
-            )
-        except CallError as err:
-            return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
-        except SecretError as err:
-            return self._degraded(obj, status, "SecretError", str(err), gen, now, 30.0)
+        return driver
+
+    def _record(
+        self,
+        obj: dict[str, Any],
+        spec: api.UpdateRunSpec,
+        status: api.UpdateRunStatus,
+        result: StepResult,
+        upgrades: Mapping[str, dict[str, Any]],
+        gen: int,
+        now: datetime,
+    ) -> float | None:
+        """What the pass did, recorded once: the run's status (`_status_after`) with the Events
+        and notifications of what took effect, the people-annotations it acted on consumed,
+        the metrics; then when to look again. upgrades: the ClusterUpgrades as written."""
+        meta = obj["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        self.metrics.api_writes.inc(result.writes)
+        new = self._status_after(obj, status, result, gen, now)
+        self._write_run(obj, new, spec=spec, changes=result.changes, upgrades=upgrades)
+        self._consume(obj, api.ANNOTATION_RETRY_CLUSTERS)
+        self._consume(obj, api.ANNOTATION_SKIP_CLUSTERS)
+        self._export_clusters(ns, name, upgrades.values())
+        if deletion.deleting(obj) and self._finalize(obj, _failed_cluster_policy(spec)):
+            return None
+        if result.decision.phase in FINISHED:
+            return None
+        if result.writes and not result.calls_made:
+            # What the echo of these writes used to do (the cache keeps it quiet now): a pass
+            # that only moved state (a cluster done, a stage complete) looks again at once.
+            wait = result.requeue_after
+            return AFTER_WRITES if wait is None else min(wait, AFTER_WRITES)
+        return result.requeue_after
+
+    def _status_after(
+        self,
+        obj: Mapping[str, Any],
+        status: api.UpdateRunStatus,
+        result: StepResult,
+        gen: int,
+        now: datetime,
+    ) -> api.UpdateRunStatus:
+        """The run's status after a pass, the one place it is built: the decision's
+        (StepResult.run_status, as the simulation writes it), with the conditions and
+        observedGeneration; a run being deleted says what it still brings back."""
         d = result.decision
-        self.metrics.api_writes.inc(store.writes)
-        # A ClusterUpgrade's name is `upgrade`, never `name` (the run's: metrics, writes).
-        upgrade_of = {u.cluster_id: u.name for u in upgrades.values()} if d.events else {}
-        for cid, phase, message, _ in d.events:
-            upgrade = upgrade_of.get(cid)
-            if upgrade is not None and upgrade in d.changed:
-                decided = store.decided.setdefault(upgrade, (d.changed[upgrade], []))
-                decided[1].append((U(phase), message))
         finished = d.phase in FINISHED
         conds = list(status.conditions or [])
-        conds = set_condition(
-            conds,
-            "Progressing",
-            not finished and d.phase != api.RunPhase.HALTED,
-            d.phase.value,
-            d.message,
-            gen,
-            now,
-        )
-        conds = set_condition(
-            conds,
-            "Succeeded",
-            d.phase == api.RunPhase.SUCCEEDED,
-            d.phase.value,
-            d.message,
-            gen,
-            now,
-        )
+        progressing = not finished and d.phase != api.RunPhase.HALTED
+        conds = set_condition(conds, "Progressing", progressing, d.phase.value, d.message, gen, now)
+        succeeded = d.phase == api.RunPhase.SUCCEEDED
+        conds = set_condition(conds, "Succeeded", succeeded, d.phase.value, d.message, gen, now)
         conds = set_condition(conds, "Degraded", False, "AsExpected", "plugin reachable", gen, now)
         message = d.message
         if deletion.deleting(obj):
@@ -582,35 +587,9 @@ class UpdateRunController:
             conds = set_condition(
                 conds, "Deleting", True, "BringingClustersBack", message, gen, now
             )
-        new = status.model_copy(
-            update={
-                "phase": d.phase,
-                "message": message,
-                "current_stage": d.current_stage,
-                "counts": d.counts,
-                "stages": d.stages,
-                "failures": d.failures,
-                "next_start_time": d.next_start_time,
-                "waiting_reason": d.waiting_reason,
-                "end_time": (status.end_time or format_time(now)) if finished else None,
-                "conditions": conds,
-                "observed_generation": gen,
-            }
+        return result.run_status(status, now).model_copy(
+            update={"message": message, "conditions": conds, "observed_generation": gen}
         )
-        self._write_run(obj, new, store)
-        self._consume(obj, api.ANNOTATION_RETRY_CLUSTERS)
-        self._consume(obj, api.ANNOTATION_SKIP_CLUSTERS)
-        self._export_clusters(ns, name, [store.objects[u.name] for u in upgrades.values()])
-        if deletion.deleting(obj) and self._finalize(obj):
-            return None
-        if finished:
-            return None
-        if store.writes and not result.calls_made:
-            # What the echo of these writes used to do (the cache keeps it quiet now): a pass
-            # that only moved state (a cluster done, a stage complete) looks again at once.
-            wait = result.requeue_after
-            return AFTER_WRITES if wait is None else min(wait, AFTER_WRITES)
-        return result.requeue_after
 
     def _export_clusters(
         self, namespace: str, run: str, upgrades: Iterable[Mapping[str, Any]]
@@ -675,30 +654,28 @@ class UpdateRunController:
             self._release(meta["namespace"], meta["name"], only_deleting=True)
         return obj
 
-    def _holds(self, obj: Mapping[str, Any]) -> tuple[deletion.Holds, api.FailedClusterPolicy]:
+    def _held(self, obj: Mapping[str, Any]) -> deletion.Holds:
         """What of the run's clusters (its ClusterUpgrades as cached) holds its deletion."""
         meta = obj["metadata"]
         ns = meta["namespace"]
-        parsed = parse_model(api.UpdateRunSpec, obj.get("spec"))
-        strategy = None if isinstance(parsed, list) else parsed.strategy
-        policy = (strategy or api.Strategy()).failed_cluster_policy
         upgrades = [self._parse(ns, c) for c in self.upgrades.by_label(ns, meta["name"])]
-        return deletion.holds((u.cluster_id, u.status) for u in upgrades), policy
+        return deletion.holds((u.cluster_id, u.status) for u in upgrades)
 
     def _deleting_message(self, obj: Mapping[str, Any]) -> str:
-        waiting = self._holds(obj)[0].waiting
+        waiting = self._held(obj).waiting
         shown = ", ".join(waiting[:10]) + (" ..." if len(waiting) > 10 else "")
         return (
             f"being deleted: bringing {len(waiting)} cluster(s) back into service before it "
             f"goes ({shown or 'none left'})"
         )
 
-    def _finalize(self, obj: dict[str, Any]) -> bool:
+    def _finalize(self, obj: dict[str, Any], policy: api.FailedClusterPolicy) -> bool:
         """A run being deleted: True when it has let go (finalizers removed from its
-        ClusterUpgrades, then from itself); False while a cluster it took out is not back."""
+        ClusterUpgrades, then from itself); False while a cluster it took out is not back.
+        policy: the run's failedClusterPolicy (what it says of clusters it keeps out)."""
         meta = obj["metadata"]
         ns, name = meta["namespace"], meta["name"]
-        held, policy = self._holds(obj)
+        held = self._held(obj)
         if held.waiting:
             return False
         if held.kept_out:
@@ -754,10 +731,20 @@ class UpdateRunController:
     # -- status ----------------------------------------------------------------------------
 
     def _write_run(
-        self, obj: dict[str, Any], status: api.UpdateRunStatus, store: _KubeStore | None = None
+        self,
+        obj: dict[str, Any],
+        status: api.UpdateRunStatus,
+        *,
+        spec: api.UpdateRunSpec | None = None,
+        changes: Sequence[ClusterChange] = (),
+        upgrades: Mapping[str, dict[str, Any]] | None = None,
     ) -> float | None:
         """Write the run's status (if changed), then announce what the pass's writes that took
-        effect changed (the run's, and store's ClusterUpgrades'): Events and notifications."""
+        effect changed (the run's, and its ClusterUpgrades': changes): Events and notifications.
+
+        spec: the run's (whose notifications are sent; None: its spec is not valid, none are);
+        upgrades: the ClusterUpgrades as written, by name (the subjects of their Events).
+        """
         before = obj.get("status") or {}
         body = status.dump()
         written: api.UpdateRunStatus | None = None
@@ -783,8 +770,8 @@ class UpdateRunController:
                     # this run's phase (is its floor live?) as written, not as the watch last
                     # brought it (a run resumed a moment ago binds its floor at once).
                     self.runs.put(updated)
-        if written is not None or (store is not None and store.changes):
-            self._announce(obj, before, written, store)
+        if written is not None or changes:
+            self._announce(obj, before, written, spec, changes, upgrades or {})
         return requeue
 
     def _announce(
@@ -792,28 +779,31 @@ class UpdateRunController:
         obj: dict[str, Any],
         before: Mapping[str, Any],
         written: api.UpdateRunStatus | None,
-        store: _KubeStore | None,
+        spec: api.UpdateRunSpec | None,
+        changes: Sequence[ClusterChange],
+        upgrades: Mapping[str, dict[str, Any]],
     ) -> None:
         """One Event per transition per object, and the notifications the spec asks for; both
         from orchestrator.transitions, computed only from writes that took effect."""
         meta = obj["metadata"]
         prev = _run_status({"status": before})
         new = written if written is not None else prev
-        found = transitions(meta["uid"], prev, new, store.cluster_changes() if store else ())
+        found = transitions(meta["uid"], prev, new, changes)
         if not found:
             return
         if self.emit_event is not None:
             for t in found:
                 if t.detail and not self.step_events:
                     continue
-                target = store.objects.get(t.upgrade, obj) if store and t.upgrade else obj
+                target = upgrades.get(t.upgrade, obj) if t.upgrade else obj
                 name = event_name(target["metadata"]["name"], t.id)
                 self.emit_event(target, t.reason, t.message, t.warning, name)
-        wanted = (obj.get("spec") or {}).get("notifications")
-        if self.notifier is None or not wanted or all(t.event is None for t in found):
-            return
-        parsed = parse_model(api.UpdateRunSpec, obj.get("spec"))
-        if isinstance(parsed, list) or not parsed.notifications:
+        if (
+            self.notifier is None
+            or spec is None
+            or not spec.notifications
+            or all(t.event is None for t in found)
+        ):
             return
         ns = meta["namespace"]
         if not self.catalog.policy.allows_inline(ns):
@@ -830,7 +820,7 @@ class UpdateRunController:
                 name = event_name(meta["name"], f"{meta['uid']}/{reason}")
                 self.emit_event(obj, reason, message, True, name)
             return
-        self.notifier.notify(ns, meta["name"], parsed.notifications, found, new, self.clock())
+        self.notifier.notify(ns, meta["name"], spec.notifications, found, new, self.clock())
 
     def _invalid(
         self,
@@ -900,6 +890,50 @@ def _run_status(obj: Mapping[str, Any]) -> api.UpdateRunStatus:
         return api.UpdateRunStatus.model_validate(obj.get("status") or {})
     except ValidationError:
         return api.UpdateRunStatus()
+
+
+def _failed_cluster_policy(
+    spec: api.UpdateRunSpec | list[Problem],
+) -> api.FailedClusterPolicy:
+    """The run's failedClusterPolicy (the default where its spec is not valid)."""
+    strategy = None if isinstance(spec, list) else spec.strategy
+    return (strategy or api.Strategy()).failed_cluster_policy
+
+
+def _pinned_status(
+    status: api.UpdateRunStatus, pinned: Pinned, gen: int, now: datetime
+) -> api.UpdateRunStatus:
+    """The status of a run once its ClusterUpgrades are pinned: Initialized, every stage
+    Pending, the cluster set's digest."""
+    conds = set_condition(
+        list(status.conditions or []),
+        "Initialized",
+        True,
+        "Pinned",
+        f"{len(pinned.upgrades)} ClusterUpgrades pinned",
+        gen,
+        now,
+    )
+    return status.model_copy(
+        update={
+            "phase": api.RunPhase.PROGRESSING,
+            "message": f"{len(pinned.upgrades)} clusters pinned",
+            "cluster_set_digest": pinned.digest,
+            "counts": api.RunCounts(total=len(pinned.upgrades), pending=len(pinned.upgrades)),
+            "stages": [
+                api.StageStatus(
+                    name=s,
+                    phase=api.StagePhase.PENDING,
+                    total=sum(1 for u in pinned.upgrades if u.spec.stage == s),
+                    upgraded=0,
+                )
+                for s in pinned.stage_names
+            ],
+            "start_time": format_time(now),
+            "conditions": conds,
+            "observed_generation": gen,
+        }
+    )
 
 
 def _people(obj: Mapping[str, Any]) -> bool:

@@ -1623,84 +1623,30 @@ def _walk_stages(
 ) -> _Walk:
     """Phase 3: each stage's phase, in order (skipped, completed, verifying its checks,
     soaking, failed, awaiting approval, progressing); the first incomplete one is active."""
-    inp = run.inp
-    stages_spec = run.strategy.stages or []
-    prev = {s.name: s for s in inp.stages}
-    halted = budgets.halted
-    waiting = "Halted" if halted else ""
-    stage_status: list[api.StageStatus] = []
-    active_index: int | None = None
-    blocked = ""
+    prev = {s.name: s for s in run.inp.stages}
+    walk = _Walk(names, [], None, budgets.halted, "Halted" if budgets.halted else "", "")
     for index, name in enumerate(names):
         members = by_stage.get(index, [])
-        spec_stage = stages_spec[index] if stages_spec else None
         n_done, n_failed, _, settled = budgets.stats[index]
-        over = budgets.over[index]
         old = prev.get(name)
         start = old.start_time if old else None
         completion = old.completion_time if old else None
         health = old.health if old else None
         phase = api.StagePhase.PENDING
-        last = index + 1 == len(names)
         if name in skipped_stages:
             # Skipped by a person: its checks are not evaluated and the run moves on.
             phase = api.StagePhase.SKIPPED
             health = None
-        elif active_index is None and settled and not over:
-            checks = None if last else run.checks_for(name)
-            if health is not None and _ended_since(members, run.status, health.since):
-                # Invariant 3: a member ended after this analysis began (it was retried and the
-                # stage's reopening never reached the run's status): verify the stage anew.
-                health, completion = None, None
-            verdict = judge(health, checks, inp.now) if checks is not None else None
-            if verdict is not None and not verdict.passed:
-                if health is None:
-                    health = api.HealthState(since=run.stamp)
-                    verdict = judge(health, checks, inp.now) if checks else verdict
-                active_index = -1
-                if verdict.failed:
-                    phase = api.StagePhase.FAILED
-                    halted = True
-                    waiting = "Halted"
-                    blocked = f"stage {name}: {verdict.message}"
-                else:
-                    phase = api.StagePhase.VERIFYING
-                    waiting = waiting or "StageVerifying"
-                    blocked = f"stage {name}: {verdict.message}"
-                    run.wake(max(verdict.wait_seconds, 0.5))
-            else:
-                phase = api.StagePhase.COMPLETED
-                completion = completion or run.stamp
-                soak = spec_stage.soak_time if spec_stage else None
-                if soak and not last:
-                    left = parse_time(completion) + api.parse_duration(soak) - inp.now
-                    if left > timedelta(0):
-                        phase = api.StagePhase.SOAKING
-                        active_index = -1
-                        waiting = waiting or "Soaking"
-                        blocked = f"stage {name} soaking for {int(left.total_seconds())}s more"
-                        run.wake(left.total_seconds())
-        elif active_index is None:
-            active_index = index
+        elif walk.active is None and settled and not budgets.over[index]:
+            phase, health, completion = _settled_stage(
+                run, walk, index, members, health, completion
+            )
+        elif walk.active is None:
+            walk.active = index
             # Invariant 3: a stage that is incomplete again (a member retried) verifies anew.
             health = None
-            if over or (halted and n_failed):
-                phase = api.StagePhase.FAILED
-            elif (
-                spec_stage is not None
-                and spec_stage.approval == api.Approval.MANUAL
-                and name not in inp.approved_stages
-                and not start
-            ):
-                phase = api.StagePhase.AWAITING_APPROVAL
-                waiting = waiting or "AwaitingApproval"
-                blocked = (
-                    f"stage {name} awaits approval: add it to the "
-                    f"{api.ANNOTATION_APPROVE_STAGES} annotation"
-                )
-            else:
-                phase = api.StagePhase.PROGRESSING
-        stage_status.append(
+            phase = _open_stage(run, walk, index, budgets, start)
+        walk.stages.append(
             api.StageStatus(
                 name=name,
                 phase=phase,
@@ -1716,10 +1662,87 @@ def _walk_stages(
             )
         )
     if run.stopping:
-        waiting = "Stopped"
-    elif run.strategy.paused and not halted:
-        waiting = "Paused"
-    return _Walk(names, stage_status, active_index, halted, waiting, blocked)
+        walk.waiting = "Stopped"
+    elif run.strategy.paused and not walk.halted:
+        walk.waiting = "Paused"
+    return walk
+
+
+def _stage_spec(run: _Run, index: int) -> api.Stage | None:
+    """The spec of the stage at index (None: the run has no stages, only "default")."""
+    stages_spec = run.strategy.stages or []
+    return stages_spec[index] if stages_spec else None
+
+
+def _settled_stage(
+    run: _Run,
+    walk: _Walk,
+    index: int,
+    members: Sequence[Upgrade],
+    health: api.HealthState | None,
+    completion: str | None,
+) -> tuple[api.StagePhase, api.HealthState | None, str | None]:
+    """A stage whose members are all settled, within its budget: it verifies its checks (and
+    holds the run while they run or after they failed), soaks, or is complete. Returns its
+    phase, health and completion time."""
+    inp = run.inp
+    name = walk.names[index]
+    last = index + 1 == len(walk.names)
+    checks = None if last else run.checks_for(name)
+    if health is not None and _ended_since(members, run.status, health.since):
+        # Invariant 3: a member ended after this analysis began (it was retried and the
+        # stage's reopening never reached the run's status): verify the stage anew.
+        health, completion = None, None
+    verdict = judge(health, checks, inp.now) if checks is not None else None
+    if verdict is not None and not verdict.passed:
+        if health is None:
+            health = api.HealthState(since=run.stamp)
+            verdict = judge(health, checks, inp.now) if checks else verdict
+        walk.active = -1
+        walk.blocked = f"stage {name}: {verdict.message}"
+        if verdict.failed:
+            walk.halted = True
+            walk.waiting = "Halted"
+            return api.StagePhase.FAILED, health, completion
+        walk.waiting = walk.waiting or "StageVerifying"
+        run.wake(max(verdict.wait_seconds, 0.5))
+        return api.StagePhase.VERIFYING, health, completion
+    completion = completion or run.stamp
+    spec_stage = _stage_spec(run, index)
+    soak = spec_stage.soak_time if spec_stage else None
+    if soak and not last:
+        left = parse_time(completion) + api.parse_duration(soak) - inp.now
+        if left > timedelta(0):
+            walk.active = -1
+            walk.waiting = walk.waiting or "Soaking"
+            walk.blocked = f"stage {name} soaking for {int(left.total_seconds())}s more"
+            run.wake(left.total_seconds())
+            return api.StagePhase.SOAKING, health, completion
+    return api.StagePhase.COMPLETED, health, completion
+
+
+def _open_stage(
+    run: _Run, walk: _Walk, index: int, budgets: _Budgets, start: str | None
+) -> api.StagePhase:
+    """The first stage not yet settled (the active one): failed past its budget, awaiting a
+    person's approval, or progressing."""
+    name = walk.names[index]
+    spec_stage = _stage_spec(run, index)
+    if budgets.over[index] or (walk.halted and budgets.stats[index][1]):
+        return api.StagePhase.FAILED
+    if (
+        spec_stage is not None
+        and spec_stage.approval == api.Approval.MANUAL
+        and name not in run.inp.approved_stages
+        and not start
+    ):
+        walk.waiting = walk.waiting or "AwaitingApproval"
+        walk.blocked = (
+            f"stage {name} awaits approval: add it to the "
+            f"{api.ANNOTATION_APPROVE_STAGES} annotation"
+        )
+        return api.StagePhase.AWAITING_APPROVAL
+    return api.StagePhase.PROGRESSING
 
 
 def _admits(run: _Run, walk: _Walk) -> bool:
@@ -1735,6 +1758,29 @@ def _admits(run: _Run, walk: _Walk) -> bool:
     )
 
 
+@dataclass
+class _Admission:
+    """One pass's admission into the active stage: its members in the order they are offered,
+    their time gates, and what offering them found."""
+
+    index: int
+    spec_stage: api.Stage | None
+    members: list[Upgrade]
+    #: The stage's concurrency limit and the clusters in flight now (across the run).
+    limit: int
+    in_flight: int
+    #: The floor's budget, counted over this pass (`_Run.room`).
+    room: list[int]
+    gates: dict[str, _TimeGate] = field(default_factory=dict)
+    #: The closed gates, and the earliest time one opens.
+    waits: list[_TimeGate] = field(default_factory=list)
+    next_start: datetime | None = None
+    #: The words of the closed gates clusters wait on (NotBefore, MaintenanceWindow).
+    time_waits: set[str] = field(default_factory=set)
+    started: bool = False
+    waiting_budget: bool = False
+
+
 def _admit(run: _Run, walk: _Walk, by_stage: Mapping[int, Sequence[Upgrade]]) -> None:
     """Phase 4, admission into the active stage: in stable order, each cluster whose turn
     came is skipped (gone, at target), resumed (our own service-out took effect unconfirmed:
@@ -1742,54 +1788,72 @@ def _admit(run: _Run, walk: _Walk, by_stage: Mapping[int, Sequence[Upgrade]]) ->
     `_Run.service_out`: it waits (held by another run, another operation, out of service, the
     floor's budget: `_Run.may_service_out`, counted over this pass), is asked about
     (preflight), is refused (Blocked), or is taken out (its preUpgrade hook first)."""
-    inp = run.inp
-    stages_spec = run.strategy.stages or []
-    active_index = walk.active
-    assert active_index is not None
-    stage_status = walk.stages
-    waiting, blocked = walk.waiting, walk.blocked
-    next_start: datetime | None = None
-    time_waits: set[str] = set()
-    members = by_stage.get(active_index, [])
-    spec_stage = stages_spec[active_index] if stages_spec else None
+    adm = _admission(run, walk, by_stage)
+    _time_gates(run, adm)
+    _offer(run, adm)
+    _why_waiting(run, walk, adm)
+    stage = walk.stages[adm.index]
+    if adm.started and not stage.start_time:
+        walk.stages[adm.index] = stage.model_copy(update={"start_time": run.stamp})
+    walk.next_start = adm.next_start
+
+
+def _admission(run: _Run, walk: _Walk, by_stage: Mapping[int, Sequence[Upgrade]]) -> _Admission:
+    """The active stage's members, its concurrency limit, what is in flight and the room the
+    floor leaves, before any cluster is offered."""
+    index = walk.active
+    assert index is not None
+    members = list(by_stage.get(index, []))
+    spec_stage = _stage_spec(run, index)
     value = (
         spec_stage.max_concurrency
         if spec_stage is not None and spec_stage.max_concurrency is not None
         else run.strategy.max_concurrency
     )
-    limit = _limit(value, len(members))
-    in_flight = sum(1 for s in run.status.values() if s.phase in ACTIVE)
-    room = run.room()
-    started = False
-    waiting_budget = False
-    # Time: clusters whose gate (notBefore, windows) is open go first, in stable order.
+    return _Admission(
+        index=index,
+        spec_stage=spec_stage,
+        members=members,
+        limit=_limit(value, len(members)),
+        in_flight=sum(1 for s in run.status.values() if s.phase in ACTIVE),
+        room=run.room(),
+    )
+
+
+def _time_gates(run: _Run, adm: _Admission) -> None:
+    """Time (notBefore, windows): each waiting member's gate; clusters whose gate is open go
+    first, in stable order, and a member whose time came no longer shows a stale wait."""
+    spec_stage = adm.spec_stage
     timed = (
         run.strategy.not_before
         or run.strategy.maintenance
         or (spec_stage is not None and spec_stage.maintenance)
     )
-    gates = {
+    adm.gates = {
         u.name: _time_gate(run, spec_stage, u)
-        for u in (members if timed else ())
+        for u in (adm.members if timed else ())
         if run.status[u.name].phase in (U.PENDING, U.BLOCKED)
     }
-    waits = [g for g in gates.values() if not g.may_start]
-    if waits:
-        nexts = [g.next_start for g in waits if g.next_start is not None]
+    adm.waits = [g for g in adm.gates.values() if not g.may_start]
+    if adm.waits:
+        nexts = [g.next_start for g in adm.waits if g.next_start is not None]
         if nexts:
-            next_start = min(nexts)
-            run.wake(max((next_start - inp.now).total_seconds(), 1.0))
-    if waits:
-        members = sorted(members, key=lambda x: not gates.get(x.name, _OPEN).may_start)
-    for u in members:  # their time came: no stale wait shown while they queue
+            adm.next_start = min(nexts)
+            run.wake(max((adm.next_start - run.inp.now).total_seconds(), 1.0))
+        adm.members.sort(key=lambda x: not adm.gates.get(x.name, _OPEN).may_start)
+    for u in adm.members:  # their time came: no stale wait shown while they queue
         st = run.status[u.name]
         if (
             st.phase == U.PENDING
             and st.reason in ("NotBefore", "MaintenanceWindow")
-            and gates.get(u.name, _OPEN).may_start
+            and adm.gates.get(u.name, _OPEN).may_start
         ):
             run.set(u, reason=None, message=None)
-    for u in members:
+
+
+def _offer(run: _Run, adm: _Admission) -> None:
+    """Each member whose turn came, in order, until the concurrency limit is reached."""
+    for u in adm.members:
         st = run.status[u.name]
         if st.phase not in (U.PENDING, U.BLOCKED):
             continue
@@ -1813,65 +1877,65 @@ def _admit(run: _Run, walk: _Walk, by_stage: Mapping[int, Sequence[Upgrade]]) ->
         if not needs_upgrade(obs, u.spec):
             run.at_target(u, obs)
             continue
-        gate = gates.get(u.name, _OPEN)
+        gate = adm.gates.get(u.name, _OPEN)
         if run.ours_out(u, obs) and gate.may_start:  # a start, so within its window too
             # Ours already (our service-out took effect unconfirmed): resumed, the one
             # exception to `may_service_out` (`_Run.ours_out` says why), and no new start.
             run.service_out(u, obs)
-            in_flight += 1
+            adm.in_flight += 1
             continue
         if not gate.may_start:
             run.set(u, phase=U.PENDING, reason=gate.word, message=gate.message)
-            time_waits.add(gate.word)
+            adm.time_waits.add(gate.word)
             continue
-        if in_flight >= limit:
+        if adm.in_flight >= adm.limit:
             break
         # Owner, another operation, out of service, floor (this pass's room), preflight; the
         # preUpgrade hook runs first, the cluster held and still in service.
-        why = run.service_out(u, obs, counted=room, pre_hook=True)
+        why = run.service_out(u, obs, counted=adm.room, pre_hook=True)
         if why is None:
-            in_flight += 1
-            started = True
+            adm.in_flight += 1
+            adm.started = True
             run.note_drift(u, obs)
         elif why.reason == WAITING_FOR_BUDGET:
-            waiting_budget = True
+            adm.waiting_budget = True
         elif why.reason == PREFLIGHT_ASKED:
-            in_flight += 1
-    if waiting_budget and not blocked:
-        blocked = (
-            f"waiting for availability budget: {inp.spec.required_available_count} "
+            adm.in_flight += 1
+
+
+def _why_waiting(run: _Run, walk: _Walk, adm: _Admission) -> None:
+    """Invariant 4: when no cluster starts, the run says what it waits for (the floor's
+    budget, a time gate, the provider's preflight verdict, a cluster held elsewhere)."""
+    if adm.waiting_budget and not walk.blocked:
+        walk.blocked = (
+            f"waiting for availability budget: {run.inp.spec.required_available_count} "
             "clusters must stay available and in service"
         )
-        waiting = waiting or "AvailabilityBudget"
+        walk.waiting = walk.waiting or "AvailabilityBudget"
         run.wake(POLL_SECONDS * 5)
-    if time_waits and not started:
-        word = "NotBefore" if "NotBefore" in time_waits else "MaintenanceWindow"
-        waiting = waiting or word
-        if not blocked:
-            first = next(g for g in waits if g.word == word)
-            blocked = f"waiting: {first.message}"
-    if run.preflight_needed and not started and not blocked:
+    if adm.time_waits and not adm.started:
+        word = "NotBefore" if "NotBefore" in adm.time_waits else "MaintenanceWindow"
+        walk.waiting = walk.waiting or word
+        if not walk.blocked:
+            first = next(g for g in adm.waits if g.word == word)
+            walk.blocked = f"waiting: {first.message}"
+    if run.preflight_needed and not adm.started and not walk.blocked:
         # Invariant 4: a run that waits for the provider's verdict says so. The driver asks at
         # once and decides again, so this stays on record only while the ask fails (simulation
         # seed 7490: a failed PreflightUpgrade left the run saying only a count).
         asked = sorted(set(run.preflight_needed))
-        blocked = f"waiting: the provider's preflight verdict on {asked[0]}"
-        blocked += f" (and {len(asked) - 1} more)" if len(asked) > 1 else ""
-        waiting = waiting or "Preflight"
-    held = [(u.cluster_id, run.status[u.name]) for u in members]
+        walk.blocked = f"waiting: the provider's preflight verdict on {asked[0]}"
+        walk.blocked += f" (and {len(asked) - 1} more)" if len(asked) > 1 else ""
+        walk.waiting = walk.waiting or "Preflight"
+    held = [(u.cluster_id, run.status[u.name]) for u in adm.members]
     held = [(c, s) for c, s in held if s.phase == U.PENDING and s.reason in _HELD_ELSEWHERE]
-    if held and in_flight == 0 and not blocked:
+    if held and adm.in_flight == 0 and not walk.blocked:
         # Invariant 4: nothing moves until the world lets a cluster go; the run names it
         # (a person can act on that), never only a count.
         cid, st = held[0]
-        blocked = f"waiting: {cid}: {st.message}"
-        blocked += f" (and {len(held) - 1} more)" if len(held) > 1 else ""
-        waiting = waiting or st.reason or ""
-    if started and not stage_status[active_index].start_time:
-        stage_status[active_index] = stage_status[active_index].model_copy(
-            update={"start_time": run.stamp}
-        )
-    walk.waiting, walk.blocked, walk.next_start = waiting, blocked, next_start
+        walk.blocked = f"waiting: {cid}: {st.message}"
+        walk.blocked += f" (and {len(held) - 1} more)" if len(held) > 1 else ""
+        walk.waiting = walk.waiting or st.reason or ""
 
 
 def _outs_last(run: _Run) -> dict[str, api.ClusterUpgradeStatus]:
@@ -1899,27 +1963,10 @@ def _summarise(
     next_start: str | None = None,
     waiting: str | None = None,
 ) -> Decision:
-    counts = {"pending": 0, "in_flight": 0, "upgraded": 0, "failed": 0, "blocked": 0, "skipped": 0}
-    for st in run.status.values():
-        key = {
-            U.UPGRADED: "upgraded",
-            U.FAILED: "failed",
-            U.BLOCKED: "blocked",
-            U.SKIPPED: "skipped",
-            U.PENDING: "pending",
-        }.get(st.phase, "in_flight")
-        counts[key] += 1
-    total = len(run.status)
-    in_flight = counts["in_flight"]
-    # A failed cluster being serviced back in (failedClusterPolicy) keeps the run going.
-    recovering = sorted(
-        run.inp.upgrades[n].cluster_id
-        for n, st in run.status.items()
-        if st.phase == U.FAILED and st.step == RECOVER_STEP
-    )
-    finished = (
-        all(s.phase in (api.StagePhase.COMPLETED, api.StagePhase.SKIPPED) for s in stages)
-        and not recovering
+    """Phase 5: the decision, with the run's counts, failures, phase and message."""
+    counts = _counts(run)
+    phase, message, waiting = _run_phase(
+        run, stages, current, halted, blocked, budgets, counts, waiting
     )
     failures = None
     if budgets.counted or run.strategy.max_failures is not None:
@@ -1928,70 +1975,12 @@ def _summarise(
             max_failures=budgets.run_budget,
             clusters=[cid for cid, _, _ in budgets.counted[:20]] or None,
         )
-    if run.stopping:
-        phase = api.RunPhase.STOPPING if in_flight else api.RunPhase.STOPPED
-        message = f"stopped by spec.state; {in_flight} cluster(s) finishing their step"
-    elif finished and counts["failed"] + counts["blocked"] == 0 and in_flight == 0:
-        phase = api.RunPhase.SUCCEEDED
-        message = f"{counts['upgraded']} upgraded, {counts['skipped']} skipped of {total}"
-    elif finished and in_flight == 0:
-        phase = api.RunPhase.FAILED
-        message = f"finished with {counts['failed']} failed and {counts['blocked']} blocked"
-        why = sorted(
-            (run.inp.upgrades[n].cluster_id, s.message or "")
-            for n, s in run.status.items()
-            if s.phase in (U.FAILED, U.BLOCKED)
-        )
-        if why:  # the run says why, not only how many
-            message += f"; {why[0][0]}: {why[0][1]}"
-    elif halted and budgets.counted:
-        phase = api.RunPhase.HALTED
-        limit = "unlimited" if budgets.run_budget is None else str(budgets.run_budget)
-        past = [
-            f"stage {s.name} ({s.failed} failed, maxFailures {s.max_failures})"
-            for s, over in zip(stages, budgets.over, strict=True)
-            if over and s.max_failures is not None and s.phase != api.StagePhase.SKIPPED
-        ]
-        message = (
-            f"halted: {len(budgets.counted)} failure(s) past the budget (run maxFailures "
-            f"{limit}{'; ' + ', '.join(past) if past else ''}): "
-            + "; ".join(
-                f"{cid} ({reason}): {_short(text)}" for cid, reason, text in budgets.counted[:3]
-            )
-        )
-        if len(budgets.counted) > 3:
-            message += f"; and {len(budgets.counted) - 3} more"
-    elif halted:
-        phase = api.RunPhase.HALTED
-        failed = sorted(
-            (run.inp.upgrades[n].cluster_id, s.message or "")
-            for n, s in run.status.items()
-            if s.phase == U.FAILED
-        )
-        message = (
-            f"halted: cluster {failed[0][0]} failed: {failed[0][1]}"
-            if failed
-            else f"halted: {blocked}"
-        )
-    else:
-        phase = api.RunPhase.PROGRESSING
-        if recovering and not in_flight and not blocked:
-            # Invariant 4: only a failed cluster's way back in keeps the run going; say so.
-            blocked = (
-                f"waiting: {recovering[0]} failed and is serviced back in once healthy "
-                "(failedClusterPolicy ServiceInIfHealthy)"
-            )
-            waiting = waiting or "Recovering"
-        message = blocked or (
-            f"{counts['upgraded']}/{total} upgraded, {in_flight} in flight"
-            + (f", stage {current}" if current else "")
-        )
     return Decision(
         changed=_outs_last(run),
         calls=run.calls,
         preflight_needed=run.preflight_needed,
         stages=stages,
-        counts=api.RunCounts(total=total, **counts),
+        counts=api.RunCounts(total=len(run.status), **counts),
         phase=phase,
         message=message,
         current_stage=current,
@@ -2004,6 +1993,110 @@ def _summarise(
         next_start_time=next_start,
         waiting_reason=waiting,
     )
+
+
+def _counts(run: _Run) -> dict[str, int]:
+    """How many of the run's clusters are in each phase (every active phase is in flight)."""
+    counts = {"pending": 0, "in_flight": 0, "upgraded": 0, "failed": 0, "blocked": 0, "skipped": 0}
+    for st in run.status.values():
+        key = {
+            U.UPGRADED: "upgraded",
+            U.FAILED: "failed",
+            U.BLOCKED: "blocked",
+            U.SKIPPED: "skipped",
+            U.PENDING: "pending",
+        }.get(st.phase, "in_flight")
+        counts[key] += 1
+    return counts
+
+
+def _run_phase(
+    run: _Run,
+    stages: Sequence[api.StageStatus],
+    current: str | None,
+    halted: bool,
+    blocked: str,
+    budgets: _Budgets,
+    counts: Mapping[str, int],
+    waiting: str | None,
+) -> tuple[api.RunPhase, str, str | None]:
+    """The run's phase, its message and why it waits: stopping or stopped, succeeded, failed,
+    halted (past the budget, or a failed cluster), else progressing."""
+    total = len(run.status)
+    in_flight = counts["in_flight"]
+    # A failed cluster being serviced back in (failedClusterPolicy) keeps the run going.
+    recovering = sorted(
+        run.inp.upgrades[n].cluster_id
+        for n, st in run.status.items()
+        if st.phase == U.FAILED and st.step == RECOVER_STEP
+    )
+    finished = (
+        all(s.phase in (api.StagePhase.COMPLETED, api.StagePhase.SKIPPED) for s in stages)
+        and not recovering
+    )
+    if run.stopping:
+        phase = api.RunPhase.STOPPING if in_flight else api.RunPhase.STOPPED
+        return phase, f"stopped by spec.state; {in_flight} cluster(s) finishing their step", waiting
+    if finished and counts["failed"] + counts["blocked"] == 0 and in_flight == 0:
+        message = f"{counts['upgraded']} upgraded, {counts['skipped']} skipped of {total}"
+        return api.RunPhase.SUCCEEDED, message, waiting
+    if finished and in_flight == 0:
+        message = f"finished with {counts['failed']} failed and {counts['blocked']} blocked"
+        why = sorted(
+            (run.inp.upgrades[n].cluster_id, s.message or "")
+            for n, s in run.status.items()
+            if s.phase in (U.FAILED, U.BLOCKED)
+        )
+        if why:  # the run says why, not only how many
+            message += f"; {why[0][0]}: {why[0][1]}"
+        return api.RunPhase.FAILED, message, waiting
+    if halted and budgets.counted:
+        return api.RunPhase.HALTED, _past_budget(stages, budgets), waiting
+    if halted:
+        failed = sorted(
+            (run.inp.upgrades[n].cluster_id, s.message or "")
+            for n, s in run.status.items()
+            if s.phase == U.FAILED
+        )
+        message = (
+            f"halted: cluster {failed[0][0]} failed: {failed[0][1]}"
+            if failed
+            else f"halted: {blocked}"
+        )
+        return api.RunPhase.HALTED, message, waiting
+    if recovering and not in_flight and not blocked:
+        # Invariant 4: only a failed cluster's way back in keeps the run going; say so.
+        blocked = (
+            f"waiting: {recovering[0]} failed and is serviced back in once healthy "
+            "(failedClusterPolicy ServiceInIfHealthy)"
+        )
+        waiting = waiting or "Recovering"
+    message = blocked or (
+        f"{counts['upgraded']}/{total} upgraded, {in_flight} in flight"
+        + (f", stage {current}" if current else "")
+    )
+    return api.RunPhase.PROGRESSING, message, waiting
+
+
+def _past_budget(stages: Sequence[api.StageStatus], budgets: _Budgets) -> str:
+    """The message of a run halted past its failure budget: the budgets, the stages past their
+    own, and the first failures counted."""
+    limit = "unlimited" if budgets.run_budget is None else str(budgets.run_budget)
+    past = [
+        f"stage {s.name} ({s.failed} failed, maxFailures {s.max_failures})"
+        for s, over in zip(stages, budgets.over, strict=True)
+        if over and s.max_failures is not None and s.phase != api.StagePhase.SKIPPED
+    ]
+    message = (
+        f"halted: {len(budgets.counted)} failure(s) past the budget (run maxFailures "
+        f"{limit}{'; ' + ', '.join(past) if past else ''}): "
+        + "; ".join(
+            f"{cid} ({reason}): {_short(text)}" for cid, reason, text in budgets.counted[:3]
+        )
+    )
+    if len(budgets.counted) > 3:
+        message += f"; and {len(budgets.counted) - 3} more"
+    return message
 
 
 #: Codes after which asking again cannot help (the contract's error tables).

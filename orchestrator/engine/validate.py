@@ -247,10 +247,16 @@ def _version_problems(where: str, cluster: api.ClusterSpec) -> list[Problem]:
     return problems
 
 
+#: Each cluster spec.clusters lists, by id: its index there and its entry.
+_Listed = Mapping[str, tuple[int, api.ClusterSpec]]
+
+
 def resolve_targets(
     spec: api.ClusterVersionSpec, inventory: Mapping[str, ClusterObs]
 ) -> Targets | list[Problem]:
-    """Decide which clusters are managed, their stage and target, or say what is wrong."""
+    """Decide which clusters are managed, their stage and target, or say what is wrong: the
+    listed clusters are in the inventory, each cluster is in one stage, each target is no
+    downgrade, and the floor leaves room to upgrade."""
     problems: list[Problem] = []
     listed = {c.id: (i, c) for i, c in enumerate(spec.clusters or [])}
     for cid, (i, _) in listed.items():
@@ -262,52 +268,80 @@ def resolve_targets(
                     "plugin's inventory; check the id or the opsEndpoint",
                 )
             )
+    names, members, stage_of = _stage_membership(spec, listed, inventory, problems)
+    targets = _cluster_targets(spec, listed, inventory, names, stage_of, problems)
+    if targets and spec.required_available_count >= len(targets):
+        problems.append(_floor_problem(spec.required_available_count, len(targets)))
+    if problems:
+        return problems
+    return Targets(targets, names, members)
+
+
+def _stage_membership(
+    spec: api.ClusterVersionSpec,
+    listed: _Listed,
+    inventory: Mapping[str, ClusterObs],
+    problems: list[Problem],
+) -> tuple[list[str], list[list[str]], dict[str, int]]:
+    """The stage names, each stage's members and each cluster's stage index (no stages: one
+    "default" stage of the listed clusters); what is wrong is added to problems."""
     stages = (spec.strategy.stages if spec.strategy else None) or []
+    if not stages:
+        return ["default"], [sorted(listed)], dict.fromkeys(listed, 0)
     names: list[str] = []
     members: list[list[str]] = []
     stage_of: dict[str, int] = {}
-    if not stages:
-        names, members = ["default"], [sorted(listed)]
-        stage_of = dict.fromkeys(listed, 0)
-    else:
-        sorted_ids = sorted(inventory)
-        for s, stage in enumerate(stages):
-            where = f"spec.strategy.stages[{s}]"
-            chosen: list[str] = []
-            for k, cid in enumerate(stage.clusters or []):
-                if cid not in inventory:
-                    problems.append(
-                        Problem(
-                            f"{where}.clusters[{k}]",
-                            f"cluster {cid!r} is not in the plugin's inventory; check the id",
-                        )
-                    )
-                chosen.append(cid)
-            if stage.selector is not None:
-                chosen += [c for c in sorted_ids if stage.selector.matches(inventory[c].labels)]
-            if not chosen:
-                problems.append(_empty_stage(where, stage))
-            for cid in dict.fromkeys(chosen):
-                if cid in stage_of and stage_of[cid] != s:
-                    problems.append(
-                        Problem(
-                            f"{where}",
-                            f"cluster {cid!r} is also in stage "
-                            f"{stages[stage_of[cid]].name!r}; stages must not overlap",
-                        )
-                    )
-                    continue
-                stage_of[cid] = s
-            names.append(stage.name)
-            members.append(sorted(c for c, st in stage_of.items() if st == s))
-        for cid, (i, _) in listed.items():
-            if cid not in stage_of:
+    sorted_ids = sorted(inventory)
+    for s, stage in enumerate(stages):
+        where = f"spec.strategy.stages[{s}]"
+        chosen: list[str] = []
+        for k, cid in enumerate(stage.clusters or []):
+            if cid not in inventory:
                 problems.append(
                     Problem(
-                        f"spec.clusters[{i}].id",
-                        f"cluster {cid!r} is in no stage; add it to a stage or remove it",
+                        f"{where}.clusters[{k}]",
+                        f"cluster {cid!r} is not in the plugin's inventory; check the id",
                     )
                 )
+            chosen.append(cid)
+        if stage.selector is not None:
+            chosen += [c for c in sorted_ids if stage.selector.matches(inventory[c].labels)]
+        if not chosen:
+            problems.append(_empty_stage(where, stage))
+        for cid in dict.fromkeys(chosen):
+            if cid in stage_of and stage_of[cid] != s:
+                problems.append(
+                    Problem(
+                        f"{where}",
+                        f"cluster {cid!r} is also in stage "
+                        f"{stages[stage_of[cid]].name!r}; stages must not overlap",
+                    )
+                )
+                continue
+            stage_of[cid] = s
+        names.append(stage.name)
+        members.append(sorted(c for c, st in stage_of.items() if st == s))
+    for cid, (i, _) in listed.items():
+        if cid not in stage_of:
+            problems.append(
+                Problem(
+                    f"spec.clusters[{i}].id",
+                    f"cluster {cid!r} is in no stage; add it to a stage or remove it",
+                )
+            )
+    return names, members, stage_of
+
+
+def _cluster_targets(
+    spec: api.ClusterVersionSpec,
+    listed: _Listed,
+    inventory: Mapping[str, ClusterObs],
+    names: Sequence[str],
+    stage_of: Mapping[str, int],
+    problems: list[Problem],
+) -> dict[str, Target]:
+    """Each staged cluster's target: its own entry in spec.clusters, else spec.version (clusters
+    with the same targets share one Target); a downgrade or a missing version is a problem."""
     targets: dict[str, Target] = {}
     shared = (
         [Target(spec.version, spec.version, {}, s) for s in range(len(names))]
@@ -351,8 +385,4 @@ def resolve_targets(
                     "not supported",
                 )
             )
-    if targets and spec.required_available_count >= len(targets):
-        problems.append(_floor_problem(spec.required_available_count, len(targets)))
-    if problems:
-        return problems
-    return Targets(targets, names, members)
+    return targets

@@ -11,6 +11,10 @@ adapters in orchestrator.runs) and the adversarial simulation (tests/sim) run th
 - `HookRunner` (optional): starts pre/post-upgrade hooks by their deterministic id and reports
   what it knows of them (orchestrator.hooks in the product); started, like calls, only after
   the intent (HookStatus Running) is on record.
+
+`RunDriver.step` returns a `StepResult`: everything its caller records (the decision, from
+which `StepResult.run_status` builds the run's status, and every ClusterUpgrade write that took
+effect); data flows one way, nothing returned is edited afterwards.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from datetime import datetime
 from typing import Protocol, TypeVar
 
 from orchestrator import api
-from orchestrator.engine.conditions import parse_time
+from orchestrator.engine.conditions import format_time, parse_time
 from orchestrator.engine.decide import (
     ACTIVE,
     POST_HOOK,
@@ -45,6 +49,7 @@ from orchestrator.engine.decide import (
 )
 from orchestrator.engine.health import due_in, record
 from orchestrator.engine.observations import ClusterObs, OpObs, Snapshot
+from orchestrator.engine.transitions import ClusterChange
 
 __all__ = [
     "CallError",
@@ -164,13 +169,99 @@ class HookRunner(Protocol):
 
 @dataclass
 class StepResult:
-    """What a reconcile of one run did, for the run's status write."""
+    """Everything one pass of a run did: what its caller records, and nothing to patch after.
+
+    The run's status is `run_status` (built from the decision); the ClusterUpgrade writes that
+    took effect are `changes` (with the phases the decision took each through: what
+    orchestrator.transitions turns into Events and notifications).
+    """
 
     decision: Decision
     calls_made: int = 0
     conflicts: int = 0
     fenced: bool = False
     requeue_after: float | None = None
+    #: The ClusterUpgrade status writes that took effect, in the order they did.
+    changes: list[ClusterChange] = field(default_factory=list)
+
+    @property
+    def writes(self) -> int:
+        """How many ClusterUpgrade status writes took effect."""
+        return len(self.changes)
+
+    def run_status(self, before: api.UpdateRunStatus, now: datetime) -> api.UpdateRunStatus:
+        """The run's status after this pass, from the decision (the UpdateRun controller adds
+        its conditions; the simulation writes it as is); endTime is stamped once, when the run
+        finishes."""
+        d = self.decision
+        finished = d.phase in _FINAL
+        return before.model_copy(
+            update={
+                "phase": d.phase,
+                "message": d.message,
+                "current_stage": d.current_stage,
+                "counts": d.counts,
+                "stages": d.stages,
+                "failures": d.failures,
+                "next_start_time": d.next_start_time,
+                "waiting_reason": d.waiting_reason,
+                "end_time": (before.end_time or format_time(now)) if finished else None,
+            }
+        )
+
+
+#: The phases the decision took a ClusterUpgrade through in one pass, with their messages.
+_Steps = tuple[tuple[api.UpgradePhase, str], ...]
+
+
+@dataclass
+class _Pass:
+    """One pass's scope: its input, its decision, and what of it took effect so far."""
+
+    inp: RunInput
+    decision: Decision
+    result: StepResult = field(init=False)
+    #: ClusterUpgrades whose intent write took effect.
+    written: set[str] = field(default_factory=set)
+    _steps: dict[str, _Steps] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.result = StepResult(self.decision, requeue_after=self.decision.requeue_after)
+        self._steps = _steps_of(self.decision, self.inp.upgrades)
+
+    def on_record(self, name: str) -> bool:
+        """Whether a call or hook for this ClusterUpgrade may go: its intent's write took
+        effect, or it had nothing to write and no write of the pass conflicted."""
+        return name in self.written or (
+            name not in self.decision.changed and not self.result.conflicts
+        )
+
+    def took_effect(self, upgrade: Upgrade, new: api.ClusterUpgradeStatus) -> None:
+        """A write of upgrade's status took effect (call under the driver's lock); the
+        decision's own write carries the phases it went through."""
+        decided = new == self.decision.changed.get(upgrade.name)
+        self.result.changes.append(
+            ClusterChange(
+                upgrade.name,
+                upgrade.cluster_id,
+                upgrade.spec.stage,
+                upgrade.status,
+                new,
+                self._steps.get(upgrade.name, ()) if decided else (),
+            )
+        )
+
+
+def _steps_of(decision: Decision, upgrades: Mapping[str, Upgrade]) -> dict[str, _Steps]:
+    """By ClusterUpgrade name, the phases the decision took each it changed through (its
+    events: a retry goes Failed → Pending → on in one pass)."""
+    upgrade_of = {u.cluster_id: u.name for u in upgrades.values()} if decision.events else {}
+    out: dict[str, list[tuple[api.UpgradePhase, str]]] = {}
+    for cid, phase, message, _ in decision.events:
+        name = upgrade_of.get(cid)
+        if name is not None and name in decision.changed:
+            out.setdefault(name, []).append((api.UpgradePhase(phase), message))
+    return {name: tuple(steps) for name, steps in out.items()}
 
 
 @dataclass
@@ -217,7 +308,7 @@ class RunDriver:
         requested_by: str = "",
         reason: str = "",
     ) -> StepResult:
-        """Observe, decide, persist intents, then call; returns the decision taken.
+        """Observe, decide, persist intents, then call; returns everything the pass did.
 
         floors: the other live runs on this provider sharing clusters with this one; their
         members are observed too, and held_by must name their holders.
@@ -249,46 +340,54 @@ class RunDriver:
             floors=floors,
             hooks=hook_obs,
         )
-        decision = decide(inp)
-        if decision.preflight_needed and self.fence.held():
-            by_cluster = {u.cluster_id: u for u in upgrades.values()}
-
-            def ask(cid: str) -> None:
-                u = by_cluster[cid]
-                obs = snapshot.clusters.get(cid)
-                if obs is None:
-                    return  # gone: the next decision records it
-                # Only what is still short of target (invariant 7): a control plane at or past
-                # it is not asked for (that would be a downgrade), its pools are judged
-                # against the version it has.
-                control_plane, pools = short_of_target(obs, u.spec)
-                if not control_plane and not pools:
-                    return  # at target: the next decision records it, nothing to ask
-                try:
-                    answer = self.provider.preflight(cid, control_plane, pools)
-                except CallError as err:
-                    log.info("preflight of %s failed: %s", cid, err)
-                    return
-                with self._lock:
-                    self.preflight_cache[cid] = replace(answer, version=u.spec.version)
-
-            # A wave of admissions asks about each cluster at once (bounded, like the writes).
-            self._each(ask, list(decision.preflight_needed))
-            decision = decide(inp)
-        result = StepResult(decision, requeue_after=decision.requeue_after)
+        p = _Pass(inp, self._decide(inp))
         # Record intents (and health progress) before any call: a crash after this write
         # resumes with the same request ids; a crash before it never called.
         # In the decision's order (it writes new service-outs last), health-only writes first.
-        to_write = {k: v for k, v in health_changed.items() if k not in decision.changed}
-        to_write.update(decision.changed)
-        written = self._write_all(upgrades, to_write, result)
-        self.unrecorded_failures -= written & health_changed.keys()
-        calls = [
-            c
-            for c in decision.calls
-            # A call whose intent is not on record is not made.
-            if c.upgrade in written or (c.upgrade not in decision.changed and not result.conflicts)
-        ]
+        to_write = {k: v for k, v in health_changed.items() if k not in p.decision.changed}
+        to_write.update(p.decision.changed)
+        self._write_all(p, to_write)
+        self.unrecorded_failures -= p.written & health_changed.keys()
+        self._act(p)
+        self._start_hooks(p)
+        return self._settle(p)
+
+    def _decide(self, inp: RunInput) -> Decision:
+        """The decision; when it needs the provider's preflight verdict on clusters, they are
+        asked about (at once, bounded like the writes) and it is taken again."""
+        decision = decide(inp)
+        if not decision.preflight_needed or not self.fence.held():
+            return decision
+        by_cluster = {u.cluster_id: u for u in inp.upgrades.values()}
+
+        def ask(cid: str) -> None:
+            u = by_cluster[cid]
+            obs = inp.snapshot.clusters.get(cid)
+            if obs is None:
+                return  # gone: the next decision records it
+            # Only what is still short of target (invariant 7): a control plane at or past
+            # it is not asked for (that would be a downgrade), its pools are judged
+            # against the version it has.
+            control_plane, pools = short_of_target(obs, u.spec)
+            if not control_plane and not pools:
+                return  # at target: the next decision records it, nothing to ask
+            try:
+                answer = self.provider.preflight(cid, control_plane, pools)
+            except CallError as err:
+                log.info("preflight of %s failed: %s", cid, err)
+                return
+            with self._lock:
+                self.preflight_cache[cid] = replace(answer, version=u.spec.version)
+
+        # A wave of admissions asks about each cluster at once (bounded, like the writes).
+        self._each(ask, list(decision.preflight_needed))
+        return decide(inp)
+
+    def _act(self, p: _Pass) -> None:
+        """Make the decision's calls whose intent is on record, while the Lease is held; a
+        failed call is recorded on its ClusterUpgrade (engine.call_failed)."""
+        decision, upgrades, now = p.decision, p.inp.upgrades, p.inp.now
+        result = p.result
 
         def act(call: Call) -> None:
             if not self.fence.held():
@@ -310,27 +409,39 @@ class RunDriver:
                 except WriteConflict:
                     conflicted = True
                 with self._lock:
+                    if not conflicted:
+                        p.took_effect(with_status(u, status), new)
                     result.conflicts += conflicted
                     result.requeue_after = _min(
                         result.requeue_after, wait if wait is not None else 0.0
                     )
 
-        self._each(act, calls)
-        hook_calls = [
-            c
-            for c in decision.hook_calls
-            if c.upgrade in written or (c.upgrade not in decision.changed and not result.conflicts)
-        ]
+        self._each(act, [c for c in decision.calls if p.on_record(c.upgrade)])
+
+    def _start_hooks(self, p: _Pass) -> None:
+        """Start the decision's hooks whose intent is on record, while the Lease is held."""
+        decision, inp = p.decision, p.inp
+        hook_calls = [c for c in decision.hook_calls if p.on_record(c.upgrade)]
         if hook_calls and self.fence.held():
             for hc in hook_calls:
-                u = upgrades[hc.upgrade]
+                u = inp.upgrades[hc.upgrade]
                 request = self._hook_request(
-                    key, uid, spec, u, decision.changed.get(hc.upgrade, u.status), snapshot
+                    inp.key,
+                    inp.uid,
+                    inp.spec,
+                    u,
+                    decision.changed.get(hc.upgrade, u.status),
+                    inp.snapshot,
                 )
                 if request is not None and self.hooks is not None:
                     self.hooks.start(request)
         elif hook_calls:
-            result.fenced = True
+            p.result.fenced = True
+
+    @staticmethod
+    def _settle(p: _Pass) -> StepResult:
+        """When to look again; a decision not wholly on record does not finish the run."""
+        decision, result = p.decision, p.result
         if decision.calls and result.calls_made:
             result.requeue_after = _min(result.requeue_after, 1.0)
         if result.conflicts and decision.phase in _FINAL:
@@ -346,14 +457,9 @@ class RunDriver:
             result.requeue_after = 0.0
         return result
 
-    def _write_all(
-        self,
-        upgrades: Mapping[str, Upgrade],
-        to_write: Mapping[str, api.ClusterUpgradeStatus],
-        result: StepResult,
-    ) -> set[str]:
-        """Write every changed status; the names whose write took effect."""
-        written: set[str] = set()
+    def _write_all(self, p: _Pass, to_write: Mapping[str, api.ClusterUpgradeStatus]) -> None:
+        """Write every changed status; those that took effect go into `p.written`."""
+        result, upgrades = p.result, p.inp.upgrades
 
         def write(name: str) -> None:
             if self.parallelism == 1 and result.conflicts:
@@ -366,10 +472,10 @@ class RunDriver:
                     result.requeue_after = 0.0
                 return
             with self._lock:
-                written.add(name)
+                p.written.add(name)
+                p.took_effect(upgrades[name], to_write[name])
 
         self._each(write, list(to_write))
-        return written
 
     def _each(self, fn: Callable[[T], None], items: Sequence[T]) -> None:
         """fn over items: in order, or on `parallelism` threads (the product's API latency)."""

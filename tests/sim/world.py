@@ -644,20 +644,7 @@ class World:
             self.api.update_run(key, retry=run.retry - d.retried, skip=run.skip - d.skipped)
             run = rep.store.read_run(key)
         old = run.status
-        finished = d.phase in api.FINISHED_PHASES
-        status = old.model_copy(
-            update={
-                "phase": d.phase,
-                "message": d.message,
-                "current_stage": d.current_stage,
-                "counts": d.counts,
-                "stages": d.stages,
-                "failures": d.failures,
-                "next_start_time": d.next_start_time,
-                "waiting_reason": d.waiting_reason,
-                "end_time": (old.end_time or format_time(now)) if finished else None,
-            }
-        )
+        status = result.run_status(old, now)  # built where the UpdateRun controller builds it
         if status != old:
             self.adversary.run_write_fault(key)
             rep.store.write_run_status(key, status)
