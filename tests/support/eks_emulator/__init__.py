@@ -13,9 +13,10 @@ The region of a request is read from its SigV4 credential scope (Authorization h
 "Credential=KEY/DATE/REGION/eks/aws4_request"), as EKS's regional endpoints are separate
 services: a cluster lives in one region.
 
-moto's EKS backend is not used: it has no DescribeClusterVersions, no insights, no
-clientRequestToken idempotency and finishes updates at once (moto/eks/models.py), which are the
-rules these tests are about.
+moto's EKS backend is not used: moto 5.1.18 (moto/eks/urls.py, models.py) serves clusters,
+node groups, fargate profiles, update-config and tags, but none of UpdateClusterVersion,
+UpdateNodegroupVersion, DescribeUpdate, ListUpdates, DescribeClusterVersions or the insights,
+which are what these tests are about.
 """
 
 from __future__ import annotations
