@@ -1,0 +1,137 @@
+"""End to end: the orchestrator on the local control plane (real kube-apiserver) rolls a
+ClusterVersion over four emulated EKS clusters through the EKS plugin over gRPC, keeping
+requiredAvailableCount: at most one cluster out of service or under an EKS update at a time."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetupgrade.plugin.v1 import cluster_pb2
+from orchestrator import api
+from tests.plugins.eks.support import (
+    NEW,
+    POOLS,
+    REGION,
+    cluster_id,
+    plugin_config,
+    populate,
+    running_plugin,
+)
+from tests.support.eks_emulator import EksEmulator
+from tests.support.kube import KubeCluster, wait_for
+from tests.support.orchestrator import CV, OrchestratorProcess
+
+NAMES = ["c1", "c2", "c3", "c4"]
+REQUIRED = 3
+OUT = cluster_pb2.OPERATION_KIND_SERVICE_OUT
+IN = cluster_pb2.OPERATION_KIND_SERVICE_IN
+CP = cluster_pb2.OPERATION_KIND_UPGRADE_CONTROL_PLANE
+NP = cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL
+
+
+class UpdateSampler:
+    """Samples the emulated fleet every few milliseconds: how many clusters have no EKS update
+    in progress (on the control plane or a node group)."""
+
+    def __init__(self, emulator: EksEmulator) -> None:
+        self._emulator = emulator
+        self._stop = threading.Event()
+        self.samples: list[int] = []
+        self._thread = threading.Thread(target=self._run, name="update-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            idle = 0
+            for name in NAMES:
+                updates = self._emulator.cluster(REGION, name)["updates"]
+                idle += all(status != "InProgress" for _, _, status in updates)
+            self.samples.append(idle)
+
+    def __enter__(self) -> UpdateSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+@pytest.fixture
+def orchestrator(
+    control_plane: KubeCluster, namespace: str, tmp_path: Path
+) -> Iterator[OrchestratorProcess]:
+    proc = OrchestratorProcess(control_plane.kubeconfig, namespace, tmp_path / "orchestrator.log")
+    yield proc.start()
+    proc.stop()
+
+
+def _cluster_version(endpoint: str) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": "eks-fleet"},
+        "spec": {
+            "requiredAvailableCount": REQUIRED,
+            "opsEndpoint": {"endpoint": endpoint, "insecure": True},
+            "clusters": [{"id": cluster_id(n), "version": NEW} for n in NAMES],
+        },
+    }
+
+
+def _most_out_at_once(ops: list[cluster_pb2.Operation]) -> int:
+    """The most clusters out of service at one instant, from the service operations' times."""
+    events = []
+    for op in ops:
+        if op.kind in (OUT, IN) and op.state == cluster_pb2.OPERATION_STATE_SUCCEEDED:
+            events.append((op.end_time.ToNanoseconds(), 1 if op.kind == OUT else -1))
+    out = most = 0
+    for _, delta in sorted(events):
+        out += delta
+        most = max(most, out)
+    return most
+
+
+def test_rollout_over_four_eks_clusters_converges_and_keeps_the_floor(
+    control_plane: KubeCluster,
+    namespace: str,
+    tmp_path: Path,
+    orchestrator: OrchestratorProcess,
+) -> None:
+    with EksEmulator(update_seconds=0.3) as emu:
+        populate(emu, NAMES)
+        config = plugin_config(emu, state_file=tmp_path / "eks-ops.jsonl")
+        with running_plugin(config) as plugin, UpdateSampler(emu) as sampler:
+            cvs = CV(control_plane, namespace)
+            cvs.create(_cluster_version(plugin.address))
+            status = wait_for(
+                "the EKS rollout completes",
+                lambda: cvs.phase_is("eks-fleet", "Completed"),
+                timeout=180,
+                interval=0.2,
+            )
+            ops = plugin.plugin.fleet.store.operations()
+            in_service = {c.id: c.in_service for c in plugin.client.list_clusters()}
+        for name in NAMES:
+            cluster = emu.cluster(REGION, name)
+            assert cluster["version"] == NEW and cluster["status"] == "ACTIVE"
+            assert cluster["nodegroups"] == dict.fromkeys(POOLS, NEW)
+            # One update per control plane and per node group: nothing started twice.
+            assert sorted(cluster["updates"]) == sorted(
+                [("", NEW, "Successful")] + [(p, NEW, "Successful") for p in POOLS]
+            )
+            kinds = [op.kind for op in ops if op.cluster_id == cluster_id(name)]
+            assert kinds[0] == OUT and kinds[-1] == IN and kinds[1] == CP
+            assert sorted(kinds[2:-1]) == [NP, NP]
+            assert in_service[cluster_id(name)]
+        assert emu.calls("UpdateClusterVersion") == 4
+        # The floor: never more than 4 - REQUIRED clusters out or under an update.
+        assert sampler.samples and min(sampler.samples) >= REQUIRED
+        assert _most_out_at_once(ops) == 4 - REQUIRED
+        assert status["summary"]["upToDate"] == 4
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        assert ready["status"] == "True"
