@@ -259,6 +259,11 @@ class EksEmulator:
         with self._lock:
             return self._calls[operation]
 
+    def called(self) -> set[str]:
+        """The names of every operation called at least once."""
+        with self._lock:
+            return {name for name, count in self._calls.items() if count}
+
     def requests(self, operation: str) -> list[dict[str, Any]]:
         """The JSON bodies an operation received, oldest first."""
         with self._lock:
