@@ -27,11 +27,11 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+
+from tests.support.eks_emulator._http import Answer, LoopbackServer
 
 __all__ = ["ACCOUNT", "EksEmulator", "EksError"]
 
@@ -130,40 +130,20 @@ class EksEmulator:
         self._faults: dict[str, list[str]] = {}
         self._calls: Counter[str] = Counter()
         self._bodies: dict[str, list[dict[str, Any]]] = {}
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server = LoopbackServer(self._dispatch)
 
     # ------------------------------------------------------------------ lifecycle
 
     def __enter__(self) -> EksEmulator:
-        emulator = self
-
-        class _Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                emulator._dispatch(self, "GET")
-
-            def do_POST(self) -> None:
-                emulator._dispatch(self, "POST")
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._server.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(5)
+        self._server.stop()
 
     @property
     def endpoint(self) -> str:
-        assert self._server is not None, "use the emulator as a context manager"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._server.endpoint
 
     # ------------------------------------------------------------------ test set-up
 
@@ -316,14 +296,16 @@ class EksEmulator:
             raise _not_found(f"No cluster found for name: {name}.")
         return cluster
 
-    def _dispatch(self, http: BaseHTTPRequestHandler, method: str) -> None:
-        url = urlsplit(http.path)
-        path = unquote(url.path)
-        query = parse_qs(url.query)
-        length = int(http.headers.get("Content-Length") or 0)
-        raw = http.rfile.read(length) if length else b""
+    def _dispatch(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, list[str]],
+        headers: Mapping[str, str],
+        raw: bytes,
+    ) -> Answer:
         body: dict[str, Any] = json.loads(raw) if raw else {}
-        scope = _SCOPE.search(http.headers.get("Authorization", ""))
+        scope = _SCOPE.search(headers.get("authorization", ""))
         region = scope.group(1) if scope else "us-east-1"
         for verb, pattern, name, handler in _ROUTES:
             match = re.fullmatch(pattern, path)
@@ -339,23 +321,10 @@ class EksEmulator:
                         raise EksError(fault, FAULTS[fault], "Rate exceeded or service error")
                     self._advance()
                     answer = handler(self, region, match.groups(), query, body)
-                self._send(http, 200, answer, "")
+                return _json(200, answer, "")
             except EksError as err:
-                self._send(http, err.status, {"message": err.message}, err.name)
-            return
-        self._send(http, 404, {"message": f"no route {method} {path}"}, "NotFound")
-
-    @staticmethod
-    def _send(http: BaseHTTPRequestHandler, status: int, data: Any, error: str) -> None:
-        payload = json.dumps(data).encode()
-        http.send_response(status)
-        http.send_header("Content-Type", "application/json")
-        http.send_header("Content-Length", str(len(payload)))
-        http.send_header("x-amzn-RequestId", str(uuid.uuid4()))
-        if error:
-            http.send_header("x-amzn-ErrorType", f"{error}:http://internal.amazon.com/")
-        http.end_headers()
-        http.wfile.write(payload)
+                return _json(err.status, {"message": err.message}, err.name)
+        return _json(404, {"message": f"no route {method} {path}"}, "NotFound")
 
     # --- handlers (one per operation; paths from service-2.json "requestUri") --------
 
@@ -553,6 +522,13 @@ class EksEmulator:
             if insight["id"] == groups[1]:
                 return {"insight": insight}
         raise _not_found(f"No insight found for ID: {groups[1]}.")
+
+
+def _json(status: int, data: Any, error: str) -> Answer:
+    headers = {"Content-Type": "application/json", "x-amzn-RequestId": str(uuid.uuid4())}
+    if error:
+        headers["x-amzn-ErrorType"] = f"{error}:http://internal.amazon.com/"
+    return status, headers, json.dumps(data).encode()
 
 
 def _page(items: list[str], query: dict[str, list[str]], key: str) -> dict[str, Any]:
