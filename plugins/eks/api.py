@@ -27,6 +27,8 @@ TRANSIENT = frozenset(
         "ServerException",
         "ServiceUnavailableException",
         "InternalFailure",
+        "Throttling",  # Route 53
+        "PriorRequestNotComplete",  # Route 53: "the previous request has not been processed"
     }
 )
 """Error codes that a later attempt of the same call can pass (service-2.json: Throttling 429,
@@ -50,23 +52,53 @@ class InUse(PluginError):
     caller names that update in a Conflict (ABORTED); it is never answered as such."""
 
 
+def client_config(config: EksConfig) -> botocore.config.Config:
+    """botocore's settings for every client of the plugin: standard retries (throttling and 5xx
+    with backoff, maxAttempts in all), the configured timeouts, a user agent naming the plugin."""
+    return botocore.config.Config(
+        retries={"mode": "standard", "total_max_attempts": config.api.max_attempts},
+        connect_timeout=config.api.timeout_seconds,
+        read_timeout=config.api.timeout_seconds,
+        user_agent_extra="fleet-plugin-eks",
+    )
+
+
+def call(client: Any, where: str, operation: str, what: str = "", **params: Any) -> dict[str, Any]:
+    """One AWS call (operation in boto3's snake_case); PluginError on failure. where names the
+    service and region for messages ("EKS ... in us-east-1"); what names the resource for
+    NOT_FOUND ("cluster", "node group", "update")."""
+    label = f"{where.split(' ', 1)[0]} {operation}"
+    if " " in where:
+        label += f" in {where.split(' ', 1)[1]}"
+    try:
+        answer: dict[str, Any] = getattr(client, operation)(**params)
+    except botocore.exceptions.ClientError as exc:
+        raise _mapped(label, what, exc) from None
+    except botocore.exceptions.NoCredentialsError:
+        raise Unavailable(
+            "no AWS credentials found: boto3's default chain (environment, IRSA web "
+            "identity, EKS Pod Identity, instance profile) gave none; see "
+            "docs/plugins/eks.md, Credentials"
+        ) from None
+    except botocore.exceptions.BotoCoreError as exc:
+        failure = Failure("", "unreachable")
+        log_raw(label, failure, type(exc).__name__, logger=_LOG)
+        raise Unavailable(f"{label}: unreachable", retry_after=0) from None
+    answer.pop("ResponseMetadata", None)
+    return answer
+
+
 class EksApi:
     """boto3 EKS clients of the configured regions, credentials from boto3's default chain."""
 
     def __init__(self, config: EksConfig, session: boto3.session.Session | None = None) -> None:
-        self._session = session if session is not None else boto3.session.Session()
-        client_config = botocore.config.Config(
-            retries={"mode": "standard", "total_max_attempts": config.api.max_attempts},
-            connect_timeout=config.api.timeout_seconds,
-            read_timeout=config.api.timeout_seconds,
-            user_agent_extra="fleet-plugin-eks",
-        )
+        self.session = session if session is not None else boto3.session.Session()
         self._clients: dict[str, Any] = {
-            region: self._session.client(
+            region: self.session.client(
                 "eks",
                 region_name=region,
                 endpoint_url=config.api.endpoint or None,
-                config=client_config,
+                config=client_config(config),
             )
             for region in config.regions
         }
@@ -76,26 +108,8 @@ class EksApi:
             client.close()
 
     def call(self, region: str, operation: str, what: str = "", **params: Any) -> dict[str, Any]:
-        """One EKS call (operation in boto3's snake_case) in region; PluginError on failure.
-
-        what names the resource for NOT_FOUND ("cluster", "node group", "update")."""
-        client = self._clients[region]
-        try:
-            answer: dict[str, Any] = getattr(client, operation)(**params)
-        except botocore.exceptions.ClientError as exc:
-            raise self._mapped(region, operation, what, exc) from None
-        except botocore.exceptions.NoCredentialsError:
-            raise Unavailable(
-                "no AWS credentials found: boto3's default chain (environment, IRSA web "
-                "identity, EKS Pod Identity, instance profile) gave none; see "
-                "docs/plugins/eks.md, Credentials"
-            ) from None
-        except botocore.exceptions.BotoCoreError as exc:
-            failure = Failure("", "unreachable")
-            log_raw(f"EKS {operation} in {region}", failure, type(exc).__name__, logger=_LOG)
-            raise Unavailable(f"EKS {operation} in {region}: unreachable", retry_after=0) from None
-        answer.pop("ResponseMetadata", None)
-        return answer
+        """One EKS call in region (see call())."""
+        return call(self._clients[region], f"EKS {region}", operation, what, **params)
 
     def pages(
         self, region: str, operation: str, key: str, what: str = "", **params: Any
@@ -110,41 +124,38 @@ class EksApi:
             if not token:
                 return
 
-    @staticmethod
-    def _mapped(
-        region: str, operation: str, what: str, exc: botocore.exceptions.ClientError
-    ) -> PluginError:
-        error = exc.response.get("Error", {})
-        code = str(error.get("Code", "")) or "Unknown"
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        words = f"{code} (HTTP {status})" if status else code
-        where = f"EKS {operation} in {region}"
-        log_raw(where, Failure(code, words), str(error.get("Message", "")), logger=_LOG)
-        if code == "ResourceInUseException":
-            return InUse(f"{where}: {words}")
-        if code == "ResourceNotFoundException":
-            reason = {
-                "cluster": Reason.CLUSTER_NOT_FOUND,
-                "node group": Reason.NODE_POOL_NOT_FOUND,
-                "update": Reason.OPERATION_NOT_FOUND,
-            }.get(what, Reason.NOT_FOUND)
-            return NotFound(f"{where}: {what or 'resource'} not found", reason=reason)
-        if code in TRANSIENT or status >= 500:
-            return Unavailable(f"{where}: {words}; retry later", retry_after=0)
-        if code in _DENIED or status == 403:
-            return FailedPrecondition(
-                f"{where}: denied, {words}; grant the plugin's IAM role the actions of "
-                "manifests/eks/iam-policy.json"
-            )
-        if code == "InvalidStateException":
-            return FailedPrecondition(
-                f"{where}: EKS upgrade readiness checks failed, {words}; see the cluster's "
-                "upgrade insights (aws eks list-insights)",
-                retry_after=INVALID_REQUEST_RETRY_SECONDS,
-            )
-        if code == "InvalidRequestException":
-            return FailedPrecondition(
-                f"{where}: refused in the cluster's current state, {words}",
-                retry_after=INVALID_REQUEST_RETRY_SECONDS,
-            )
-        return FailedPrecondition(f"{where}: refused, {words}")
+
+def _mapped(where: str, what: str, exc: botocore.exceptions.ClientError) -> PluginError:
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", "")) or "Unknown"
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    words = f"{code} (HTTP {status})" if status else code
+    log_raw(where, Failure(code, words), str(error.get("Message", "")), logger=_LOG)
+    if code == "ResourceInUseException":
+        return InUse(f"{where}: {words}")
+    if code == "ResourceNotFoundException":
+        reason = {
+            "cluster": Reason.CLUSTER_NOT_FOUND,
+            "node group": Reason.NODE_POOL_NOT_FOUND,
+            "update": Reason.OPERATION_NOT_FOUND,
+        }.get(what, Reason.NOT_FOUND)
+        return NotFound(f"{where}: {what or 'resource'} not found", reason=reason)
+    if code in TRANSIENT or status >= 500:
+        return Unavailable(f"{where}: {words}; retry later", retry_after=0)
+    if code in _DENIED or status == 403:
+        return FailedPrecondition(
+            f"{where}: denied, {words}; grant the plugin's IAM role the actions of "
+            "manifests/eks/iam-policy.json"
+        )
+    if code == "InvalidStateException":
+        return FailedPrecondition(
+            f"{where}: EKS upgrade readiness checks failed, {words}; see the cluster's "
+            "upgrade insights (aws eks list-insights)",
+            retry_after=INVALID_REQUEST_RETRY_SECONDS,
+        )
+    if code == "InvalidRequestException":
+        return FailedPrecondition(
+            f"{where}: refused in the cluster's current state, {words}",
+            retry_after=INVALID_REQUEST_RETRY_SECONDS,
+        )
+    return FailedPrecondition(f"{where}: refused, {words}")

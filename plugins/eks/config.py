@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from plugins.sdk.config import read_yaml, validate_model
+from plugins.sdk.config import place_problem, read_yaml, validate_model
 
 __all__ = [
     "ApiConfig",
@@ -20,7 +20,9 @@ __all__ = [
     "EksConfig",
     "OperationsConfig",
     "PreflightConfig",
+    "Route53Config",
     "TrafficConfig",
+    "WeightedRecord",
     "eks_fleet_id",
     "load_config",
     "parse_config",
@@ -28,6 +30,7 @@ __all__ = [
 
 _ACCOUNT = re.compile(r"^\d{12}$")
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
+_CLUSTER_ARN = re.compile(r"^arn:aws[a-z-]*:eks:[a-z0-9-]+:\d{12}:cluster/[0-9A-Za-z][\w-]*$")
 _CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}$")  # CreateCluster name rules
 
 
@@ -60,11 +63,71 @@ class ClusterSelection(_Model):
         return value
 
 
-class TrafficConfig(_Model):
-    """How ServiceOut drains a cluster. none: the plugin records the cluster as out of service
-    and drains nothing (compose a traffic plugin, or drain outside, see docs/plugins/eks.md)."""
+class WeightedRecord(_Model):
+    """One Route 53 weighted record set that sends traffic to the cluster: ServiceOut sets its
+    Weight to 0, ServiceIn back to weight."""
 
-    mode: Literal["none"] = "none"
+    hosted_zone_id: str
+    name: str
+    type: Literal["A", "AAAA", "CNAME"] = "A"
+    set_identifier: str
+    weight: int = Field(ge=1, le=255, description="the record's weight while in service")
+
+    @field_validator("hosted_zone_id")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        zone = value.removeprefix("/hostedzone/")
+        if not re.fullmatch(r"[A-Z0-9]{1,32}", zone):
+            raise ValueError("must be a Route 53 hosted zone id such as Z0123456789ABCDEFGHIJ")
+        return zone
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not value or " " in value:
+            raise ValueError("must be the record's DNS name, such as app.example.com")
+        return value if value.endswith(".") else value + "."
+
+
+class Route53Config(_Model):
+    """Route 53 weighted records per cluster (by cluster ARN)."""
+
+    records: dict[str, list[WeightedRecord]] = Field(min_length=1)
+    drain_seconds: float | None = Field(
+        default=None, ge=0, description="wait after INSYNC; default: the records' TTL"
+    )
+    endpoint: str = Field(default="", description="only for an emulator")
+
+    @field_validator("records")
+    @classmethod
+    def _records(cls, value: dict[str, list[WeightedRecord]]) -> dict[str, list[WeightedRecord]]:
+        for cluster_id, records in value.items():
+            if not _CLUSTER_ARN.match(cluster_id):
+                raise ValueError(
+                    f"{cluster_id!r}: key must be a cluster ARN "
+                    "(arn:aws:eks:REGION:ACCOUNT:cluster/NAME)"
+                )
+            if not records:
+                raise ValueError(f"{cluster_id}: list at least one weighted record")
+        return value
+
+
+class TrafficConfig(_Model):
+    """How ServiceOut drains a cluster. route53: weight 0 on the cluster's weighted records
+    (ServiceIn restores the configured weight). none: the plugin records the cluster as out of
+    service and drains nothing (drain outside, or compose a traffic plugin)."""
+
+    mode: Literal["none", "route53"] = "none"
+    route53: Route53Config | None = None
+
+    @model_validator(mode="after")
+    def _route53_needs_records(self) -> TrafficConfig:
+        if self.mode == "route53" and self.route53 is None:
+            raise ValueError(
+                "traffic.route53: is required with mode route53; list each cluster's "
+                "weighted records (docs/plugins/eks.md, Traffic)"
+            )
+        return self
 
 
 class ApiConfig(_Model):
@@ -155,7 +218,16 @@ def parse_config(data: Any, source: str = "config") -> EksConfig:
         source,
         ConfigError,
         not_mapping="must be a mapping with at least `account:` and `regions:`",
+        place=_place,
     )
+
+
+def _place(where: str, message: str) -> str:
+    if message.startswith("traffic."):
+        return message  # cross-field checks name their own fields
+    if message.startswith("["):
+        return f"{where}{message}"  # regions[2] ..., clusters.names[0] ...
+    return place_problem(where, message)
 
 
 def load_config(path: str | Path) -> EksConfig:

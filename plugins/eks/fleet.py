@@ -1,7 +1,7 @@
 """The EKS fleet behind the contract: the selected clusters of the account's regions and their
 managed node groups, upgrades as EKS updates (UpdateClusterVersion, UpdateNodegroupVersion,
 followed with DescribeUpdate), preflight from EKS's offers, rules and upgrade insights, and
-traffic in mode none (recorded, nothing drained)."""
+traffic through Route 53 weighted records (mode route53) or recorded only (mode none)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from plugins.eks.ids import (
     parse_cluster_id,
     parse_operation_id,
 )
+from plugins.eks.traffic import Drain, Route53Traffic
 from plugins.sdk.errors import (
     Conflict,
     FailedPrecondition,
@@ -98,6 +99,10 @@ class EksFleet:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._poller: threading.Thread | None = None
+        self.traffic: Route53Traffic | None = None
+        if config.traffic.mode == "route53":
+            self.traffic = Route53Traffic(config, api.session)
+        self._drains: dict[str, Drain] = {}  # service operations in flight
 
     # --------------------------------------------------------------------- lifecycle
 
@@ -111,16 +116,19 @@ class EksFleet:
         self.store.close()
         if self._poller is not None:
             self._poller.join(timeout=5)
+        if self.traffic is not None:
+            self.traffic.close()
         self.api.close()
 
     def _poll(self) -> None:
         while not self._stop.wait(self.config.operations.poll_seconds):
             for op in self.store.all_in_flight():
                 ref = parse_operation_id(op.id)
-                if ref is None:
-                    continue
                 try:
-                    self._refresh(ref)
+                    if ref is None:
+                        self._follow_drain(op)
+                    else:
+                        self._refresh(ref)
                 except PluginError as exc:
                     _LOG.warning("following EKS update %s failed; retrying: %s", op.id, exc)
                 except Exception:
@@ -204,6 +212,11 @@ class EksFleet:
     ) -> cluster_pb2.Cluster:
         status = str(cluster.get("status", ""))
         available = status in _SERVING
+        reasons = [] if available else [f"EKS status {status or 'unknown'}"]
+        in_service, problem = self._service_state(ref.id)
+        if problem:
+            available = False
+            reasons.append(problem)
         result = cluster_pb2.Cluster(
             id=ref.id,
             labels=dict(cluster.get("tags") or {}),
@@ -219,8 +232,8 @@ class EksFleet:
                 for name, ng in sorted(nodegroups.items())
             ],
             available=available,
-            unavailable_reason="" if available else f"EKS status {status or 'unknown'}",
-            in_service=self._in_service(ref.id),
+            unavailable_reason="; ".join(reasons),
+            in_service=in_service,
         )
         current = self.store.in_flight(ref.id)
         if current is not None:
@@ -503,31 +516,80 @@ class EksFleet:
 
     # ---------------------------------------------------------------------- traffic
 
-    def _in_service(self, cluster_id: str) -> bool:
+    def _service_state(self, cluster_id: str) -> tuple[bool, str]:
+        """(in service, problem): Route 53's weights in mode route53 (a cluster without
+        configured records is in service: nothing of it is drained); else the last recorded
+        ServiceOut / ServiceIn."""
+        if self.traffic is not None and self.config.traffic.route53 is not None:
+            if cluster_id in self.config.traffic.route53.records:
+                return self.traffic.state(cluster_id)
+            return True, ""
         last = [
             op
             for op in self.store.operations()
             if op.cluster_id == cluster_id and op.kind in (_OUT, _IN) and op.state == _SUCCEEDED
         ]
-        return not last or last[-1].kind == _IN
+        return not last or last[-1].kind == _IN, ""
 
     def service_out(self, request_id: str, cluster_id: str, caller: str) -> cluster_pb2.Operation:
-        """ServiceOut in traffic mode none: recorded, nothing drained (caller: unused)."""
+        """ServiceOut: weight 0 on the cluster's Route 53 records, or recorded (caller: unused)."""
         return self._service(_OUT, request_id, cluster_id)
 
     def service_in(self, request_id: str, cluster_id: str, caller: str) -> cluster_pb2.Operation:
-        """ServiceIn in traffic mode none: recorded (caller: unused)."""
+        """ServiceIn: the records' weights restored, or recorded (caller: unused)."""
         return self._service(_IN, request_id, cluster_id)
 
     def _service(self, kind: int, request_id: str, cluster_id: str) -> cluster_pb2.Operation:
         ref = self._ref(cluster_id)
-        with self._lock(cluster_id):
-            if self.store.lookup(request_id) is None:
-                self._describe(ref)
+
+        def start(state: int) -> cluster_pb2.Operation:
             op, _ = self.store.start(
-                request_id=request_id, kind=kind, cluster_id=cluster_id, initial_state=_SUCCEEDED
+                request_id=request_id, kind=kind, cluster_id=cluster_id, initial_state=state
             )
             return op
+
+        with self._lock(cluster_id):
+            if self.store.lookup(request_id) is not None:
+                return start(_SUCCEEDED)  # the stored one; InvalidArgument if reused differently
+            self._describe(ref)
+            if self.traffic is None:
+                return start(_SUCCEEDED)
+            self.store.ensure_free(cluster_id)
+            drain = self.traffic.change(cluster_id, out=kind == _OUT)
+            if drain is None:
+                return start(_SUCCEEDED)  # the weights are as asked already
+            op = start(cluster_pb2.OPERATION_STATE_RUNNING)
+            self._drains[op.id] = drain
+            return op
+
+    def _follow_drain(self, op: cluster_pb2.Operation) -> None:
+        """Ends a service operation once its Route 53 changes are INSYNC and drained. One
+        recovered from the journal (its change ids died with the process) sets the weights
+        again (an UPSERT of the same weights is harmless) and follows that change."""
+        if op.kind not in (_OUT, _IN):
+            return
+        if self.traffic is None:  # recovered after a switch to mode none: only recorded
+            self.store.update(op.id, state=_SUCCEEDED)
+            return
+        drain = self._drains.get(op.id)
+        try:
+            if drain is None:
+                drain = self.traffic.change(op.cluster_id, out=op.kind == _OUT)
+                if drain is None:
+                    self.store.update(op.id, state=_SUCCEEDED)
+                    return
+                self._drains[op.id] = drain
+            if self.traffic.done(drain):
+                self.store.update(op.id, state=_SUCCEEDED)
+                self._drains.pop(op.id, None)
+        except FailedPrecondition as exc:
+            self.store.update(
+                op.id,
+                state=cluster_pb2.OPERATION_STATE_FAILED,
+                error_code="DRAIN_FAILED",
+                error_message=exc.message[:_MESSAGE_LIMIT],
+            )
+            self._drains.pop(op.id, None)
 
     # -------------------------------------------------------------------- preflight
 

@@ -15,6 +15,7 @@ from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.eks import EksPlugin, EksPluginOptions, parse_config
 from plugins.sdk.client import PluginClient
 from tests.support.eks_emulator import ACCOUNT, EksEmulator
+from tests.support.eks_emulator.route53 import Route53Emulator
 
 T = TypeVar("T")
 
@@ -51,6 +52,28 @@ def populate(emulator: EksEmulator, names: list[str], region: str = REGION) -> l
         )
         for index, name in enumerate(names)
     ]
+
+
+ZONE, RECORD = "Z0FLEET", "app.example.com"
+
+
+def route53_traffic(
+    route53: Route53Emulator, names: list[str], weight: int = 100, ttl: int = 60, **extra: Any
+) -> dict[str, Any]:
+    """Weighted records app.example.com (one per cluster, set identifier = the name) in the
+    emulator, and the traffic configuration naming them (drainSeconds 0 unless given)."""
+    for index, name in enumerate(names):
+        route53.add_weighted(ZONE, RECORD, name, weight, f"192.0.2.{index + 1}", ttl)
+    records = {
+        cluster_id(name): [
+            {"hostedZoneId": ZONE, "name": RECORD, "setIdentifier": name, "weight": weight}
+        ]
+        for name in names
+    }
+    return {
+        "mode": "route53",
+        "route53": {"endpoint": route53.endpoint, "records": records, "drainSeconds": 0, **extra},
+    }
 
 
 def plugin_config(
