@@ -1,6 +1,7 @@
 """End to end: the orchestrator on the local control plane (real kube-apiserver) rolls a
-ClusterVersion over four emulated EKS clusters through the EKS plugin over gRPC, keeping
-requiredAvailableCount: at most one cluster out of service or under an EKS update at a time."""
+ClusterVersion over four emulated EKS clusters through the EKS plugin over gRPC, draining each
+through Route 53 weighted records, keeping requiredAvailableCount: never fewer than three
+clusters with traffic (weight above 0) and no EKS update in progress."""
 
 from __future__ import annotations
 
@@ -16,13 +17,17 @@ from orchestrator import api
 from tests.plugins.eks.support import (
     NEW,
     POOLS,
+    RECORD,
     REGION,
+    ZONE,
     cluster_id,
     plugin_config,
     populate,
+    route53_traffic,
     running_plugin,
 )
 from tests.support.eks_emulator import EksEmulator
+from tests.support.eks_emulator.route53 import Route53Emulator
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.orchestrator import CV, OrchestratorProcess
 
@@ -34,25 +39,32 @@ CP = cluster_pb2.OPERATION_KIND_UPGRADE_CONTROL_PLANE
 NP = cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL
 
 
-class UpdateSampler:
-    """Samples the emulated fleet every few milliseconds: how many clusters have no EKS update
-    in progress (on the control plane or a node group)."""
+class FloorSampler:
+    """Samples the emulated fleet every few milliseconds: how many clusters serve (Route 53
+    weight above 0) with no EKS update in progress (control plane or node group), and the most
+    clusters drained at once."""
 
-    def __init__(self, emulator: EksEmulator) -> None:
+    def __init__(self, emulator: EksEmulator, route53: Route53Emulator) -> None:
         self._emulator = emulator
+        self._route53 = route53
+        self.most_out = 0
         self._stop = threading.Event()
         self.samples: list[int] = []
         self._thread = threading.Thread(target=self._run, name="update-sampler", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(0.01):
-            idle = 0
+            serving = out = 0
             for name in NAMES:
                 updates = self._emulator.cluster(REGION, name)["updates"]
-                idle += all(status != "InProgress" for _, _, status in updates)
-            self.samples.append(idle)
+                idle = all(status != "InProgress" for _, _, status in updates)
+                weight = self._route53.weight(ZONE, RECORD, name) or 0
+                serving += idle and weight > 0
+                out += weight == 0
+            self.samples.append(serving)
+            self.most_out = max(self.most_out, out)
 
-    def __enter__(self) -> UpdateSampler:
+    def __enter__(self) -> FloorSampler:
         self._thread.start()
         return self
 
@@ -102,10 +114,14 @@ def test_rollout_over_four_eks_clusters_converges_and_keeps_the_floor(
     tmp_path: Path,
     orchestrator: OrchestratorProcess,
 ) -> None:
-    with EksEmulator(update_seconds=0.3) as emu:
+    with EksEmulator(update_seconds=0.3) as emu, Route53Emulator(sync_seconds=0.2) as route53:
         populate(emu, NAMES)
-        config = plugin_config(emu, state_file=tmp_path / "eks-ops.jsonl")
-        with running_plugin(config) as plugin, UpdateSampler(emu) as sampler:
+        config = plugin_config(
+            emu,
+            state_file=tmp_path / "eks-ops.jsonl",
+            traffic=route53_traffic(route53, NAMES, ttl=0, drainSeconds=0.2),
+        )
+        with running_plugin(config) as plugin, FloorSampler(emu, route53) as sampler:
             cvs = CV(control_plane, namespace)
             cvs.create(_cluster_version(plugin.address))
             status = wait_for(
@@ -128,9 +144,13 @@ def test_rollout_over_four_eks_clusters_converges_and_keeps_the_floor(
             assert kinds[0] == OUT and kinds[-1] == IN and kinds[1] == CP
             assert sorted(kinds[2:-1]) == [NP, NP]
             assert in_service[cluster_id(name)]
+            assert route53.weight(ZONE, RECORD, name) == 100
         assert emu.calls("UpdateClusterVersion") == 4
-        # The floor: never more than 4 - REQUIRED clusters out or under an update.
+        # Each cluster drained and restored once: two Route 53 changes per cluster.
+        assert route53.calls("ChangeResourceRecordSets") == 2 * len(NAMES)
+        # The floor: never fewer than REQUIRED clusters serving and not under an update.
         assert sampler.samples and min(sampler.samples) >= REQUIRED
+        assert sampler.most_out == 4 - REQUIRED
         assert _most_out_at_once(ops) == 4 - REQUIRED
         assert status["summary"]["upToDate"] == 4
         ready = next(c for c in status["conditions"] if c["type"] == "Ready")
