@@ -11,6 +11,7 @@ import pytest
 
 from tests.plugins.eks.support import RunningPlugin, plugin_config, populate, running_plugin
 from tests.support.eks_emulator import EksEmulator
+from tests.support.eks_emulator.route53 import Route53Emulator
 
 NAMES = ["c1", "c2", "c3", "c4"]
 SECRET = "fake-secret-key-never-logged"
@@ -36,6 +37,13 @@ def emulator() -> Iterator[EksEmulator]:
     """The emulator with c1..c4 at 1.29 (node groups system and workers)."""
     with EksEmulator(update_seconds=0.3) as emu:
         populate(emu, NAMES)
+        yield emu
+
+
+@pytest.fixture
+def route53() -> Iterator[Route53Emulator]:
+    """A Route 53 emulator (changes INSYNC after 0.2 s); route53_traffic() fills it."""
+    with Route53Emulator(sync_seconds=0.2) as emu:
         yield emu
 
 

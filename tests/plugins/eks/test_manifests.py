@@ -21,9 +21,17 @@ from plugins.eks import parse_config
 from plugins.eks.ids import parse_cluster_id
 from plugins.eks.server import build_parser
 from plugins.sdk.client import PluginCallError
-from tests.plugins.eks.conftest import StartPlugin
-from tests.plugins.eks.support import NEW, OLD, REGION, cluster_id, wait_terminal
+from tests.plugins.eks.conftest import NAMES, StartPlugin
+from tests.plugins.eks.support import (
+    NEW,
+    OLD,
+    REGION,
+    cluster_id,
+    route53_traffic,
+    wait_terminal,
+)
 from tests.support.eks_emulator import EksEmulator
+from tests.support.eks_emulator.route53 import Route53Emulator
 from tests.support.kube import KubeCluster
 
 EKS = Path(__file__).resolve().parents[3] / "manifests" / "eks"
@@ -46,7 +54,8 @@ def _config() -> Any:
 
 def test_the_configmap_is_a_valid_plugin_configuration() -> None:
     config = _config()
-    assert not config.api.endpoint and config.traffic.mode == "none"
+    assert not config.api.endpoint and config.traffic.mode == "route53"
+    assert config.traffic.route53 is not None and not config.traffic.route53.endpoint
     sidecar = _sidecar()
     args = build_parser().parse_args(sidecar["args"])
     mounts = {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}
@@ -68,6 +77,8 @@ def test_the_example_clusterversion_targets_the_configured_clusters(
     refs = [parse_cluster_id(c["id"]) for c in example["spec"]["clusters"]]
     assert all(r and r.account == config.account and r.region in config.regions for r in refs)
     assert {c["version"] for c in example["spec"]["clusters"]} == {"1.30"}
+    assert config.traffic.route53 is not None
+    assert set(config.traffic.route53.records) == {c["id"] for c in example["spec"]["clusters"]}
     port = _sidecar()["args"][1].rsplit(":", 1)[1]
     assert example["spec"]["opsEndpoint"]["endpoint"] == f"localhost:{port}"
     objects = k8s.CustomObjectsApi(control_plane.api_client())
@@ -83,18 +94,18 @@ def _policy_actions() -> tuple[set[str], dict[str, set[str]]]:
     by_resource: dict[str, set[str]] = {}
     for statement in policy["Statement"]:
         assert statement["Effect"] == "Allow"
-        assert all(a.startswith("eks:") and "*" not in a for a in statement["Action"])
+        assert all(a.startswith(("eks:", "route53:")) and "*" not in a for a in statement["Action"])
         actions.update(statement["Action"])
         by_resource.setdefault(statement["Resource"], set()).update(statement["Action"])
     return actions, by_resource
 
 
-def test_the_iam_policy_grants_exactly_the_eks_actions_the_plugin_calls(
-    emulator: EksEmulator, start_plugin: StartPlugin
+def test_the_iam_policy_grants_exactly_the_actions_the_plugin_calls(
+    emulator: EksEmulator, route53: Route53Emulator, start_plugin: StartPlugin
 ) -> None:
     emulator.update_seconds = 1.0
     emulator.add_insight(REGION, "c2", NEW, "ERROR", "deprecated APIs", "APIs")
-    client = start_plugin().client
+    client = start_plugin(traffic=route53_traffic(route53, NAMES)).client
     client.list_clusters()
     client.probe()
     client.preflight_upgrade(cluster_id("c2"), NEW, {})
@@ -103,7 +114,8 @@ def test_the_iam_policy_grants_exactly_the_eks_actions_the_plugin_calls(
     with pytest.raises(PluginCallError) as busy:
         client.upgrade_control_plane("r-busy", cluster_id("c1"), NEW)
     assert busy.value.code == grpc.StatusCode.ABORTED
-    client.service_out("r-out", cluster_id("c3"))
+    wait_terminal(client, client.service_out("r-out", cluster_id("c3")).id)
+    wait_terminal(client, client.service_in("r-in", cluster_id("c3")).id)
     wait_terminal(client, op.id)
     np = client.upgrade_node_pool("r-np", cluster_id("c1"), "workers", NEW)
     wait_terminal(client, np.id)
@@ -114,10 +126,31 @@ def test_the_iam_policy_grants_exactly_the_eks_actions_the_plugin_calls(
     assert found.value.metadata["operation_id"].endswith(outside["update"]["id"])
     assert outside["update"]["status"] == "InProgress"
     actions, by_resource = _policy_actions()
-    assert {f"eks:{name}" for name in emulator.called()} == actions
-    # Account-wide only what has no resource; upgrades scoped to the account's clusters.
+    called = {f"eks:{n}" for n in emulator.called()} | {f"route53:{n}" for n in route53.called()}
+    assert called == actions
+    # Account-wide only what has no resource; upgrades scoped to the account's clusters,
+    # record changes to the configured zone, names, types and to UPSERT.
     assert by_resource["*"] == {"eks:ListClusters", "eks:DescribeClusterVersions"}
     assert "eks:UpdateClusterVersion" in by_resource["arn:aws:eks:*:123456789012:cluster/*"]
+    config = _config()
+    assert config.traffic.route53 is not None
+    records = [r for rs in config.traffic.route53.records.values() for r in rs]
+    zones = {f"arn:aws:route53:::hostedzone/{r.hosted_zone_id}" for r in records}
+    assert {
+        res for res, acts in by_resource.items() if "route53:ChangeResourceRecordSets" in acts
+    } == zones
+    policy = json.loads((EKS / "iam-policy.json").read_text())
+    change = next(
+        s for s in policy["Statement"] if "route53:ChangeResourceRecordSets" in s["Action"]
+    )
+    condition = change["Condition"]["ForAllValues:StringEquals"]
+    assert condition["route53:ChangeResourceRecordSetsActions"] == ["UPSERT"]
+    assert set(condition["route53:ChangeResourceRecordSetsNormalizedRecordNames"]) == {
+        r.name.rstrip(".") for r in records
+    }
+    assert set(condition["route53:ChangeResourceRecordSetsRecordTypes"]) == {
+        r.type for r in records
+    }
 
 
 def test_the_overlay_builds_with_the_eks_sidecar_instead_of_the_sim() -> None:

@@ -5,7 +5,6 @@ configured weight; the last serving record of a group is never zeroed."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -28,12 +27,6 @@ from tests.support.eks_emulator.route53 import Route53Emulator
 
 SUCCEEDED = cluster_pb2.OPERATION_STATE_SUCCEEDED
 RUNNING = cluster_pb2.OPERATION_STATE_RUNNING
-
-
-@pytest.fixture
-def route53() -> Iterator[Route53Emulator]:
-    with Route53Emulator(sync_seconds=0.2) as emu:
-        yield emu
 
 
 def test_service_out_and_in_move_the_weight_and_wait_for_insync(
