@@ -15,6 +15,7 @@ SCRIPTS = (
     "fleet-orchestrator",
     "fleet-plugin-sim",
     "fleet-plugin-gke",
+    "fleet-plugin-eks",
     "fleet-plugin-ocm",
     "fleet-plugin-kubefleet",
     "fleet-plugin-legacy",

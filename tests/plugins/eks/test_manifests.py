@@ -17,6 +17,7 @@ import yaml
 from kubernetes import client as k8s
 
 from orchestrator import api
+from orchestrator.webhook import admit
 from plugins.eks import parse_config
 from plugins.eks.ids import parse_cluster_id
 from plugins.eks.server import build_parser
@@ -81,6 +82,13 @@ def test_the_example_clusterversion_targets_the_configured_clusters(
     assert set(config.traffic.route53.records) == {c["id"] for c in example["spec"]["clusters"]}
     port = _sidecar()["args"][1].rsplit(":", 1)[1]
     assert example["spec"]["opsEndpoint"]["endpoint"] == f"localhost:{port}"
+    request = {
+        "operation": "CREATE",
+        "kind": {"group": api.GROUP, "version": api.VERSION, "kind": api.KIND},
+        "namespace": namespace,
+        "object": example,
+    }
+    assert admit(request) == []  # the admission webhook's judgement
     objects = k8s.CustomObjectsApi(control_plane.api_client())
     created = objects.create_namespaced_custom_object(
         api.GROUP, api.VERSION, namespace, api.PLURAL, example
