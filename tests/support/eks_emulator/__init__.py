@@ -36,7 +36,7 @@ from tests.support.eks_emulator._http import Answer, LoopbackServer
 __all__ = ["ACCOUNT", "EksEmulator", "EksError"]
 
 ACCOUNT = "123456789012"
-_SCOPE = re.compile(r"Credential=[^/]+/\d{8}/([a-z0-9-]+)/eks/aws4_request")
+_SCOPE = re.compile(r"Credential=([^/]+)/\d{8}/([a-z0-9-]+)/eks/aws4_request")
 
 
 class EksError(Exception):
@@ -130,6 +130,7 @@ class EksEmulator:
         self._faults: dict[str, list[str]] = {}
         self._calls: Counter[str] = Counter()
         self._bodies: dict[str, list[dict[str, Any]]] = {}
+        self._access_keys: set[str] = set()
         self._server = LoopbackServer(self._dispatch)
 
     # ------------------------------------------------------------------ lifecycle
@@ -239,6 +240,11 @@ class EksEmulator:
         with self._lock:
             return self._calls[operation]
 
+    def access_keys(self) -> set[str]:
+        """The access key ids requests were signed with ("" for an unsigned request)."""
+        with self._lock:
+            return set(self._access_keys)
+
     def called(self) -> set[str]:
         """The names of every operation called at least once."""
         with self._lock:
@@ -306,7 +312,9 @@ class EksEmulator:
     ) -> Answer:
         body: dict[str, Any] = json.loads(raw) if raw else {}
         scope = _SCOPE.search(headers.get("authorization", ""))
-        region = scope.group(1) if scope else "us-east-1"
+        region = scope.group(2) if scope else "us-east-1"
+        with self._lock:
+            self._access_keys.add(scope.group(1) if scope else "")
         for verb, pattern, name, handler in _ROUTES:
             match = re.fullmatch(pattern, path)
             if verb != method or match is None:
