@@ -342,17 +342,18 @@ class EksFleet:
         return self.store.watch(cluster_ids, include_in_flight, context)
 
     def _in_flight_update(self, ref: ClusterRef) -> str:
-        """The id of an EKS update InProgress on the cluster or one of its node groups."""
+        """The id of an EKS update InProgress on the cluster or one of its node groups: the
+        plugin's own, else one EKS lists (ListUpdates, DescribeUpdate), looking first where
+        the status says UPDATING (that status is eventually consistent, so then everywhere)."""
         own = self.store.in_flight(ref.id)
         if own is not None:
             return own.id
-        groups = [
-            "",
-            *self.api.pages(
-                ref.region, "list_nodegroups", "nodegroups", "cluster", clusterName=ref.name
-            ),
-        ]
-        for group in groups:
+        cluster = self._describe(ref)
+        nodegroups = self._nodegroups(ref)
+        statuses = {"": cluster.get("status")} | {
+            name: ng.get("status") for name, ng in nodegroups.items()
+        }
+        for group in sorted(statuses, key=lambda g: (statuses[g] != "UPDATING", g)):
             extra = {"nodegroupName": group} if group else {}
             ids = list(
                 self.api.pages(

@@ -44,7 +44,7 @@ def test_the_eks_plugin_passes_the_conformance_kit_and_is_left_as_found(
     emulator: EksEmulator, start_plugin: StartPlugin, tmp_path: Path, journal: bool, mode: str
 ) -> None:
     state = tmp_path / "ops.jsonl" if journal else None
-    with Route53Emulator(sync_seconds=0.3) as route53:
+    with Route53Emulator(sync_seconds=1.0) as route53:
         extra = {"traffic": route53_traffic(route53, NAMES)} if mode == "route53" else {}
         running = start_plugin(state_file=state, **extra)
         outcome = _kit(running.address, tmp_path)

@@ -3,7 +3,6 @@ plugin's own checks are tested against rules, not against themselves."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import boto3
@@ -54,7 +53,7 @@ def test_version_offers_and_one_minor_at_a_time(emulator: EksEmulator) -> None:
 
 
 def test_one_update_at_a_time_per_cluster_and_token_idempotency(emulator: EksEmulator) -> None:
-    emulator.update_seconds = 0.5
+    emulator.held = True
     eks = _eks(emulator)
     first = eks.update_cluster_version(name="c1", version=NEW, clientRequestToken="t1")["update"]
     assert first["status"] == "InProgress" and first["type"] == "VersionUpdate"
@@ -77,6 +76,7 @@ def test_one_update_at_a_time_per_cluster_and_token_idempotency(emulator: EksEmu
     )
     assert eks.describe_cluster(name="c1")["cluster"]["status"] == "UPDATING"
     assert eks.list_updates(name="c1")["updateIds"] == [first["id"]]
+    emulator.held = False
     # Progress over time: InProgress, then Successful with the version applied.
     done = wait_until(
         lambda: (
@@ -100,7 +100,15 @@ def test_one_update_at_a_time_per_cluster_and_token_idempotency(emulator: EksEmu
         == ng["id"]
     )
     # Node groups must match the cluster before the next control-plane upgrade.
-    time.sleep(0.6)
+    wait_until(
+        lambda: (
+            eks.describe_update(name="c1", updateId=ng["id"], nodegroupName="system")["update"][
+                "status"
+            ]
+            == "Successful"
+        ),
+        what="the node group update succeeds",
+    )
     _refused(
         lambda: eks.update_cluster_version(name="c1", version=NEXT), "InvalidRequestException", 400
     )

@@ -31,8 +31,10 @@ def test_throttling_and_5xx_are_unavailable_and_the_retry_starts_one_update(
     # The gRPC client retries UNAVAILABLE itself (5 attempts in its service config): one
     # fault is absorbed there with one update started; five reach the caller.
     emulator.inject("UpdateClusterVersion", fault, count=1)
+    emulator.held = True
     first = client.upgrade_control_plane("r-0", cluster_id("c2"), NEW)
     assert emulator.cluster(REGION, "c2")["updates"] == [("", NEW, "InProgress")]
+    emulator.held = False
     assert emulator.calls("UpdateClusterVersion") == 2 and first.request_id == "r-0"
     emulator.inject("UpdateClusterVersion", fault, count=5)
     with pytest.raises(PluginCallError) as err:

@@ -111,23 +111,25 @@ def _policy_actions() -> tuple[set[str], dict[str, set[str]]]:
 def test_the_iam_policy_grants_exactly_the_actions_the_plugin_calls(
     emulator: EksEmulator, route53: Route53Emulator, start_plugin: StartPlugin
 ) -> None:
-    emulator.update_seconds = 1.0
     emulator.add_insight(REGION, "c2", NEW, "ERROR", "deprecated APIs", "APIs")
     client = start_plugin(traffic=route53_traffic(route53, NAMES)).client
     client.list_clusters()
     client.probe()
     client.preflight_upgrade(cluster_id("c2"), NEW, {})
     client.preflight_upgrade(cluster_id("c1"), NEW, {"workers": NEW})
+    emulator.held = True
     op = client.upgrade_control_plane("r-cp", cluster_id("c1"), NEW)
     with pytest.raises(PluginCallError) as busy:
         client.upgrade_control_plane("r-busy", cluster_id("c1"), NEW)
     assert busy.value.code == grpc.StatusCode.ABORTED
+    emulator.held = False
     wait_terminal(client, client.service_out("r-out", cluster_id("c3")).id)
     wait_terminal(client, client.service_in("r-in", cluster_id("c3")).id)
     wait_terminal(client, op.id)
     np = client.upgrade_node_pool("r-np", cluster_id("c1"), "workers", NEW)
     wait_terminal(client, np.id)
     eks = boto3.client("eks", region_name=REGION, endpoint_url=emulator.endpoint)
+    emulator.held = True
     outside = eks.update_nodegroup_version(clusterName="c4", nodegroupName="system", version=OLD)
     with pytest.raises(PluginCallError) as found:  # the update found with ListUpdates
         client.upgrade_control_plane("r-c4", cluster_id("c4"), NEW)

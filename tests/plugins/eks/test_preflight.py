@@ -102,7 +102,7 @@ def test_a_degraded_node_group_is_refused_for_now(
 def test_an_update_in_progress_is_refused_later(
     emulator: EksEmulator, start_plugin: StartPlugin
 ) -> None:
-    emulator.update_seconds = 2.0
+    emulator.held = True
     client = start_plugin().client
     client.upgrade_control_plane("r", cluster_id("c4"), NEW)
     busy = client.preflight_upgrade(cluster_id("c4"), NEW, {})

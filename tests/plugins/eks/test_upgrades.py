@@ -34,10 +34,12 @@ def test_control_plane_then_node_group_upgrade_reach_the_target(
     emulator: EksEmulator, start_plugin: StartPlugin
 ) -> None:
     client = start_plugin().client
+    emulator.held = True
     op = client.upgrade_control_plane("r-cp", cluster_id("c1"), NEW)
     assert op.state == RUNNING and op.request_id == "r-cp" and op.target_version == NEW
     assert op.id.startswith(cluster_id("c1") + "/updates/")
     assert client.get_cluster(cluster_id("c1")).current_operation.id == op.id
+    emulator.held = False
     assert wait_terminal(client, op.id).state == SUCCEEDED
     assert emulator.cluster(REGION, "c1")["version"] == NEW
     assert emulator.requests("UpdateClusterVersion") == [
@@ -54,7 +56,7 @@ def test_control_plane_then_node_group_upgrade_reach_the_target(
 def test_the_same_request_id_finds_its_update_in_this_process_and_the_next(
     emulator: EksEmulator, tmp_path: Path
 ) -> None:
-    emulator.update_seconds = 2.0
+    emulator.held = True
     config = plugin_config(emulator)
     with running_plugin(config) as first:
         op = first.client.upgrade_control_plane("r-1", cluster_id("c1"), NEW)
@@ -64,6 +66,7 @@ def test_the_same_request_id_finds_its_update_in_this_process_and_the_next(
     with running_plugin(config) as second:
         third = second.client.upgrade_control_plane("r-1", cluster_id("c1"), NEW)
         assert third.id == op.id and third.state == RUNNING
+        emulator.held = False
         assert wait_terminal(second.client, op.id).state == SUCCEEDED
     with running_plugin(config) as fourth:
         # Done: the cluster is at the target; nothing starts again.
@@ -84,7 +87,7 @@ def test_a_request_id_reused_for_another_request_is_invalid(start_plugin: StartP
 def test_a_new_request_while_an_update_runs_is_aborted_naming_it(
     emulator: EksEmulator, start_plugin: StartPlugin
 ) -> None:
-    emulator.update_seconds = 2.0
+    emulator.held = True
     client = start_plugin().client
     op = client.upgrade_control_plane("r-1", cluster_id("c1"), NEW)
     for ask in (
@@ -102,7 +105,7 @@ def test_a_new_request_while_an_update_runs_is_aborted_naming_it(
 def test_an_update_started_outside_the_plugin_is_named_in_the_abort(
     emulator: EksEmulator, start_plugin: StartPlugin
 ) -> None:
-    emulator.update_seconds = 2.0
+    emulator.held = True
     client = start_plugin().client
     eks = boto3.client("eks", region_name=REGION, endpoint_url=emulator.endpoint)
     outside = eks.update_nodegroup_version(
@@ -160,9 +163,11 @@ def test_with_a_journal_operations_and_request_ids_survive_a_restart(
         assert identity_pb2.PLUGIN_CAPABILITY_DURABLE_OPERATIONS in first.client.capabilities()
         noop = first.client.upgrade_node_pool("r-noop", cluster_id("c1"), "system", OLD)
         out = first.client.service_out("r-out", cluster_id("c1"))
-        emulator.update_seconds = 1.0
+        emulator.held = True
         op = first.client.upgrade_control_plane("r-cp", cluster_id("c1"), NEW)
+        assert op.state == cluster_pb2.OPERATION_STATE_RUNNING
     with running_plugin(config) as second:
+        emulator.held = False
         assert second.client.get_operation(noop.id).state == SUCCEEDED
         assert second.client.service_out("r-out", cluster_id("c1")).id == out.id
         assert not second.client.get_cluster(cluster_id("c1")).in_service

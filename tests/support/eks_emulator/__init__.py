@@ -124,6 +124,7 @@ class EksEmulator:
 
     def __init__(self, update_seconds: float = 0.3) -> None:
         self.update_seconds = update_seconds
+        self.held = False  # True: updates stay InProgress (a test's fixed "in flight" moment)
         self._lock = threading.RLock()
         self._clusters: dict[tuple[str, str], _Cluster] = {}
         self._versions: list[dict[str, Any]] = []
@@ -273,6 +274,8 @@ class EksEmulator:
     def _advance(self) -> None:
         """Updates end update_seconds after they were created (EKS reports an update
         InProgress, then Successful, Failed or Cancelled: Update.status, UpdateStatus enum)."""
+        if self.held:
+            return
         now = time.monotonic()
         for c in self._clusters.values():
             for u in c.updates.values():
