@@ -408,20 +408,20 @@ class EksFleet:
                 return self._refresh(update_ref)
             cluster = self._describe(ref)
             nodegroups = self._nodegroups(ref)
+            target = rules.eks_version("version", version)
             if kind == _CP:
-                rules.minor_of("version", version)
                 if rules.same_minor(cluster["version"], version):
                     return start(_SUCCEEDED)  # nothing to do: at the target
                 rules.check_control_plane(cluster, nodegroups, version, self._offered(ref))
-                self._check_insights(ref, version)
+                self._check_insights(ref, target)
             else:
                 rules.check_pool(cluster, nodegroups, pool, version)
                 if rules.same_minor(nodegroups[pool]["version"], version):
                     return start(_SUCCEEDED)  # nothing to do: at the target
                 rules.check_pool_health(nodegroups[pool])
             self.store.ensure_free(cluster_id)
-            update = self._start_update(ref, pool, version, request_id)
-            if _update_version(update) != version:
+            update = self._start_update(ref, pool, target, request_id)
+            if _update_version(update) != target:
                 raise InvalidArgument(
                     "request_id",
                     f"reused for a different request (its EKS update {update.get('id')} "
@@ -616,7 +616,7 @@ class EksFleet:
                 running = self._in_flight_update(ref) or "an EKS update"
                 raise Conflict(f"cluster {ref.id} has {running} in progress", running)
             if cp and not rules.same_minor(cluster["version"], cp):
-                self._check_insights(ref, cp)
+                self._check_insights(ref, rules.eks_version("control_plane_version", cp))
             for pool, version in sorted(node_pool_versions.items()):
                 if not rules.same_minor(nodegroups[pool]["version"], version):
                     rules.check_pool_health(nodegroups[pool])

@@ -17,6 +17,7 @@ __all__ = [
     "check_control_plane",
     "check_pool",
     "check_pool_health",
+    "eks_version",
     "minor_of",
     "same_minor",
 ]
@@ -43,6 +44,12 @@ def minor_of(field: str, version: str) -> tuple[int, int]:
     return parsed.major, parsed.minor
 
 
+def eks_version(field: str, version: str) -> str:
+    """The version as EKS spells it ("v1.30" → "1.30"); refusals as minor_of."""
+    major, minor = minor_of(field, version)
+    return f"{major}.{minor}"
+
+
 def same_minor(a: str, b: str) -> bool:
     """True when two EKS versions name the same minor version."""
     return versions.parse(a)[:2] == versions.parse(b)[:2]
@@ -67,7 +74,7 @@ def check_control_plane(
             "downgrades a cluster",
             reason=Reason.DOWNGRADE_NOT_SUPPORTED,
         )
-    if target not in offered:
+    if f"{want[0]}.{want[1]}" not in offered:
         raise FailedPrecondition(
             f"version: EKS does not offer {target} (DescribeClusterVersions lists "
             f"{', '.join(sorted(offered, key=versions.parse)) or 'none'}); change the target",

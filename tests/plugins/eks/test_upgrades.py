@@ -183,3 +183,17 @@ def test_unknown_operations_are_not_found(start_plugin: StartPlugin) -> None:
         with pytest.raises(PluginCallError) as err:
             client.get_operation(op_id)
         assert err.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_v_prefixed_version_is_sent_as_eks_spells_it(
+    emulator: EksEmulator, start_plugin: StartPlugin
+) -> None:
+    client = start_plugin().client
+    assert client.preflight_upgrade(cluster_id("c2"), "v" + NEW, {}).verdict == (
+        cluster_pb2.PREFLIGHT_VERDICT_ACCEPTED
+    )
+    op = client.upgrade_control_plane("r-v", cluster_id("c2"), "v" + NEW)
+    assert op.target_version == "v" + NEW
+    assert wait_terminal(client, op.id).state == SUCCEEDED
+    assert emulator.requests("UpdateClusterVersion")[0]["version"] == NEW
+    assert emulator.cluster(REGION, "c2")["version"] == NEW
