@@ -4,6 +4,7 @@ it INSYNC and resolvers had the records' TTL to forget the old answer."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,9 @@ class Route53Traffic:
         route53 = config.traffic.route53
         assert route53 is not None, "mode route53 is validated to have records"
         self._records: Mapping[str, list[WeightedRecord]] = route53.records
+        # One change at a time: the "not the last non-zero weight" check reads the group, so
+        # two clusters of one group drained at once must not both see the other serving.
+        self._changing = threading.Lock()
         self._drain_seconds = route53.drain_seconds
         # Route 53 is global; any region of the partition resolves its global endpoint.
         self._client = session.client(
@@ -112,6 +116,10 @@ class Route53Traffic:
         """Sets the cluster's records to weight 0 (out) or their weight; None when they are
         there already. Refuses to zero the last non-zero weight of a group: Route 53 answers
         a group whose weights are all 0 with every record equally, which drains nothing."""
+        with self._changing:
+            return self._change(cluster_id, out)
+
+    def _change(self, cluster_id: str, out: bool) -> Drain | None:
         by_zone: dict[str, list[dict[str, Any]]] = {}
         ttls: list[float] = []
         for record in self._configured(cluster_id):

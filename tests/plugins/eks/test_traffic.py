@@ -4,6 +4,7 @@ configured weight; the last serving record of a group is never zeroed."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -120,3 +121,26 @@ def test_a_drain_in_flight_is_finished_after_a_restart(
         assert wait_terminal(second.client, op.id).state == SUCCEEDED
         assert not second.client.get_cluster(cluster_id("c1")).in_service
     assert route53.weight(ZONE, RECORD, "c1") == 0
+
+
+def test_two_clusters_of_one_group_drained_at_once_leave_one_serving(
+    route53: Route53Emulator, start_plugin: StartPlugin
+) -> None:
+    client = start_plugin(traffic=route53_traffic(route53, NAMES[:2])).client
+    outcomes: dict[str, str] = {}
+
+    def drain(name: str) -> None:
+        try:
+            client.service_out(f"r-{name}", cluster_id(name))
+            outcomes[name] = "out"
+        except PluginCallError as exc:
+            outcomes[name] = exc.code.name
+
+    threads = [threading.Thread(target=drain, args=(n,)) for n in NAMES[:2]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert sorted(outcomes.values()) == ["FAILED_PRECONDITION", "out"]
+    weights = [route53.weight(ZONE, RECORD, n) for n in NAMES[:2]]
+    assert sorted(weights) == [0, 100]
