@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client as k8s
 
 from fleetupgrade.plugin.v1 import cluster_pb2
 from orchestrator import api
@@ -48,6 +49,7 @@ class FloorSampler:
         self._emulator = emulator
         self._route53 = route53
         self.most_out = 0
+        self.drained: set[str] = set()  # clusters seen at weight 0
         self._stop = threading.Event()
         self.samples: list[int] = []
         self._thread = threading.Thread(target=self._run, name="update-sampler", daemon=True)
@@ -61,6 +63,8 @@ class FloorSampler:
                 weight = self._route53.weight(ZONE, RECORD, name) or 0
                 serving += idle and weight > 0
                 out += weight == 0
+                if weight == 0:
+                    self.drained.add(name)
             self.samples.append(serving)
             self.most_out = max(self.most_out, out)
 
@@ -83,6 +87,8 @@ def orchestrator(
 
 
 def _cluster_version(endpoint: str) -> dict[str, Any]:
+    """Seed-shaped: the original operator's ClusterVersion (floor, endpoint, clusters), nothing
+    of ours in it."""
     return {
         "apiVersion": api.API_VERSION,
         "kind": api.KIND,
@@ -155,3 +161,59 @@ def test_rollout_over_four_eks_clusters_converges_and_keeps_the_floor(
         assert status["summary"]["upToDate"] == 4
         ready = next(c for c in status["conditions"] if c["type"] == "Ready")
         assert ready["status"] == "True"
+
+
+def _cluster_upgrade(control_plane: KubeCluster, namespace: str, name: str) -> dict[str, Any]:
+    objects = k8s.CustomObjectsApi(control_plane.api_client())
+    listed = objects.list_namespaced_custom_object(
+        api.GROUP, api.VERSION, namespace, api.CLUSTER_UPGRADE_PLURAL
+    )
+    found = [i for i in listed["items"] if i["spec"]["clusterId"] == cluster_id(name)]
+    return dict(found[0]) if found else {}
+
+
+def test_an_upgrade_insight_refuses_its_cluster_before_it_is_drained(
+    control_plane: KubeCluster,
+    namespace: str,
+    tmp_path: Path,
+    orchestrator: OrchestratorProcess,
+) -> None:
+    """c3 has an ERROR upgrade insight for the target: the orchestrator's preflight gets
+    REFUSED_LATER with the insight's reason, so c3 is never drained nor updated while the
+    three others upgrade. (Once EKS clears the insight the verdict turns ACCEPTED:
+    test_preflight; the orchestrator asks again when its verdict ages, PREFLIGHT_TTL.)"""
+    with EksEmulator(update_seconds=0.3) as emu, Route53Emulator(sync_seconds=0.2) as route53:
+        populate(emu, NAMES)
+        emu.add_insight(
+            REGION, "c3", NEW, "ERROR", "Deprecated API usage detected", "Deprecated APIs"
+        )
+        config = plugin_config(
+            emu,
+            state_file=tmp_path / "eks-ops.jsonl",
+            traffic=route53_traffic(route53, NAMES, ttl=0, drainSeconds=0.2),
+        )
+        with running_plugin(config) as plugin, FloorSampler(emu, route53) as sampler:
+            CV(control_plane, namespace).create(_cluster_version(plugin.address))
+            blocked = wait_for(
+                "c3 refused for now with the insight's reason, the others upgraded",
+                lambda: (
+                    (cu := _cluster_upgrade(control_plane, namespace, "c3"))
+                    .get("status", {})
+                    .get("reason")
+                    == "RefusedForNow"
+                    and all(
+                        emu.cluster(REGION, n)["nodegroups"] == dict.fromkeys(POOLS, NEW)
+                        for n in ("c1", "c2", "c4")
+                    )
+                    and cu
+                ),
+                timeout=180,
+                interval=0.2,
+            )
+        assert blocked["status"]["phase"] == "Blocked"
+        assert "Deprecated API usage detected" in blocked["status"]["message"]
+        # Refused before anything was done to it: never drained, never updated.
+        assert "c3" not in sampler.drained
+        assert emu.cluster(REGION, "c3")["updates"] == []
+        assert emu.calls("UpdateClusterVersion") == 3  # EKS itself never had to refuse
+        assert min(sampler.samples) >= REQUIRED
