@@ -80,6 +80,13 @@ def update_state(update: Mapping[str, Any]) -> tuple[int, str, str]:
     return cluster_pb2.OPERATION_STATE_FAILED, code, message[:_MESSAGE_LIMIT]
 
 
+def _updating(cluster: Mapping[str, Any], nodegroups: Mapping[str, Any]) -> bool:
+    """EKS says an update runs: the cluster or a node group in status UPDATING."""
+    return cluster.get("status") == "UPDATING" or any(
+        ng.get("status") == "UPDATING" for ng in nodegroups.values()
+    )
+
+
 def _update_version(update: Mapping[str, Any]) -> str:
     for param in update.get("params") or []:
         if param.get("type") == "Version":
@@ -236,6 +243,12 @@ class EksFleet:
             in_service=in_service,
         )
         current = self.store.in_flight(ref.id)
+        if current is None and _updating(cluster, nodegroups):
+            # Someone else's update (console, eksctl, Terraform): reported, so the caller
+            # leaves the cluster alone until it ends.
+            foreign = self._foreign_update(ref, cluster, nodegroups)
+            if foreign:
+                current = self.get_operation(foreign)
         if current is not None:
             result.current_operation.CopyFrom(current)
         return result
@@ -349,7 +362,13 @@ class EksFleet:
         if own is not None:
             return own.id
         cluster = self._describe(ref)
-        nodegroups = self._nodegroups(ref)
+        return self._foreign_update(ref, cluster, self._nodegroups(ref))
+
+    def _foreign_update(
+        self, ref: ClusterRef, cluster: Mapping[str, Any], nodegroups: Mapping[str, Any]
+    ) -> str:
+        """An update InProgress that EKS lists for the cluster or its node groups (ListUpdates,
+        DescribeUpdate), "" when there is none."""
         statuses = {"": cluster.get("status")} | {
             name: ng.get("status") for name, ng in nodegroups.items()
         }
@@ -612,7 +631,7 @@ class EksFleet:
                 rules.check_pool(cluster, nodegroups, pool, version, cp)
 
         def later() -> None:
-            if cluster.get("status") == "UPDATING" or self.store.in_flight(ref.id) is not None:
+            if _updating(cluster, nodegroups) or self.store.in_flight(ref.id) is not None:
                 running = self._in_flight_update(ref) or "an EKS update"
                 raise Conflict(f"cluster {ref.id} has {running} in progress", running)
             if cp and not rules.same_minor(cluster["version"], cp):

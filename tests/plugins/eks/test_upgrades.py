@@ -102,7 +102,7 @@ def test_a_new_request_while_an_update_runs_is_aborted_naming_it(
     assert len(emulator.cluster(REGION, "c1")["updates"]) == 1
 
 
-def test_an_update_started_outside_the_plugin_is_named_in_the_abort(
+def test_an_update_started_outside_the_plugin_is_reported_and_named_in_the_abort(
     emulator: EksEmulator, start_plugin: StartPlugin
 ) -> None:
     emulator.held = True
@@ -119,6 +119,19 @@ def test_an_update_started_outside_the_plugin_is_named_in_the_abort(
     seen = client.get_operation(named)
     assert seen.kind == cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL and seen.node_pool == "system"
     assert emulator.cluster(REGION, "c2")["version"] == OLD
+    # The inventory reports it as the cluster's current operation (not the plugin's: no
+    # request_id), and preflight refuses for now: the caller drains nothing meanwhile.
+    current = client.get_cluster(cluster_id("c2")).current_operation
+    assert (current.id, current.state, current.request_id) == (named, RUNNING, "")
+    listed = {c.id: c for c in client.list_clusters()}
+    assert listed[cluster_id("c2")].current_operation.id == named
+    assert not listed[cluster_id("c1")].HasField("current_operation")
+    busy = client.preflight_upgrade(cluster_id("c2"), NEW, {})
+    assert busy.verdict == cluster_pb2.PREFLIGHT_VERDICT_REFUSED_LATER
+    assert busy.reason_code == "CLUSTER_BUSY" and named in busy.message
+    emulator.held = False
+    assert wait_terminal(client, named).state == SUCCEEDED
+    assert not client.get_cluster(cluster_id("c2")).HasField("current_operation")
 
 
 @pytest.mark.parametrize(
