@@ -6,10 +6,12 @@ clusters with traffic (weight above 0) and no EKS update in progress."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 from kubernetes import client as k8s
 
@@ -217,3 +219,58 @@ def test_an_upgrade_insight_refuses_its_cluster_before_it_is_drained(
         assert emu.cluster(REGION, "c3")["updates"] == []
         assert emu.calls("UpdateClusterVersion") == 3  # EKS itself never had to refuse
         assert min(sampler.samples) >= REQUIRED
+
+
+def test_an_update_someone_else_runs_counts_against_the_floor_and_is_never_drained(
+    control_plane: KubeCluster,
+    namespace: str,
+    tmp_path: Path,
+    orchestrator: OrchestratorProcess,
+) -> None:
+    """A person upgrades c2's node group "system" by hand (say in the console) as the run
+    starts: the plugin reports that update as c2's current operation, so the orchestrator
+    leaves c2 alone (ForeignOperation) and counts it as unavailable: with 3 of 4 required,
+    nothing is drained until the update by hand ends; then the rollout completes."""
+    with EksEmulator(update_seconds=0.3) as emu, Route53Emulator(sync_seconds=0.2) as route53:
+        populate(emu, NAMES)
+        emu.held_clusters = {"c2"}
+        eks = boto3.client("eks", region_name=REGION, endpoint_url=emu.endpoint)
+        by_hand = eks.update_nodegroup_version(clusterName="c2", nodegroupName="system")
+        config = plugin_config(
+            emu,
+            state_file=tmp_path / "eks-ops.jsonl",
+            traffic=route53_traffic(route53, NAMES, ttl=0, drainSeconds=0.2),
+        )
+        with running_plugin(config) as plugin, FloorSampler(emu, route53) as sampler:
+            cvs = CV(control_plane, namespace)
+            cvs.create(_cluster_version(plugin.address))
+            waiting = wait_for(
+                "c2 waits for the update run by hand, the run for budget",
+                lambda: (
+                    (cu := _cluster_upgrade(control_plane, namespace, "c2"))
+                    .get("status", {})
+                    .get("reason")
+                    == "ForeignOperation"
+                    and "availability budget" in (cvs.status("eks-fleet").get("message") or "")
+                    and cu
+                ),
+                timeout=120,
+                interval=0.2,
+            )
+            assert by_hand["update"]["id"] in waiting["status"]["message"]
+            time.sleep(3)  # the run keeps waiting: nothing drained, nothing updated
+            assert sampler.drained == set()
+            assert emu.calls("UpdateClusterVersion") == 0
+            emu.held_clusters = set()
+            wait_for(
+                "the rollout completes after the update by hand ended",
+                lambda: cvs.phase_is("eks-fleet", "Completed"),
+                timeout=180,
+                interval=0.2,
+            )
+        for name in NAMES:
+            cluster = emu.cluster(REGION, name)
+            assert cluster["version"] == NEW and cluster["nodegroups"] == dict.fromkeys(POOLS, NEW)
+            assert route53.weight(ZONE, RECORD, name) == 100
+        assert min(sampler.samples) >= REQUIRED
+        assert sampler.most_out == 4 - REQUIRED

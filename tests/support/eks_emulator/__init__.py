@@ -125,6 +125,7 @@ class EksEmulator:
     def __init__(self, update_seconds: float = 0.3) -> None:
         self.update_seconds = update_seconds
         self.held = False  # True: updates stay InProgress (a test's fixed "in flight" moment)
+        self.held_clusters: set[str] = set()  # only these clusters' updates stay InProgress
         self._lock = threading.RLock()
         self._clusters: dict[tuple[str, str], _Cluster] = {}
         self._versions: list[dict[str, Any]] = []
@@ -278,6 +279,8 @@ class EksEmulator:
             return
         now = time.monotonic()
         for c in self._clusters.values():
+            if c.name in self.held_clusters:
+                continue
             for u in c.updates.values():
                 if u.status != "InProgress" or now - u.created < self.update_seconds:
                     continue
