@@ -16,6 +16,7 @@ SCRIPTS = (
     "fleet-plugin-sim",
     "fleet-plugin-gke",
     "fleet-plugin-aks",
+    "fleet-plugin-eks",
     "fleet-plugin-ocm",
     "fleet-plugin-kubefleet",
     "fleet-plugin-legacy",

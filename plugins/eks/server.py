@@ -1,0 +1,122 @@
+"""The fleet-plugin-eks command: EKS clusters served over the plugin contract."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from plugins.eks.api import EksApi
+from plugins.eks.config import EksConfig, eks_fleet_id, load_config
+from plugins.eks.fleet import EksFleet
+from plugins.eks.servicers import eks_servicers
+from plugins.sdk import (
+    PluginServer,
+    ServerTLS,
+    package_version,
+    parse_plugin_args,
+    plugin_parser,
+    run_plugin,
+    serve,
+    server_tls_from_args,
+)
+
+__all__ = ["EksPlugin", "EksPluginOptions", "build_parser", "main"]
+
+_LOG = logging.getLogger("plugins.eks.server")
+# botocore logs request headers (the SigV4 Authorization, a session token) and credential
+# exchanges at DEBUG; --debug must not print them, so these stay at INFO whatever the root is.
+_QUIET_LOGGERS = ("boto3", "botocore", "urllib3", "s3transfer")
+
+
+@dataclass
+class EksPluginOptions:
+    """What an EksPlugin runs: its configuration, address, TLS and metrics registry."""
+
+    config: EksConfig
+    listen: str = "127.0.0.1:0"
+    tls: ServerTLS | None = None
+    registry: CollectorRegistry | None = None
+    max_workers: int = 32
+
+
+class EksPlugin:
+    """A running EKS plugin: the fleet (boto3 clients, update poller) and its gRPC server."""
+
+    def __init__(self, options: EksPluginOptions) -> None:
+        self.options = options
+        config = options.config
+        for name in _QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.INFO)
+        self.fleet = EksFleet(config, EksApi(config))
+        try:
+            self.fleet.start()
+            manifest = {
+                "account": config.account,
+                "regions": ",".join(config.regions),
+                "traffic": config.traffic.mode,
+                "endpoint": config.api.endpoint or "eks.<region>.amazonaws.com",
+            }
+            servicers = eks_servicers(
+                self.fleet, package_version(), manifest, fleet_id=eks_fleet_id(config)
+            )
+            self.server: PluginServer = serve(
+                options.listen,
+                servicers,
+                tls=options.tls,
+                max_workers=options.max_workers,
+                plugin_name="eks",
+                registry=options.registry if options.registry is not None else REGISTRY,
+            )
+        except BaseException:
+            self.fleet.close()
+            raise
+        self.server.add_stop_callback(self.fleet.store.close)
+
+    @property
+    def address(self) -> str:
+        """HOST:PORT the gRPC server listens on."""
+        return self.server.address
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Stops the server (in-flight RPCs get grace seconds), the poller and the clients."""
+        self.fleet.store.close()
+        if not self.server.stopped:
+            self.server.stop(grace)
+        self.fleet.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of fleet-plugin-eks."""
+    return plugin_parser(
+        "fleet-plugin-eks",
+        "Serve Amazon EKS clusters over the fleetupgrade plugin contract.",
+        config=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the plugin until SIGTERM/SIGINT."""
+    args = parse_plugin_args(build_parser(), argv)
+
+    def options() -> EksPluginOptions:
+        return EksPluginOptions(
+            config=load_config(args.config),
+            listen=args.listen,
+            tls=server_tls_from_args(args),
+            registry=REGISTRY,
+        )
+
+    def ready(plugin: EksPlugin) -> None:
+        fields = {"address": plugin.address, "config": str(Path(args.config))}
+        _LOG.info("EKS plugin ready", extra={"fields": fields})
+
+    return run_plugin("fleet-plugin-eks", args, options, EksPlugin, ready)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
