@@ -525,9 +525,9 @@ def _cpu_by_thread(
             names[int(tid)] = name
     out: dict[str, float] = defaultdict(float)
     for tid, seconds in after.items():
-        out[_thread_group(names.get(tid, f"unnamed (native: {tid})"))] += seconds - before.get(
-            tid, 0.0
-        )
+        # Threads that never ran Python (gRPC's C core's pollers and timers) have no name here.
+        name = _thread_group(names.get(tid, "(native threads: gRPC core)"))
+        out[name] += seconds - before.get(tid, 0.0)
     out["(threads that ended)"] = max(0.0, total - sum(out.values()))
     return dict(out)
 
