@@ -1,10 +1,13 @@
 """orchestrator.kube's lean HTTP path against the real apiserver (issue 21): watches decoded
 from the raw stream (every event type, the server's own end, 410 Gone, stopping early),
-conditional status writes (409), the credential read once and again only after a 401."""
+conditional status writes (409), the credential read once and again only after a 401, and the
+cache keeping no managedFields and freezing its objects out of the collector."""
 
 from __future__ import annotations
 
+import gc
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +17,9 @@ import pytest
 import yaml
 
 from orchestrator import api
+from orchestrator.cache import ObjectCache
 from orchestrator.kube import Conflict, Gone, KubeClient, KubeError, NotFound
-from tests.support.kube import KubeCluster
+from tests.support.kube import KubeCluster, wait_for
 
 CU = api.CLUSTER_UPGRADE_PLURAL
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
@@ -190,3 +194,41 @@ def test_the_credential_is_fetched_once_and_again_only_when_the_server_refuses_i
         assert _runs(count) - before <= 1 + int(elapsed // 10)
     finally:
         kube.close()
+
+
+def test_the_cache_keeps_no_managed_fields_and_freezes_what_it_listed(
+    kube: KubeClient, namespace: str
+) -> None:
+    kube.create_object(CU, namespace, upgrade_body("listed"))
+    on_server = kube.get_object(CU, namespace, "listed")
+    assert on_server["metadata"]["managedFields"]
+    assert LAST_APPLIED in on_server["metadata"]["annotations"]
+    cache = ObjectCache(kube, CU, None, api.LABEL_RUN)
+    stop = threading.Event()
+    frozen_before = gc.get_freeze_count()
+    watcher = threading.Thread(target=cache.run, args=(stop,), daemon=True)
+    watcher.start()
+    try:
+        assert cache.synced.wait(30)
+        assert gc.get_freeze_count() > frozen_before  # the listed objects left the collector
+        kube.create_object(CU, namespace, upgrade_body("watched"))
+        watched = wait_for("the watch's copy", lambda: cache.get(namespace, "watched"))
+        obj = kube.get_object(CU, namespace, "listed")
+        written = kube.write_status(
+            CU, namespace, "listed", {"phase": "Verifying"}, obj["metadata"]["resourceVersion"]
+        )
+        assert cache.put(written)  # write-through
+        for cached in (cache.get(namespace, "listed"), watched):
+            assert cached is not None
+            meta = cached["metadata"]
+            assert "managedFields" not in meta
+            assert meta["annotations"] == {"kept": "yes"}
+            assert meta["labels"] == {api.LABEL_RUN: "some-run"}
+            assert meta["uid"] and meta["resourceVersion"] and meta["creationTimestamp"]
+            assert cached["spec"] == on_server["spec"]
+        assert cache.get(namespace, "listed")["status"] == {"phase": "Verifying"}  # type: ignore[index]
+        names = {o["metadata"]["name"] for o in cache.by_label(namespace, "some-run")}
+        assert names == {"listed", "watched"}
+    finally:
+        stop.set()
+        watcher.join(timeout=70)
