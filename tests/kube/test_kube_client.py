@@ -217,7 +217,15 @@ def test_the_cache_keeps_no_managed_fields_and_freezes_what_it_listed(
         written = kube.write_status(
             CU, namespace, "listed", {"phase": "Verifying"}, obj["metadata"]["resourceVersion"]
         )
-        assert cache.put(written)  # write-through
+        cache.put(written)  # write-through (the watch's echo may have come first)
+        assert "managedFields" not in written["metadata"]
+        wait_for(
+            "the written version cached",
+            lambda: (
+                (cache.get(namespace, "listed") or {}).get("metadata", {}).get("resourceVersion")
+                == written["metadata"]["resourceVersion"]
+            ),
+        )
         for cached in (cache.get(namespace, "listed"), watched):
             assert cached is not None
             meta = cached["metadata"]
@@ -231,4 +239,6 @@ def test_the_cache_keeps_no_managed_fields_and_freezes_what_it_listed(
         assert names == {"listed", "watched"}
     finally:
         stop.set()
+        kube.create_object(CU, namespace, upgrade_body("wake"))  # the watch looks at stop
         watcher.join(timeout=70)
+    assert not watcher.is_alive()
