@@ -5,11 +5,17 @@ The rollout part runs a private control plane (etcd + kube-apiserver, devtools.c
 fleet-plugin-sim and fleet-orchestrator as subprocesses, and follows the sim's operations over
 WatchOperations. Prints numbers; it is not a test. Targets (issue 11): 5,000 clusters, budget
 1,000, 2 s steps: makespan / lower bound <= 1.3, API writes per cluster step <= 2; every object
-<= 64 KiB at 10,000 clusters.
+<= 64 KiB at 10,000 clusters. Issue 21 adds what separates the orchestrator from the machine:
+its CPU per cluster step by thread (the OS's per-thread accounting; the orchestrator runs under
+benchmarks.named_threads, which gives each OS thread its Python name), the apiserver's writes
+per cluster step from its own apiserver_request_total (Events included), the stack's CPU by
+process, and the CPU of one reconcile pass in process at --pass-clusters sizes with 1 % of the
+clusters changed (RunDriver over orchestrator.simulate's in-memory fleet).
 
     python -m benchmarks.bench_orchestrator [--clusters 5000] [--floor 4000] [--step-seconds 2]
         [--planner-clusters 10000] [--planner-floor 8000] [--runs 5] [--skip-rollout]
-        [--rss-clusters 10000] [--json PATH] [--profile PATH]
+        [--rss-clusters 10000] [--pass-clusters 5000,10000,20000] [--passes 5] [--json PATH]
+        [--profile PATH]
 
 --rss-clusters N runs a second fleet of N clusters only until its first wave (N/5 clusters)
 is up to date: the orchestrator's peak RSS at N with every ClusterUpgrade cached and a full
@@ -23,10 +29,12 @@ https://www.speedscope.app or flamegraph.pl.
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -40,7 +48,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +249,124 @@ def _engine_case(count: int, floor: int, staged: bool, runs: int) -> _EngineCase
     )
 
 
+@dataclass(frozen=True)
+class _PassCase:
+    clusters: int
+    changed: int
+    frozen: bool
+    cpu_ms: float
+    wall_ms: float
+    full_collections: int
+    gc_ms: float
+
+
+class _MemoryStore:
+    """ClusterUpgrades in memory (the driver's UpgradeStore)."""
+
+    def __init__(self, upgrades: dict[str, Any]) -> None:
+        self.upgrades = upgrades
+
+    def write_upgrade_status(self, upgrade: Any, status: api.ClusterUpgradeStatus) -> None:
+        self.upgrades[upgrade.name] = with_status(self.upgrades[upgrade.name], status)
+
+
+class _AllPass:
+    def evaluate(self, checks: api.HealthChecks, clusters: Any, stage: str) -> list[Any]:
+        return [api.CheckResult(name=c.name, passed=True) for c in checks.checks]
+
+
+class _Leader:
+    def held(self) -> bool:
+        return True
+
+
+class _GcTimer:
+    """Full (generation 2) collections and their time while installed."""
+
+    def __init__(self) -> None:
+        self.count, self.seconds, self._t0 = 0, 0.0, 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.count += 1
+            self.seconds += time.perf_counter() - self._t0
+
+
+def _pass_case(count: int, passes: int, frozen: bool) -> _PassCase:
+    """One reconcile pass of a run of count clusters (floor 80 %: a fifth in flight) in which
+    1 % of the clusters' operations ended: the real RunDriver (observe, decide, persist, call)
+    over the what-if's in-memory fleet (orchestrator.simulate.ModelFleet), in this thread.
+    Not included: the UpdateRun controller's own loops around the driver (orchestrator/runs.py)
+    and the ClusterVersion controller. frozen: the heap is frozen out of the collector after
+    the admission, as the orchestrator's caches do once synced (orchestrator.cache.settle_heap),
+    so full collections walk only what the passes make."""
+    from orchestrator.cache import settle_heap  # noqa: PLC0415
+    from orchestrator.driver import RunDriver  # noqa: PLC0415
+    from orchestrator.simulate import T0, ModelFleet  # noqa: PLC0415
+
+    clusters = _fleet(count)
+    spec = _spec(clusters, count * 4 // 5, staged=False)
+    pinned = pin_upgrades("bench", spec, clusters)
+    assert not isinstance(pinned, list), pinned
+    # Operations end only when this benchmark says so.
+    fleet = ModelFleet(clusters, durations=dict.fromkeys(OpKind, 1e9))
+    store = _MemoryStore({u.name: u for u in pinned.upgrades})
+    driver = RunDriver(fleet, store, _AllPass(), _Leader())
+    stages: list[api.StageStatus] = []
+
+    def step() -> bool:
+        nonlocal stages
+        result = driver.step(
+            key="bench/bench",
+            uid="bench",
+            spec=spec,
+            upgrades=dict(store.upgrades),
+            stages=stages,
+            held_by={},
+            now=T0 + timedelta(seconds=fleet.now),
+        )
+        stages = list(result.decision.stages)
+        return bool(result.calls_made or result.decision.changed)
+
+    while step():  # admission: a fifth of the fleet goes out of service
+        pass
+    if frozen:
+        settle_heap()
+    changed = max(1, count // 100)
+    running = sorted(fleet.ends_at)
+    timer = _GcTimer()
+    cpu: list[float] = []
+    wall: list[float] = []
+    gc.callbacks.append(timer)
+    try:
+        for n in range(passes):
+            for op_id in running[n * changed : (n + 1) * changed]:
+                fleet.ends_at[op_id] = fleet.now
+            fleet.advance_to(fleet.now)
+            fleet.now += 1.0
+            t0, c0 = time.perf_counter(), time.thread_time()
+            step()
+            cpu.append(time.thread_time() - c0)
+            wall.append(time.perf_counter() - t0)
+    finally:
+        gc.callbacks.remove(timer)
+    if frozen:
+        gc.unfreeze()  # the next case starts from a heap the collector walks whole
+    return _PassCase(
+        clusters=count,
+        changed=changed,
+        frozen=frozen,
+        cpu_ms=statistics.median(cpu) * 1e3,
+        wall_ms=statistics.median(wall) * 1e3,
+        full_collections=timer.count,
+        gc_ms=timer.seconds * 1e3 / passes,
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # The rollout on the real stack
 
@@ -378,6 +504,43 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of each live thread of pid by thread id (the OS's own accounting)."""
+    out: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _thread_group(name: str) -> str:
+    """A thread's role: its name without the pool's numbering (write_3 -> write)."""
+    return re.sub(r"([-_]\d+)+$", "", name) or name
+
+
+def _cpu_by_thread(
+    before: dict[int, float], after: dict[int, float], names_file: Path, total: float
+) -> dict[str, float]:
+    """CPU seconds spent between two _thread_cpu readings, by thread role; what threads that
+    ended meanwhile spent is the process's total less the rest."""
+    names: dict[int, str] = {}
+    if names_file.exists():
+        for line in names_file.read_text().splitlines():
+            tid, _, name = line.partition("\t")
+            names[int(tid)] = name
+    out: dict[str, float] = defaultdict(float)
+    for tid, seconds in after.items():
+        # Threads that never ran Python (gRPC's C core's pollers and timers) have no name here.
+        name = _thread_group(names.get(tid, "(native threads: gRPC core)"))
+        out[name] += seconds - before.get(tid, 0.0)
+    out["(threads that ended)"] = max(0.0, total - sum(out.values()))
+    return dict(out)
+
+
 def _machine_cpu() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine so far, all cores (/proc/stat)."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -399,6 +562,42 @@ def _metric(text: str, name: str) -> float:
         if line.startswith(name):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+_REQUEST_LINE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+#: Verbs that change something (what a write costs the apiserver and etcd).
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
+
+
+def _apiserver_requests(api_client: Any) -> dict[tuple[str, str], float]:
+    """Requests the apiserver has served so far by (verb, resource[/subresource]), from its own
+    apiserver_request_total: every client's requests, Events included."""
+    cfg = api_client.configuration
+    headers = {"Accept": "text/plain"}
+    headers.update({v["key"]: v["value"] for v in cfg.auth_settings().values()})
+    response = api_client.rest_client.pool_manager.request(
+        "GET", cfg.host.rstrip("/") + "/metrics", headers=headers, timeout=30.0
+    )
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    for line in response.data.decode().splitlines():
+        match = _REQUEST_LINE.match(line)
+        if match is None:
+            continue
+        labels = dict(_LABEL.findall(match["labels"]))
+        resource = labels.get("resource", "")
+        if labels.get("subresource"):
+            resource += "/" + labels["subresource"]
+        out[labels.get("verb", ""), resource] += float(match["value"])
+    return dict(out)
+
+
+def _requests_between(
+    before: dict[tuple[str, str], float], after: dict[tuple[str, str], float]
+) -> dict[str, float]:
+    """'VERB resource' -> requests served between two readings (the ones that happened)."""
+    out = {f"{v} {r}": n - before.get((v, r), 0.0) for (v, r), n in after.items()}
+    return {k: n for k, n in sorted(out.items()) if n > 0}
 
 
 def _rollout(
@@ -435,7 +634,10 @@ def _rollout(
         client = stack.enter_context(PluginClient(address, caller="bench-observer"))
         _wait("the sim answers", lambda: _probe(client), 60)
         metrics_port = _free_port()
-        orch_argv = [sys.executable, "-m", "orchestrator.cli", "run"]
+        # Each Python thread's name given to its OS thread (CPU by thread, from the OS).
+        thread_names = tmp / "orchestrator-threads.tsv"
+        orch_argv = [sys.executable, "-m", "benchmarks.named_threads", str(thread_names)]
+        orch_argv += ["orchestrator.cli", "run"]
         orch_argv += ["--kubeconfig", str(kubeconfig), "--namespace", "bench"]
         orch_argv += ["--sync-period-seconds", "30", "--metrics-addr", f"127.0.0.1:{metrics_port}"]
         orch = stack.enter_context(_process(orch_argv, tmp / "orchestrator.log"))
@@ -465,6 +667,8 @@ def _rollout(
             },
         }
         each_before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+        threads_before = _thread_cpu(orch.pid)
+        requests_before = _apiserver_requests(api_client)
         machine_before = _machine_cpu()
         created = time.time()
         made = custom.create_namespaced_custom_object(
@@ -511,6 +715,9 @@ def _rollout(
         observed_done = time.time()
         each_cpu = {name: _cpu_seconds(pid) - each_before[name] for name, pid in pids.items()}
         cpu = each_cpu[ORCH]
+        by_thread = _cpu_by_thread(threads_before, _thread_cpu(orch.pid), thread_names, cpu)
+        requests = _requests_between(requests_before, _apiserver_requests(api_client))
+        requests["POST clusterversions"] = requests.get("POST clusterversions", 1.0) - 1.0
         busy_now, total_now = _machine_cpu()
         machine_busy, machine_total = busy_now - machine_before[0], total_now - machine_before[1]
         peak_rss = _peak_rss_mib(orch.pid)
@@ -523,6 +730,7 @@ def _rollout(
                 "first_wave_seconds": observed_done - created,
                 "orchestrator_cpu_seconds": cpu,
                 "orchestrator_peak_rss_mib": peak_rss,
+                "orchestrator_cpu_seconds_by_thread": by_thread,
                 "reconciles": _metric(metrics_text, "multicluster_controller_reconcile_total"),
                 "min_available_in_service": monitor.get("min_available_in_service"),
                 "duplicate_mutations": monitor.get("duplicate_mutations"),
@@ -583,9 +791,27 @@ def _rollout(
         "api_writes_per_step": _metric(metrics_text, "multicluster_controller_api_writes_total")
         / (count * STEPS_PER_CLUSTER),
         "orchestrator_peak_rss_mib": peak_rss,
+        "orchestrator_cpu_seconds_by_thread": by_thread,
+        "apiserver_requests": requests,
+        "apiserver_writes_per_step": _writes_per_step(requests, count),
         "min_available_in_service": monitor.get("min_available_in_service"),
         "duplicate_mutations": monitor.get("duplicate_mutations"),
         "clusters_at_target": monitor.get("clusters_at_target"),
+    }
+
+
+def _writes_per_step(requests: dict[str, float], count: int) -> dict[str, float]:
+    """Writes the apiserver served per cluster step while the rollout ran: all, Events, our
+    kinds (the observer's one create taken out; leases: the apiserver's own heartbeats)."""
+    steps = count * STEPS_PER_CLUSTER
+    writes = {k: n for k, n in requests.items() if k.split(" ", 1)[0] in WRITE_VERBS}
+    events = sum(n for k, n in writes.items() if k.split(" ", 1)[1] == "events")
+    leases = sum(n for k, n in writes.items() if k.split(" ", 1)[1] == "leases")
+    return {
+        "all": sum(writes.values()) / steps,
+        "events": events / steps,
+        "leases": leases / steps,
+        "ours_and_events": (sum(writes.values()) - leases) / steps,
     }
 
 
@@ -726,8 +952,41 @@ def _rollout_rows(r: dict[str, Any]) -> list[_Row]:
             f">= {r['floor']} / 0",
             floor_ok,
         ),
+        *_request_rows(r),
+        *_thread_rows(r),
         *_cpu_rows(r),
     ]
+
+
+def _request_rows(r: dict[str, Any]) -> list[_Row]:
+    per = r["apiserver_writes_per_step"]
+    ours = per["ours_and_events"]
+    rows: list[_Row] = [
+        (
+            "apiserver writes per cluster step, Events included",
+            f"{ours:.2f}",
+            "<= 1.3",
+            ours <= 1.3,
+        ),
+        ("  ... of which Events", f"{per['events']:.2f}", "", None),
+    ]
+    steps = r["clusters"] * STEPS_PER_CLUSTER
+    for key, n in sorted(r["apiserver_requests"].items(), key=lambda kv: -kv[1])[:8]:
+        rows.append((f"  ... {key} (per cluster step)", f"{n:.0f} ({n / steps:.2f})", "", None))
+    return rows
+
+
+def _thread_rows(r: dict[str, Any]) -> list[_Row]:
+    """The orchestrator's CPU per cluster step by thread (the OS's per-thread accounting)."""
+    steps = r["clusters"] * STEPS_PER_CLUSTER
+    rows: list[_Row] = []
+    for name, seconds in sorted(
+        r["orchestrator_cpu_seconds_by_thread"].items(), key=lambda kv: -kv[1]
+    ):
+        if seconds * 1e3 / steps >= 0.005:
+            per = f"{seconds * 1e3 / steps:.3f} ms"
+            rows.append((f"  ... thread {name[:40]} (per cluster step)", per, "", None))
+    return rows
 
 
 def _cpu_rows(r: dict[str, Any]) -> list[_Row]:
@@ -779,6 +1038,24 @@ def _first_wave_rows(r: dict[str, Any]) -> list[_Row]:
     ]
 
 
+def _pass_rows(case: _PassCase) -> list[_Row]:
+    return [
+        (
+            f"CPU per pass, {case.clusters:,} clusters, {case.changed} changed"
+            + (", heap frozen" if case.frozen else ""),
+            f"{case.cpu_ms:.1f} ms",
+            "<= 10 ms" if case.clusters >= 20_000 and case.frozen else "",
+            case.cpu_ms <= 10 if case.clusters >= 20_000 and case.frozen else None,
+        ),
+        (
+            "  ... full collections during those passes / their time per pass",
+            f"{case.full_collections} / {case.gc_ms:.1f} ms",
+            "",
+            None,
+        ),
+    ]
+
+
 def _engine_rows(case: _EngineCase) -> list[_Row]:
     return [
         (
@@ -826,6 +1103,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--planner-clusters", type=int, default=10_000)
     parser.add_argument("--planner-floor", type=int, default=8_000)
     parser.add_argument("--runs", type=int, default=5, help="engine runs (median)")
+    parser.add_argument(
+        "--pass-clusters",
+        default="5000,10000,20000",
+        help="fleet sizes of the in-process pass measure (comma-separated; '' for none)",
+    )
+    parser.add_argument("--passes", type=int, default=5, help="passes per size (median)")
     parser.add_argument("--skip-rollout", action="store_true", help="engine and sizes only")
     parser.add_argument(
         "--rss-clusters",
@@ -863,6 +1146,9 @@ def main(argv: list[str] | None = None) -> int:
         for staged in (False, True)
     ]
     results["engine"] = [c.__dict__ for c in cases]
+    sizes = [int(v) for v in args.pass_clusters.split(",") if v.strip()]
+    pass_cases = [_pass_case(n, args.passes, frozen) for n in sizes for frozen in (False, True)]
+    results["passes"] = [c.__dict__ for c in pass_cases]
     if not args.skip_rollout:
         profile = Path(args.profile).resolve() if args.profile else None
         results["rollout"] = _rollout(
@@ -880,6 +1166,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[_Row] = _rollout_rows(results["rollout"]) if "rollout" in results else []
     if "first_wave" in results:
         rows += _first_wave_rows(results["first_wave"])
+    for pass_case in pass_cases:
+        rows += _pass_rows(pass_case)
     for case in cases:
         rows += _engine_rows(case)
     print(_table(rows))

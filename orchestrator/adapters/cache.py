@@ -6,6 +6,7 @@ feeds them to the pure access rule (orchestrator.access.check_access).
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -19,12 +20,41 @@ from orchestrator.adapters.kube import Gone, KubeClient, NotFound
 from orchestrator.engine.access import Access, AccessPolicy, check_access, needs_labels
 from orchestrator.engine.validate import Problem
 
-__all__ = ["AccessCatalog", "ObjectCache"]
+__all__ = ["AccessCatalog", "ObjectCache", "lean", "settle_heap"]
 
 M = TypeVar("M", api.FleetProviderSpec, api.MetricSourceSpec)
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
+#: Annotations nothing here reads, each as large as what was applied (kubectl apply keeps the
+#: whole object in it: a ClusterVersion of 5,000 clusters is ~250 KB of spec).
+UNUSED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+#: Stores between two freezes of the collector's heap, at least (and at least the cache's size).
+FREEZE_EVERY = 1000
+
+
+def lean(obj: dict[str, Any]) -> dict[str, Any]:
+    """obj without what the orchestrator never reads, in place: `managedFields` (server-side
+    apply's field ownership, most of a ClusterUpgrade's bytes: each status writer and each
+    field it set) and UNUSED_ANNOTATIONS. Writes never send a cached object back whole (status
+    is written whole, metadata by merge or JSON patch of named fields), so nothing is lost."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+        annotations = meta.get("annotations")
+        if annotations:
+            for key in UNUSED_ANNOTATIONS:
+                annotations.pop(key, None)
+    return obj
+
+
+def settle_heap() -> None:
+    """Collect, then move every object alive into the collector's permanent generation: the
+    caches' objects live long, and full collections then walk only what came after (at 5,000
+    clusters they were 44 collections of ~170 ms over a rollout). What is frozen is still freed
+    by reference counting when the cache drops it."""
+    gc.collect()
+    gc.freeze()
 
 
 def _rv(obj: dict[str, Any]) -> int:
@@ -62,6 +92,8 @@ class ObjectCache:
         self._index: dict[tuple[str, str], set[Key]] = {}
         self._lock = threading.Lock()
         self.synced = threading.Event()
+        #: Objects stored since the heap was last frozen.
+        self._stored = 0
 
     def _index_key(self, obj: dict[str, Any]) -> tuple[str, str] | None:
         if self._label is None:
@@ -70,9 +102,10 @@ class ObjectCache:
         return (obj["metadata"].get("namespace", ""), value) if value else None
 
     def put(self, obj: dict[str, Any], deleted: bool = False) -> bool:
-        """Record an object (from a watch event or a write's answer); False when it is no news
-        (an older copy, or the echo of our own write already recorded from its answer)."""
-        meta = obj["metadata"]
+        """Record an object (from a watch event or a write's answer; kept `lean`, in place);
+        False when it is no news (an older copy, or the echo of our own write already recorded
+        from its answer)."""
+        meta = lean(obj)["metadata"]
         key = (meta.get("namespace", ""), meta["name"])  # "": a cluster-scoped kind
         with self._lock:
             old = self._objs.get(key)
@@ -87,6 +120,7 @@ class ObjectCache:
             if deleted:
                 return self._objs.pop(key, None) is not None
             self._objs[key] = obj
+            self._stored += 1
             ik = self._index_key(obj)
             if ik is not None:
                 self._index.setdefault(ik, set()).add(key)
@@ -107,6 +141,12 @@ class ObjectCache:
         with self._lock:
             return list(self._objs.values())
 
+    def _settle(self) -> None:
+        """Freeze the heap (settle_heap) once as many objects as the cache holds were stored
+        since the last time: the frozen copies were mostly replaced by then."""
+        self._stored = 0
+        settle_heap()
+
     def run(self, stop: threading.Event) -> None:
         """List, then watch until stop; re-list on 410 Gone or errors (with backoff)."""
         rv = ""
@@ -120,6 +160,8 @@ class ObjectCache:
                         self._index.clear()
                     for obj in items:
                         self.put(obj)
+                    del items
+                    self._settle()
                     self.synced.set()
                 for event in self._kube.watch_objects(self._plural, self._namespace, rv, 60):
                     meta = event.obj.get("metadata", {})
@@ -131,6 +173,8 @@ class ObjectCache:
                     # that wrote it already decided on it (a pass per change, not per event).
                     if (news or not self._quiet_echoes) and self._on_change is not None:
                         self._on_change(event.type, event.obj)
+                    if self._stored >= max(FREEZE_EVERY, len(self._objs)):
+                        self._settle()
                     if stop.is_set():
                         return
                 delay = 0.5

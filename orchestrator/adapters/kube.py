@@ -1,20 +1,32 @@
-"""The Kubernetes adapter: the one module that imports the kubernetes client."""
+"""The Kubernetes adapter: the one module that imports the kubernetes client.
+
+The hot path (our objects' reads, watches and writes, Events) does not go through the
+generated client: each request is JSON bytes over the client's own urllib3 pool (its TLS
+settings, verification included, and kept-alive connections), with an Authorization header
+built once and rebuilt only when the credential changes (`_Credentials`), and each watch event
+decoded once, by orjson (`watch_objects`). The generated client's `Watch` decoded every event
+twice and encoded it once more; its configuration ran the kubeconfig's refresh hook, which also
+scans the environment for proxies, on every request. Leases, Secrets, Jobs and CRDs still use
+the generated client (with the same throttled refresh hook).
+"""
 # mypy: disable-error-code="no-untyped-call,no-any-return"
 # (the kubernetes client is untyped; this adapter is the one place that touches it)
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
+from urllib.parse import urlencode
 
+import orjson
 import urllib3
-from kubernetes import client, config, watch
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from orchestrator import api
@@ -25,6 +37,12 @@ __all__ = ["Conflict", "Gone", "KubeClient", "KubeError", "LeaseRecord", "NotFou
 log = logging.getLogger(__name__)
 #: Deadline of one API request (watches have their own server-side timeout).
 REQUEST_TIMEOUT_SECONDS = 30.0
+#: How often the configuration's credential refresh hook is asked at most (a kubeconfig's
+#: expiring token or exec plugin, the in-cluster token file; the in-cluster loader itself
+#: re-reads its file once a minute). A 401 asks at once.
+CREDENTIAL_CHECK_SECONDS = 10.0
+#: A watch's socket may stay silent this much longer than its server-side timeout.
+WATCH_READ_GRACE_SECONDS = 30.0
 
 
 class KubeError(Exception):
@@ -53,7 +71,7 @@ def _wrap(exc: ApiException) -> KubeError:
 
 def _error(status: int, body: Any, reason: Any) -> KubeError:
     try:
-        message = json.loads(body or "{}").get("message", reason)
+        message = orjson.loads(body or b"{}").get("message", reason)
     except (ValueError, AttributeError):
         message = str(reason)
     cls = {404: NotFound, 409: Conflict, 410: Gone}.get(status, KubeError)
@@ -61,18 +79,89 @@ def _error(status: int, body: Any, reason: Any) -> KubeError:
     return cls(status, text if len(text) <= 400 else text[:400] + "…")
 
 
-def _path(plural: str, namespace: str, name: str = "") -> str:
-    """The REST path of our objects of plural in namespace (one object when name is given)."""
-    base = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{plural}"
+def _path(plural: str, namespace: str | None, name: str = "") -> str:
+    """The REST path of our objects of plural in namespace, or in every namespace (None), or
+    one object when name is given."""
+    where = f"namespaces/{namespace}/" if namespace else ""
+    base = f"/apis/{api.GROUP}/{api.VERSION}/{where}{plural}"
     return f"{base}/{name}" if name else base
+
+
+class _Credentials:
+    """The Authorization header of every request, built once.
+
+    The configuration's refresh hook (set by the kubeconfig and in-cluster loaders: reload an
+    expired token, re-read the service account's token file) is asked at most every
+    CREDENTIAL_CHECK_SECONDS, or at once after a 401, and the header is rebuilt only when the
+    credential it leaves in the configuration changed. The hook is replaced by the throttled one
+    on the configuration too, so the generated client's calls share it: each of them ran it,
+    and with it a scan of the environment for proxies (the hook sets `host`). Client
+    certificates are not headers: they are in the pool's TLS settings.
+    """
+
+    def __init__(self, cfg: Any) -> None:
+        self._cfg = cfg  # a client.Configuration (typed loosely: its hook is typed None)
+        self._lock = threading.RLock()
+        self._hook: Callable[[Any], None] | None = cfg.refresh_api_key_hook
+        self._checked = -float("inf")
+        self._key: object = object()  # no credential seen yet
+        self._headers: dict[str, str] = {}
+        cfg.refresh_api_key_hook = self._throttled
+
+    def _throttled(self, cfg: Any, force: bool = False) -> None:
+        """The hook as the configuration calls it: the loader's, at most every
+        CREDENTIAL_CHECK_SECONDS; the headers rebuilt when the credential changed."""
+        with self._lock:
+            now = time.monotonic()
+            if not force and now - self._checked < CREDENTIAL_CHECK_SECONDS:
+                return
+            self._checked = now  # first: auth_settings() below calls this hook again
+            if self._hook is not None:
+                self._hook(cfg)
+                # The loaders' hooks install themselves again each time they run.
+                if cfg.refresh_api_key_hook is not self._throttled:
+                    self._hook = cfg.refresh_api_key_hook
+                    cfg.refresh_api_key_hook = self._throttled
+            key = (cfg.api_key.get("BearerToken"), cfg.api_key.get("authorization"))
+            if key != self._key:
+                self._key = key
+                settings: dict[str, dict[str, Any]] = cfg.auth_settings()  # hook: throttled
+                self._headers = {
+                    str(s["key"]): str(s["value"])
+                    for s in settings.values()
+                    if s["in"] == "header" and s["value"]
+                }
+
+    def headers(self) -> dict[str, str]:
+        """The auth headers (possibly none): the same dict until the credential changes."""
+        if time.monotonic() - self._checked >= CREDENTIAL_CHECK_SECONDS:
+            self._throttled(self._cfg)
+        return self._headers
+
+    def refreshed(self) -> bool:
+        """Ask the hook now (after a 401); True when that changed the credential."""
+        before = self._headers
+        self._throttled(self._cfg, force=True)
+        return self._headers is not before
 
 
 @dataclass(frozen=True)
 class WatchEvent:
-    """One watch event on ClusterVersions."""
+    """One watch event on objects of ours."""
 
     type: str
     obj: dict[str, Any]
+
+
+def _event(line: bytes) -> WatchEvent:
+    """One line of a watch stream, decoded once; an ERROR event raises (Gone for 410)."""
+    event = orjson.loads(line)
+    obj = event.get("object")
+    if event.get("type") == "ERROR":
+        code = int(obj.get("code", 500)) if isinstance(obj, dict) else 500
+        message = obj.get("message", "") if isinstance(obj, dict) else str(obj)
+        raise (Gone if code == 410 else KubeError)(code, str(message)[:400])
+    return WatchEvent(str(event.get("type")), obj)
 
 
 class KubeClient:
@@ -90,8 +179,10 @@ class KubeClient:
                 cfg = client.Configuration()
                 config.load_kube_config(client_configuration=cfg)
         cfg.connection_pool_maxsize = 64  # parallel writes of one reconcile (32) + watches
+        self._credentials = _Credentials(cfg)
         self._api = client.ApiClient(cfg)
         self._host = cfg.host.rstrip("/")
+        self._headers: dict[str, str] = {**self._api.default_headers, "Accept": "application/json"}
         self._custom = client.CustomObjectsApi(self._api)
         self._lock = threading.Lock()
 
@@ -121,75 +212,6 @@ class KubeClient:
 
     # ClusterVersions
 
-    def get_cluster_version(self, namespace: str, name: str) -> dict[str, Any]:
-        """GET one ClusterVersion as plain JSON."""
-        return self._call(
-            self._custom.get_namespaced_custom_object,
-            api.GROUP,
-            api.VERSION,
-            namespace,
-            api.PLURAL,
-            name,
-        )
-
-    def list_cluster_versions(self, namespace: str | None) -> tuple[list[dict[str, Any]], str]:
-        """LIST ClusterVersions (one namespace or all); returns items and the resourceVersion."""
-        if namespace:
-            result = self._call(
-                self._custom.list_namespaced_custom_object,
-                api.GROUP,
-                api.VERSION,
-                namespace,
-                api.PLURAL,
-            )
-        else:
-            result = self._call(
-                self._custom.list_cluster_custom_object, api.GROUP, api.VERSION, api.PLURAL
-            )
-        return list(result.get("items", [])), str(result["metadata"].get("resourceVersion", ""))
-
-    def watch_cluster_versions(
-        self, namespace: str | None, resource_version: str, timeout_seconds: int = 300
-    ) -> Iterator[WatchEvent]:
-        """Watch ClusterVersions from a resourceVersion; raises Gone when it expired."""
-        w = watch.Watch()
-        kwargs: dict[str, Any] = {
-            "resource_version": resource_version,
-            "timeout_seconds": timeout_seconds,
-            "allow_watch_bookmarks": True,
-        }
-        if namespace:
-            fn: Callable[..., Any] = self._custom.list_namespaced_custom_object
-            args: tuple[Any, ...] = (api.GROUP, api.VERSION, namespace, api.PLURAL)
-        else:
-            fn = self._custom.list_cluster_custom_object
-            args = (api.GROUP, api.VERSION, api.PLURAL)
-        try:
-            for event in w.stream(fn, *args, **kwargs):
-                obj = event["object"]
-                if event["type"] == "ERROR":
-                    code = int(obj.get("code", 500)) if isinstance(obj, dict) else 500
-                    raise (Gone if code == 410 else KubeError)(code, str(obj))
-                yield WatchEvent(event["type"], obj)
-        except ApiException as exc:
-            raise _wrap(exc) from exc
-        finally:
-            w.stop()
-
-    def replace_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        """Set .status whole (JSON patch add), leaving spec and metadata alone."""
-        body = [{"op": "add", "path": "/status", "value": status}]
-        return self._call(
-            self._custom.patch_namespaced_custom_object_status,
-            api.GROUP,
-            api.VERSION,
-            namespace,
-            api.PLURAL,
-            name,
-            body,
-            _content_type="application/json-patch+json",
-        )
-
     def set_annotation(self, namespace: str, name: str, key: str, value: str | None) -> None:
         """Set one annotation, or delete it with None (merge patch)."""
         body = {"metadata": {"annotations": {key: value}}}
@@ -216,49 +238,44 @@ class KubeClient:
 
         Cluster-scoped kinds (FleetProviders, MetricSources) are listed with namespace None.
         """
-        kwargs: dict[str, Any] = {"label_selector": label_selector} if label_selector else {}
-        if namespace:
-            result = self._json(
-                self._custom.list_namespaced_custom_object,
-                api.GROUP,
-                api.VERSION,
-                namespace,
-                plural,
-                **kwargs,
-            )
-        else:
-            result = self._json(
-                self._custom.list_cluster_custom_object, api.GROUP, api.VERSION, plural, **kwargs
-            )
+        query = f"?{urlencode({'labelSelector': label_selector})}" if label_selector else ""
+        result = self._raw("GET", _path(plural, namespace) + query, None, "application/json")
         return list(result.get("items", [])), str(result["metadata"].get("resourceVersion", ""))
 
     def watch_objects(
         self, plural: str, namespace: str | None, resource_version: str, timeout_seconds: int = 300
     ) -> Iterator[WatchEvent]:
-        """Watch objects of ours from a resourceVersion; raises Gone when it expired."""
-        w = watch.Watch()
-        kwargs: dict[str, Any] = {
-            "resource_version": resource_version,
-            "timeout_seconds": timeout_seconds,
-            "allow_watch_bookmarks": True,
+        """Watch objects of ours from a resourceVersion; raises Gone when it expired (an HTTP
+        410 or an ERROR event with code 410), KubeError on other errors. Ends when the server
+        ends the watch (timeout_seconds)."""
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(timeout_seconds),
+            "allowWatchBookmarks": "true",
         }
-        if namespace:
-            fn: Callable[..., Any] = self._custom.list_namespaced_custom_object
-            args: tuple[Any, ...] = (api.GROUP, api.VERSION, namespace, plural)
-        else:
-            fn = self._custom.list_cluster_custom_object
-            args = (api.GROUP, api.VERSION, plural)
+        path = f"{_path(plural, namespace)}?{urlencode(query)}"
+        response = self._request(
+            "GET", path, None, "application/json", timeout_seconds + WATCH_READ_GRACE_SECONDS
+        )
+        done = False
         try:
-            for event in w.stream(fn, *args, **kwargs):
-                obj = event["object"]
-                if event["type"] == "ERROR":
-                    code = int(obj.get("code", 500)) if isinstance(obj, dict) else 500
-                    raise (Gone if code == 410 else KubeError)(code, str(obj))
-                yield WatchEvent(event["type"], obj)
-        except ApiException as exc:
-            raise _wrap(exc) from exc
+            pending = b""
+            for chunk in response.stream(64 * 1024):
+                lines = (pending + chunk).split(b"\n")
+                pending = lines.pop()
+                for line in lines:
+                    if line.strip():
+                        yield _event(line)
+            if pending.strip():
+                yield _event(pending)
+            done = True
+        except urllib3.exceptions.HTTPError as err:
+            raise KubeError(0, f"watch of {plural}: {err}") from err
         finally:
-            w.stop()
+            if not done:  # stopped early: the connection still carries the stream; drop it
+                response.close()
+            response.release_conn()
 
     def create_object(self, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST an object of ours; Conflict when it exists."""
@@ -346,32 +363,50 @@ class KubeClient:
         )
 
     def _raw(self, method: str, path: str, body: Any, content_type: str) -> Any:
-        """One JSON request over the client's pool and credentials; the parsed answer."""
-        headers = dict(self._api.default_headers)
-        headers["Content-Type"] = content_type
-        headers["Accept"] = "application/json"
-        # Bearer tokens (refreshed by the configuration's hook); client certificates are in
-        # the pool's TLS settings.
-        self._api.update_params_for_auth(headers, [], ["BearerToken"], path, method, None)
-        try:
-            response = self._api.rest_client.pool_manager.request(
-                method,
-                self._host + path,
-                body=None if body is None else json.dumps(body, separators=(",", ":")).encode(),
-                headers=headers,
-                timeout=urllib3.Timeout(total=REQUEST_TIMEOUT_SECONDS),
-                preload_content=True,
-            )
-        except urllib3.exceptions.HTTPError as err:
-            raise KubeError(0, f"{method} {path}: {err}") from err
-        if not 200 <= response.status < 300:
-            raise _error(response.status, response.data, response.reason)
-        return json.loads(response.data)
+        """One JSON request; the parsed answer."""
+        response = self._request(method, path, body, content_type, None)
+        return orjson.loads(response.data)
+
+    def _request(
+        self, method: str, path: str, body: Any, content_type: str, stream_seconds: float | None
+    ) -> urllib3.BaseHTTPResponse:
+        """One request over the client's pool (its TLS settings and kept-alive connections)
+        with the cached credentials; a 401 asks the credential hook at once and, when that
+        changed the credential, is sent once more. stream_seconds: the answer is a stream read
+        by the caller, whose socket may be silent that long; otherwise it is read whole within
+        REQUEST_TIMEOUT_SECONDS. Raises KubeError (or its subclasses) on errors."""
+        data = None if body is None else orjson.dumps(body)
+        if stream_seconds is None:
+            timeout = urllib3.Timeout(total=REQUEST_TIMEOUT_SECONDS)
+        else:
+            timeout = urllib3.Timeout(connect=REQUEST_TIMEOUT_SECONDS, read=stream_seconds)
+        for attempt in range(2):
+            headers = {**self._headers, **self._credentials.headers()}
+            headers["Content-Type"] = content_type
+            try:
+                response = self._api.rest_client.pool_manager.request(
+                    method,
+                    self._host + path,
+                    body=data,
+                    headers=headers,
+                    timeout=timeout,
+                    preload_content=stream_seconds is None,
+                )
+            except urllib3.exceptions.HTTPError as err:
+                raise KubeError(0, f"{method} {path}: {err}") from err
+            if 200 <= response.status < 300:
+                return response
+            answer = response.data  # the error's body, read whole
+            response.release_conn()
+            if response.status == 401 and attempt == 0 and self._credentials.refreshed():
+                continue
+            raise _error(response.status, answer, response.reason)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _json(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call without the client's slow model deserialisation; parse the JSON body."""
         response = self._call(fn, *args, _preload_content=False, **kwargs)
-        return json.loads(response.data)
+        return orjson.loads(response.data)
 
     # batch/v1 Jobs (pre/post-upgrade hooks, orchestrator.hooks)
 
