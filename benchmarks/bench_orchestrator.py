@@ -10,7 +10,7 @@ its CPU per cluster step by thread (the OS's per-thread accounting; the orchestr
 benchmarks.named_threads, which gives each OS thread its Python name), the apiserver's writes
 per cluster step from its own apiserver_request_total (Events included), the stack's CPU by
 process, and the CPU of one reconcile pass in process at --pass-clusters sizes with 1 % of the
-clusters changed (RunDriver over orchestrator.simulate's in-memory fleet).
+clusters changed (RunDriver over orchestrator.pipeline.simulate's in-memory fleet).
 
     python -m benchmarks.bench_orchestrator [--clusters 5000] [--floor 4000] [--step-seconds 2]
         [--planner-clusters 10000] [--planner-floor 8000] [--runs 5] [--skip-rollout]
@@ -299,14 +299,15 @@ class _GcTimer:
 def _pass_case(count: int, passes: int, frozen: bool) -> _PassCase:
     """One reconcile pass of a run of count clusters (floor 80 %: a fifth in flight) in which
     1 % of the clusters' operations ended: the real RunDriver (observe, decide, persist, call)
-    over the what-if's in-memory fleet (orchestrator.simulate.ModelFleet), in this thread.
-    Not included: the UpdateRun controller's own loops around the driver (orchestrator/runs.py)
-    and the ClusterVersion controller. frozen: the heap is frozen out of the collector after
-    the admission, as the orchestrator's caches do once synced (orchestrator.cache.settle_heap),
-    so full collections walk only what the passes make."""
-    from orchestrator.cache import settle_heap  # noqa: PLC0415
-    from orchestrator.driver import RunDriver  # noqa: PLC0415
-    from orchestrator.simulate import T0, ModelFleet  # noqa: PLC0415
+    over the what-if's in-memory fleet (orchestrator.pipeline.simulate.ModelFleet), in this thread.
+    Not included: the UpdateRun controller's own loops around the driver
+    (orchestrator/controllers/updaterun.py) and the ClusterVersion controller. frozen: the heap is
+    frozen out of the collector after the admission, as the orchestrator's caches do once synced
+    (orchestrator.adapters.cache.settle_heap), so full collections walk only what the passes
+    make."""
+    from orchestrator.adapters.cache import settle_heap  # noqa: PLC0415
+    from orchestrator.pipeline.driver import RunDriver  # noqa: PLC0415
+    from orchestrator.pipeline.simulate import T0, ModelFleet  # noqa: PLC0415
 
     clusters = _fleet(count)
     spec = _spec(clusters, count * 4 // 5, staged=False)

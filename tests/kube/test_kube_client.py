@@ -1,5 +1,5 @@
-"""orchestrator.kube's lean HTTP path against the real apiserver (issue 21): watches decoded
-from the raw stream (every event type, the server's own end, 410 Gone, stopping early),
+"""orchestrator.adapters.kube's lean HTTP path against the real apiserver (issue 21): watches
+decoded from the raw stream (every event type, the server's own end, 410 Gone, stopping early),
 conditional status writes (409), the credential read once and again only after a 401, and the
 cache keeping no managedFields and freezing its objects out of the collector."""
 
@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from orchestrator import api
-from orchestrator.cache import ObjectCache
-from orchestrator.kube import Conflict, Gone, KubeClient, KubeError, NotFound
+from orchestrator.adapters.cache import ObjectCache
+from orchestrator.adapters.kube import Conflict, Gone, KubeClient, KubeError, NotFound
 from tests.support.kube import KubeCluster, wait_for
 
 CU = api.CLUSTER_UPGRADE_PLURAL
@@ -234,7 +234,8 @@ def test_the_cache_keeps_no_managed_fields_and_freezes_what_it_listed(
             assert meta["labels"] == {api.LABEL_RUN: "some-run"}
             assert meta["uid"] and meta["resourceVersion"] and meta["creationTimestamp"]
             assert cached["spec"] == on_server["spec"]
-        assert cache.get(namespace, "listed")["status"] == {"phase": "Verifying"}  # type: ignore[index]
+        assert cache.get(namespace, "listed")["status"] == {"phase": "Verifying"}  # type:
+        # ignore[index]
         names = {o["metadata"]["name"] for o in cache.by_label(namespace, "some-run")}
         assert names == {"listed", "watched"}
     finally:
