@@ -45,7 +45,10 @@ AUTO_VERSION_SOURCES = (
 )
 """The order "auto" reads a member's version in, first non-empty wins: the property KubeFleet's
 Azure property provider publishes (status.properties), then an annotation and a label anyone
-can set on any hub (KubeFleet's MemberCluster status has no version field of its own)."""
+can set on any hub (KubeFleet's MemberCluster status has no version field of its own). The
+property lags an upgrade by up to 15 minutes: the provider caches the version it reads
+(k8sVersionCacheTTL, pkg/propertyprovider/azure/provider.go); list a fresher source first where
+one exists."""
 _SOURCE_KINDS = ("property", "annotation", "label")
 
 
