@@ -32,7 +32,7 @@ from orchestrator.engine.conditions import format_time, get_condition, set_condi
 from orchestrator.engine.decide import ACTIVE, Floor, Preflight, Upgrade
 from orchestrator.engine.initialize import Pinned, pin_upgrades, run_name
 from orchestrator.engine.observations import ClusterObs, OpObs, OpState
-from orchestrator.engine.transitions import ClusterChange, event_name, transitions
+from orchestrator.engine.transitions import ClusterChange, Transition, event_name, transitions
 from orchestrator.engine.validate import Problem, parse_model
 from orchestrator.pipeline import deletion
 from orchestrator.pipeline.crossrun import UNSEEN, RunNotSeen, holding_of, neighbours
@@ -792,12 +792,7 @@ class UpdateRunController:
         if not found:
             return
         if self.emit_event is not None:
-            for t in found:
-                if t.detail and not self.step_events:
-                    continue
-                target = upgrades.get(t.upgrade, obj) if t.upgrade else obj
-                name = event_name(target["metadata"]["name"], t.id)
-                self.emit_event(target, t.reason, t.message, t.warning, name)
+            self._events(obj, found, upgrades)
         if (
             self.notifier is None
             or spec is None
@@ -821,6 +816,36 @@ class UpdateRunController:
                 self.emit_event(obj, reason, message, True, name)
             return
         self.notifier.notify(ns, meta["name"], spec.notifications, found, new, self.clock())
+
+    def _events(
+        self,
+        obj: dict[str, Any],
+        found: Sequence[Transition],
+        upgrades: Mapping[str, dict[str, Any]],
+    ) -> None:
+        """One Event per transition, where people look. A run a ClusterVersion owns records
+        its run and stage transitions on that ClusterVersion (the object people applied and
+        `kubectl describe`), instead of on the UpdateRun: moved, not copied, so the Event
+        load does not grow. A cluster's transitions stay on its ClusterUpgrade; a cluster that
+        failed, and a person's retry or skip of one, are also told on the ClusterVersion: one
+        more Event for each, the only copies."""
+        assert self.emit_event is not None
+        owner = cluster_version_of(obj)
+        run = obj["metadata"]["name"]
+        for t in found:
+            if t.detail and not self.step_events:
+                continue
+            if t.upgrade:
+                target = upgrades.get(t.upgrade, obj)
+                name = event_name(target["metadata"]["name"], t.id)
+                self.emit_event(target, t.reason, t.message, t.warning, name)
+                if owner is None or (t.event is None and not t.person):
+                    continue
+            target = owner if owner is not None else obj
+            about = f"cluster {t.cluster}: " if t.upgrade and t.cluster else ""
+            message = f"UpdateRun {run}: {about}{t.message}" if owner is not None else t.message
+            name = event_name(target["metadata"]["name"], t.id)
+            self.emit_event(target, t.reason, message, t.warning, name)
 
     def _invalid(
         self,
@@ -946,3 +971,21 @@ def _people(obj: Mapping[str, Any]) -> bool:
 
 def _csv(value: str | None) -> frozenset[str]:
     return frozenset(v.strip() for v in (value or "").split(",") if v.strip())
+
+
+def cluster_version_of(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ClusterVersion that owns a run (its controller ownerReference), as the subject of
+    an Event; None for a run applied directly."""
+    meta = obj.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == api.KIND and ref.get("controller"):
+            return {
+                "apiVersion": ref.get("apiVersion", api.API_VERSION),
+                "kind": api.KIND,
+                "metadata": {
+                    "name": ref["name"],
+                    "namespace": meta.get("namespace"),
+                    "uid": ref.get("uid"),
+                },
+            }
+    return None

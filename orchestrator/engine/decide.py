@@ -43,6 +43,7 @@ from orchestrator.engine.observations import (
     Snapshot,
     apply_succeeded,
 )
+from orchestrator.engine.transitions import PEOPLES_WORDS
 from plugins.sdk import versions
 
 __all__ = [
@@ -1217,7 +1218,7 @@ def _people(run: _Run) -> None:
         elif cid in spec_skip:
             said = _said(skip.requested_by or inp.requested_by, skip.reason)
         if said is not None and st.phase in (U.PENDING, U.BLOCKED, U.FAILED):
-            run.set(u, phase=U.SKIPPED, reason="SkippedByUser", message=f"skipped by {said}")
+            run.set(u, phase=U.SKIPPED, reason="SkippedByUser", message=f"{PEOPLES_WORDS[1]}{said}")
             run.skipped.add(cid)
             continue
         due = retry is not None and cid in retry.clusters and st.retry_round < retry.round
@@ -1298,7 +1299,7 @@ def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, who: str) -> Non
         health=None,
         step_start_time=None,
         reason="Retry",
-        message=f"retry requested by {who} (attempt {st.attempt + 2})",
+        message=f"{PEOPLES_WORDS[0]}{who} (attempt {st.attempt + 2})",
     )
     run.retried.add(u.cluster_id)
     obs = inp.snapshot.clusters.get(u.cluster_id)
@@ -1427,7 +1428,7 @@ def _skip_stages(
                     u,
                     phase=U.SKIPPED,
                     reason="StageSkipped",
-                    message=f"skipped by {said} (stage {name})",
+                    message=f"{PEOPLES_WORDS[1]}{said} (stage {name})",
                 )
     return skipped
 

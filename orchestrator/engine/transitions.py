@@ -86,11 +86,19 @@ class Transition:
     #: A cluster's step inside an attempt (control plane, node pools, verifying, post-hook,
     #: service-in): its ClusterUpgrade's status records it; an Event only with --step-events.
     detail: bool = False
+    #: What a person did to a cluster (a retry or a skip, with who and why): told on the
+    #: ClusterVersion too.
+    person: bool = False
 
     @property
     def subject(self) -> str | None:
         """The CloudEvents subject: the cluster, else the stage."""
         return self.cluster or self.stage
+
+
+PEOPLES_WORDS = ("retry requested by ", "skipped by ")
+"""How a cluster's message starts when a person retried or skipped it (engine.decide writes
+them: `_retry`, `_people_first`)."""
 
 
 def transitions(
@@ -226,6 +234,7 @@ def _cluster(uid: str, change: ClusterChange) -> list[Transition]:
                 cluster=change.cluster_id,
                 upgrade=change.name,
                 detail=detail,
+                person=message.startswith(PEOPLES_WORDS),
             )
         )
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from orchestrator import api
@@ -83,6 +84,29 @@ def test_retry_after_a_failed_health_gate_gets_fresh_health_and_is_consumed_once
 
     wait_for("the retry is recorded as an Event", retry_events, timeout=20)
     assert len(retry_events()) == 1
+
+    # Issue 24: people describe the ClusterVersion they applied. Its run's transitions are
+    # recorded there, moved from the UpdateRun (not copied), and a failed cluster and the
+    # person's retry of it are told there too, once each.
+    def on(kind: str, name: str) -> list[tuple[str, str]]:
+        return [
+            (e.reason, e.message or "")
+            for e in objects.events()
+            if e.involved_object.kind == kind and e.involved_object.name == name
+        ]
+
+    def cv_says(reason: str, words: str = "") -> bool:
+        return any(r == reason and words in m for r, m in on(api.KIND, "fleet"))
+
+    wait_for("the run's end told on the ClusterVersion", lambda: cv_says("RunSucceeded"), 20)
+    said = on(api.KIND, "fleet")
+    for reason in ("RunStarted", "RunHalted", "StageCompleted", "RunSucceeded"):
+        assert cv_says(reason, f"UpdateRun {run}: "), (reason, said)
+    assert cv_says("Failed", f"UpdateRun {run}: cluster cluster-00: "), said
+    assert sum(1 for _, m in said if "retry requested" in m) == 1, said
+    assert Counter(said).most_common(1)[0][1] == 1, said  # one Event per transition
+    run_level = {"RunStarted", "RunHalted", "RunSucceeded", "StageStarted", "StageCompleted"}
+    assert not [r for r, _ in on(api.UPDATE_RUN_KIND, run) if r in run_level]
     m = fleet.monitor()
     # cluster-00: out, control plane, two pools (attempt 0), then only back in (attempt 1: it
     # was still out of service); cluster-01 and -02 five steps each.
