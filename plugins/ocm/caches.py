@@ -14,7 +14,13 @@ from typing import Any
 
 from plugins.ocm import inventory
 from plugins.ocm.config import OcmConfig
-from plugins.ocm.hub import CLUSTER_CURATORS, MANAGED_CLUSTERS, MANIFEST_WORKS
+from plugins.ocm.hub import (
+    CLUSTER_CURATORS,
+    MANAGED_CLUSTERS,
+    MANIFEST_WORKS,
+    PLACEMENT_DECISIONS,
+    PLACEMENTS,
+)
 from plugins.ocm.objects import MANAGED_SELECTOR
 from plugins.sdk import (
     Informer,
@@ -59,6 +65,10 @@ class HubCaches:
             if cfg.upgrade_method == "ClusterCurator"
             else None
         )
+        # What still selects a cluster being taken out (ServiceOut ends when nothing does).
+        waits = cfg.taint.wait_for_placements
+        self.placements = self._informer(PLACEMENTS) if waits else None
+        self.decisions = self._informer(PLACEMENT_DECISIONS) if waits else None
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -78,9 +88,24 @@ class HubCaches:
     def informers(self) -> list[Informer]:
         """Every cache, in a fixed order."""
         found = [self.clusters, self.works]
-        if self.curators is not None:
-            found.append(self.curators)
+        for optional in (self.curators, self.placements, self.decisions):
+            if optional is not None:
+                found.append(optional)
         return found
+
+    def selecting(self, cluster: str) -> list[str]:
+        """The Placements (namespace/name) whose PlacementDecisions still select the cluster
+        and that do not tolerate our taint: the placement controller will drop it from them
+        (empty when not waiting for placements)."""
+        if self.placements is None or self.decisions is None:
+            return []
+        placements = {
+            (p.obj["metadata"].get("namespace", ""), p.obj["metadata"]["name"]): p.obj
+            for p in self.placements.items()
+        }
+        return inventory.placements_selecting(
+            cluster, [d.obj for d in self.decisions.items()], placements, self.cfg.taint
+        )
 
     def start(self) -> None:
         """Starts every watch cache."""

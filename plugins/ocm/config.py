@@ -98,6 +98,12 @@ class TaintConfig(_Model):
 
     key: str = DEFAULT_TAINT_KEY
     value: str = Field(default=DEFAULT_TAINT_VALUE, max_length=1024)
+    wait_for_placements: bool = Field(
+        default=True,
+        description="ServiceOut succeeds once no PlacementDecision of a Placement that does not "
+        "tolerate the taint still selects the cluster (the placement controller drops it "
+        "asynchronously); false: as soon as the taint is on the hub",
+    )
 
     @field_validator("key")
     @classmethod

@@ -211,7 +211,13 @@ class Follower:
             if cluster is None:
                 verdict = Verdict(_FAILED, 0, "CLUSTER_GONE", "the ManagedCluster was deleted")
             elif inventory.has_our_taint(cluster.obj, self.cfg.taint) == (op.kind == _SERVICE_OUT):
-                verdict = Verdict(_SUCCEEDED, 100)
+                if op.kind == _SERVICE_OUT and self._caches.selecting(cluster_name):
+                    # Out only once the placement controller has dropped it (asynchronously)
+                    # from every Placement that does not tolerate the taint; the orchestrator's
+                    # step timeout bounds the wait.
+                    verdict = Verdict(_RUNNING, 50)
+                else:
+                    verdict = Verdict(_SUCCEEDED, 100)
             else:
                 return
         else:

@@ -10,6 +10,8 @@ __all__ = [
     "MANAGED_CLUSTERS",
     "MANAGED_CLUSTER_INFOS",
     "MANIFEST_WORKS",
+    "PLACEMENTS",
+    "PLACEMENT_DECISIONS",
     "connect",
 ]
 
@@ -33,6 +35,20 @@ MANIFEST_WORKS = Resource(
     "work.open-cluster-management.io", "v1", "manifestworks", "ManifestWork", True
 )
 """ManifestWork (in the cluster's namespace on the hub)."""
+
+PLACEMENTS = Resource(
+    "cluster.open-cluster-management.io", "v1beta1", "placements", "Placement", True
+)
+"""Placement (namespaced): which clusters a workload goes to; its tolerations."""
+
+PLACEMENT_DECISIONS = Resource(
+    "cluster.open-cluster-management.io",
+    "v1beta1",
+    "placementdecisions",
+    "PlacementDecision",
+    True,
+)
+"""PlacementDecision (namespaced, labelled with its Placement): the clusters it selected."""
 
 MANAGED_CLUSTER_INFOS = Resource(
     "internal.open-cluster-management.io",

@@ -12,6 +12,7 @@ from plugins.ocm.objects import condition
 __all__ = [
     "AVAILABLE",
     "HUB_TAINTS",
+    "PLACEMENT_LABEL",
     "TAINT_UNAVAILABLE",
     "TAINT_UNREACHABLE",
     "admissible_taints",
@@ -20,6 +21,7 @@ __all__ = [
     "has_our_taint",
     "is_our_taint",
     "labels_of",
+    "placements_selecting",
     "to_cluster",
     "with_our_taint",
     "without_our_taint",
@@ -165,3 +167,64 @@ def to_cluster(
     if current is not None:
         cluster.current_operation.CopyFrom(current)
     return cluster
+
+
+PLACEMENT_LABEL = "cluster.open-cluster-management.io/placement"
+"""The label a PlacementDecision carries: the name of its Placement (same namespace)."""
+
+
+def placements_selecting(
+    cluster: str,
+    decisions: list[Mapping[str, Any]],
+    placements: Mapping[tuple[str, str], Mapping[str, Any]],
+    taint: TaintConfig,
+) -> list[str]:
+    """The Placements (namespace/name, sorted) whose PlacementDecisions still select the
+    cluster though they do not tolerate our NoSelect taint: the placement controller drops the
+    cluster from them when it next schedules (asynchronously). A Placement that tolerates the
+    taint keeps the cluster by design and is not waited for; a decision whose Placement is
+    gone is not either."""
+    holding = set()
+    for decision in decisions:
+        meta = decision.get("metadata") or {}
+        chosen = {
+            str(d.get("clusterName"))
+            for d in (decision.get("status") or {}).get("decisions") or []
+            if isinstance(d, Mapping)
+        }
+        if cluster not in chosen:
+            continue
+        namespace = str(meta.get("namespace", ""))
+        name = str((meta.get("labels") or {}).get(PLACEMENT_LABEL, ""))
+        placement = placements.get((namespace, name))
+        if placement is None:
+            continue
+        tolerations = (placement.get("spec") or {}).get("tolerations") or []
+        if not _tolerates(tolerations, taint):
+            holding.add(f"{namespace}/{name}")
+    return sorted(holding)
+
+
+def _tolerates(tolerations: list[Any], taint: TaintConfig) -> bool:
+    """Whether a Placement's tolerations match our NoSelect taint, as the placement
+    controller matches them (open-cluster-management-io/ocm, pkg/placement/plugins/
+    tainttoleration: key (empty with Exists matches every key), operator Equal (value must
+    match) or Exists, effect empty or equal). A tolerationSeconds toleration is counted as
+    expired: it keeps the cluster only for a while, and the cluster is out once it lapses."""
+    for tol in tolerations:
+        if not isinstance(tol, Mapping):
+            continue
+        key = str(tol.get("key") or "")
+        operator = str(tol.get("operator") or "Equal")
+        if key and key != taint.key:
+            continue
+        if not key and operator != "Exists":
+            continue
+        if operator == "Equal" and str(tol.get("value") or "") != taint.value:
+            continue
+        if tol.get("effect") and tol.get("effect") != "NoSelect":
+            continue
+        if tol.get("tolerationSeconds") is not None:
+            continue
+        return True
+    return False

@@ -21,8 +21,10 @@ open-cluster-management-io/api and stolostron/cluster-curator-controller):
   emulated spoke object: Deployments the test declares, and upgrade objects (e.g. a
   system-upgrade-controller Plan) whose status moves from Complete=False to Complete=True and
   then sets the cluster's version;
-- the placement controller's taint handling, as a selection helper (select_clusters): a
-  cluster with a NoSelect taint that the Placement does not tolerate is not selected.
+- the placement controller's taint handling (select_clusters): a cluster with a NoSelect taint
+  that the Placement does not tolerate is not selected; each Placement's PlacementDecision
+  follows what it selects `placement_lag` seconds after a change, as the real controller
+  reschedules asynchronously.
 
 Nothing here is used by the plugin; it only writes what the real agents would write.
 """
@@ -89,6 +91,7 @@ _HOSTED_CLUSTER_CRD: dict[str, Any] = {
 }
 WORK = ("work.open-cluster-management.io", "v1", "manifestworks")
 PLACEMENT = ("cluster.open-cluster-management.io", "v1beta1", "placements")
+DECISION = ("cluster.open-cluster-management.io", "v1beta1", "placementdecisions")
 TAINT_UNAVAILABLE = "cluster.open-cluster-management.io/unavailable"
 TAINT_UNREACHABLE = "cluster.open-cluster-management.io/unreachable"
 OFFERED = ("1.28.5", "1.29.1", "1.29.4", "1.30.0", "1.30.2", "1.31.0")
@@ -448,6 +451,12 @@ class OcmEmulator:
         self._offered: dict[str, tuple[str, ...]] = {}
         self._queue: set[str] = set()
         self._steps = 0
+        #: Seconds the placement controller takes to act on a change of what a Placement
+        #: selects (it reschedules asynchronously); its decisions are rewritten after that.
+        self.placement_lag = 0.5
+        self._next_placement = 0.0
+        self._selected: dict[tuple[str, str], tuple[list[str], float]] = {}
+        self._decided: dict[tuple[str, str], list[str]] = {}
         self._watcher: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -810,6 +819,66 @@ class OcmEmulator:
         for work in self._custom.list_cluster_custom_object(*WORK)["items"]:
             with self._conflicts_retried():
                 self._work_agent(work, now)
+        if now >= self._next_placement:
+            self._next_placement = now + 0.2
+            self._placement_controller(now)
+
+    def _placement_controller(self, now: float) -> None:
+        """The placement controller: each Placement's PlacementDecision
+        (`<placement>-decision-1`, labelled cluster.open-cluster-management.io/placement) lists
+        the clusters select_clusters picks; a change of that selection (a NoSelect taint
+        added, a label) reaches the decision `placement_lag` seconds later, as the real
+        controller reschedules asynchronously (open-cluster-management-io/ocm
+        pkg/placement/controllers/scheduling)."""
+        placements = self._custom.list_cluster_custom_object(*PLACEMENT)["items"]
+        if not placements:
+            return
+        clusters = self._custom.list_cluster_custom_object(*MC)["items"]
+        for placement in placements:
+            meta = placement["metadata"]
+            key = (meta["namespace"], meta["name"])
+            want = select_clusters(placement, clusters)
+            seen = self._selected.get(key)
+            if seen is None or seen[0] != want:
+                self._selected[key] = seen = (want, now)
+            written = self._decided.get(key)
+            if written == want or (written is not None and now - seen[1] < self.placement_lag):
+                continue
+            with self._conflicts_retried():
+                self._write_decision(key[0], key[1], want)
+                self._decided[key] = want
+
+    def _write_decision(self, namespace: str, placement: str, clusters: list[str]) -> None:
+        name = f"{placement}-decision-1"
+        with contextlib.suppress(ApiException):  # 409: it exists
+            self._custom.create_namespaced_custom_object(
+                *DECISION[:2],
+                namespace,
+                DECISION[2],
+                {
+                    "apiVersion": f"{DECISION[0]}/{DECISION[1]}",
+                    "kind": "PlacementDecision",
+                    "metadata": {
+                        "name": name,
+                        "namespace": namespace,
+                        "labels": {"cluster.open-cluster-management.io/placement": placement},
+                    },
+                },
+            )
+        decisions = [{"clusterName": c, "reason": "selected"} for c in clusters]
+        self._custom.patch_namespaced_custom_object_status(
+            *DECISION[:2], namespace, DECISION[2], name, {"status": {"decisions": decisions}}
+        )
+
+    def decided(self, namespace: str, placement: str) -> list[str]:
+        """The clusters the Placement's PlacementDecision lists now (as written)."""
+        try:
+            obj = self._custom.get_namespaced_custom_object(
+                *DECISION[:2], namespace, DECISION[2], f"{placement}-decision-1"
+            )
+        except ApiException:
+            return []
+        return [d["clusterName"] for d in (obj.get("status") or {}).get("decisions") or []]
 
     @contextlib.contextmanager
     def _conflicts_retried(self, requeue: str = "") -> Iterator[None]:

@@ -236,3 +236,51 @@ def test_concurrent_writers_lose_nothing_read_modify_write_retries_on_conflict(
     assert len(added) >= 2
     keys = [t["key"] for t in emulator.taints_of(name)]
     assert keys == added  # every foreign taint survived, in order; ours is gone
+
+
+def test_service_out_ends_once_the_placement_controller_has_dropped_the_cluster(
+    emulator: OcmEmulator,
+    start_plugin: StartPlugin,
+    names: Callable[[int], list[str]],
+    placements: Callable[..., str],
+) -> None:
+    """Issue 20 item 5: the placement controller drops a NoSelect-tainted cluster from its
+    PlacementDecisions asynchronously; "out of service" is true only then. A Placement that
+    tolerates the taint keeps the cluster by design and is not waited for."""
+    ids = names(2)
+    group = ids[0]
+    for name in ids:
+        emulator.add_cluster(name, OLD, labels={"group": group})
+    ns = placements("web", {"group": group})
+    placements("ops-tools", {"group": group}, [{"key": TAINT_KEY, "operator": "Exists"}])
+    wait_for("the decisions list both", lambda: emulator.decided(ns, "web") == ids, timeout=15)
+    emulator.placement_lag = 2.0
+    plugin = start_plugin(curator_config())
+    op = plugin.client.service_out("out-1", ids[1])
+    wait_for("the taint is on the hub", lambda: bool(emulator.taints_of(ids[1])), timeout=10)
+    # The taint is there, the decision still sends the web workload to the cluster: not out.
+    still = plugin.client.get_operation(op.id)
+    assert still.state == cluster_pb2.OPERATION_STATE_RUNNING, still
+    assert ids[1] in emulator.decided(ns, "web")
+    done = _done(plugin, op)
+    assert done.state == SUCCEEDED
+    assert emulator.decided(ns, "web") == [ids[0]]  # dropped before the operation ended
+    assert emulator.decided(ns, "ops-tools") == ids  # tolerates the taint: keeps it
+
+
+def test_without_waiting_for_placements_service_out_ends_with_the_taint(
+    emulator: OcmEmulator,
+    start_plugin: StartPlugin,
+    names: Callable[[int], list[str]],
+    placements: Callable[..., str],
+) -> None:
+    ids = names(2)
+    for name in ids:
+        emulator.add_cluster(name, OLD, labels={"group": ids[0]})
+    ns = placements("web", {"group": ids[0]})
+    wait_for("the decision lists both", lambda: emulator.decided(ns, "web") == ids, timeout=15)
+    emulator.placement_lag = 30.0
+    plugin = start_plugin(curator_config(taint={"key": TAINT_KEY, "waitForPlacements": False}))
+    done = _done(plugin, plugin.client.service_out("out-1", ids[1]))
+    assert done.state == SUCCEEDED
+    assert ids[1] in emulator.decided(ns, "web")  # the controller has not caught up yet
