@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import IntEnum
 from typing import Any
 
 from orchestrator import api
@@ -19,17 +20,21 @@ __all__ = [
     "RUN",
     "ClusterLine",
     "OperateError",
+    "Outcome",
     "Snapshot",
     "StageLine",
     "Target",
     "UpgradeCache",
     "Upgrades",
+    "WaitCode",
+    "cause",
     "comma_list",
     "current_run",
     "history",
     "list_upgrades",
     "resolve",
     "snapshot",
+    "wait_outcome",
 ]
 
 
@@ -360,3 +365,133 @@ def history(kube: KubeClient, namespace: str, name: str) -> list[dict[str, Any]]
         )
     records.sort(key=lambda r: str(r.get("startTime") or ""), reverse=True)
     return records
+
+
+class WaitCode(IntEnum):
+    """The exit codes of `fleet-orchestrator wait` (README and docs/operations.md list them)."""
+
+    #: The run succeeded (--for completed) or the stage completed (--for stage=NAME).
+    REACHED = 0
+    #: The request could not be made: no such object or stage, the apiserver refused.
+    ERROR = 1
+    HALTED = 3
+    #: The run ended with failed clusters (onFailure: Continue), or the stage failed.
+    FAILED = 4
+    INVALID = 5
+    #: It will not get there by itself: the run was stopped or superseded, the stage skipped.
+    STOPPED = 6
+    #: --timeout passed first (as GNU timeout exits).
+    TIMEOUT = 124
+
+
+#: What a run's phase means for `wait`; phases not listed are still on the way.
+_RUN_ENDS = {
+    api.RunPhase.SUCCEEDED.value: WaitCode.REACHED,
+    api.RunPhase.HALTED.value: WaitCode.HALTED,
+    api.RunPhase.FAILED.value: WaitCode.FAILED,
+    api.RunPhase.INVALID.value: WaitCode.INVALID,
+    api.RunPhase.STOPPED.value: WaitCode.STOPPED,
+}
+
+
+#: Stages that are done for `wait --for stage=NAME` (Soaking: completed, soaking before the
+#: next stage opens).
+_STAGE_DONE = frozenset({api.StagePhase.COMPLETED.value, api.StagePhase.SOAKING.value})
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Where `wait` ends: its exit code and the line that says why."""
+
+    code: WaitCode
+    line: str
+
+
+def _condition(status: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == ctype), None)
+
+
+def _said(condition: Mapping[str, Any]) -> str:
+    reason, message = str(condition.get("reason") or ""), str(condition.get("message") or "")
+    return f"{reason}: {message}" if message else reason
+
+
+def cause(*statuses: Mapping[str, Any]) -> str:
+    """Why a run cannot progress, as its conditions say (the first status that says it): a True
+    `Degraded` (plugin unreachable, TLS, Secrets, access) or `Ready` False for an invalid spec,
+    as "Reason: message"; "" when nothing stops it."""
+    for status in statuses:
+        degraded = _condition(status, "Degraded") or {}
+        # Failed clusters (ClusterFailed) are not what stops a run: status lists them apart.
+        if degraded.get("status") == "True" and degraded.get("reason") != "ClusterFailed":
+            return _said(degraded)
+        ready = _condition(status, "Ready") or {}
+        if ready.get("status") == "False" and ready.get("reason") == "InvalidSpec":
+            return _said(ready)
+    return ""
+
+
+def _observed(obj: Mapping[str, Any]) -> bool:
+    """Whether the object's status speaks of its current spec (not of the one before an edit)."""
+    status = obj.get("status") or {}
+    generation = (obj.get("metadata") or {}).get("generation")
+    return status.get("observedGeneration") is not None and (
+        generation is None or status.get("observedGeneration") == generation
+    )
+
+
+def _stage_names(obj: Mapping[str, Any]) -> list[str]:
+    stages = (((obj.get("spec") or {}).get("strategy") or {}).get("stages")) or []
+    return [str(s.get("name")) for s in stages if isinstance(s, dict)]
+
+
+def wait_outcome(kube: KubeClient, namespace: str, name: str, stage: str | None) -> Outcome | None:
+    """Whether what `wait` waits for has happened: the run of NAME (a ClusterVersion's current
+    run, or the UpdateRun NAME) ended, or its stage STAGE completed; None while on the way.
+
+    A status that does not yet speak of the current spec (observedGeneration behind) is on the
+    way: a wait right after `kubectl apply` never ends on the previous run's outcome."""
+    target = resolve(kube, namespace, name)
+    names = _stage_names(target.obj)
+    if stage is not None and names and stage not in names:
+        raise OperateError(
+            f"--for stage={stage}: {target.kind} {name} has no stage {stage!r}; "
+            f"its stages are {', '.join(names)}"
+        )
+    if not _observed(target.obj):
+        return None
+    cv_status = target.obj.get("status") or {}
+    if target.kind == CV and cv_status.get("phase") == api.RolloutPhase.INVALID.value:
+        return Outcome(WaitCode.INVALID, f"{CV} {name} is Invalid: {cv_status.get('message')}")
+    run = current_run(kube, target)
+    if run is None or not _observed(run):
+        return None
+    run_status = run.get("status") or {}
+    run_name = run["metadata"]["name"]
+    what = f"{target.kind} {name}" + (f" (run {run_name})" if target.kind == CV else "")
+    phase = str(run_status.get("phase") or "")
+    said = str(run_status.get("message") or "")
+    if stage is not None:
+        stage_phase = next(
+            (
+                str(s.get("phase") or "")
+                for s in run_status.get("stages") or []
+                if s.get("name") == stage
+            ),
+            "",
+        )
+        if stage_phase in _STAGE_DONE:
+            return Outcome(WaitCode.REACHED, f"{what}: stage {stage} completed")
+        if stage_phase == api.StagePhase.SKIPPED.value:
+            return Outcome(WaitCode.STOPPED, f"{what}: stage {stage} was skipped")
+        if stage_phase == api.StagePhase.FAILED.value:
+            return Outcome(WaitCode.FAILED, f"{what}: stage {stage} failed: {said}")
+    ends = _RUN_ENDS.get(phase)
+    if ends is None:
+        return None
+    if ends == WaitCode.REACHED and stage is None:
+        return Outcome(ends, f"{what} completed: {said}".rstrip(": "))
+    if ends == WaitCode.REACHED:  # the run succeeded without the stage reported complete
+        return Outcome(WaitCode.STOPPED, f"{what} ended ({phase}) before stage {stage} completed")
+    why = cause(run_status, cv_status) or said
+    return Outcome(ends, f"{what} is {phase}: {why}".rstrip(": "))
