@@ -145,6 +145,13 @@ def _col(name: str, kind: str, path: str, priority: int = 0) -> dict[str, Any]:
     return col
 
 
+#: `-o wide`: the reason of the Degraded condition (PluginUnavailable, SecretError, ...;
+#: AsExpected when nothing stops the run, ClusterFailed when clusters failed).
+_DEGRADED = _col(
+    "Degraded", "string", '.status.conditions[?(@.type=="Degraded")].reason', priority=1
+)
+
+
 def cluster_version_crd() -> dict[str, Any]:
     """The ClusterVersion CRD (apiextensions.k8s.io/v1) as a dict."""
     spec = structural_schema(api.ClusterVersionSpec)
@@ -168,6 +175,7 @@ def cluster_version_crd() -> dict[str, Any]:
             _col("Total", "integer", ".status.summary.total"),
             _col("Failed", "integer", ".status.summary.failed"),
             _col("Stage", "string", ".status.currentStage"),
+            _DEGRADED,
             _col("Message", "string", ".status.message", priority=1),
         ],
     )
@@ -198,6 +206,7 @@ def update_run_crd() -> dict[str, Any]:
             _col("Total", "integer", ".status.counts.total"),
             _col("Max-Failures", "integer", ".status.failures.maxFailures", priority=1),
             _col("Next-Start", "string", ".status.nextStartTime", priority=1),
+            _DEGRADED,
             _col("Waiting", "string", ".status.waitingReason", priority=1),
             _col("Message", "string", ".status.message", priority=1),
         ],

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from orchestrator import api
 from orchestrator.adapters.cache import AccessCatalog, ObjectCache
 from orchestrator.adapters.kube import Conflict, KubeClient, KubeError, NotFound
-from orchestrator.engine.conditions import get_condition, set_condition
+from orchestrator.engine.conditions import blocking_condition, get_condition, set_condition
 from orchestrator.engine.initialize import live_fields, run_for, superseded
 from orchestrator.engine.validate import Problem, parse_spec, validate_spec
 from orchestrator.pipeline import deletion
@@ -355,6 +355,11 @@ class ClusterVersionController:
             run_status.phase.value if run_status.phase else "", api.RolloutPhase.PENDING
         )
         message = run_status.message or "run starting"
+        stop = blocking_condition(run_status.conditions)
+        if stop is not None and stop.message not in message:
+            # What stops the run leads (`kubectl get cv -o wide`, the Ready and Progressing
+            # conditions), not "run starting" (issue 24).
+            message = f"cannot progress: {stop.reason}: {stop.message}"
         by_phase = {
             k: v
             for k, v in {

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from orchestrator import api
 from orchestrator.adapters.kube import KubeClient, NotFound
+from orchestrator.engine.conditions import blocking_condition
 from orchestrator.engine.decide import counts_as_failure
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "cause",
     "comma_list",
     "current_run",
+    "fix_for",
     "history",
     "list_upgrades",
     "resolve",
@@ -245,6 +247,9 @@ class Snapshot:
     failures: api.FailureSummary | None = None
     next_start_time: str = ""
     waiting_reason: str = ""
+    #: Why the run cannot progress ("Reason: message" of its blocking condition), and the fix.
+    cause: str = ""
+    fix: str = ""
     #: The moment ages and "in 2h5m" are measured from.
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
 
@@ -311,6 +316,7 @@ def snapshot(
     stages = run_status.get("stages") or status.get("stages") or []
     annotations = (target.obj.get("metadata") or {}).get("annotations") or {}
     failures = run_status.get("failures")
+    blocked = cause(run_status, status)
     return Snapshot(
         kind=target.kind,
         namespace=namespace,
@@ -340,6 +346,8 @@ def snapshot(
         failures=api.FailureSummary.model_validate(failures) if failures else None,
         next_start_time=str(run_status.get("nextStartTime") or ""),
         waiting_reason=str(run_status.get("waitingReason") or ""),
+        cause=blocked,
+        fix=fix_for(blocked),
     )
 
 
@@ -438,28 +446,38 @@ class Outcome:
     line: str
 
 
-def _condition(status: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:
-    return next((c for c in status.get("conditions") or [] if c.get("type") == ctype), None)
-
-
-def _said(condition: Mapping[str, Any]) -> str:
-    reason, message = str(condition.get("reason") or ""), str(condition.get("message") or "")
-    return f"{reason}: {message}" if message else reason
-
-
 def cause(*statuses: Mapping[str, Any]) -> str:
-    """Why a run cannot progress, as its conditions say (the first status that says it): a True
-    `Degraded` (plugin unreachable, TLS, Secrets, access) or `Ready` False for an invalid spec,
-    as "Reason: message"; "" when nothing stops it."""
+    """Why a run cannot progress (engine.conditions.blocking_condition), from the first of
+    the statuses that says it, as "Reason: message"; "" when nothing stops it."""
     for status in statuses:
-        degraded = _condition(status, "Degraded") or {}
-        # Failed clusters (ClusterFailed) are not what stops a run: status lists them apart.
-        if degraded.get("status") == "True" and degraded.get("reason") != "ClusterFailed":
-            return _said(degraded)
-        ready = _condition(status, "Ready") or {}
-        if ready.get("status") == "False" and ready.get("reason") == "InvalidSpec":
-            return _said(ready)
+        try:
+            conditions = [api.Condition.model_validate(c) for c in status.get("conditions") or []]
+        except ValidationError:
+            continue
+        found = blocking_condition(conditions)
+        if found is not None:
+            return f"{found.reason}: {found.message}" if found.message else found.reason
     return ""
+
+
+#: The fix of a cause whose message does not carry one, by the condition's reason.
+_FIXES = {
+    "PluginUnavailable": "check that the plugin runs and listens at the endpoint named (the "
+    "FleetProvider's spec.endpoint, or spec.opsEndpoint.endpoint) and that its TLS settings "
+    "match the plugin's certificate; the orchestrator tries again every 5s",
+    "TLSConfigError": "create the TLS Secret or key named (a FleetProvider's in the "
+    "orchestrator's namespace, an opsEndpoint's in this one); the orchestrator tries again "
+    "every 30s",
+    "SecretError": "create the Secret or key named in this namespace; the orchestrator tries "
+    "again every 30s",
+    "InvalidSpec": "fix the fields named (`kubectl edit`); the run goes on once the spec is valid",
+}
+
+
+def fix_for(text: str) -> str:
+    """The fix of a cause ("Reason: message"), unless its message already says one ("; ...")."""
+    reason, _, message = text.partition(": ")
+    return "" if "; " in message else _FIXES.get(reason, "")
 
 
 def _observed(obj: Mapping[str, Any]) -> bool:

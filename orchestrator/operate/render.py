@@ -116,7 +116,12 @@ def _heading(snap: Snapshot) -> list[Text]:
     head = Text(f"{snap.kind} {snap.namespace}/{snap.name}: ", style="bold")
     head.append_text(_phase(snap.phase))
     out.append(head)
-    if snap.message:
+    if snap.cause:
+        # What stops the run comes first: "Pending / run starting" alone would hide it.
+        out.append(Text(f"  Cannot progress: {snap.cause}", style="bold red"))
+        if snap.fix:
+            out.append(Text(f"  Fix: {snap.fix}", style="yellow"))
+    if snap.message and not (snap.cause and snap.cause in snap.message):
         out.append(Text(f"  {snap.message}"))
     if snap.kind == CV:
         if snap.run:

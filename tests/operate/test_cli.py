@@ -836,6 +836,7 @@ def test_printer_columns_show_phase_progress_failures_and_age(
         "Total": 4,
         "Failed": 1,
         "Stage": "wave-1",
+        "Degraded": None,
         "Message": "stage wave-1: 1 cluster in flight",
     }
     run = _table(control_plane, objects.ns, api.UPDATE_RUN_PLURAL)["prod-1"]
@@ -850,6 +851,7 @@ def test_printer_columns_show_phase_progress_failures_and_age(
         "Total": 4,
         "Max-Failures": 1,
         "Next-Start": "2026-11-23T04:00:00Z",
+        "Degraded": None,
         "Waiting": "c4: its maintenance window is closed",
         "Message": None,
     }
