@@ -24,6 +24,7 @@ from orchestrator.adapters.cache import AccessCatalog, ObjectCache
 from orchestrator.adapters.kube import Conflict, KubeClient, KubeError, NotFound
 from orchestrator.engine.conditions import blocking_condition, get_condition, set_condition
 from orchestrator.engine.initialize import live_fields, run_for, superseded
+from orchestrator.engine.requester import STAMPS, handed
 from orchestrator.engine.validate import Problem, parse_spec, validate_spec
 from orchestrator.pipeline import deletion
 
@@ -149,6 +150,7 @@ class ClusterVersionController:
     ) -> dict[str, Any] | None:
         meta = cv["metadata"]
         annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k in _COPIED}
+        annotations.update(handed(meta.get("annotations") or {}, cv.get("spec")))
         body = {
             "apiVersion": api.API_VERSION,
             "kind": api.UPDATE_RUN_KIND,
@@ -282,6 +284,13 @@ class ClusterVersionController:
         for key in _COPIED:
             if cv_ann.get(key) != run_ann.get(key):
                 patch.setdefault("metadata", {}).setdefault("annotations", {})[key] = cv_ann.get(
+                    key
+                )
+        # Who asked goes with the requests, when the ClusterVersion's stamp vouches for them.
+        stamps = handed(cv_ann, cv.get("spec"))
+        for key in STAMPS[:2]:
+            if stamps.get(key) != run_ann.get(key):
+                patch.setdefault("metadata", {}).setdefault("annotations", {})[key] = stamps.get(
                     key
                 )
         moved = {k: cv_ann[k] for k in _MOVED if cv_ann.get(k)}
