@@ -175,6 +175,15 @@ def _webhook_flags(run: argparse.ArgumentParser) -> None:
         "orchestrator's namespace go into the certificate (default fleet-orchestrator-webhook)",
     )
     run.add_argument(
+        "--webhook-trusted-user",
+        action="append",
+        default=[],
+        metavar="USER",
+        help="the user whose writes of who-asked annotations the mutating webhook keeps (the "
+        "orchestrator handing a ClusterVersion's requests to its run; default "
+        "system:serviceaccount:NAMESPACE:fleet-orchestrator); repeatable",
+    )
+    run.add_argument(
         "--webhook-host",
         action="append",
         default=[],
@@ -408,7 +417,8 @@ def _serve_webhook(
         try:
             if cert is None:
                 cert, origin = _webhook_cert(args, kube, policy.home, workdir, stop)
-            webhook.WebhookServer(host, port, cert, access).start()
+            trusted = frozenset(args.webhook_trusted_user or [_own_user(policy.home)])
+            webhook.WebhookServer(host, port, cert, access, trusted).start()
         except Exception as err:
             log.error(
                 "admission webhook not serving (retrying in 30s; meanwhile the apiserver admits "
@@ -423,6 +433,12 @@ def _serve_webhook(
         return
 
 
+def _own_user(home: str) -> str:
+    """The orchestrator's own username as the apiserver authenticates it (the installed
+    ServiceAccount fleet-orchestrator in its namespace)."""
+    return f"system:serviceaccount:{home}:fleet-orchestrator"
+
+
 def _webhook_cert(
     args: argparse.Namespace,
     kube: KubeClient,
@@ -435,6 +451,7 @@ def _webhook_cert(
     from pathlib import Path  # noqa: PLC0415
 
     from orchestrator.adapters import webhook, webhook_certs  # noqa: PLC0415
+    from orchestrator.adapters.kube import NotFound  # noqa: PLC0415
 
     if args.webhook_cert_dir or workdir is None:
         directory = Path(args.webhook_cert_dir)
@@ -442,6 +459,11 @@ def _webhook_cert(
     config = args.webhook_config
 
     def inject(ca: bytes) -> None:
+        try:
+            if kube.set_webhook_ca_bundle(config, ca, mutating=True):
+                log.info("webhook: CA bundle injected into MutatingWebhookConfiguration %s", config)
+        except NotFound:  # an install from before the who-asked webhook: validation only
+            pass
         if kube.set_webhook_ca_bundle(config, ca):
             log.info("webhook: CA bundle injected into ValidatingWebhookConfiguration %s", config)
 

@@ -476,15 +476,27 @@ class KubeClient:
             return False
         return True
 
-    def set_webhook_ca_bundle(self, name: str, ca_bundle: bytes) -> bool:
-        """Put ca_bundle in every webhook of one ValidatingWebhookConfiguration (conditional on
-        its resourceVersion, retried on 409); True when it changed something."""
+    def set_webhook_ca_bundle(self, name: str, ca_bundle: bytes, mutating: bool = False) -> bool:
+        """Put ca_bundle in every webhook of one ValidatingWebhookConfiguration (mutating: the
+        MutatingWebhookConfiguration of that name), conditional on its resourceVersion, retried
+        on 409; True when it changed something."""
         import base64  # noqa: PLC0415
 
         admission = client.AdmissionregistrationV1Api(self._api)
+        read, patch = (
+            (
+                admission.read_mutating_webhook_configuration,
+                admission.patch_mutating_webhook_configuration,
+            )
+            if mutating
+            else (
+                admission.read_validating_webhook_configuration,
+                admission.patch_validating_webhook_configuration,
+            )
+        )
         encoded = base64.b64encode(ca_bundle).decode()
         for _ in range(3):
-            config = self._json(admission.read_validating_webhook_configuration, name)
+            config = self._json(read, name)
             ops: list[dict[str, Any]] = [
                 {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": encoded}
                 for i, hook in enumerate(config.get("webhooks") or [])
@@ -496,7 +508,7 @@ class KubeClient:
             ops.insert(0, {"op": "replace", "path": "/metadata/resourceVersion", "value": version})
             try:
                 self._call(
-                    admission.patch_validating_webhook_configuration,
+                    patch,
                     name,
                     ops,
                     _content_type="application/json-patch+json",
@@ -504,7 +516,8 @@ class KubeClient:
             except Conflict:
                 continue
             return True
-        raise Conflict(409, f"ValidatingWebhookConfiguration {name} kept changing")
+        kind = "MutatingWebhookConfiguration" if mutating else "ValidatingWebhookConfiguration"
+        raise Conflict(409, f"{kind} {name} kept changing")
 
     def create_event(
         self,

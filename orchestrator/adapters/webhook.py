@@ -1,6 +1,9 @@
-"""The validating admission webhook: ClusterVersion and UpdateRun specs checked as the controllers
-check them, before the apiserver stores them, served over HTTPS with a cert-manager or
-self-managed certificate.
+"""The admission webhooks: ClusterVersion and UpdateRun specs checked as the controllers check
+them, before the apiserver stores them, and the requests people make stamped with the user the
+apiserver authenticated; served over HTTPS with a cert-manager or self-managed certificate.
+
+- `stamp` (pure) is the mutating side (POST /mutate): the JSON patch that sets who asked
+  (engine/requester.py).
 
 - `admit` decides one admission.k8s.io/v1 AdmissionRequest (pure): the controllers' own
   validation (`parse_model` + `validate_spec`, `as_cluster_version_spec` for runs), the pinned
@@ -27,17 +30,21 @@ from typing import Any
 
 from orchestrator import api
 from orchestrator.engine.initialize import as_cluster_version_spec
+from orchestrator.engine.requester import PEOPLE_ANNOTATIONS, STAMPS, attested
 from orchestrator.engine.validate import Problem, parse_model, validate_spec
 
 __all__ = [
+    "MUTATE_PATH",
     "PATH",
     "AccessCheck",
     "ServingCert",
     "WebhookServer",
     "admit",
     "denial_message",
+    "mutation_review",
     "pinned_changes",
     "review",
+    "stamp",
     "started",
 ]
 
@@ -45,6 +52,8 @@ log = logging.getLogger(__name__)
 
 #: The HTTPS path the ValidatingWebhookConfiguration calls.
 PATH = "/validate"
+#: The HTTPS path the MutatingWebhookConfiguration calls (who asked).
+MUTATE_PATH = "/mutate"
 #: Largest AdmissionReview read (an object and its old version, each at most ~1.5 MB in etcd).
 MAX_BODY = 8 * 1024 * 1024
 #: Problems listed in a denial before "and N more".
@@ -95,6 +104,95 @@ def admit(request: Mapping[str, Any], access: AccessCheck | None = None) -> list
         if operation == "UPDATE":
             problems += pinned_changes(old, spec)
     return problems
+
+
+def _escape(key: str) -> str:
+    """An annotation key as a JSON Pointer token (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def stamp(
+    request: Mapping[str, Any], trusted: frozenset[str] = frozenset()
+) -> list[dict[str, Any]]:
+    """The JSON patch (RFC 6902) that records who asked, for one AdmissionRequest.
+
+    A CREATE or UPDATE of a ClusterVersion or UpdateRun that changes its spec or a people
+    annotation (approve, retry, skip, reason, requested-by) is stamped with the authenticated
+    userInfo.username and groups and the digest of what they vouch for; any other request keeps
+    the stamp it had (a writer that typed one gets the old one back). A `trusted` user (the
+    orchestrator's own service account, handing a ClusterVersion's requests to its run) keeps
+    the user it copied, with the digest of what it wrote.
+    """
+    kind = (request.get("kind") or {}).get("kind")
+    if request.get("operation") not in ("CREATE", "UPDATE") or kind not in (
+        api.KIND,
+        api.UPDATE_RUN_KIND,
+    ):
+        return []
+    obj = request.get("object") or {}
+    old = request.get("oldObject") or {}
+    now = dict((obj.get("metadata") or {}).get("annotations") or {})
+    before = dict((old.get("metadata") or {}).get("annotations") or {})
+    user = request.get("userInfo") or {}
+    username = str(user.get("username") or "")
+    asked = request.get("operation") == "CREATE" or obj.get("spec") != old.get("spec")
+    asked = asked or any(now.get(k) != before.get(k) for k in PEOPLE_ANNOTATIONS)
+    want = {k: before[k] for k in STAMPS if k in before}
+    if username in trusted:
+        # The hand-off copies the user and groups (engine.requester.handed), never the digest.
+        user_key = api.ANNOTATION_REQUESTED_BY_USER
+        want = {k: now[k] for k in STAMPS[:2] if k in now}
+        kept = request.get("operation") == "UPDATE" and now.get(user_key) == before.get(user_key)
+        if kept and before.get(api.ANNOTATION_REQUESTED_BY_STAMP) != attested(
+            before, old.get("spec")
+        ):
+            want = {}  # the user did not speak for the object before: it does not now
+        if want.get(user_key):
+            want[api.ANNOTATION_REQUESTED_BY_STAMP] = attested(now, obj.get("spec"))
+    elif asked and username:
+        groups = [g for g in user.get("groups") or [] if g != "system:authenticated"]
+        want = {
+            api.ANNOTATION_REQUESTED_BY_USER: username,
+            api.ANNOTATION_REQUESTED_BY_GROUPS: ",".join(groups),
+            api.ANNOTATION_REQUESTED_BY_STAMP: attested(now, obj.get("spec")),
+        }
+    if all(now.get(k) == want.get(k) for k in STAMPS):
+        return []
+    if not (obj.get("metadata") or {}).get("annotations"):
+        return [{"op": "add", "path": "/metadata/annotations", "value": {**now, **want}}]
+    ops: list[dict[str, Any]] = []
+    for key in STAMPS:
+        path = f"/metadata/annotations/{_escape(key)}"
+        if key in want and now.get(key) != want[key]:
+            ops.append({"op": "add", "path": path, "value": want[key]})
+        elif key not in want and key in now:
+            ops.append({"op": "remove", "path": path})
+    return ops
+
+
+def mutation_review(
+    body: Mapping[str, Any], trusted: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """The AdmissionReview answering one of the mutating webhook: always allowed, with the
+    stamp's patch; ValueError when it is not an AdmissionReview."""
+    import base64  # noqa: PLC0415
+
+    request = _request(body)
+    response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+    patch = stamp(request, trusted)
+    if patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+def _request(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    if body.get("apiVersion") != "admission.k8s.io/v1" or body.get("kind") != "AdmissionReview":
+        raise ValueError("expected an admission.k8s.io/v1 AdmissionReview")
+    request = body.get("request")
+    if not isinstance(request, Mapping) or not request.get("uid"):
+        raise ValueError("the AdmissionReview has no request.uid")
+    return request
 
 
 def started(run: Mapping[str, Any]) -> bool:
@@ -149,11 +247,7 @@ def denial_message(problems: Sequence[Problem]) -> str:
 
 def review(body: Mapping[str, Any], access: AccessCheck | None = None) -> dict[str, Any]:
     """The AdmissionReview answering one AdmissionReview; ValueError when it is not one."""
-    if body.get("apiVersion") != "admission.k8s.io/v1" or body.get("kind") != "AdmissionReview":
-        raise ValueError("expected an admission.k8s.io/v1 AdmissionReview")
-    request = body.get("request")
-    if not isinstance(request, Mapping) or not request.get("uid"):
-        raise ValueError("the AdmissionReview has no request.uid")
+    request = _request(body)
     response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
     try:
         problems = admit(request, access)
@@ -228,13 +322,18 @@ class ServingCert:
 
 
 class WebhookServer:
-    """POST /validate over HTTPS in background threads (one per connection)."""
+    """POST /validate and /mutate over HTTPS in background threads (one per connection)."""
 
     def __init__(
-        self, host: str, port: int, cert: ServingCert, access: AccessCheck | None = None
+        self,
+        host: str,
+        port: int,
+        cert: ServingCert,
+        access: AccessCheck | None = None,
+        trusted: frozenset[str] = frozenset(),
     ) -> None:
         self.cert = cert
-        handler = _handler(access)
+        handler = _handler(access, trusted)
 
         class Server(ThreadingHTTPServer):
             daemon_threads = True
@@ -274,14 +373,17 @@ class WebhookServer:
         self._server.server_close()
 
 
-def _handler(access: AccessCheck | None) -> type[BaseHTTPRequestHandler]:
+def _handler(access: AccessCheck | None, trusted: frozenset[str]) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         timeout = 10  # a client that stops talking mid-request frees its thread
         protocol_version = "HTTP/1.1"
 
         def do_POST(self) -> None:
-            if self.path.split("?", 1)[0] != PATH:
-                self._send(404, {"message": f"not found; the webhook answers POST {PATH}"})
+            path = self.path.split("?", 1)[0]
+            if path not in (PATH, MUTATE_PATH):
+                self._send(
+                    404, {"message": f"not found; the webhook answers POST {PATH}, {MUTATE_PATH}"}
+                )
                 return
             length = int(self.headers.get("Content-Length") or 0)
             if not 0 < length <= MAX_BODY:
@@ -291,7 +393,7 @@ def _handler(access: AccessCheck | None) -> type[BaseHTTPRequestHandler]:
                 body = json.loads(self.rfile.read(length))
                 if not isinstance(body, dict):
                     raise ValueError("expected a JSON object")
-                answer = review(body, access)
+                answer = review(body, access) if path == PATH else mutation_review(body, trusted)
             except ValueError as err:
                 self._send(400, {"message": str(err)})
                 return

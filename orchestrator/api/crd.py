@@ -145,6 +145,13 @@ def _col(name: str, kind: str, path: str, priority: int = 0) -> dict[str, Any]:
     return col
 
 
+#: `-o wide`: the reason of the Degraded condition (PluginUnavailable, SecretError, ...;
+#: AsExpected when nothing stops the run, ClusterFailed when clusters failed).
+_DEGRADED = _col(
+    "Degraded", "string", '.status.conditions[?(@.type=="Degraded")].reason', priority=1
+)
+
+
 def cluster_version_crd() -> dict[str, Any]:
     """The ClusterVersion CRD (apiextensions.k8s.io/v1) as a dict."""
     spec = structural_schema(api.ClusterVersionSpec)
@@ -168,6 +175,7 @@ def cluster_version_crd() -> dict[str, Any]:
             _col("Total", "integer", ".status.summary.total"),
             _col("Failed", "integer", ".status.summary.failed"),
             _col("Stage", "string", ".status.currentStage"),
+            _DEGRADED,
             _col("Message", "string", ".status.message", priority=1),
         ],
     )
@@ -198,6 +206,7 @@ def update_run_crd() -> dict[str, Any]:
             _col("Total", "integer", ".status.counts.total"),
             _col("Max-Failures", "integer", ".status.failures.maxFailures", priority=1),
             _col("Next-Start", "string", ".status.nextStartTime", priority=1),
+            _DEGRADED,
             _col("Waiting", "string", ".status.waitingReason", priority=1),
             _col("Message", "string", ".status.message", priority=1),
         ],
@@ -208,6 +217,10 @@ def cluster_upgrade_crd() -> dict[str, Any]:
     """The ClusterUpgrade CRD: one cluster's intent and progress in one run."""
     spec = structural_schema(api.ClusterUpgradeSpec)
     status = _without_defaults(structural_schema(api.ClusterUpgradeStatus))
+    # A ClusterUpgrade is created without status (the status subresource drops it) and stays
+    # so until its cluster starts: the apiserver defaults an absent status on every read, so
+    # `kubectl get cu` shows PHASE Pending, as the model reads it, not an empty cell.
+    status["default"] = {"phase": api.UpgradePhase.PENDING.value}
     _list_map(status, ["conditions"], "type")
     return _crd(
         api.CLUSTER_UPGRADE_KIND,
@@ -224,7 +237,9 @@ def cluster_upgrade_crd() -> dict[str, Any]:
             _col("Phase", "string", ".status.phase"),
             _col("Step", "string", ".status.step"),
             _col("Reason", "string", ".status.reason"),
-            _col("Attempt", "integer", ".status.attempt", priority=1),
+            # status.attempt is 0 for the first attempt (request ids are made of it, so it
+            # stays as stored); a column cannot add 1, so it is headed for what it counts.
+            _col("Retries", "integer", ".status.attempt", priority=1),
             _col("Since", "date", ".status.lastTransitionTime", priority=1),
             _col("Message", "string", ".status.message", priority=1),
         ],

@@ -61,8 +61,24 @@ ANNOTATION_SKIP_STAGES = f"{GROUP}/skip-stages"
 ANNOTATION_REASON = f"{GROUP}/reason"
 
 
-#: Who asked (the CLI writes the kubeconfig user); recorded with the skips and retries.
+#: Who says they asked: a display name anyone may type (the CLI's --requested-by, else the
+#: kubeconfig user); recorded beside the authenticated user, never as it.
 ANNOTATION_REQUESTED_BY = f"{GROUP}/requested-by"
+
+
+#: The authenticated user (AdmissionRequest userInfo.username) of the last request that changed
+#: the spec or a people annotation; only the mutating webhook sets it (it overwrites what a
+#: writer typed). With ANNOTATION_REQUESTED_BY_GROUPS and ANNOTATION_REQUESTED_BY_STAMP.
+ANNOTATION_REQUESTED_BY_USER = f"{GROUP}/requested-by-user"
+
+
+#: That user's groups (comma-separated, system:authenticated left out).
+ANNOTATION_REQUESTED_BY_GROUPS = f"{GROUP}/requested-by-groups"
+
+
+#: A digest of the spec and people annotations the webhook vouched for: when they changed
+#: since (written while the webhook was down), the user no longer speaks for them.
+ANNOTATION_REQUESTED_BY_STAMP = f"{GROUP}/requested-by-stamp"
 
 
 class RunState(StrEnum):

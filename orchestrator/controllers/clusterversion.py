@@ -22,8 +22,9 @@ from pydantic import ValidationError
 from orchestrator import api
 from orchestrator.adapters.cache import AccessCatalog, ObjectCache
 from orchestrator.adapters.kube import Conflict, KubeClient, KubeError, NotFound
-from orchestrator.engine.conditions import get_condition, set_condition
+from orchestrator.engine.conditions import blocking_condition, get_condition, set_condition
 from orchestrator.engine.initialize import live_fields, run_for, superseded
+from orchestrator.engine.requester import STAMPS, handed
 from orchestrator.engine.validate import Problem, parse_spec, validate_spec
 from orchestrator.pipeline import deletion
 
@@ -149,6 +150,7 @@ class ClusterVersionController:
     ) -> dict[str, Any] | None:
         meta = cv["metadata"]
         annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k in _COPIED}
+        annotations.update(handed(meta.get("annotations") or {}, cv.get("spec")))
         body = {
             "apiVersion": api.API_VERSION,
             "kind": api.UPDATE_RUN_KIND,
@@ -284,6 +286,13 @@ class ClusterVersionController:
                 patch.setdefault("metadata", {}).setdefault("annotations", {})[key] = cv_ann.get(
                     key
                 )
+        # Who asked goes with the requests, when the ClusterVersion's stamp vouches for them.
+        stamps = handed(cv_ann, cv.get("spec"))
+        for key in STAMPS[:2]:
+            if stamps.get(key) != run_ann.get(key):
+                patch.setdefault("metadata", {}).setdefault("annotations", {})[key] = stamps.get(
+                    key
+                )
         moved = {k: cv_ann[k] for k in _MOVED if cv_ann.get(k)}
         for k, v in moved.items():
             merged = ",".join(sorted({*_csv(run_ann.get(k)), *_csv(v)}))
@@ -355,6 +364,11 @@ class ClusterVersionController:
             run_status.phase.value if run_status.phase else "", api.RolloutPhase.PENDING
         )
         message = run_status.message or "run starting"
+        stop = blocking_condition(run_status.conditions)
+        if stop is not None and stop.message not in message:
+            # What stops the run leads (`kubectl get cv -o wide`, the Ready and Progressing
+            # conditions), not "run starting" (issue 24).
+            message = f"cannot progress: {stop.reason}: {stop.message}"
         by_phase = {
             k: v
             for k, v in {

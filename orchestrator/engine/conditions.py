@@ -6,7 +6,14 @@ from datetime import UTC, datetime
 
 from orchestrator import api
 
-__all__ = ["format_micro_time", "format_time", "get_condition", "parse_time", "set_condition"]
+__all__ = [
+    "blocking_condition",
+    "format_micro_time",
+    "format_time",
+    "get_condition",
+    "parse_time",
+    "set_condition",
+]
 
 
 def format_time(moment: datetime) -> str:
@@ -53,3 +60,17 @@ def set_condition(
         last_transition_time=when,
     )
     return [new if c.type == ctype else c for c in conditions] if old else [*conditions, new]
+
+
+def blocking_condition(conditions: list[api.Condition] | None) -> api.Condition | None:
+    """The condition that says why a run cannot progress, if one does: `Degraded` True (the
+    plugin unreachable, TLS, Secrets, access; not `ClusterFailed`, failed clusters are listed
+    apart), else `Ready` False with reason `InvalidSpec`. The one reading of it: the
+    ClusterVersion's message leads with it, `status` and `wait` show it."""
+    degraded = get_condition(conditions, "Degraded")
+    if degraded is not None and degraded.status == "True" and degraded.reason != "ClusterFailed":
+        return degraded
+    ready = get_condition(conditions, "Ready")
+    if ready is not None and ready.status == "False" and ready.reason == "InvalidSpec":
+        return ready
+    return None

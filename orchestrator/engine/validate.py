@@ -185,7 +185,13 @@ def _floor_problem(required: int, total: int) -> Problem:
     return Problem(
         "spec.requiredAvailableCount",
         f"{required} leaves no cluster allowed out of service among {total}; "
-        f"set it to at most {total - 1}",
+        + (
+            f"set it to at most {total - 1}"
+            if total > 1
+            else "the floor is at least 1, so a rollout needs at least 2 clusters: add a "
+            "cluster to it (the floor keeps one in service while the other upgrades), or "
+            "upgrade a lone cluster with its provider's own tools"
+        ),
     )
 
 

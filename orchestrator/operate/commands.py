@@ -20,14 +20,22 @@ from rich.text import Text
 
 from orchestrator import api
 from orchestrator.adapters.kube import KubeClient, KubeError
-from orchestrator.operate.read import OperateError, UpgradeCache, history, snapshot
+from orchestrator.operate.read import (
+    OperateError,
+    Outcome,
+    UpgradeCache,
+    WaitCode,
+    history,
+    snapshot,
+    wait_outcome,
+)
 from orchestrator.operate.render import render_history, renderable
 from orchestrator.operate.verbs import Request, approve, retry, set_state, skip
 
 __all__ = ["COMMANDS", "add_commands", "run"]
 
 
-COMMANDS = ("status", "history", "approve", "retry", "skip", "stop", "resume")
+COMMANDS = ("status", "history", "wait", "approve", "retry", "skip", "stop", "resume")
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,27 @@ def _who(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _wait_for(text: str) -> str | None:
+    """--for: None for completed, else the stage's name."""
+    if text == "completed":
+        return None
+    if text.startswith("stage=") and text[len("stage=") :]:
+        return text[len("stage=") :]
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is neither 'completed' nor 'stage=NAME' (e.g. --for stage=canary)"
+    )
+
+
+def _timeout(text: str) -> float:
+    try:
+        seconds = api.parse_duration(text).total_seconds()
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the timeout must be positive, e.g. 10m")
+    return seconds
+
+
 def add_commands(sub: Any) -> None:
     """Register the operator verbs on fleet-orchestrator's sub-command parser."""
     p = sub.add_parser(
@@ -105,6 +134,33 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("history", help="list the runs of a ClusterVersion, newest first")
     _common(p)
     p.add_argument("name", help="ClusterVersion")
+    p = sub.add_parser(
+        "wait",
+        help="wait until a run completes (or a stage does); the exit code says how it ended",
+        description="Wait for the current run of a ClusterVersion (or an UpdateRun) to end, or "
+        "for one of its stages to complete. Exit codes: 0 reached; 1 error (no such object or "
+        "stage, the apiserver refused); 3 Halted; 4 Failed (the run ended with failed clusters, "
+        "or the stage failed); 5 Invalid; 6 will not get there (the run was stopped, the stage "
+        "skipped); 124 --timeout passed first. The reason is printed either way.",
+    )
+    _common(p)
+    p.add_argument("name", help="ClusterVersion (its current run) or UpdateRun")
+    p.add_argument(
+        "--for",
+        dest="wait_for",
+        default="completed",
+        metavar="completed|stage=NAME",
+        type=_wait_for,
+        help="completed: the run ended successfully (default); stage=NAME: that stage completed",
+    )
+    p.add_argument(
+        "--timeout",
+        default=None,
+        type=_timeout,
+        metavar="DURATION",
+        help="give up after this long, exit 124 (e.g. 30s, 10m, 2h; default: wait forever)",
+    )
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between reads (default 2)")
     p = sub.add_parser("approve", help="approve a stage with approval: Manual")
     _common(p)
     p.add_argument("name", help="ClusterVersion or UpdateRun")
@@ -140,7 +196,7 @@ def add_commands(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """Run one operator verb; 0 on success, 1 with the error on stderr."""
+    """Run one operator verb; 0 on success, 1 with the error on stderr (`wait`: WaitCode)."""
     out = out or sys.stdout
     context = _context(args.kubeconfig)
     namespace = args.namespace or context.namespace
@@ -178,6 +234,8 @@ def _dispatch(
             _print(read(), out)
     elif command == "history":
         out.write(render_history(namespace, args.name, history(kube, namespace, args.name)))
+    elif command == "wait":
+        return _wait(kube, namespace, args.name, args.wait_for, args.timeout, args.interval, out)
     elif command == "approve":
         line, notes = approve(kube, namespace, args.name, args.stage)
         print(line, file=out)
@@ -196,6 +254,37 @@ def _dispatch(
         state = api.RunState.STOP if command == "stop" else api.RunState.RUN
         print(set_state(kube, namespace, args.name, state), file=out)
     return 0
+
+
+def _wait(
+    kube: KubeClient,
+    namespace: str,
+    name: str,
+    stage: str | None,
+    timeout: float | None,
+    interval: float,
+    out: TextIO,
+) -> int:
+    """Poll until wait_outcome says it ended (or the timeout passes); print each change of the
+    run's phase and message on the way, then the outcome (stderr when it is not success)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = ""
+    while True:
+        outcome = wait_outcome(kube, namespace, name, stage)
+        if outcome is not None:
+            break
+        snap = snapshot(kube, namespace, name, upgrades=lambda _run: [])
+        line = f"{snap.kind} {name}: {snap.phase}" + (f": {snap.message}" if snap.message else "")
+        if line != last:
+            print(f"{time.strftime('%H:%M:%S', time.gmtime())} {line}", file=out, flush=True)
+            last = line
+        if deadline is not None and time.monotonic() >= deadline:
+            outcome = Outcome(WaitCode.TIMEOUT, f"timed out after {timeout:g}s waiting; {line}")
+            break
+        pause = interval if deadline is None else min(interval, deadline - time.monotonic())
+        time.sleep(max(0.0, pause))
+    print(outcome.line, file=out if outcome.code == WaitCode.REACHED else sys.stderr)
+    return int(outcome.code)
 
 
 def _status_reader(

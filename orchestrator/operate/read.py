@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import IntEnum
 from typing import Any
+
+from pydantic import ValidationError
 
 from orchestrator import api
 from orchestrator.adapters.kube import KubeClient, NotFound
+from orchestrator.engine.conditions import blocking_condition
+from orchestrator.engine.decide import counts_as_failure
 
 __all__ = [
     "CV",
@@ -19,17 +24,22 @@ __all__ = [
     "RUN",
     "ClusterLine",
     "OperateError",
+    "Outcome",
     "Snapshot",
     "StageLine",
     "Target",
     "UpgradeCache",
     "Upgrades",
+    "WaitCode",
+    "cause",
     "comma_list",
     "current_run",
+    "fix_for",
     "history",
     "list_upgrades",
     "resolve",
     "snapshot",
+    "wait_outcome",
 ]
 
 
@@ -190,9 +200,12 @@ class StageLine:
     name: str
     phase: str
     total: int
+    #: Upgraded by this run (skipped clusters are counted apart, not as upgraded).
     upgraded: int
+    #: Failed, and Blocked where that counts as a failure (engine.decide.counts_as_failure).
     failed: int
     max_failures: int | None = None
+    skipped: int = 0
 
 
 @dataclass(frozen=True)
@@ -203,6 +216,7 @@ class ClusterLine:
     stage: str
     phase: str
     step: str = ""
+    #: status.attempt as stored: 0 for the first attempt (people are shown attempt + 1).
     attempt: int = 0
     reason: str = ""
     message: str = ""
@@ -233,6 +247,9 @@ class Snapshot:
     failures: api.FailureSummary | None = None
     next_start_time: str = ""
     waiting_reason: str = ""
+    #: Why the run cannot progress ("Reason: message" of its blocking condition), and the fix.
+    cause: str = ""
+    fix: str = ""
     #: The moment ages and "in 2h5m" are measured from.
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
 
@@ -261,6 +278,8 @@ def snapshot(
     run_status = (run or {}).get("status") or {}
     run_name = str((run or {}).get("metadata", {}).get("name", ""))
     lines: dict[str, list[ClusterLine]] = {"in_flight": [], "failed": [], "blocked": []}
+    #: Per stage, from the ClusterUpgrades: upgraded, skipped, failed (None: none listed).
+    tally: dict[str, list[int]] | None = None
     for cu in sorted(
         read(run_name) if run_name else [],
         key=lambda o: (o["spec"].get("stageIndex", 0), o["spec"].get("clusterId", "")),
@@ -283,6 +302,11 @@ def snapshot(
                 or ""
             ),
         )
+        tally = {} if tally is None else tally
+        counted = tally.setdefault(line.stage, [0, 0, 0])
+        counted[0] += phase == api.UpgradePhase.UPGRADED
+        counted[1] += phase == api.UpgradePhase.SKIPPED
+        counted[2] += _counts_as_failure(cu_status)
         if phase in IN_FLIGHT:
             lines["in_flight"].append(line)
         elif phase == api.UpgradePhase.FAILED:
@@ -292,6 +316,7 @@ def snapshot(
     stages = run_status.get("stages") or status.get("stages") or []
     annotations = (target.obj.get("metadata") or {}).get("annotations") or {}
     failures = run_status.get("failures")
+    blocked = cause(run_status, status)
     return Snapshot(
         kind=target.kind,
         namespace=namespace,
@@ -304,15 +329,7 @@ def snapshot(
         current_stage=str(run_status.get("currentStage") or status.get("currentStage") or ""),
         counts={k: int(v) for k, v in (run_status.get("counts") or {}).items()},
         stages=tuple(
-            StageLine(
-                name=str(s["name"]),
-                phase=str(s.get("phase", "")),
-                total=int(s.get("total", 0)),
-                upgraded=int(s.get("upgraded", 0)),
-                failed=int(s.get("failed", 0)),
-                max_failures=None if s.get("maxFailures") is None else int(s["maxFailures"]),
-            )
-            for s in stages
+            _stage_line(s, None if tally is None else tally.get(s["name"])) for s in stages
         ),
         in_flight=tuple(lines["in_flight"]),
         failed=tuple(lines["failed"]),
@@ -329,6 +346,33 @@ def snapshot(
         failures=api.FailureSummary.model_validate(failures) if failures else None,
         next_start_time=str(run_status.get("nextStartTime") or ""),
         waiting_reason=str(run_status.get("waitingReason") or ""),
+        cause=blocked,
+        fix=fix_for(blocked),
+    )
+
+
+def _counts_as_failure(status: Mapping[str, Any]) -> bool:
+    try:
+        return counts_as_failure(api.ClusterUpgradeStatus.model_validate(status))
+    except ValidationError:
+        return False
+
+
+def _stage_line(stage: Mapping[str, Any], counted: list[int] | None) -> StageLine:
+    """A stage of the run's status, its counts from its ClusterUpgrades when they were listed
+    (the run's status counts skipped clusters as upgraded, and Blocked ones as failed only once
+    the stage settled): upgraded, skipped and failed apart, as people read them."""
+    upgraded, skipped, failed = counted or [0, 0, 0]
+    if counted is None:
+        upgraded, failed = int(stage.get("upgraded", 0)), int(stage.get("failed", 0))
+    return StageLine(
+        name=str(stage["name"]),
+        phase=str(stage.get("phase", "")),
+        total=int(stage.get("total", 0)),
+        upgraded=upgraded,
+        failed=failed,
+        max_failures=None if stage.get("maxFailures") is None else int(stage["maxFailures"]),
+        skipped=skipped,
     )
 
 
@@ -360,3 +404,143 @@ def history(kube: KubeClient, namespace: str, name: str) -> list[dict[str, Any]]
         )
     records.sort(key=lambda r: str(r.get("startTime") or ""), reverse=True)
     return records
+
+
+class WaitCode(IntEnum):
+    """The exit codes of `fleet-orchestrator wait` (README and docs/operations.md list them)."""
+
+    #: The run succeeded (--for completed) or the stage completed (--for stage=NAME).
+    REACHED = 0
+    #: The request could not be made: no such object or stage, the apiserver refused.
+    ERROR = 1
+    HALTED = 3
+    #: The run ended with failed clusters (onFailure: Continue), or the stage failed.
+    FAILED = 4
+    INVALID = 5
+    #: It will not get there by itself: the run was stopped or superseded, the stage skipped.
+    STOPPED = 6
+    #: --timeout passed first (as GNU timeout exits).
+    TIMEOUT = 124
+
+
+#: What a run's phase means for `wait`; phases not listed are still on the way.
+_RUN_ENDS = {
+    api.RunPhase.SUCCEEDED.value: WaitCode.REACHED,
+    api.RunPhase.HALTED.value: WaitCode.HALTED,
+    api.RunPhase.FAILED.value: WaitCode.FAILED,
+    api.RunPhase.INVALID.value: WaitCode.INVALID,
+    api.RunPhase.STOPPED.value: WaitCode.STOPPED,
+}
+
+
+#: Stages that are done for `wait --for stage=NAME` (Soaking: completed, soaking before the
+#: next stage opens).
+_STAGE_DONE = frozenset({api.StagePhase.COMPLETED.value, api.StagePhase.SOAKING.value})
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Where `wait` ends: its exit code and the line that says why."""
+
+    code: WaitCode
+    line: str
+
+
+def cause(*statuses: Mapping[str, Any]) -> str:
+    """Why a run cannot progress (engine.conditions.blocking_condition), from the first of
+    the statuses that says it, as "Reason: message"; "" when nothing stops it."""
+    for status in statuses:
+        try:
+            conditions = [api.Condition.model_validate(c) for c in status.get("conditions") or []]
+        except ValidationError:
+            continue
+        found = blocking_condition(conditions)
+        if found is not None:
+            return f"{found.reason}: {found.message}" if found.message else found.reason
+    return ""
+
+
+#: The fix of a cause whose message does not carry one, by the condition's reason.
+_FIXES = {
+    "PluginUnavailable": "check that the plugin runs and listens at the endpoint named (the "
+    "FleetProvider's spec.endpoint, or spec.opsEndpoint.endpoint) and that its TLS settings "
+    "match the plugin's certificate; the orchestrator tries again every 5s",
+    "TLSConfigError": "create the TLS Secret or key named (a FleetProvider's in the "
+    "orchestrator's namespace, an opsEndpoint's in this one); the orchestrator tries again "
+    "every 30s",
+    "SecretError": "create the Secret or key named in this namespace; the orchestrator tries "
+    "again every 30s",
+    "InvalidSpec": "fix the fields named (`kubectl edit`); the run goes on once the spec is valid",
+}
+
+
+def fix_for(text: str) -> str:
+    """The fix of a cause ("Reason: message"), unless its message already says one ("; ...")."""
+    reason, _, message = text.partition(": ")
+    return "" if "; " in message else _FIXES.get(reason, "")
+
+
+def _observed(obj: Mapping[str, Any]) -> bool:
+    """Whether the object's status speaks of its current spec (not of the one before an edit)."""
+    status = obj.get("status") or {}
+    generation = (obj.get("metadata") or {}).get("generation")
+    return status.get("observedGeneration") is not None and (
+        generation is None or status.get("observedGeneration") == generation
+    )
+
+
+def _stage_names(obj: Mapping[str, Any]) -> list[str]:
+    stages = (((obj.get("spec") or {}).get("strategy") or {}).get("stages")) or []
+    return [str(s.get("name")) for s in stages if isinstance(s, dict)]
+
+
+def wait_outcome(kube: KubeClient, namespace: str, name: str, stage: str | None) -> Outcome | None:
+    """Whether what `wait` waits for has happened: the run of NAME (a ClusterVersion's current
+    run, or the UpdateRun NAME) ended, or its stage STAGE completed; None while on the way.
+
+    A status that does not yet speak of the current spec (observedGeneration behind) is on the
+    way: a wait right after `kubectl apply` never ends on the previous run's outcome."""
+    target = resolve(kube, namespace, name)
+    names = _stage_names(target.obj)
+    if stage is not None and names and stage not in names:
+        raise OperateError(
+            f"--for stage={stage}: {target.kind} {name} has no stage {stage!r}; "
+            f"its stages are {', '.join(names)}"
+        )
+    if not _observed(target.obj):
+        return None
+    cv_status = target.obj.get("status") or {}
+    if target.kind == CV and cv_status.get("phase") == api.RolloutPhase.INVALID.value:
+        return Outcome(WaitCode.INVALID, f"{CV} {name} is Invalid: {cv_status.get('message')}")
+    run = current_run(kube, target)
+    if run is None or not _observed(run):
+        return None
+    run_status = run.get("status") or {}
+    run_name = run["metadata"]["name"]
+    what = f"{target.kind} {name}" + (f" (run {run_name})" if target.kind == CV else "")
+    phase = str(run_status.get("phase") or "")
+    said = str(run_status.get("message") or "")
+    if stage is not None:
+        stage_phase = next(
+            (
+                str(s.get("phase") or "")
+                for s in run_status.get("stages") or []
+                if s.get("name") == stage
+            ),
+            "",
+        )
+        if stage_phase in _STAGE_DONE:
+            return Outcome(WaitCode.REACHED, f"{what}: stage {stage} completed")
+        if stage_phase == api.StagePhase.SKIPPED.value:
+            return Outcome(WaitCode.STOPPED, f"{what}: stage {stage} was skipped")
+        if stage_phase == api.StagePhase.FAILED.value:
+            return Outcome(WaitCode.FAILED, f"{what}: stage {stage} failed: {said}")
+    ends = _RUN_ENDS.get(phase)
+    if ends is None:
+        return None
+    if ends == WaitCode.REACHED and stage is None:
+        return Outcome(ends, f"{what} completed: {said}".rstrip(": "))
+    if ends == WaitCode.REACHED:  # the run succeeded without the stage reported complete
+        return Outcome(WaitCode.STOPPED, f"{what} ended ({phase}) before stage {stage} completed")
+    why = cause(run_status, cv_status) or said
+    return Outcome(ends, f"{what} is {phase}: {why}".rstrip(": "))

@@ -64,16 +64,19 @@ def _age(since: str, now: datetime) -> str:
     return _span((now - at).total_seconds()) if at else "-"
 
 
-def bar(done: int, failed: int, total: int, width: int = BAR_WIDTH) -> Text:
-    """A progress bar: upgraded cells █ (green), failed cells ✗ (red), the rest ░."""
+def bar(done: int, failed: int, total: int, width: int = BAR_WIDTH, skipped: int = 0) -> Text:
+    """A progress bar: upgraded cells █ (green), skipped cells ─ (dim), failed cells ✗ (red),
+    the rest ░."""
     if total <= 0:
         return Text("░" * width, style="dim")
     ok = min(width, round(width * done / total))
-    bad = min(width - ok, max(1 if failed else 0, round(width * failed / total)))
+    passed = min(width - ok, max(1 if skipped else 0, round(width * skipped / total)))
+    bad = min(width - ok - passed, max(1 if failed else 0, round(width * failed / total)))
     out = Text()
     out.append("█" * ok, style="green")
+    out.append("─" * passed, style="dim")
     out.append("✗" * bad, style="bold red")
-    out.append("░" * (width - ok - bad), style="dim")
+    out.append("░" * (width - ok - passed - bad), style="dim")
     return out
 
 
@@ -113,7 +116,12 @@ def _heading(snap: Snapshot) -> list[Text]:
     head = Text(f"{snap.kind} {snap.namespace}/{snap.name}: ", style="bold")
     head.append_text(_phase(snap.phase))
     out.append(head)
-    if snap.message:
+    if snap.cause:
+        # What stops the run comes first: "Pending / run starting" alone would hide it.
+        out.append(Text(f"  Cannot progress: {snap.cause}", style="bold red"))
+        if snap.fix:
+            out.append(Text(f"  Fix: {snap.fix}", style="yellow"))
+    if snap.message and not (snap.cause and snap.cause in snap.message):
         out.append(Text(f"  {snap.message}"))
     if snap.kind == CV:
         if snap.run:
@@ -191,7 +199,7 @@ def _stages(snap: Snapshot) -> list[Text]:
     if not snap.stages:
         return []
     rows: list[list[Text | str]] = [
-        ["STAGE", "PHASE", "PROGRESS", "UPGRADED", "FAILED", "MAX-FAILURES", ""]
+        ["STAGE", "PHASE", "PROGRESS", "UPGRADED", "SKIPPED", "FAILED", "MAX-FAILURES", ""]
     ]
     for s in snap.stages:
         mark = "<- current" if s.name == snap.current_stage else ""
@@ -199,8 +207,9 @@ def _stages(snap: Snapshot) -> list[Text]:
             [
                 s.name,
                 _phase(s.phase),
-                bar(s.upgraded, s.failed, s.total),
+                bar(s.upgraded, s.failed, s.total, skipped=s.skipped),
                 f"{s.upgraded}/{s.total}",
+                str(s.skipped),
                 Text(str(s.failed), style="red" if s.failed else ""),
                 _max(s.max_failures),
                 mark,
@@ -239,7 +248,7 @@ def _failed(snap: Snapshot) -> list[Text]:
         out.append(Text(f"{title} ({len(items)}):", style="bold red" if title == "Failed" else ""))
         for c in items[:SHOWN]:
             why = ": ".join(p for p in (c.reason, c.message) if p) or "no reason recorded"
-            attempt = f", attempt {c.attempt}" if c.attempt else ""
+            attempt = f", attempt {c.attempt + 1}"  # 1-based, as Events and messages say
             out.append(Text(f"  {c.cluster} (stage {c.stage}{attempt}): {why}"))
         if len(items) > SHOWN:
             out.append(Text(f"  ... and {len(items) - SHOWN} more: {_more(snap)}"))

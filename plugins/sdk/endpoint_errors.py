@@ -128,7 +128,9 @@ def classify_grpc(code: str, details: str) -> Failure:
     """A gRPC failure the plugin did not answer itself (no ErrorInfo): the transport's."""
     text = details.lower()
     if code == "UNAVAILABLE":
-        if "certificate" in text or "verify" in text:
+        # "verif": CERTIFICATE_VERIFY_FAILED, and gRPC's "Hostname Verification Check failed"
+        # (a serverName the certificate does not hold), which "verify" missed.
+        if "certificate" in text or "verif" in text:
             return Failure(
                 code,
                 f"TLS verification failed ({code})",

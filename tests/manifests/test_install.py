@@ -66,9 +66,11 @@ EXPECTED_GRANTS = {
     # Secrets only in the orchestrator's own namespace (never cluster-wide): the providers'
     # TLS material, and the admission webhook's self-managed certificate (create/update).
     *(("fleet-upgrade-system", "", "secrets", v) for v in ("get", "create", "update")),
-    # The webhook injects its CA into its own ValidatingWebhookConfiguration (by name).
+    # The webhook injects its CA into its own Validating- and MutatingWebhookConfiguration (by
+    # name).
     *(
-        ("*", "admissionregistration.k8s.io", "validatingwebhookconfigurations", v)
+        ("*", "admissionregistration.k8s.io", kind, v)
+        for kind in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations")
         for v in ("get", "patch")
     ),
     *(
@@ -80,7 +82,7 @@ EXPECTED_GRANTS = {
     *(("fleet-upgrade-system", "batch", "jobs", v) for v in ("create", "get")),
 }
 #: Kinds without a namespace.
-CLUSTER_SCOPED = {"Namespace", "ValidatingWebhookConfiguration"}
+CLUSTER_SCOPED = {"Namespace", "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"}
 
 
 def _by_kind(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -115,6 +117,7 @@ def test_everything_builds_and_the_apiserver_accepts_it(
         "PodDisruptionBudget",
         "Service",
         "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
     }
     built = {c["metadata"]["name"]: c for c in kinds["CustomResourceDefinition"]}
     files = {p.stem: p for p in (MANIFESTS / "crds").glob("*.yaml")}

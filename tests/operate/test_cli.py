@@ -47,14 +47,14 @@ STAGES = [
 CLUSTERS = [{"id": f"c{i}", "version": "1.29.1"} for i in range(1, 5)]
 #: What the controllers would have recorded: cluster -> (stage, stage index, status).
 UPGRADES: dict[str, tuple[str, int, dict[str, Any]]] = {
-    "c1": ("canary", 0, {"phase": "Upgraded", "attempt": 1}),
+    "c1": ("canary", 0, {"phase": "Upgraded", "attempt": 0}),
     "c2": (
         "wave-1",
         1,
         {
             "phase": "UpgradingNodePools",
             "step": "nodePool/a",
-            "attempt": 1,
+            "attempt": 0,
             "stepStartTime": "2026-11-23T01:10:00Z",
         },
     ),
@@ -63,7 +63,7 @@ UPGRADES: dict[str, tuple[str, int, dict[str, Any]]] = {
         1,
         {
             "phase": "Failed",
-            "attempt": 1,
+            "attempt": 0,
             "reason": "StepTimedOut",
             "message": "controlPlane took longer than 90m",
             "lastTransitionTime": "2026-11-23T01:12:00Z",
@@ -242,9 +242,10 @@ def test_status_of_a_cluster_version(
     assert "Clusters: 4 total, 1 upgraded, 1 in flight, 0 pending, 1 failed, 1 blocked" in out
     assert "Failure budget: 1 failed of 1 allowed: c3" in out
     assert "Waiting: c4: its maintenance window is closed; next start 2026-11-23T04:00:00Z" in out
-    assert "wave-1  Progressing  ✗✗✗✗✗✗✗░░░░░░░░░░░░░  0/3       1       1" in out
+    assert "wave-1  Progressing  ✗✗✗✗✗✗✗░░░░░░░░░░░░░  0/3       0        1       1" in out
     assert "c3 (stage wave-1, attempt 1): StepTimedOut: controlPlane took longer than 90m" in out
-    assert "c4 (stage wave-1): ClaimHeld: claimed by team-b/other" in out
+    # Attempts are 1-based for people (status.attempt is 0 for the first), as Events say.
+    assert "c4 (stage wave-1, attempt 1): ClaimHeld: claimed by team-b/other" in out
     assert "retry: fleet-orchestrator retry prod c3" in out
     # Ages are measured from now; at a fixed now the view is the docs' worked example verbatim
     # (docs/operations.md, "Operating from the CLI").
@@ -549,12 +550,12 @@ def test_render_of_a_snapshot() -> None:
         "Clusters: 3 total, 1 upgraded, 0 in flight, 2 pending, 0 failed, 0 blocked, 0 skipped\n"
         "Failure budget: 0 failed (no limit)\n"
         "Stages:\n"
-        "  STAGE  PHASE             PROGRESS              UPGRADED  FAILED  MAX-FAILURES\n"
-        "  a      Completed         ████████████████████  1/1       0       -\n"
-        "  b      AwaitingApproval  ░░░░░░░░░░░░░░░░░░░░  0/2       0       1"
+        "  STAGE  PHASE             PROGRESS              UPGRADED  SKIPPED  FAILED  MAX-FAILURES\n"
+        "  a      Completed         ████████████████████  1/1       0        0       -\n"
+        "  b      AwaitingApproval  ░░░░░░░░░░░░░░░░░░░░  0/2       0        0       1"
         "             <- current\n"
         "Blocked (1):\n"
-        "  x (stage b): no reason recorded\n"
+        "  x (stage b, attempt 1): no reason recorded\n"
         "Stage b awaits approval: fleet-orchestrator approve r b\n"
     )
 
@@ -599,8 +600,8 @@ def test_live_view_as_rich_renders_it() -> None:
         ),
         in_flight=(ClusterLine("c5", "wave", "Verifying", "", 1, since="2026-11-23T00:12:00Z"),),
         failed=(
-            ClusterLine("c7", "wave", "Failed", attempt=2, reason="PreUpgradeHookFailed"),
-            ClusterLine("c8", "wave", "Failed", attempt=1, reason="StepTimedOut"),
+            ClusterLine("c7", "wave", "Failed", attempt=1, reason="PreUpgradeHookFailed"),
+            ClusterLine("c8", "wave", "Failed", attempt=0, reason="StepTimedOut"),
         ),
         failures=api.FailureSummary(count=2, max_failures=1, clusters=["c7", "c8"]),
         next_start_time="2026-11-24T02:00:00Z",
@@ -619,10 +620,10 @@ def test_live_view_as_rich_renders_it() -> None:
         "Waiting: the maintenance window is closed; next start 2026-11-24T02:00:00Z (in 1d0h)"
         in lines
     )
-    assert "  canary  Completed  ████████████████████  2/2       0       0" in lines
+    assert "  canary  Completed  ████████████████████  2/2       0        0       0" in lines
     assert (
-        "  wave    Failed     █████✗✗✗✗✗░░░░░░░░░░  2/8       2       1             <- current"
-        in lines
+        "  wave    Failed     █████✗✗✗✗✗░░░░░░░░░░  2/8       0        2       1             "
+        "<- current" in lines
     )
     assert "  c5       wave   Verifying  -     1h2m" in lines
     assert "  c7 (stage wave, attempt 2): PreUpgradeHookFailed" in lines
@@ -760,6 +761,11 @@ def test_status_watch_live_under_tmux(
         assert "Failure budget: 1 failed of 1 allowed: c3" in first
         assert "wave-1  Progressing  ✗✗✗✗✗✗✗░░░░░░░░░░░░░  0/3" in first
         # The controller's part: c2 is upgraded, c4 fails, the run halts past its budget.
+        for cluster, phase in (("c2", "Upgraded"), ("c4", "Failed")):
+            cu = objects.kube.get_object(
+                api.CLUSTER_UPGRADE_PLURAL, objects.ns, f"prod-1-{cluster}"
+            )
+            objects.write_status(api.CLUSTER_UPGRADE_PLURAL, cu, {"phase": phase})
         run = objects.kube.get_object(api.UPDATE_RUN_PLURAL, objects.ns, "prod-1")
         status = dict(run["status"])
         status.update(
@@ -776,7 +782,9 @@ def test_status_watch_live_under_tmux(
         after = wait_for(
             "the change on screen",
             lambda: (
-                "2 failed of 1 allowed (exceeded: the run halts): c3, c4" in screen() and screen()
+                "2 failed of 1 allowed (exceeded: the run halts): c3, c4" in screen()
+                and "1/3" in screen()
+                and screen()
             ),
             timeout=20,
         )
@@ -828,6 +836,7 @@ def test_printer_columns_show_phase_progress_failures_and_age(
         "Total": 4,
         "Failed": 1,
         "Stage": "wave-1",
+        "Degraded": None,
         "Message": "stage wave-1: 1 cluster in flight",
     }
     run = _table(control_plane, objects.ns, api.UPDATE_RUN_PLURAL)["prod-1"]
@@ -842,6 +851,7 @@ def test_printer_columns_show_phase_progress_failures_and_age(
         "Total": 4,
         "Max-Failures": 1,
         "Next-Start": "2026-11-23T04:00:00Z",
+        "Degraded": None,
         "Waiting": "c4: its maintenance window is closed",
         "Message": None,
     }
@@ -855,7 +865,7 @@ def test_printer_columns_show_phase_progress_failures_and_age(
         "Phase": "Failed",
         "Step": None,
         "Reason": "StepTimedOut",
-        "Attempt": 1,
+        "Retries": 0,
         "Message": "controlPlane took longer than 90m",
     }
     assert upgrades["prod-1-c2"]["Step"] == "nodePool/a"

@@ -129,6 +129,12 @@ def test_describe_names_the_endpoint_and_the_fix() -> None:
             "handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: CERTIFICATE_VERIFY_FAILED",
             "TLS verification failed (UNAVAILABLE)",
         ),
+        (
+            "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:42803: Custom "
+            "verification check failed with error: UNAUTHENTICATED: Hostname Verification Check "
+            "failed.",
+            "TLS verification failed (UNAVAILABLE)",
+        ),
         ("last error: UNAVAILABLE: ipv4:10.0.0.1:443: Socket closed", "unreachable (UNAVAILABLE)"),
         ("ssl handshake: wrong version number", "TLS handshake failed (UNAVAILABLE)"),
     ],

@@ -114,6 +114,19 @@ def test_the_floor_names_the_field_and_the_largest_allowed_value() -> None:
     }
 
 
+def test_a_one_cluster_floor_says_what_can_work() -> None:
+    # Not "set it to at most 0": the floor is at least 1, so a lone cluster cannot be rolled.
+    one = cv_spec(clusters=[{"id": "a", "version": "1.29.4"}])
+    assert fields(admit(request(api.KIND, one))) == {
+        "spec.requiredAvailableCount": "1 leaves no cluster allowed out of service among 1; the "
+        "floor is at least 1, so a rollout needs at least 2 clusters: add a cluster to it (the "
+        "floor keeps one in service while the other upgrades), or upgrade a lone cluster with "
+        "its provider's own tools"
+    }
+    two = {**one, "clusters": [{"id": "a", "version": "1.29.4"}, {"id": "b", "version": "1.29.4"}]}
+    assert fields(admit(request(api.KIND, two))) == {}
+
+
 def test_parse_errors_name_the_field() -> None:
     got = fields(admit(request(api.KIND, cv_spec(requiredAvailableCount=0, colour="blue"))))
     assert set(got) == {"spec.requiredAvailableCount", "spec.colour"}

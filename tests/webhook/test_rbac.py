@@ -161,9 +161,11 @@ def test_the_shipped_grants_suffice_for_self_managed_certificates_and_no_more(
         "yes"
     )
     assert can_i(control_plane, "patch", "validatingwebhookconfigurations/another") == "no"
+    # The who-asked webhook's configuration of the same name gets the same CA (issue 24 item 3).
     assert can_i(control_plane, "patch", "mutatingwebhookconfigurations/fleet-orchestrator") == (
-        "no"
+        "yes"
     )
+    assert can_i(control_plane, "patch", "mutatingwebhookconfigurations/another") == "no"
     assert can_i(control_plane, "update", "secrets/fleet-orchestrator-webhook-tls", HOME) == "yes"
     assert can_i(control_plane, "update", "secrets/another", HOME) == "no"
     assert can_i(control_plane, "create", "secrets", namespace) == "no"
@@ -184,3 +186,22 @@ def test_the_shipped_configuration_is_accepted_by_the_apiserver(
     assert (hook.failure_policy, hook.timeout_seconds, hook.side_effects) == ("Ignore", 5, "None")
     assert hook.match_policy == "Equivalent" and hook.admission_review_versions == ["v1"]
     assert hook.client_config.service.name == "fleet-orchestrator-webhook"
+
+
+@pytest.mark.parametrize("source", ["install", "overlays/cert-manager"])
+def test_the_shipped_mutating_configuration_is_accepted_by_the_apiserver(
+    control_plane: KubeCluster, source: str
+) -> None:
+    (config,) = [
+        d
+        for d in yaml_docs(kustomize(ROOT / "manifests" / source))
+        if d["kind"] == "MutatingWebhookConfiguration"
+    ]
+    admission = k8s.AdmissionregistrationV1Api(control_plane.api_client())
+    stored = admission.create_mutating_webhook_configuration(config, dry_run="All")
+    (hook,) = stored.webhooks
+    assert (hook.failure_policy, hook.timeout_seconds, hook.side_effects) == ("Ignore", 5, "None")
+    assert hook.client_config.service.path == "/mutate"
+    assert [r.resources for r in hook.rules] == [["clusterversions", "updateruns"]]
+    if source == "overlays/cert-manager":
+        assert "cert-manager.io/inject-ca-from" in (stored.metadata.annotations or {})

@@ -5,6 +5,7 @@ test_apiserver.py), renewal, and reloading of cert-manager style files."""
 
 from __future__ import annotations
 
+import base64
 import datetime
 import hashlib
 import json
@@ -213,7 +214,14 @@ def test_the_server_answers_admission_reviews_over_tls_trusted_by_the_ca(
     code, answer = post(server.port, ca, review_of({**SPEC, "requiredAvailableCount": 2}))
     assert code == 200 and answer["response"]["allowed"] is False
     assert answer["response"]["status"]["message"].startswith("spec.requiredAvailableCount: ")
-    assert post(server.port, ca, review_of(SPEC), path="/mutate")[0] == 404
+    # /mutate: who asked, stamped as a JSON patch (always allowed, even for an invalid spec).
+    signed = review_of({**SPEC, "requiredAvailableCount": 2})
+    signed["request"]["userInfo"] = {"username": "alice", "groups": ["system:authenticated"]}
+    code, answer = post(server.port, ca, signed, path="/mutate")
+    assert code == 200 and answer["response"]["allowed"] is True
+    patch = json.loads(base64.b64decode(answer["response"]["patch"]))
+    assert patch[0]["value"][api.ANNOTATION_REQUESTED_BY_USER] == "alice"
+    assert post(server.port, ca, review_of(SPEC), path="/other")[0] == 404
     assert post(server.port, ca, b"not json")[0] == 400
     assert post(server.port, ca, {"kind": "Pod"})[0] == 400
 

@@ -1,0 +1,81 @@
+"""Who asked, as the orchestrator records it: the user the admission webhook authenticated, if
+its stamp still speaks for the object's spec and people annotations; else "unauthenticated".
+
+The typed `requested-by` survives only as a display name beside it (issue 24).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from orchestrator import api
+
+__all__ = [
+    "PEOPLE_ANNOTATIONS",
+    "STAMPS",
+    "UNAUTHENTICATED",
+    "attested",
+    "handed",
+    "requester",
+]
+
+
+#: Annotations through which people ask something of a run; a request changing one of them (or
+#: the spec: a stop, a resume, a new target) is stamped with its authenticated user.
+PEOPLE_ANNOTATIONS = (
+    api.ANNOTATION_APPROVE_STAGES,
+    api.ANNOTATION_RETRY_CLUSTERS,
+    api.ANNOTATION_SKIP_CLUSTERS,
+    api.ANNOTATION_SKIP_STAGES,
+    api.ANNOTATION_REASON,
+    api.ANNOTATION_REQUESTED_BY,
+)
+
+
+#: The annotations only the webhook writes.
+STAMPS = (
+    api.ANNOTATION_REQUESTED_BY_USER,
+    api.ANNOTATION_REQUESTED_BY_GROUPS,
+    api.ANNOTATION_REQUESTED_BY_STAMP,
+)
+
+
+#: Recorded when no stamp vouches for the request (the webhook down: failurePolicy Ignore, or
+#: not installed).
+UNAUTHENTICATED = "unauthenticated"
+
+
+def attested(annotations: Mapping[str, str], spec: Any) -> str:
+    """The digest a stamp vouches for: the spec and the people annotations, as written."""
+    said = {k: annotations[k] for k in PEOPLE_ANNOTATIONS if k in annotations}
+    text = json.dumps({"spec": spec, "annotations": said}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _vouched(annotations: Mapping[str, str], spec: Any) -> bool:
+    user = annotations.get(api.ANNOTATION_REQUESTED_BY_USER) or ""
+    stamp = annotations.get(api.ANNOTATION_REQUESTED_BY_STAMP) or ""
+    return bool(user) and stamp == attested(annotations, spec)
+
+
+def handed(annotations: Mapping[str, str], spec: Any) -> dict[str, str]:
+    """The user and groups a ClusterVersion hands to its run with its requests: those of its
+    stamp when the stamp still vouches for it, else none (the run then records
+    "unauthenticated"). The digest is not handed: the webhook makes the run's own."""
+    if not _vouched(annotations, spec):
+        return {}
+    return {k: annotations[k] for k in STAMPS[:2] if k in annotations}
+
+
+def requester(annotations: Mapping[str, str], spec: Any) -> str:
+    """Who asked, for status, Events and notifications: "alice", "alice (as cto@example.com)"
+    when the typed display name differs, or "unauthenticated (as cto@example.com)" when no
+    stamp vouches for what is written now."""
+    typed = annotations.get(api.ANNOTATION_REQUESTED_BY) or ""
+    user = annotations.get(api.ANNOTATION_REQUESTED_BY_USER) or ""
+    if not _vouched(annotations, spec):
+        user = UNAUTHENTICATED
+    return f"{user} (as {typed})" if typed and typed != user else user
