@@ -32,6 +32,7 @@ from orchestrator.engine.conditions import format_time, get_condition, set_condi
 from orchestrator.engine.decide import ACTIVE, Floor, Preflight, Upgrade
 from orchestrator.engine.initialize import Pinned, pin_upgrades, run_name
 from orchestrator.engine.observations import ClusterObs, OpObs, OpState
+from orchestrator.engine.requester import requester
 from orchestrator.engine.transitions import ClusterChange, Transition, event_name, transitions
 from orchestrator.engine.validate import Problem, parse_model
 from orchestrator.pipeline import deletion
@@ -450,7 +451,7 @@ class UpdateRunController:
                 | {u.cluster_id for n, u in upgrades.items() if deletion.deleting(children[n])},
                 floors=floors,
                 skip_stages=_csv(annotations.get(api.ANNOTATION_SKIP_STAGES)),
-                requested_by=annotations.get(api.ANNOTATION_REQUESTED_BY) or "",
+                requested_by=requester(annotations, obj.get("spec")),
                 reason=annotations.get(api.ANNOTATION_REASON) or "",
             )
         except CallError as err:
