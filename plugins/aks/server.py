@@ -16,13 +16,12 @@ from plugins.aks.config import AksConfig, aks_fleet_id, load_config
 from plugins.aks.fleet import AksFleet
 from plugins.aks.servicers import aks_servicers
 from plugins.sdk import (
-    PluginServer,
+    FleetServer,
     ServerTLS,
     package_version,
     parse_plugin_args,
     plugin_parser,
     run_plugin,
-    serve,
     server_tls_from_args,
 )
 
@@ -46,47 +45,29 @@ class AksPluginOptions:
     max_workers: int = 32
 
 
-class AksPlugin:
+class AksPlugin(FleetServer[AksFleet]):
     """A running AKS plugin: the fleet (ARM clients, operation follower) and its gRPC server."""
 
     def __init__(self, options: AksPluginOptions) -> None:
         self.options = options
         config = options.config
         credential = options.credential or build_credential(config.api)
-        api = AksApi(config.api, credential, config.operations.poll_seconds)
-        self.fleet = AksFleet(config, api)
-        try:
-            self.fleet.start()
-            manifest = {
-                "clusters": str(len(config.clusters.ids)),
-                "discovery": str(len(config.clusters.discover)),
-                "traffic": config.traffic.mode,
-                "endpoint": config.api.endpoint,
-            }
-            self.server: PluginServer = serve(
-                options.listen,
-                aks_servicers(self.fleet, package_version(), manifest, aks_fleet_id(config)),
-                tls=options.tls,
-                max_workers=options.max_workers,
-                plugin_name="aks",
-                registry=options.registry if options.registry is not None else REGISTRY,
-            )
-        except BaseException:
-            self.fleet.close()
-            raise
-        self.server.add_stop_callback(self.fleet.store.close)
-
-    @property
-    def address(self) -> str:
-        """HOST:PORT the gRPC server listens on."""
-        return self.server.address
-
-    def stop(self, grace: float = 1.0) -> None:
-        """Stops the server (in-flight RPCs get grace seconds), the follower and the clients."""
-        self.fleet.store.close()
-        if not self.server.stopped:
-            self.server.stop(grace)
-        self.fleet.close()
+        fleet = AksFleet(config, AksApi(config.api, credential, config.operations.poll_seconds))
+        manifest = {
+            "clusters": str(len(config.clusters.ids)),
+            "discovery": str(len(config.clusters.discover)),
+            "traffic": config.traffic.mode,
+            "endpoint": config.api.endpoint,
+        }
+        super().__init__(
+            fleet,
+            lambda: aks_servicers(fleet, package_version(), manifest, aks_fleet_id(config)),
+            listen=options.listen,
+            tls=options.tls,
+            max_workers=options.max_workers,
+            plugin_name="aks",
+            registry=options.registry,
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,13 +15,12 @@ from plugins.eks.config import EksConfig, eks_fleet_id, load_config
 from plugins.eks.fleet import EksFleet
 from plugins.eks.servicers import eks_servicers
 from plugins.sdk import (
-    PluginServer,
+    FleetServer,
     ServerTLS,
     package_version,
     parse_plugin_args,
     plugin_parser,
     run_plugin,
-    serve,
     server_tls_from_args,
 )
 
@@ -44,7 +43,7 @@ class EksPluginOptions:
     max_workers: int = 32
 
 
-class EksPlugin:
+class EksPlugin(FleetServer[EksFleet]):
     """A running EKS plugin: the fleet (boto3 clients, update poller) and its gRPC server."""
 
     def __init__(self, options: EksPluginOptions) -> None:
@@ -52,42 +51,24 @@ class EksPlugin:
         config = options.config
         for name in _QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.INFO)
-        self.fleet = EksFleet(config, EksApi(config))
-        try:
-            self.fleet.start()
-            manifest = {
-                "account": config.account,
-                "regions": ",".join(config.regions),
-                "traffic": config.traffic.mode,
-                "endpoint": config.api.endpoint or "eks.<region>.amazonaws.com",
-            }
-            servicers = eks_servicers(
-                self.fleet, package_version(), manifest, fleet_id=eks_fleet_id(config)
-            )
-            self.server: PluginServer = serve(
-                options.listen,
-                servicers,
-                tls=options.tls,
-                max_workers=options.max_workers,
-                plugin_name="eks",
-                registry=options.registry if options.registry is not None else REGISTRY,
-            )
-        except BaseException:
-            self.fleet.close()
-            raise
-        self.server.add_stop_callback(self.fleet.store.close)
-
-    @property
-    def address(self) -> str:
-        """HOST:PORT the gRPC server listens on."""
-        return self.server.address
-
-    def stop(self, grace: float = 1.0) -> None:
-        """Stops the server (in-flight RPCs get grace seconds), the poller and the clients."""
-        self.fleet.store.close()
-        if not self.server.stopped:
-            self.server.stop(grace)
-        self.fleet.close()
+        fleet = EksFleet(config, EksApi(config))
+        manifest = {
+            "account": config.account,
+            "regions": ",".join(config.regions),
+            "traffic": config.traffic.mode,
+            "endpoint": config.api.endpoint or "eks.<region>.amazonaws.com",
+        }
+        super().__init__(
+            fleet,
+            lambda: eks_servicers(
+                fleet, package_version(), manifest, fleet_id=eks_fleet_id(config)
+            ),
+            listen=options.listen,
+            tls=options.tls,
+            max_workers=options.max_workers,
+            plugin_name="eks",
+            registry=options.registry,
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:

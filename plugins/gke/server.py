@@ -16,13 +16,12 @@ from plugins.gke.config import GkeConfig, gke_fleet_id, load_config
 from plugins.gke.fleet import GkeFleet
 from plugins.gke.servicers import gke_servicers
 from plugins.sdk import (
-    PluginServer,
+    FleetServer,
     ServerTLS,
     package_version,
     parse_plugin_args,
     plugin_parser,
     run_plugin,
-    serve,
     server_tls_from_args,
 )
 
@@ -46,49 +45,30 @@ class GkePluginOptions:
     max_workers: int = 32
 
 
-class GkePlugin:
+class GkePlugin(FleetServer[GkeFleet]):
     """A running GKE plugin: the fleet (GKE + compute clients, poller) and its gRPC server."""
 
     def __init__(self, options: GkePluginOptions) -> None:
         self.options = options
         config = options.config
-        api = GkeApi(config.api, options.credentials)
-        self.fleet = GkeFleet(config, api)
-        try:
-            self.fleet.start()
-            manifest = {
-                "clusters": str(len(config.clusters.ids)),
-                "discovery": str(len(config.clusters.discover)),
-                "traffic": config.traffic.mode,
-                "endpoint": config.api.container_endpoint or "container.googleapis.com",
-            }
-            servicers = gke_servicers(
-                self.fleet, package_version(), manifest, fleet_id=gke_fleet_id(config)
-            )
-            self.server: PluginServer = serve(
-                options.listen,
-                servicers,
-                tls=options.tls,
-                max_workers=options.max_workers,
-                plugin_name="gke",
-                registry=options.registry if options.registry is not None else REGISTRY,
-            )
-        except BaseException:
-            self.fleet.close()
-            raise
-        self.server.add_stop_callback(self.fleet.store.close)
-
-    @property
-    def address(self) -> str:
-        """HOST:PORT the gRPC server listens on."""
-        return self.server.address
-
-    def stop(self, grace: float = 1.0) -> None:
-        """Stops the server (in-flight RPCs get grace seconds), the poller and the clients."""
-        self.fleet.store.close()
-        if not self.server.stopped:
-            self.server.stop(grace)
-        self.fleet.close()
+        fleet = GkeFleet(config, GkeApi(config.api, options.credentials))
+        manifest = {
+            "clusters": str(len(config.clusters.ids)),
+            "discovery": str(len(config.clusters.discover)),
+            "traffic": config.traffic.mode,
+            "endpoint": config.api.container_endpoint or "container.googleapis.com",
+        }
+        super().__init__(
+            fleet,
+            lambda: gke_servicers(
+                fleet, package_version(), manifest, fleet_id=gke_fleet_id(config)
+            ),
+            listen=options.listen,
+            tls=options.tls,
+            max_workers=options.max_workers,
+            plugin_name="gke",
+            registry=options.registry,
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,8 @@ the surface only on purpose. The conformance kit is a sub-surface of its own,
 ``plugins.sdk.conformance`` (it needs pytest, which a plugin at run time does not).
 
 What is here, by the question a plugin author asks:
-- serving: PluginServer, PluginServicers, ServerTLS, serve, run_until_signal, add_server_args,
+- serving: FleetServer, ServedFleet, PluginServer, PluginServicers, ServerTLS, serve,
+  run_until_signal, add_server_args,
   server_tls_from_args, configure_logging, and the command line (plugin_parser,
   parse_plugin_args, run_plugin, RunningPlugin);
 - identity: StaticIdentity, package_version, always_ready;
@@ -73,8 +74,10 @@ from plugins.sdk.preflight import (
     verdict_of_check,
 )
 from plugins.sdk.server import (
+    FleetServer,
     PluginServer,
     PluginServicers,
+    ServedFleet,
     ServerTLS,
     add_server_args,
     configure_logging,
@@ -121,6 +124,7 @@ __all__ = [
     "Conflict",
     "FailedPrecondition",
     "Failure",
+    "FleetServer",
     "HealthBackend",
     "HealthServicer",
     "Informer",
@@ -141,6 +145,7 @@ __all__ = [
     "Reason",
     "Resource",
     "RunningPlugin",
+    "ServedFleet",
     "ServerTLS",
     "StaticIdentity",
     "Unavailable",

@@ -12,7 +12,7 @@ from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 import grpc_health.v1.health as std_health
@@ -39,8 +39,10 @@ __all__ = [
     "GATE_SERVICE",
     "HEALTH_SERVICE",
     "IDENTITY_SERVICE",
+    "FleetServer",
     "PluginServer",
     "PluginServicers",
+    "ServedFleet",
     "ServerTLS",
     "add_server_args",
     "configure_logging",
@@ -323,6 +325,66 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="serve Prometheus metrics over HTTP here (default: off)",
     )
     parser.add_argument("--debug", action="store_true", help="log every RPC (DEBUG level)")
+
+
+class ServedFleet(Protocol):
+    """What a plugin serves over its fleet: started once, closed once, with an operation
+    store (closed first, so no RPC records into a closed journal)."""
+
+    @property
+    def store(self) -> Any: ...
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+F = TypeVar("F", bound=ServedFleet)
+
+
+class FleetServer(Generic[F]):
+    """A plugin process's fleet and its gRPC server as one unit: the fleet starts, then the
+    server serves its servicers; if either fails the fleet is closed; stop() closes the
+    store, stops the server (in-flight RPCs get grace seconds), then closes the fleet."""
+
+    def __init__(
+        self,
+        fleet: F,
+        servicers: Callable[[], PluginServicers],
+        *,
+        listen: str,
+        tls: ServerTLS | None,
+        max_workers: int,
+        plugin_name: str,
+        registry: CollectorRegistry | None,
+    ) -> None:
+        self.fleet = fleet
+        try:
+            fleet.start()
+            self.server: PluginServer = serve(
+                listen,
+                servicers(),
+                tls=tls,
+                max_workers=max_workers,
+                plugin_name=plugin_name,
+                registry=registry if registry is not None else REGISTRY,
+            )
+        except BaseException:
+            fleet.close()
+            raise
+        self.server.add_stop_callback(fleet.store.close)
+
+    @property
+    def address(self) -> str:
+        """HOST:PORT the gRPC server listens on."""
+        return self.server.address
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Stops the store, the server, then the fleet."""
+        self.fleet.store.close()
+        if not self.server.stopped:
+            self.server.stop(grace)
+        self.fleet.close()
 
 
 def server_tls_from_args(args: argparse.Namespace) -> ServerTLS | None:
