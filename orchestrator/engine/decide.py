@@ -43,6 +43,7 @@ from orchestrator.engine.observations import (
     Snapshot,
     apply_succeeded,
 )
+from orchestrator.engine.requester import retyped
 from orchestrator.engine.transitions import PEOPLES_WORDS
 from plugins.sdk import versions
 
@@ -1200,19 +1201,6 @@ def _said(by: str | None, reason: str | None) -> str:
     return f"{by or 'unknown'}: {reason or 'no reason given'}"
 
 
-def _typed_by(recorded: str, typed: str | None) -> str:
-    """Who asked through a spec field (spec.retry / spec.skip `requestedBy`): the requester the
-    controller recorded (authenticated by the webhook's stamp, or "unauthenticated"), the
-    typed name only as a display name beside it; without a recorded requester (the engine
-    run alone), the typed name."""
-    if not recorded:
-        return typed or ""
-    if not typed:
-        return recorded
-    base = recorded.split(" (as ", 1)[0]
-    return base if typed == base else f"{base} (as {typed})"
-
-
 def _people(run: _Run) -> None:
     """Skips (annotation: once; spec.skip.clusters: while listed), then retries (annotation:
     once; spec.retry: once per round and cluster, recorded as retry_round)."""
@@ -1229,7 +1217,7 @@ def _people(run: _Run) -> None:
         if cid in inp.skip_clusters:
             said = _said(inp.requested_by, inp.reason)
         elif cid in spec_skip:
-            said = _said(_typed_by(inp.requested_by, skip.requested_by), skip.reason)
+            said = _said(retyped(inp.requested_by, skip.requested_by), skip.reason)
         if said is not None and st.phase in (U.PENDING, U.BLOCKED, U.FAILED):
             run.set(u, phase=U.SKIPPED, reason="SkippedByUser", message=f"{PEOPLES_WORDS[1]}{said}")
             run.skipped.add(cid)
@@ -1239,7 +1227,7 @@ def _people(run: _Run) -> None:
             # The round is spent by every listed cluster the first time a decision sees it
             # (idempotent under re-apply); only those that can retry get a fresh attempt.
             run.set(u, retry_round=retry.round)
-            who = _said(_typed_by(inp.requested_by, retry.requested_by), retry.reason)
+            who = _said(retyped(inp.requested_by, retry.requested_by), retry.reason)
         else:
             who = _said(inp.requested_by, inp.reason)
         if (due or cid in inp.retry_clusters) and _retriable(st):
@@ -1432,7 +1420,7 @@ def _skip_stages(
         if name not in skipped:
             continue
         if name in in_spec:
-            said = _said(_typed_by(inp.requested_by, spec.requested_by), spec.reason)
+            said = _said(retyped(inp.requested_by, spec.requested_by), spec.reason)
         else:
             said = _said(inp.requested_by, inp.reason)
         for u in by_stage.get(index, []):

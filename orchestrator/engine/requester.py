@@ -20,6 +20,7 @@ __all__ = [
     "attested",
     "handed",
     "requester",
+    "retyped",
 ]
 
 
@@ -78,4 +79,23 @@ def requester(annotations: Mapping[str, str], spec: Any) -> str:
     user = annotations.get(api.ANNOTATION_REQUESTED_BY_USER) or ""
     if not _vouched(annotations, spec):
         user = UNAUTHENTICATED
-    return f"{user} (as {typed})" if typed and typed != user else user
+    return _as_named(user, typed)
+
+
+def retyped(recorded: str, typed: str | None) -> str:
+    """Who asked through a spec field (spec.retry / spec.skip `requestedBy`): the requester
+    recorded for the run (`requester`), its typed display name replaced by this one; without
+    a recorded requester (the engine run alone), the typed name."""
+    if not recorded:
+        return typed or ""
+    if not typed:
+        return recorded
+    return _as_named(recorded.split(_AS, 1)[0], typed)
+
+
+_AS = " (as "
+
+
+def _as_named(who: str, typed: str) -> str:
+    """who, with a typed display name beside it when the name differs."""
+    return f"{who}{_AS}{typed})" if typed and typed != who else who
