@@ -1,5 +1,5 @@
 """Fixtures of the access tests: the install's namespace (shared with the manifest tests)."""
 
-from tests.manifests.conftest import install_namespace
+from tests.install.conftest import install_namespace
 
 __all__ = ["install_namespace"]

@@ -18,8 +18,8 @@ from kubernetes import client as k8s
 
 from orchestrator import api
 from orchestrator.engine.access import INLINE_FLAG
-from tests.manifests.conftest import install_namespace
-from tests.reconcile.test_rollout import NEW, cluster_version, fleet
+from tests.controllers.test_rollout import NEW, cluster_version, fleet
+from tests.install.conftest import install_namespace
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.kubectl import kubectl
 from tests.support.loopback import serving

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.reconcile.test_rollout import NEW, cluster_version, fleet
+from tests.controllers.test_rollout import NEW, cluster_version, fleet
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.orchestrator import CV, OrchestratorProcess, free_port, monitor, simulated_fleet
 from tests.support.prometheus import SampleApp, prometheus_binary, running_prometheus

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from devtools.controlplane import REPO_ROOT
-from tests.manifests.test_install import _grants
+from tests.install.test_manifests import _grants
 from tests.support.kubectl import kustomize, yaml_docs
 
 SA = ("fleet-upgrade-system", "fleet-orchestrator")

@@ -19,8 +19,8 @@ from orchestrator.adapters.kube import KubeClient
 from orchestrator.adapters.secrets import TLSResolver
 from orchestrator.engine.decide import PRE_HOOK, HookObs, HookState, hook_id
 from orchestrator.pipeline.driver import HookRequest
-from tests.manifests.conftest import install_namespace  # noqa: F401  (a fixture)
-from tests.manifests.test_rbac_live import _service_account_kubeconfig
+from tests.install.conftest import install_namespace  # noqa: F401  (a fixture)
+from tests.install.test_rbac_live import _service_account_kubeconfig
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.kubectl import kubectl
 

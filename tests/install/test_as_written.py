@@ -56,7 +56,7 @@ def _blocks(section: str, language: str) -> list[str]:
 
 def _kubectl_lines(section: str) -> list[str]:
     """The commands of a section's sh blocks that install (kubectl apply/wait of manifests/,
-    not of the examples, which tests/manifests/test_examples.py covers), comments stripped."""
+    not of the examples, which tests/install/test_examples.py covers), comments stripped."""
     lines = [
         line.split("#", 1)[0].strip()
         for block in _blocks(section, "sh")

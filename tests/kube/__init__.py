@@ -1,1 +1,2 @@
-"""Acceptance tests of the local control plane against the real kube-apiserver and etcd."""
+"""What the orchestrator relies on of Kubernetes: the real kube-apiserver's behaviour and the
+lean HTTP path of orchestrator/adapters/kube.py against it."""

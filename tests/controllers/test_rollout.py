@@ -291,7 +291,7 @@ def test_events_record_each_clusters_start_and_end(
         )
         # One event per transition, on each cluster's own ClusterUpgrade: by default its start
         # and its end (its status records the steps between; --step-events adds an Event for
-        # each, tests/e2e/test_notifications.py). Event times have one-second resolution, so
+        # each, tests/notify/test_notifications_e2e.py). Event times have one-second resolution, so
         # the order is not asserted; each transition appears once.
         lifecycle = {"ServicingOut", "Upgraded"}
         for name, cid in by_name.items():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.reconcile.test_rollout import NEW, cluster_version, fleet
+from tests.controllers.test_rollout import NEW, cluster_version, fleet
 from tests.support.orchestrator import ROOT, monitor, simulated_fleet
 
 

@@ -30,7 +30,7 @@ from kubernetes import client as k8s
 
 from devtools.controlplane import REPO_ROOT
 from orchestrator import api
-from tests.image.conftest import podman
+from tests.install.conftest import podman
 from tests.install.served import as_served
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.kubectl import kubectl, kustomize, yaml_docs

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.image.conftest import podman
+from tests.install.conftest import podman
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = (
