@@ -6,16 +6,14 @@ from enum import StrEnum
 
 from pydantic import Field, field_validator
 
-from orchestrator.api.fields import Condition, OpsEndpoint, ProviderRef, Version, _Model
+from orchestrator.api.fields import Condition, _Model
 from orchestrator.api.rollout import (
     ClusterSpec,
-    HealthChecks,
-    Notification,
     RetrySpec,
+    RolloutSpec,
     SkipSpec,
     StageStatus,
     StepTimeouts,
-    Strategy,
 )
 
 __all__ = [
@@ -35,32 +33,14 @@ KIND = "ClusterVersion"
 PLURAL = "clusterversions"
 
 
-class ClusterVersionSpec(_Model):
+class ClusterVersionSpec(RolloutSpec):
     """Desired versions for a fleet and how to get there."""
 
-    required_available_count: int = Field(
-        default=1, ge=1, description="Clusters available and in service never fall below this."
-    )
-    ops_endpoint: OpsEndpoint | None = Field(
-        default=None,
-        description="Inline plugin endpoint (only in namespaces the admin allows); "
-        "or set providerRef.",
-    )
-    provider_ref: ProviderRef | None = Field(
-        default=None, description="A FleetProvider that allows this namespace (not opsEndpoint)."
-    )
-    version: Version | None = Field(
-        default=None, description="Target for clusters selected by stages but not listed."
-    )
-    clusters: list[ClusterSpec] | None = None
-    strategy: Strategy | None = None
-    health_checks: HealthChecks | None = None
     timeouts: StepTimeouts | None = Field(
         default=None, description="Bounds on each kind of step (defaults in StepTimeouts)."
     )
     skip: SkipSpec | None = Field(default=None, description="Applies to the current run.")
     retry: RetrySpec | None = Field(default=None, description="Applies to the current run.")
-    notifications: list[Notification] | None = None
 
     @field_validator("clusters")
     @classmethod

@@ -15,6 +15,8 @@ from orchestrator.api.fields import (
     CheckInterval,
     IntOrPercent,
     LabelSelector,
+    OpsEndpoint,
+    ProviderRef,
     SecretKeyRef,
     SoakTime,
     SourceRef,
@@ -52,6 +54,7 @@ __all__ = [
     "OnFailure",
     "ProviderWindows",
     "RetrySpec",
+    "RolloutSpec",
     "SkipSpec",
     "Stage",
     "StagePhase",
@@ -469,6 +472,39 @@ class StepTimeouts(_Model):
         default="30m",
         description="Waiting for the cluster to become available and its pools ready.",
     )
+
+
+class RolloutSpec(_Model):
+    """The fields a ClusterVersion's spec and an UpdateRun's spec share, declared once.
+
+    The two kinds subclass it and add their own fields: an UpdateRun puts `state` and
+    `clusterVersionRef` first (a mixin listed after this class, so they come first in the
+    schema). A kind that says more about a field than this (its description) declares that field
+    again with the same type and default; the field keeps its place, so the CRDs keep their
+    field order (`python -m orchestrator.api.crd` regenerates them byte for byte).
+    """
+
+    required_available_count: int = Field(
+        default=1, ge=1, description="Clusters available and in service never fall below this."
+    )
+    ops_endpoint: OpsEndpoint | None = Field(
+        default=None,
+        description="Inline plugin endpoint (only in namespaces the admin allows); "
+        "or set providerRef.",
+    )
+    provider_ref: ProviderRef | None = Field(
+        default=None, description="A FleetProvider that allows this namespace (not opsEndpoint)."
+    )
+    version: Version | None = Field(
+        default=None, description="Target for clusters selected by stages but not listed."
+    )
+    clusters: list[ClusterSpec] | None = None
+    strategy: Strategy | None = None
+    health_checks: HealthChecks | None = None
+    timeouts: StepTimeouts | None = None
+    skip: SkipSpec | None = None
+    retry: RetrySpec | None = None
+    notifications: list[Notification] | None = None
 
 
 class StagePhase(StrEnum):

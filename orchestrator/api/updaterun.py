@@ -6,17 +6,8 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from orchestrator.api.fields import GROUP, Condition, OpsEndpoint, ProviderRef, Version, _Model
-from orchestrator.api.rollout import (
-    ClusterSpec,
-    HealthChecks,
-    Notification,
-    RetrySpec,
-    SkipSpec,
-    StageStatus,
-    StepTimeouts,
-    Strategy,
-)
+from orchestrator.api.fields import GROUP, Condition, _Model
+from orchestrator.api.rollout import ClusterSpec, RolloutSpec, StageStatus
 
 __all__ = [
     "ANNOTATION_REASON",
@@ -96,36 +87,21 @@ class ClusterVersionRef(_Model):
     generation: int = Field(ge=1, description="The ClusterVersion generation the run pins.")
 
 
-class UpdateRunSpec(_Model):
-    """One rollout: its targets and strategy are pinned when it starts."""
+class _RunHead(_Model):
+    """What only an UpdateRun's spec has: first in its schema (UpdateRunSpec lists it last)."""
 
     state: RunState = Field(default=RunState.RUN, description="Run, or Stop to wind it down.")
     cluster_version_ref: ClusterVersionRef | None = Field(
         default=None, description="Set when a ClusterVersion created this run."
     )
-    required_available_count: int = Field(
-        default=1, ge=1, description="Clusters available and in service never fall below this."
-    )
-    ops_endpoint: OpsEndpoint | None = Field(
-        default=None,
-        description="Inline plugin endpoint (only in namespaces the admin allows); "
-        "or set providerRef.",
-    )
-    provider_ref: ProviderRef | None = Field(
-        default=None, description="A FleetProvider that allows this namespace (not opsEndpoint)."
-    )
-    version: Version | None = Field(
-        default=None, description="Target for clusters selected by stages but not listed."
-    )
+
+
+class UpdateRunSpec(RolloutSpec, _RunHead):
+    """One rollout: its targets and strategy are pinned when it starts."""
+
     clusters: list[ClusterSpec] | None = Field(
         default=None, description="Clusters by id (empty when a ClusterVersion pins them)."
     )
-    strategy: Strategy | None = None
-    health_checks: HealthChecks | None = None
-    timeouts: StepTimeouts | None = None
-    skip: SkipSpec | None = None
-    retry: RetrySpec | None = None
-    notifications: list[Notification] | None = None
 
 
 class RunCounts(_Model):
