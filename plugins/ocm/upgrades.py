@@ -19,7 +19,6 @@ from plugins.ocm.caches import RETRIES, HubCaches
 from plugins.ocm.follower import Follower
 from plugins.ocm.hub import (
     CLUSTER_CURATORS,
-    HOSTED_CLUSTERS,
     MANAGED_CLUSTER_INFOS,
     MANIFEST_WORKS,
 )
@@ -103,21 +102,10 @@ class Upgrades:
         NodePools in that namespace, pkg/jobs/hypershift UpgradeCluster). This plugin writes
         ClusterCurator <cluster>/<cluster>: a HostedCluster <cluster> in another namespace
         would be curated as if standalone, so it is refused; one in namespace <cluster> takes
-        the hosted path as it should. No HostedCluster API on the hub: not hosted."""
-        try:
-            hosted, _ = self._hub.list(HOSTED_CLUSTERS)
-        except KubeNotFound:
-            return  # HyperShift is not installed on this hub
-        except KubeError as exc:
-            if exc.status in (401, 403):
-                return  # not readable with this role: the documented RBAC grants list
-            raise self._caches.unavailable("list HostedClusters", exc) from exc
-        elsewhere = sorted(
-            str((h.get("metadata") or {}).get("namespace", ""))
-            for h in hosted
-            if (h.get("metadata") or {}).get("name") == cluster
-            and (h.get("metadata") or {}).get("namespace") != cluster
-        )
+        the hosted path as it should. Read from the HostedCluster watch cache (HubCaches.hosted,
+        no hub call per request); no HostedCluster API on the hub, or none granted: not
+        hosted."""
+        elsewhere = [ns for ns in self._caches.hosted_namespaces(cluster) if ns != cluster]
         if elsewhere:
             raise FailedPrecondition(
                 f"cluster {self._caches.qualified(cluster)} is a HyperShift hosted cluster "

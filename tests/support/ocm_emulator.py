@@ -505,6 +505,12 @@ class OcmEmulator:
             },
         )
 
+    def remove_hosted_cluster(self, namespace: str, name: str) -> None:
+        """Deletes a HostedCluster (HyperShift destroyed that hosted control plane)."""
+        self._custom.delete_namespaced_custom_object(
+            *HOSTED_CLUSTER[:2], namespace, HOSTED_CLUSTER[2], name
+        )
+
     def add_cluster(
         self,
         name: str,
@@ -512,9 +518,17 @@ class OcmEmulator:
         labels: Mapping[str, str] | None = None,
         claims: Mapping[str, str] | None = None,
         taints: list[Mapping[str, Any]] | None = None,
+        cluster_claims: bool = True,
     ) -> None:
         """Registers a cluster as a joined, accepted and available ManagedCluster (created
-        with `taints`, in that order: the hub's webhook stamps each one's timeAdded)."""
+        with `taints`, in that order: the hub's webhook stamps each one's timeAdded).
+
+        cluster_claims=False: a registration agent with its ClusterClaim feature gate off
+        exposes no claims on the ManagedCluster (open-cluster-management-io/ocm
+        pkg/registration/spoke/managedcluster/claim_reconcile.go returns before exposeClaims),
+        so no version.openshift.io claim there; the foundation agent still copies the claim it
+        created on the member into the ManagedClusterInfo's distributionInfo.ocp.version
+        (multicloud-operators-foundation pkg/klusterlet/clusterinfo/distributionInfo_sync.go)."""
         with contextlib.suppress(ApiException):
             self._core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
         body = {
@@ -531,7 +545,7 @@ class OcmEmulator:
         self._custom.create_cluster_custom_object(*MC, body)
         with self._lock:
             self._members[name] = _Member(version=version)
-        status = {
+        status: dict[str, Any] = {
             "conditions": [
                 {
                     "type": "HubAcceptedManagedCluster",
@@ -556,19 +570,34 @@ class OcmEmulator:
                 },
             ],
             "version": {"kubernetes": kubernetes_version(version)},
-            "clusterClaims": [
+        }
+        if cluster_claims:
+            status["clusterClaims"] = [
                 {"name": "id.k8s.io", "value": f"{name}-id"},
                 {"name": KUBE_VERSION_CLAIM, "value": kubernetes_version(version)},
                 {"name": OPENSHIFT_VERSION_CLAIM, "value": version},
                 *({"name": k, "value": v} for k, v in (claims or {}).items()),
-            ],
-        }
+            ]
         self._patch_mc_status(name, status)
         self._write_cluster_info(name, version)
 
+    def write_cluster_info(self, name: str, version: str) -> None:
+        """Writes the cluster's ManagedClusterInfo as the foundation agent's sync would when
+        the member ran `version` (a stale copy when it runs another: that sync is periodic)."""
+        self._write_cluster_info(name, version)
+
+    def cluster_info_version(self, name: str) -> str:
+        """status.distributionInfo.ocp.version of the cluster's ManagedClusterInfo."""
+        info = self._cluster_info(name) or {}
+        ocp = ((info.get("status") or {}).get("distributionInfo") or {}).get("ocp") or {}
+        return str(ocp.get("version", ""))
+
     def _write_cluster_info(self, name: str, version: str) -> None:
         """The ManagedClusterInfo the foundation agent reports (ACM): vendor, version and the
-        updates the cluster's update service offers (the offered versions newer than it runs)."""
+        updates the cluster's update service offers (the offered versions newer than it runs).
+        distributionInfo.ocp.version is the member's version.openshift.io claim, copied
+        (pkg/klusterlet/clusterinfo/distributionInfo_sync.go, claimLister.Get), whether or
+        not the registration agent exposes claims on the ManagedCluster."""
         with self._lock:
             offered = self._offered.get(name, self.offered)
         current = _semver(version)

@@ -16,6 +16,7 @@ from tests.plugins.ocm.conftest import (
     curator_config,
     work_config,
 )
+from tests.support.kube import KubeCluster, wait_for
 from tests.support.ocm_emulator import OcmEmulator
 
 ACCEPTED, LATER, NEVER = (
@@ -111,3 +112,55 @@ def test_a_hosted_cluster_the_curator_would_curate_as_standalone_is_refused(
         assert plugin.client.preflight_upgrade(name, NEW).verdict == ACCEPTED, name
     done = plugin.end(plugin.client.upgrade_control_plane("up-standalone", standalone, NEW).id)
     assert done.state == SUCCEEDED, done.error_message
+
+
+def _hosted_cluster_lists(hub: KubeCluster) -> float:
+    """How many LISTs of hostedclusters the hub's apiserver has served (its own counter,
+    apiserver_request_total, from /metrics; a watch counts as WATCH)."""
+    with hub.api_client() as api:
+        request = api.param_serialize(
+            "GET", "/metrics", header_params={"Accept": "text/plain"}, auth_settings=["BearerToken"]
+        )
+        text = api.call_api(*request).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if (
+            line.startswith("apiserver_request_total{")
+            and 'resource="hostedclusters"' in line
+            and 'verb="LIST"' in line
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_hosted_clusters_are_read_from_a_watch_cache_not_listed_per_call(
+    hub: KubeCluster,
+    emulator: OcmEmulator,
+    start_plugin: StartPlugin,
+    names: Callable[[int], list[str]],
+) -> None:
+    """Issue 20: hosted detection used to LIST every HostedCluster on the hub for each
+    PreflightUpgrade and UpgradeControlPlane. It reads a list+watch cache now: repeated
+    preflights make no LIST (the hub's own request counter), and a HostedCluster created or
+    deleted after the plugin started is seen through the watch."""
+    hosted, decoy = names(2)
+    emulator.add_cluster(hosted, OLD)
+    emulator.add_hosted_cluster("clusters", decoy)  # HyperShift is installed on this hub
+    plugin = start_plugin(curator_config())
+    before = _hosted_cluster_lists(hub)
+    for _ in range(5):
+        assert plugin.client.preflight_upgrade(hosted, NEW).verdict == ACCEPTED
+    assert _hosted_cluster_lists(hub) == before
+    emulator.add_hosted_cluster("clusters", hosted)  # (its CRD install checks with a LIST)
+    before = _hosted_cluster_lists(hub)
+    refused = wait_for(
+        "the new HostedCluster seen",
+        lambda: (r := plugin.client.preflight_upgrade(hosted, NEW)).verdict == NEVER and r,
+    )
+    assert refused.reason_code == "HOSTED_CLUSTER_NOT_SUPPORTED"
+    emulator.remove_hosted_cluster("clusters", hosted)
+    wait_for(
+        "the deletion seen",
+        lambda: plugin.client.preflight_upgrade(hosted, NEW).verdict == ACCEPTED,
+    )
+    assert _hosted_cluster_lists(hub) == before
