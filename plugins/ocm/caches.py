@@ -207,6 +207,16 @@ class HubCaches:
             info = None if cached is None else cached.obj
         return inventory.cluster_version(obj, self.cfg.version_source, info)
 
+    def curator_namespace(self, cluster: str) -> str:
+        """The namespace of the cluster's ClusterCurator: the cluster's own (ACM's convention),
+        or, with clusterCurator.hostedClusters HostedClusterNamespace, the namespace of the
+        cluster's HostedCluster when exactly one sits elsewhere (the curator controller's
+        hosted path; upgrades.py refuses the other cases before writing)."""
+        if self.cfg.cluster_curator.hosted_clusters != "HostedClusterNamespace":
+            return cluster
+        elsewhere = [ns for ns in self.hosted_namespaces(cluster) if ns != cluster]
+        return elsewhere[0] if len(elsewhere) == 1 else cluster
+
     def hosted_namespaces(self, cluster: str) -> list[str]:
         """The namespaces (sorted) holding a HyperShift HostedCluster named like the cluster,
         from the HostedCluster cache (empty without HyperShift, or with another method)."""
@@ -225,7 +235,9 @@ class HubCaches:
     def upgrade_objects(self) -> list[tuple[str, dict[str, Any]]]:
         """(cluster, object) of every upgrade object this plugin drives, from the caches."""
         if self.curators is not None:
-            return [(c.obj["metadata"]["namespace"], c.obj) for c in self.curators.items()]
+            # Named after the cluster: in the cluster's namespace, or a hosted cluster's
+            # HostedCluster namespace (curator_namespace).
+            return [(c.obj["metadata"]["name"], c.obj) for c in self.curators.items()]
         mw = self.cfg.manifest_work
         assert mw is not None
         return [
@@ -237,7 +249,7 @@ class HubCaches:
     def upgrade_object(self, cluster: str) -> dict[str, Any] | None:
         """The cluster's cached upgrade object (ClusterCurator or upgrade ManifestWork)."""
         if self.curators is not None:
-            cached = self.curators.get(cluster, cluster)
+            cached = self.curators.get(self.curator_namespace(cluster), cluster)
         else:
             assert self.cfg.manifest_work is not None
             cached = self.works.get(cluster, self.cfg.manifest_work.name)

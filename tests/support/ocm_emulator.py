@@ -397,6 +397,8 @@ class _Curation:
     started: float
     failure: tuple[str, str] | None
     recorded: bool = False  # the job's first conditions are written
+    cluster: str = ""  # the cluster curated: the curator's namespace, or its name (hosted)
+    hosted: bool = False  # the hosted path: the job patches the HostedCluster
 
 
 @dataclass
@@ -653,6 +655,15 @@ class OcmEmulator:
             self._custom.delete_collection_namespaced_custom_object(
                 CURATOR[0], CURATOR[1], name, CURATOR[2]
             )
+        # A hosted cluster's curator sits in its HostedCluster's namespace, named after it.
+        with contextlib.suppress(ApiException):
+            elsewhere = self._custom.list_cluster_custom_object(
+                *CURATOR, field_selector=f"metadata.name={name}"
+            )
+            for item in elsewhere.get("items") or []:
+                self._custom.delete_namespaced_custom_object(
+                    *CURATOR[:2], item["metadata"]["namespace"], CURATOR[2], name
+                )
         self.hub.delete_namespace(name)
 
     def set_available(self, name: str, status: str, reason: str = "", message: str = "") -> None:
@@ -996,8 +1007,15 @@ class OcmEmulator:
             if exc.status == 404:
                 return
             raise
+        # isHostedCluster (controllers/clustercurator_controller.go): a HostedCluster named
+        # like the curator in the curator's namespace takes the hosted path, whose job curates
+        # the cluster of the curator's name (pkg/jobs/hypershift UpgradeCluster(clusterName =
+        # curator.Name, namespace = curator.Namespace)); otherwise the standalone path curates
+        # the cluster of the curator's namespace (the hive job's ClusterDeployment there).
+        hosted = self._is_hosted_cluster(namespace, name)
+        cluster = name if hosted else namespace
         with self._lock:
-            member = self._members.get(namespace)
+            member = self._members.get(cluster)
         if member is None:
             return
         spec = curator.get("spec") or {}
@@ -1006,7 +1024,8 @@ class OcmEmulator:
             return  # "No curation to do"
         if spec.get("desiredCuration") != "upgrade":
             return  # install / destroy / scale curations are not emulated
-        if not need_to_upgrade(curator, self._cluster_info(namespace)):
+        # NeedToUpgrade reads ManagedClusterInfo <curator.Name>/<curator.Name>.
+        if not need_to_upgrade(curator, self._cluster_info(name)):
             return
         # launcher.CreateJob: a Job, then utils.RecordCuratorJobName (spec.curatorJob).
         job = f"curator-job-{secrets.token_hex(3)}"
@@ -1014,16 +1033,34 @@ class OcmEmulator:
         self._replace_curator(curator)  # a 409 requeues the reconcile: nothing started yet
         with self._lock:
             failure, member.curation_failure = member.curation_failure, None
-            self.curations_started[namespace] = self.curations_started.get(namespace, 0) + 1
+            self.curations_started[cluster] = self.curations_started.get(cluster, 0) + 1
         target = str((spec.get("upgrade") or {}).get("desiredUpdate") or "")
-        self._curations[key] = _Curation(job, target, now, failure)
+        self._curations[key] = _Curation(job, target, now, failure, cluster=cluster, hosted=hosted)
+
+    def _is_hosted_cluster(self, namespace: str, name: str) -> bool:
+        """isHostedCluster: a HostedCluster <namespace>/<name> exists (any error: not hosted)."""
+        try:
+            self._custom.get_namespaced_custom_object(
+                *HOSTED_CLUSTER[:2], namespace, HOSTED_CLUSTER[2], name
+            )
+        except ApiException:
+            return False
+        return True
+
+    def hosted_cluster(self, namespace: str, name: str) -> dict[str, Any]:
+        """The HostedCluster as the hub holds it."""
+        return dict(
+            self._custom.get_namespaced_custom_object(
+                *HOSTED_CLUSTER[:2], namespace, HOSTED_CLUSTER[2], name
+            )
+        )
 
     def _run_job(self, key: str, now: float) -> None:
         """The curator job (cmd/curator/curator.go, upgrade path) one step further."""
         running = self._curations[key]
         namespace, name = key.split("/", 1)
         with self._lock:
-            member = self._members.get(namespace)
+            member = self._members.get(running.cluster)
         if member is None:
             del self._curations[key]
             return
@@ -1067,7 +1104,9 @@ class OcmEmulator:
             return
         if running.failure is None:
             # pkg/jobs/hive/hive.go validateUpgradeVersion: only an offered version upgrades.
-            problem = _validate_upgrade(running.target, upgrade, self._cluster_info(namespace))
+            problem = _validate_upgrade(
+                running.target, upgrade, self._cluster_info(running.cluster)
+            )
             if problem:
                 running.failure = ("upgrade-cluster", problem)
                 running.started = now - self.upgrade_seconds  # fails at once
@@ -1113,10 +1152,22 @@ class OcmEmulator:
             }
             with self._lock:
                 member.version = running.target  # the member runs it; the hub learns it later
-            self._pending_versions[namespace] = (now + self.version_lag, running.target)
+            self._pending_versions[running.cluster] = (now + self.version_lag, running.target)
             self._replace_curator(curator)
             del self._curations[key]
             return
+        if fraction >= 0.3 and running.hosted and running.failure is None:
+            # pkg/jobs/hypershift/hypershift.go UpgradeCluster: patchUpgradeVersion sets the
+            # HostedCluster's spec.release.image to the release of desiredUpdate (its
+            # "quay.io/openshift-release-dev/ocp-release:<version>-multi"; NodePools alike).
+            image = f"quay.io/openshift-release-dev/ocp-release:{running.target}-multi"
+            self._custom.patch_namespaced_custom_object(
+                *HOSTED_CLUSTER[:2],
+                namespace,
+                HOSTED_CLUSTER[2],
+                name,
+                {"spec": {"release": {"image": image}}},
+            )
         if fraction >= 0.3:
             percent = min(99, int(fraction * 100))
             conds = _set_condition(
