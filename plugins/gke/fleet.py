@@ -31,7 +31,7 @@ from plugins.gke.policy import (
     is_autopilot,
     upgrade_plan,
 )
-from plugins.gke.preflight import busy_verdict, judge, verdict
+from plugins.gke.preflight import blue_green_notice, busy_verdict, judge, verdict
 from plugins.gke.state import Binding, PluginState
 from plugins.gke.traffic import ServiceState, Traffic, build_traffic
 from plugins.gke.upgrades import UpgradeRequests
@@ -422,11 +422,13 @@ class GkeFleet:
         self, cluster_id: str, control_plane_version: str, node_pool_versions: Mapping[str, str]
     ) -> cluster_pb2.PreflightUpgradeResponse:
         """PreflightUpgrade: GKE's rules against GetServerConfig and the cluster (REFUSED_NEVER),
-        then the operations in flight and the opt-in exclusion policy (REFUSED_LATER).
+        then the operations in flight and the opt-in exclusion policy (REFUSED_LATER); an
+        ACCEPTED answer notes a blue-green pool's expected soak (BLUE_GREEN_UPGRADE).
         Read-only: ListOperations and GetServerConfig, never a mutation."""
         ref = self.cluster_ref(cluster_id)
         cluster = self.selected_cluster(ref)
         config = self.api.server_config(ref.parent)
+        changing: list[str] = []
         refusal = judge(
             cluster_id,
             cluster,
@@ -435,6 +437,7 @@ class GkeFleet:
             control_plane_version,
             node_pool_versions,
             respect_exclusions=self.config.upgrades.respect_maintenance_exclusions,
+            changing=changing,
         )
         if refusal is None or refusal.retryable:
             running, _ = self.upgrades.gke_in_flight(ref)
@@ -455,6 +458,10 @@ class GkeFleet:
             busy = busy_verdict(cluster_id, infos)
             if busy is not None:
                 return busy
+        if refusal is None:
+            notice = blue_green_notice(cluster_id, cluster, changing)
+            if notice is not None:
+                return notice
         return verdict(refusal)
 
     # ------------------------------------------------------------------------ probe

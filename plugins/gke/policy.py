@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from google.cloud import container_v1
@@ -34,10 +35,13 @@ from plugins.sdk import FailedPrecondition, InvalidArgument, Reason, is_newer_ve
 
 __all__ = [
     "AUTOPILOT_NODE_POOL",
+    "DEFAULT_NODE_POOL_SOAK_SECONDS",
     "MAX_NODE_MINOR_SKEW",
     "NODE_POOL_TOO_FAR_BEHIND",
+    "BlueGreenPlan",
     "Refusal",
     "autopilot_refusal",
+    "blue_green_plan",
     "check_control_plane",
     "check_node_pool",
     "exclusion_refusal",
@@ -46,6 +50,7 @@ __all__ = [
     "offered_node_versions",
     "resolve_control_plane",
     "resolve_node_pool",
+    "upgrade_plan",
 ]
 
 _Channel = container_v1.ReleaseChannel.Channel
@@ -376,16 +381,35 @@ def exclusion_refusal(
 DEFAULT_NODE_POOL_SOAK_SECONDS = 3600
 
 
-def upgrade_plan(pool: container_v1.NodePool) -> tuple[str, int]:
-    """(strategy, soak seconds) of a pool's upgrade, from its upgradeSettings. A blue-green
-    upgrade drains the blue pool in batches, soaking `batchSoakDuration` after each ("Default
-    to zero", cluster_service.proto), then soaks `nodePoolSoakDuration` before deleting it;
-    a surge upgrade has no soak. The batch count follows standardRolloutPolicy (a node count or
-    a fraction of the pool's nodes; one batch when neither is set)."""
+@dataclass(frozen=True)
+class BlueGreenPlan:
+    """How a blue-green node-pool upgrade runs, from the pool's upgradeSettings: the blue pool
+    is drained in `batches`, soaking `batch_soak` seconds after each, then the whole pool soaks
+    `pool_soak` seconds before the blue nodes are deleted; all inside one UPGRADE_NODES
+    operation."""
+
+    nodes: int
+    batches: int
+    batch_soak: int
+    pool_soak: int
+    pool_soak_defaulted: bool  # nodePoolSoakDuration unset: GKE's one-hour default
+
+    @property
+    def soak(self) -> int:
+        """Seconds the upgrade spends soaking (on top of creating and draining nodes)."""
+        return self.batches * self.batch_soak + self.pool_soak
+
+
+def blue_green_plan(pool: container_v1.NodePool) -> BlueGreenPlan | None:
+    """The pool's blue-green plan; None for a surge pool (no soak). A blue-green upgrade drains
+    the blue pool in batches, soaking `batchSoakDuration` after each ("Default to zero",
+    cluster_service.proto), then soaks `nodePoolSoakDuration` before deleting it. The batch
+    count follows standardRolloutPolicy (a node count or a fraction of the pool's nodes; one
+    batch when neither is set)."""
     settings = pool.upgrade_settings
     strategy = container_v1.NodePoolUpdateStrategy(settings.strategy)
     if strategy != container_v1.NodePoolUpdateStrategy.BLUE_GREEN:
-        return ("SURGE", 0)
+        return None
     blue_green = settings.blue_green_settings
     policy = blue_green.standard_rollout_policy
     nodes = max(1, pool.initial_node_count) * max(1, len(pool.locations))
@@ -395,13 +419,25 @@ def upgrade_plan(pool: container_v1.NodePool) -> tuple[str, int]:
         batch = max(1, math.ceil(nodes * policy.batch_percentage))
     else:
         batch = nodes
-    batches = math.ceil(nodes / batch)
-    batch_soak = _seconds(policy.batch_soak_duration)
-    if "node_pool_soak_duration" in blue_green:
-        pool_soak = _seconds(blue_green.node_pool_soak_duration)
-    else:
-        pool_soak = DEFAULT_NODE_POOL_SOAK_SECONDS
-    return ("BLUE_GREEN", batches * batch_soak + pool_soak)
+    defaulted = "node_pool_soak_duration" not in blue_green
+    return BlueGreenPlan(
+        nodes=nodes,
+        batches=math.ceil(nodes / batch),
+        batch_soak=_seconds(policy.batch_soak_duration),
+        pool_soak=(
+            DEFAULT_NODE_POOL_SOAK_SECONDS
+            if defaulted
+            else _seconds(blue_green.node_pool_soak_duration)
+        ),
+        pool_soak_defaulted=defaulted,
+    )
+
+
+def upgrade_plan(pool: container_v1.NodePool) -> tuple[str, int]:
+    """(strategy, soak seconds) of a pool's upgrade: ("SURGE", 0), or ("BLUE_GREEN", the soak
+    of its blue_green_plan)."""
+    plan = blue_green_plan(pool)
+    return ("SURGE", 0) if plan is None else ("BLUE_GREEN", plan.soak)
 
 
 def _seconds(value: object) -> int:

@@ -1,7 +1,11 @@
 """One OCM hub as every room of its fleet reads it: watch caches, cluster ids, per-cluster locks.
 
 ManagedClusters are cached in full; ManifestWorks and ClusterCurators only where this plugin
-manages them (its label). Each cache wakes the operation follower on a change. A cluster id is
+manages them (its label). Two APIs a hub may lack are cached when they matter, as optional
+caches (a 404 or 403 lists them empty, and the list is tried again every minute): HyperShift's
+HostedClusters with the ClusterCurator method (which clusters are hosted, and where), and ACM's
+ManagedClusterInfos when the version is the OpenShift version claim (its fallback). Each
+cache wakes the operation follower on a change. A cluster id is
 the ManagedCluster name with the hub's prefix ("" for a single hub, "<hub>/" with several).
 Every write this plugin makes to a cluster's objects holds that cluster's lock.
 """
@@ -13,9 +17,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from plugins.ocm import inventory
-from plugins.ocm.config import OcmConfig
+from plugins.ocm.config import OPENSHIFT_VERSION_SOURCE, OcmConfig
 from plugins.ocm.hub import (
     CLUSTER_CURATORS,
+    HOSTED_CLUSTERS,
+    MANAGED_CLUSTER_INFOS,
     MANAGED_CLUSTERS,
     MANIFEST_WORKS,
     PLACEMENT_DECISIONS,
@@ -41,6 +47,7 @@ RETRIES = 8
 
 _WATCH_SECONDS = 30  # one watch call of a cache
 _BACKOFF_MAX = 5.0  # seconds at most between a cache's retries after an error
+_ABSENT_RETRY = 60.0  # seconds between lists of an optional API the hub does not serve
 
 
 class HubCaches:
@@ -69,10 +76,24 @@ class HubCaches:
         waits = cfg.taint.wait_for_placements
         self.placements = self._informer(PLACEMENTS) if waits else None
         self.decisions = self._informer(PLACEMENT_DECISIONS) if waits else None
+        # Which clusters are HyperShift hosted clusters (the curator's hosted path).
+        self.hosted = (
+            self._informer(HOSTED_CLUSTERS, optional=True)
+            if cfg.upgrade_method == "ClusterCurator"
+            else None
+        )
+        # The OpenShift version where the ManagedCluster lacks the claim (inventory).
+        self.cluster_infos = (
+            self._informer(MANAGED_CLUSTER_INFOS, optional=True)
+            if cfg.version_source == OPENSHIFT_VERSION_SOURCE
+            else None
+        )
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
-    def _informer(self, resource: Resource, label_selector: str = "") -> Informer:
+    def _informer(
+        self, resource: Resource, label_selector: str = "", *, optional: bool = False
+    ) -> Informer:
         return Informer(
             self._hub,
             resource,
@@ -80,6 +101,8 @@ class HubCaches:
             on_change=self._wake,
             watch_seconds=_WATCH_SECONDS,
             backoff_max=_BACKOFF_MAX,
+            optional=optional,
+            absent_retry=_ABSENT_RETRY,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -88,7 +111,13 @@ class HubCaches:
     def informers(self) -> list[Informer]:
         """Every cache, in a fixed order."""
         found = [self.clusters, self.works]
-        for optional in (self.curators, self.placements, self.decisions):
+        for optional in (
+            self.curators,
+            self.placements,
+            self.decisions,
+            self.hosted,
+            self.cluster_infos,
+        ):
             if optional is not None:
                 found.append(optional)
         return found
@@ -169,8 +198,35 @@ class HubCaches:
         )
 
     def version(self, obj: Mapping[str, Any]) -> str:
-        """The cluster's version, read where the configuration says (version_source)."""
-        return inventory.cluster_version(obj, self.cfg.version_source)
+        """The cluster's version, read where the configuration says (version_source); for the
+        OpenShift version claim, the ManagedClusterInfo when the claim is absent."""
+        info = None
+        if self.cluster_infos is not None:
+            name = str((obj.get("metadata") or {}).get("name", ""))
+            cached = self.cluster_infos.get(name, name)
+            info = None if cached is None else cached.obj
+        return inventory.cluster_version(obj, self.cfg.version_source, info)
+
+    def curator_namespace(self, cluster: str) -> str:
+        """The namespace of the cluster's ClusterCurator: the cluster's own (ACM's convention),
+        or, with clusterCurator.hostedClusters HostedClusterNamespace, the namespace of the
+        cluster's HostedCluster when exactly one sits elsewhere (the curator controller's
+        hosted path; upgrades.py refuses the other cases before writing)."""
+        if self.cfg.cluster_curator.hosted_clusters != "HostedClusterNamespace":
+            return cluster
+        elsewhere = [ns for ns in self.hosted_namespaces(cluster) if ns != cluster]
+        return elsewhere[0] if len(elsewhere) == 1 else cluster
+
+    def hosted_namespaces(self, cluster: str) -> list[str]:
+        """The namespaces (sorted) holding a HyperShift HostedCluster named like the cluster,
+        from the HostedCluster cache (empty without HyperShift, or with another method)."""
+        if self.hosted is None:
+            return []
+        return sorted(
+            str(c.obj["metadata"].get("namespace", ""))
+            for c in self.hosted.items()
+            if c.obj["metadata"].get("name") == cluster
+        )
 
     def unavailable(self, action: str, exc: KubeError) -> Unavailable:
         """The contract's UNAVAILABLE for a hub request that failed (the caller retries)."""
@@ -179,7 +235,9 @@ class HubCaches:
     def upgrade_objects(self) -> list[tuple[str, dict[str, Any]]]:
         """(cluster, object) of every upgrade object this plugin drives, from the caches."""
         if self.curators is not None:
-            return [(c.obj["metadata"]["namespace"], c.obj) for c in self.curators.items()]
+            # Named after the cluster: in the cluster's namespace, or a hosted cluster's
+            # HostedCluster namespace (curator_namespace).
+            return [(c.obj["metadata"]["name"], c.obj) for c in self.curators.items()]
         mw = self.cfg.manifest_work
         assert mw is not None
         return [
@@ -191,7 +249,7 @@ class HubCaches:
     def upgrade_object(self, cluster: str) -> dict[str, Any] | None:
         """The cluster's cached upgrade object (ClusterCurator or upgrade ManifestWork)."""
         if self.curators is not None:
-            cached = self.curators.get(cluster, cluster)
+            cached = self.curators.get(self.curator_namespace(cluster), cluster)
         else:
             assert self.cfg.manifest_work is not None
             cached = self.works.get(cluster, self.cfg.manifest_work.name)

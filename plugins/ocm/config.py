@@ -132,10 +132,21 @@ class TaintConfig(_Model):
 
 
 class ClusterCuratorConfig(_Model):
-    """Extra fields UpgradeControlPlane writes into the ClusterCurator's spec.upgrade."""
+    """Extra fields UpgradeControlPlane writes into the ClusterCurator's spec.upgrade, and
+    where the ClusterCurator of a HyperShift hosted cluster goes.
+
+    hosted_clusters: "Refuse" (the default) refuses to upgrade a cluster whose HostedCluster
+    sits outside the cluster's namespace (the curator would run <cluster>/<cluster> as a
+    standalone upgrade); "HostedClusterNamespace" writes its ClusterCurator, named after the
+    cluster, into the HostedCluster's namespace, where the curator controller takes its hosted
+    path (cluster-curator-controller controllers/clustercurator_controller.go isHostedCluster;
+    docs/hosted-cluster-upgrade.md). Opt-in: the curator controller then binds its job's
+    service account across namespaces there (rbac.ApplyRBACHypershift).
+    """
 
     channel: str = ""
     upstream: str = ""
+    hosted_clusters: Literal["Refuse", "HostedClusterNamespace"] = "Refuse"
 
 
 class JsonPathRule(_Model):

@@ -94,8 +94,11 @@ def curator_patch(
     request_id: str,
     operation_id: str,
     now: datetime,
+    namespace: str = "",
 ) -> dict[str, Any]:
-    """The merge patch (or, with apiVersion/kind added, the body) that asks for the upgrade.
+    """The merge patch (or, with apiVersion/kind added, the body) that asks for the upgrade,
+    of ClusterCurator <namespace>/<cluster> (namespace: the cluster's own unless given: a
+    hosted cluster's HostedCluster namespace).
 
     It sets desiredCuration upgrade and upgrade.desiredUpdate, channel/upstream when
     configured and monitorTimeout (minutes), and annotates the request. It never touches the
@@ -113,7 +116,7 @@ def curator_patch(
     return {
         "metadata": {
             "name": cluster,
-            "namespace": cluster,
+            "namespace": namespace or cluster,
             "labels": {LABEL_MANAGED_BY: MANAGED_BY},
             "annotations": {
                 ANNOTATION_REQUEST_ID: request_id,

@@ -138,7 +138,7 @@ class OcmFleet:
     def _to_cluster(self, obj: Mapping[str, Any]) -> cluster_pb2.Cluster:
         name = str(obj["metadata"]["name"])
         current = self._store.in_flight(self.qualified(name))
-        found = inventory.to_cluster(obj, self.cfg, current)
+        found = inventory.to_cluster(obj, self.cfg, self._caches.version(obj), current)
         found.id = self.qualified(name)
         clusters = self._caches.clusters
         if not clusters.healthy:

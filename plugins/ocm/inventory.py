@@ -12,6 +12,7 @@ from plugins.ocm.objects import condition
 __all__ = [
     "AVAILABLE",
     "HUB_TAINTS",
+    "OPENSHIFT_VERSION_CLAIM",
     "PLACEMENT_LABEL",
     "TAINT_UNAVAILABLE",
     "TAINT_UNREACHABLE",
@@ -108,8 +109,26 @@ def admissible_taints(
     return out
 
 
-def cluster_version(obj: Mapping[str, Any], source: str) -> str:
-    """The control plane version per the configured source, without a leading "v"."""
+OPENSHIFT_VERSION_CLAIM = "version.openshift.io"
+"""The ClusterClaim holding an OpenShift cluster's version (4.14.10), as the foundation agent
+publishes it (stolostron/multicloud-operators-foundation pkg/klusterlet/clusterclaim/
+clusterclaimer.go, ClaimOpenshiftVersion)."""
+
+
+def cluster_version(
+    obj: Mapping[str, Any], source: str, cluster_info: Mapping[str, Any] | None = None
+) -> str:
+    """The control plane version per the configured source, without a leading "v".
+
+    With the OpenShift version claim as the source and no such claim on the ManagedCluster,
+    the cluster's ManagedClusterInfo answers: `status.distributionInfo.ocp.version`
+    (stolostron/cluster-lifecycle-api clusterinfo/v1beta1/types.go OCPDistributionInfo.Version,
+    which the foundation agent copies from the same version.openshift.io claim,
+    multicloud-operators-foundation pkg/klusterlet/clusterinfo/distributionInfo_sync.go).
+    The claim wins when both exist: that field is "Deprecated in release 2.3 ... Use
+    clusterClaim version.openshift.io instead", and it is a copy of the claim made on a
+    separate sync, so it can only lag it.
+    """
     status = obj.get("status") or {}
     kind, _, name = source.partition(":")
     raw: Any = ""
@@ -120,6 +139,10 @@ def cluster_version(obj: Mapping[str, Any], source: str) -> str:
             if isinstance(claim, Mapping) and claim.get("name") == name:
                 raw = claim.get("value", "")
                 break
+        if not raw and name == OPENSHIFT_VERSION_CLAIM and cluster_info is not None:
+            info_status = cluster_info.get("status") or {}
+            ocp = ((info_status.get("distributionInfo") or {}).get("ocp")) or {}
+            raw = ocp.get("version", "") if isinstance(ocp, Mapping) else ""
     elif kind == "label":
         raw = ((obj.get("metadata") or {}).get("labels") or {}).get(name, "")
     text = str(raw or "").strip()
@@ -152,14 +175,15 @@ def labels_of(obj: Mapping[str, Any], claim_prefix: str) -> dict[str, str]:
 
 
 def to_cluster(
-    obj: Mapping[str, Any], cfg: OcmConfig, current: cluster_pb2.Operation | None
+    obj: Mapping[str, Any], cfg: OcmConfig, version: str, current: cluster_pb2.Operation | None
 ) -> cluster_pb2.Cluster:
-    """The contract's view of one ManagedCluster (no node pools: OCM does not report them)."""
+    """The contract's view of one ManagedCluster (no node pools: OCM does not report them);
+    version: its control plane version as HubCaches.version reads it."""
     available, reason = availability(obj)
     cluster = cluster_pb2.Cluster(
         id=str((obj.get("metadata") or {}).get("name", "")),
         labels=labels_of(obj, cfg.cluster_claim_label_prefix),
-        control_plane_version=cluster_version(obj, cfg.version_source),
+        control_plane_version=version,
         available=available,
         unavailable_reason=reason,
         in_service=not has_our_taint(obj, cfg.taint),

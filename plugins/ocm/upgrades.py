@@ -19,7 +19,6 @@ from plugins.ocm.caches import RETRIES, HubCaches
 from plugins.ocm.follower import Follower
 from plugins.ocm.hub import (
     CLUSTER_CURATORS,
-    HOSTED_CLUSTERS,
     MANAGED_CLUSTER_INFOS,
     MANIFEST_WORKS,
 )
@@ -94,40 +93,47 @@ class Upgrades:
                 reason=Reason.DOWNGRADE_NOT_SUPPORTED,
             )
 
-    def _hosted_refusal(self, cluster: str) -> None:
-        """Raises for a HyperShift hosted cluster whose ClusterCurator would take the wrong
-        path. The curator controller takes its hosted path only when a HostedCluster named
-        like the ClusterCurator sits in the ClusterCurator's namespace
-        (cluster-curator-controller, controllers/clustercurator_controller.go
-        isHostedCluster; the job then patches hypershift.openshift.io HostedCluster and
-        NodePools in that namespace, pkg/jobs/hypershift UpgradeCluster). This plugin writes
-        ClusterCurator <cluster>/<cluster>: a HostedCluster <cluster> in another namespace
-        would be curated as if standalone, so it is refused; one in namespace <cluster> takes
-        the hosted path as it should. No HostedCluster API on the hub: not hosted."""
-        try:
-            hosted, _ = self._hub.list(HOSTED_CLUSTERS)
-        except KubeNotFound:
-            return  # HyperShift is not installed on this hub
-        except KubeError as exc:
-            if exc.status in (401, 403):
-                return  # not readable with this role: the documented RBAC grants list
-            raise self._caches.unavailable("list HostedClusters", exc) from exc
-        elsewhere = sorted(
-            str((h.get("metadata") or {}).get("namespace", ""))
-            for h in hosted
-            if (h.get("metadata") or {}).get("name") == cluster
-            and (h.get("metadata") or {}).get("namespace") != cluster
-        )
-        if elsewhere:
+    def _curator_namespace(self, cluster: str) -> str:
+        """Where the cluster's ClusterCurator goes (HubCaches.curator_namespace), or raises
+        for a HyperShift hosted cluster the configuration does not let this plugin curate.
+
+        The curator controller takes its hosted path only when a HostedCluster named like the
+        ClusterCurator sits in the ClusterCurator's namespace (cluster-curator-controller,
+        controllers/clustercurator_controller.go isHostedCluster; the job then patches
+        hypershift.openshift.io HostedCluster and NodePools in that namespace,
+        pkg/jobs/hypershift UpgradeCluster). A ClusterCurator <cluster>/<cluster> for a
+        HostedCluster <cluster> in another namespace would be curated as if standalone: with
+        clusterCurator.hostedClusters Refuse (the default) that is refused; with
+        HostedClusterNamespace the curator goes into the HostedCluster's namespace, unless
+        HostedClusters of that name sit in several (ambiguous: refused). One in namespace
+        <cluster> takes the hosted path as it is. Read from the HostedCluster watch cache
+        (HubCaches.hosted, no hub call per request); no HostedCluster API on the hub, or none
+        granted: not hosted."""
+        qualified = self._caches.qualified(cluster)
+        elsewhere = [ns for ns in self._caches.hosted_namespaces(cluster) if ns != cluster]
+        if not elsewhere:
+            return cluster
+        hosted_mode = self.cfg.cluster_curator.hosted_clusters == "HostedClusterNamespace"
+        if hosted_mode and len(elsewhere) == 1:
+            return elsewhere[0]
+        if hosted_mode:
             raise FailedPrecondition(
-                f"cluster {self._caches.qualified(cluster)} is a HyperShift hosted cluster "
-                f"(HostedCluster {elsewhere[0]}/{cluster}): the curator upgrades it only from a "
-                f"ClusterCurator in namespace {elsewhere[0]}, and this plugin writes "
-                f"ClusterCurator {cluster}/{cluster}, which the curator would run as a "
-                "standalone upgrade. Upgrade hosted clusters with a ClusterCurator of your own "
-                "there (or the HostedCluster's release image), and leave them out of this run",
-                reason="HOSTED_CLUSTER_NOT_SUPPORTED",
+                f"cluster {qualified} is a HyperShift hosted cluster with HostedClusters "
+                f"{', '.join(f'{ns}/{cluster}' for ns in elsewhere)}: which one the "
+                "ManagedCluster is cannot be told, so no ClusterCurator is written; remove the "
+                "stale HostedCluster or leave the cluster out of this run",
+                reason="HOSTED_CLUSTER_AMBIGUOUS",
             )
+        raise FailedPrecondition(
+            f"cluster {qualified} is a HyperShift hosted cluster "
+            f"(HostedCluster {elsewhere[0]}/{cluster}): the curator upgrades it only from a "
+            f"ClusterCurator in namespace {elsewhere[0]}, and this plugin writes "
+            f"ClusterCurator {cluster}/{cluster}, which the curator would run as a "
+            "standalone upgrade. Set clusterCurator.hostedClusters: HostedClusterNamespace "
+            "to have the plugin write it there, or upgrade hosted clusters with a "
+            "ClusterCurator of your own there and leave them out of this run",
+            reason="HOSTED_CLUSTER_NOT_SUPPORTED",
+        )
 
     def upgrade_control_plane(
         self, request_id: str, cluster: str, version: str
@@ -147,7 +153,7 @@ class Upgrades:
             self._store.ensure_free(cluster_id)
             self._upgrade_refusal(cluster, obj, version)
             if self.cfg.upgrade_method == "ClusterCurator":
-                self._hosted_refusal(cluster)
+                self._curator_namespace(cluster)  # raises for a hosted cluster it cannot curate
             op_id = operation_id_for(request_id)
             if version_reached(self._caches.version(obj), version):
                 self._taints.write(
@@ -185,12 +191,14 @@ class Upgrades:
     def _start_curation(
         self, cluster: str, version: str, request_id: str, op_id: str, now: datetime
     ) -> datetime:
-        """Creates or patches ClusterCurator <cluster>/<cluster>; returns the start time."""
+        """Creates or patches ClusterCurator <namespace>/<cluster> (namespace: the cluster's,
+        or a hosted cluster's HostedCluster namespace); returns the start time."""
+        ns = self._curator_namespace(cluster)
         reset = False  # this call cleared the curator's status
-        patch = curator.curator_patch(self.cfg, cluster, version, request_id, op_id, now)
+        patch = curator.curator_patch(self.cfg, cluster, version, request_id, op_id, now, ns)
         for _ in range(RETRIES):
             try:
-                current = self._hub.get(CLUSTER_CURATORS, cluster, cluster)
+                current = self._hub.get(CLUSTER_CURATORS, ns, cluster)
             except KubeNotFound:
                 current = None
             except KubeError as exc:
@@ -208,7 +216,7 @@ class Upgrades:
                     rv = current["metadata"]["resourceVersion"]
                     mark = {"metadata": {**patch["metadata"], "resourceVersion": rv}}
                     try:
-                        self._hub.merge_patch(CLUSTER_CURATORS, cluster, cluster, mark)
+                        self._hub.merge_patch(CLUSTER_CURATORS, ns, cluster, mark)
                     except KubeConflict:
                         continue
                     except KubeError as exc:
@@ -216,7 +224,7 @@ class Upgrades:
                     return now
                 if job:
                     raise FailedPrecondition(
-                        f"ClusterCurator {cluster}/{cluster} is running curation job {job}; "
+                        f"ClusterCurator {ns}/{cluster} is running curation job {job}; "
                         "wait until it ends, then retry",
                         reason=Reason.CLUSTER_BUSY,
                         retryable=True,
@@ -224,7 +232,7 @@ class Upgrades:
                 step = curator.intermediate_update(current)
                 if step:
                     raise FailedPrecondition(
-                        f"ClusterCurator {cluster}/{cluster}: spec.upgrade.intermediateUpdate is "
+                        f"ClusterCurator {ns}/{cluster}: spec.upgrade.intermediateUpdate is "
                         f"{step} (an EUS upgrade): the curator controller ignores every update "
                         "of it and desiredUpdate cannot change; finish or remove that curator"
                     )
@@ -235,7 +243,7 @@ class Upgrades:
                         "kind": "ClusterCurator",
                         **patch,
                     }
-                    self._hub.create(CLUSTER_CURATORS, cluster, body)
+                    self._hub.create(CLUSTER_CURATORS, ns, body)
                     return now
                 version_read = current["metadata"]["resourceVersion"]
                 if curator.needs_reset(current, version):
@@ -245,18 +253,18 @@ class Upgrades:
                         **curator.RESET_PATCH,
                         "metadata": {"resourceVersion": version_read},
                     }
-                    written = self._hub.merge_patch(CLUSTER_CURATORS, cluster, cluster, cleared)
+                    written = self._hub.merge_patch(CLUSTER_CURATORS, ns, cluster, cleared)
                     reset = True
                     version_read = written["metadata"]["resourceVersion"]
                 # The status untouched: the controller acts on this one.
                 ask = {**patch, "metadata": {**patch["metadata"], "resourceVersion": version_read}}
-                self._hub.merge_patch(CLUSTER_CURATORS, cluster, cluster, ask)
+                self._hub.merge_patch(CLUSTER_CURATORS, ns, cluster, ask)
                 return now
             except KubeConflict:
                 continue
             except KubeError as exc:
                 raise self._caches.unavailable("write the ClusterCurator", exc) from exc
-        raise Unavailable(f"hub: ClusterCurator {cluster}/{cluster} kept changing; retry")
+        raise Unavailable(f"hub: ClusterCurator {ns}/{cluster} kept changing; retry")
 
     def _start_work(
         self, cluster: str, version: str, request_id: str, op_id: str, now: datetime
@@ -344,13 +352,13 @@ class Upgrades:
         self, cluster: str, cluster_id: str, version: str
     ) -> cluster_pb2.PreflightUpgradeResponse:
         try:
-            self._hosted_refusal(cluster)
+            ns = self._curator_namespace(cluster)
         except FailedPrecondition as exc:
             return refused_never(exc.reason, exc.message)
         # Read, not cached: the cache holds only curators this plugin wrote, and ACM's own
         # curator of the cluster is the one an upgrade would write.
         try:
-            existing: dict[str, Any] | None = self._hub.get(CLUSTER_CURATORS, cluster, cluster)
+            existing: dict[str, Any] | None = self._hub.get(CLUSTER_CURATORS, ns, cluster)
         except KubeNotFound:
             existing = None
         except KubeError as exc:
@@ -360,13 +368,13 @@ class Upgrades:
             if job:
                 return refused_later(
                     Reason.CLUSTER_BUSY,
-                    f"ClusterCurator {cluster}/{cluster} is running curation job {job}",
+                    f"ClusterCurator {ns}/{cluster} is running curation job {job}",
                 )
             step = curator.intermediate_update(existing)
             if step:
                 return refused_never(
                     "INTERMEDIATE_UPDATE",
-                    f"ClusterCurator {cluster}/{cluster} carries intermediateUpdate {step}: "
+                    f"ClusterCurator {ns}/{cluster} carries intermediateUpdate {step}: "
                     "the curator controller ignores its updates",
                 )
         try:

@@ -16,6 +16,7 @@ __all__ = ["CachedObject", "Informer", "caches_readiness", "key_of", "require_li
 
 _LOG = logging.getLogger("plugins.sdk.kubecache")
 _BACKOFF_MIN = 0.2
+_ABSENT_STATUSES = (403, 404)  # an optional resource's API is not installed, or not granted
 
 Key = tuple[str, str]
 
@@ -41,6 +42,11 @@ class Informer:
     410 (expired resourceVersion) re-lists, any other error backs off (up to backoff_max
     seconds) and re-lists. on_change runs after every change and every failure, from the
     informer's thread (keep it short: set an event).
+
+    optional: the resource's API may be absent from the server (a CRD not installed: 404) or
+    not granted (403). Such an answer to the list is then a state, not a failure: the cache is
+    listed, empty and healthy, `absent` says why, and the list is tried again every
+    absent_retry seconds (the API may be installed later). Readiness does not wait on it.
     """
 
     def __init__(
@@ -52,6 +58,8 @@ class Informer:
         on_change: Callable[[], None] | None = None,
         watch_seconds: int = 300,
         backoff_max: float = 10.0,
+        optional: bool = False,
+        absent_retry: float = 60.0,
     ) -> None:
         self._kube = kube
         self.resource = resource
@@ -59,6 +67,9 @@ class Informer:
         self._on_change = on_change
         self._watch_seconds = watch_seconds
         self._backoff_max = backoff_max
+        self._optional = optional
+        self._absent_retry = absent_retry
+        self._absent = ""
         self._lock = threading.Lock()
         self._store: dict[Key, CachedObject] = {}
         self._by_namespace: dict[str, dict[str, CachedObject]] = {}
@@ -97,6 +108,11 @@ class Informer:
     def last_error(self) -> str:
         """The last list/watch error, for Probe ("" when none)."""
         return self._last_error
+
+    @property
+    def absent(self) -> str:
+        """Why an optional resource is not served ("" while it is): the server's 404 or 403."""
+        return self._absent
 
     def get(self, namespace: str, name: str) -> CachedObject | None:
         """The cached object, or None."""
@@ -138,6 +154,10 @@ class Informer:
             except KubeError as exc:
                 if self._stop.is_set() or self._kube.closed:
                     return
+                if self._optional and exc.status in _ABSENT_STATUSES:
+                    self._mark_absent(f"{self.resource}: {exc}")
+                    self._stop.wait(self._absent_retry)
+                    continue
                 self._fail(f"{self.resource}: {exc.message}")
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self._backoff_max)
@@ -156,6 +176,19 @@ class Informer:
         self._last_error = message
         self._changed()
 
+    def _mark_absent(self, message: str) -> None:
+        """An optional resource the server does not serve (or grant): listed, and empty."""
+        if message != self._absent:
+            _LOG.info("optional resource not served", extra={"fields": {"error": message}})
+        with self._lock:
+            self._store = {}
+            self._by_namespace = {}
+        self._absent = message
+        self._healthy = True
+        self._last_error = ""
+        self._synced.set()
+        self._changed()
+
     def _relist(self) -> str:
         items, version = self._kube.list(self.resource, self._selector)
         now = datetime.now(UTC)
@@ -171,6 +204,7 @@ class Informer:
                 self._by_namespace.setdefault(namespace, {})[name] = cached
         self._healthy = True
         self._last_error = ""
+        self._absent = ""
         self._synced.set()
         self._changed()
         return version

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kubernetes import client as k8s
 
 from plugins.sdk import (
     Informer,
@@ -96,4 +97,67 @@ def test_a_cache_of_an_unreachable_server_says_why_it_is_not_listed(
         assert raised.value.message == f"hub: {CRDS} not listed yet ({error}); retry"
     finally:
         for informer in (listed, failing):
+            informer.stop(timeout=0)
+
+
+def _gizmo_crd(group: str) -> dict[str, object]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"gizmos.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "gizmos", "singular": "gizmo", "kind": "Gizmo"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def test_an_optional_cache_of_an_api_the_server_lacks_is_listed_empty_until_it_appears(
+    kube: Kube, control_plane: KubeCluster
+) -> None:
+    """An optional resource (a CRD a hub may not have, e.g. HyperShift's HostedCluster) whose
+    list answers 404 is listed, empty and ready, saying why; a required one is not ready. Once
+    the CRD is installed, the next list (absent_retry) fills the cache."""
+    group = f"opt{_closed_port()}.example.com"
+    gizmos = Resource(group, "v1", "gizmos", "Gizmo", True)
+    optional = Informer(kube, gizmos, optional=True, absent_retry=0.3)
+    required = Informer(kube, gizmos, backoff_max=0.5)
+    for informer in (optional, required):
+        informer.start()
+    try:
+        assert optional.wait_synced(30)
+        assert len(optional) == 0
+        assert optional.absent.startswith(f"{gizmos}: ")
+        assert "404" in optional.absent
+        assert caches_readiness([optional]) == (True, "")
+        wait_for("the required cache's error", lambda: required.last_error, timeout=30)
+        assert not caches_readiness([required])[0]
+        control_plane.install_crds(_gizmo_crd(group))
+        with control_plane.api_client() as api:
+            k8s.CustomObjectsApi(api).create_namespaced_custom_object(
+                group,
+                "v1",
+                "default",
+                "gizmos",
+                {"apiVersion": f"{group}/v1", "kind": "Gizmo", "metadata": {"name": "g1"}},
+            )
+        wait_for("the gizmo cached", lambda: optional.get("default", "g1"), timeout=30)
+        assert optional.absent == ""
+        assert caches_readiness([optional]) == (True, "")
+    finally:
+        for informer in (optional, required):
             informer.stop(timeout=0)

@@ -397,6 +397,8 @@ class _Curation:
     started: float
     failure: tuple[str, str] | None
     recorded: bool = False  # the job's first conditions are written
+    cluster: str = ""  # the cluster curated: the curator's namespace, or its name (hosted)
+    hosted: bool = False  # the hosted path: the job patches the HostedCluster
 
 
 @dataclass
@@ -505,6 +507,12 @@ class OcmEmulator:
             },
         )
 
+    def remove_hosted_cluster(self, namespace: str, name: str) -> None:
+        """Deletes a HostedCluster (HyperShift destroyed that hosted control plane)."""
+        self._custom.delete_namespaced_custom_object(
+            *HOSTED_CLUSTER[:2], namespace, HOSTED_CLUSTER[2], name
+        )
+
     def add_cluster(
         self,
         name: str,
@@ -512,9 +520,17 @@ class OcmEmulator:
         labels: Mapping[str, str] | None = None,
         claims: Mapping[str, str] | None = None,
         taints: list[Mapping[str, Any]] | None = None,
+        cluster_claims: bool = True,
     ) -> None:
         """Registers a cluster as a joined, accepted and available ManagedCluster (created
-        with `taints`, in that order: the hub's webhook stamps each one's timeAdded)."""
+        with `taints`, in that order: the hub's webhook stamps each one's timeAdded).
+
+        cluster_claims=False: a registration agent with its ClusterClaim feature gate off
+        exposes no claims on the ManagedCluster (open-cluster-management-io/ocm
+        pkg/registration/spoke/managedcluster/claim_reconcile.go returns before exposeClaims),
+        so no version.openshift.io claim there; the foundation agent still copies the claim it
+        created on the member into the ManagedClusterInfo's distributionInfo.ocp.version
+        (multicloud-operators-foundation pkg/klusterlet/clusterinfo/distributionInfo_sync.go)."""
         with contextlib.suppress(ApiException):
             self._core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
         body = {
@@ -531,7 +547,7 @@ class OcmEmulator:
         self._custom.create_cluster_custom_object(*MC, body)
         with self._lock:
             self._members[name] = _Member(version=version)
-        status = {
+        status: dict[str, Any] = {
             "conditions": [
                 {
                     "type": "HubAcceptedManagedCluster",
@@ -556,19 +572,34 @@ class OcmEmulator:
                 },
             ],
             "version": {"kubernetes": kubernetes_version(version)},
-            "clusterClaims": [
+        }
+        if cluster_claims:
+            status["clusterClaims"] = [
                 {"name": "id.k8s.io", "value": f"{name}-id"},
                 {"name": KUBE_VERSION_CLAIM, "value": kubernetes_version(version)},
                 {"name": OPENSHIFT_VERSION_CLAIM, "value": version},
                 *({"name": k, "value": v} for k, v in (claims or {}).items()),
-            ],
-        }
+            ]
         self._patch_mc_status(name, status)
         self._write_cluster_info(name, version)
 
+    def write_cluster_info(self, name: str, version: str) -> None:
+        """Writes the cluster's ManagedClusterInfo as the foundation agent's sync would when
+        the member ran `version` (a stale copy when it runs another: that sync is periodic)."""
+        self._write_cluster_info(name, version)
+
+    def cluster_info_version(self, name: str) -> str:
+        """status.distributionInfo.ocp.version of the cluster's ManagedClusterInfo."""
+        info = self._cluster_info(name) or {}
+        ocp = ((info.get("status") or {}).get("distributionInfo") or {}).get("ocp") or {}
+        return str(ocp.get("version", ""))
+
     def _write_cluster_info(self, name: str, version: str) -> None:
         """The ManagedClusterInfo the foundation agent reports (ACM): vendor, version and the
-        updates the cluster's update service offers (the offered versions newer than it runs)."""
+        updates the cluster's update service offers (the offered versions newer than it runs).
+        distributionInfo.ocp.version is the member's version.openshift.io claim, copied
+        (pkg/klusterlet/clusterinfo/distributionInfo_sync.go, claimLister.Get), whether or
+        not the registration agent exposes claims on the ManagedCluster."""
         with self._lock:
             offered = self._offered.get(name, self.offered)
         current = _semver(version)
@@ -624,6 +655,15 @@ class OcmEmulator:
             self._custom.delete_collection_namespaced_custom_object(
                 CURATOR[0], CURATOR[1], name, CURATOR[2]
             )
+        # A hosted cluster's curator sits in its HostedCluster's namespace, named after it.
+        with contextlib.suppress(ApiException):
+            elsewhere = self._custom.list_cluster_custom_object(
+                *CURATOR, field_selector=f"metadata.name={name}"
+            )
+            for item in elsewhere.get("items") or []:
+                self._custom.delete_namespaced_custom_object(
+                    *CURATOR[:2], item["metadata"]["namespace"], CURATOR[2], name
+                )
         self.hub.delete_namespace(name)
 
     def set_available(self, name: str, status: str, reason: str = "", message: str = "") -> None:
@@ -967,8 +1007,15 @@ class OcmEmulator:
             if exc.status == 404:
                 return
             raise
+        # isHostedCluster (controllers/clustercurator_controller.go): a HostedCluster named
+        # like the curator in the curator's namespace takes the hosted path, whose job curates
+        # the cluster of the curator's name (pkg/jobs/hypershift UpgradeCluster(clusterName =
+        # curator.Name, namespace = curator.Namespace)); otherwise the standalone path curates
+        # the cluster of the curator's namespace (the hive job's ClusterDeployment there).
+        hosted = self._is_hosted_cluster(namespace, name)
+        cluster = name if hosted else namespace
         with self._lock:
-            member = self._members.get(namespace)
+            member = self._members.get(cluster)
         if member is None:
             return
         spec = curator.get("spec") or {}
@@ -977,7 +1024,8 @@ class OcmEmulator:
             return  # "No curation to do"
         if spec.get("desiredCuration") != "upgrade":
             return  # install / destroy / scale curations are not emulated
-        if not need_to_upgrade(curator, self._cluster_info(namespace)):
+        # NeedToUpgrade reads ManagedClusterInfo <curator.Name>/<curator.Name>.
+        if not need_to_upgrade(curator, self._cluster_info(name)):
             return
         # launcher.CreateJob: a Job, then utils.RecordCuratorJobName (spec.curatorJob).
         job = f"curator-job-{secrets.token_hex(3)}"
@@ -985,16 +1033,34 @@ class OcmEmulator:
         self._replace_curator(curator)  # a 409 requeues the reconcile: nothing started yet
         with self._lock:
             failure, member.curation_failure = member.curation_failure, None
-            self.curations_started[namespace] = self.curations_started.get(namespace, 0) + 1
+            self.curations_started[cluster] = self.curations_started.get(cluster, 0) + 1
         target = str((spec.get("upgrade") or {}).get("desiredUpdate") or "")
-        self._curations[key] = _Curation(job, target, now, failure)
+        self._curations[key] = _Curation(job, target, now, failure, cluster=cluster, hosted=hosted)
+
+    def _is_hosted_cluster(self, namespace: str, name: str) -> bool:
+        """isHostedCluster: a HostedCluster <namespace>/<name> exists (any error: not hosted)."""
+        try:
+            self._custom.get_namespaced_custom_object(
+                *HOSTED_CLUSTER[:2], namespace, HOSTED_CLUSTER[2], name
+            )
+        except ApiException:
+            return False
+        return True
+
+    def hosted_cluster(self, namespace: str, name: str) -> dict[str, Any]:
+        """The HostedCluster as the hub holds it."""
+        return dict(
+            self._custom.get_namespaced_custom_object(
+                *HOSTED_CLUSTER[:2], namespace, HOSTED_CLUSTER[2], name
+            )
+        )
 
     def _run_job(self, key: str, now: float) -> None:
         """The curator job (cmd/curator/curator.go, upgrade path) one step further."""
         running = self._curations[key]
         namespace, name = key.split("/", 1)
         with self._lock:
-            member = self._members.get(namespace)
+            member = self._members.get(running.cluster)
         if member is None:
             del self._curations[key]
             return
@@ -1038,7 +1104,9 @@ class OcmEmulator:
             return
         if running.failure is None:
             # pkg/jobs/hive/hive.go validateUpgradeVersion: only an offered version upgrades.
-            problem = _validate_upgrade(running.target, upgrade, self._cluster_info(namespace))
+            problem = _validate_upgrade(
+                running.target, upgrade, self._cluster_info(running.cluster)
+            )
             if problem:
                 running.failure = ("upgrade-cluster", problem)
                 running.started = now - self.upgrade_seconds  # fails at once
@@ -1084,10 +1152,22 @@ class OcmEmulator:
             }
             with self._lock:
                 member.version = running.target  # the member runs it; the hub learns it later
-            self._pending_versions[namespace] = (now + self.version_lag, running.target)
+            self._pending_versions[running.cluster] = (now + self.version_lag, running.target)
             self._replace_curator(curator)
             del self._curations[key]
             return
+        if fraction >= 0.3 and running.hosted and running.failure is None:
+            # pkg/jobs/hypershift/hypershift.go UpgradeCluster: patchUpgradeVersion sets the
+            # HostedCluster's spec.release.image to the release of desiredUpdate (its
+            # "quay.io/openshift-release-dev/ocp-release:<version>-multi"; NodePools alike).
+            image = f"quay.io/openshift-release-dev/ocp-release:{running.target}-multi"
+            self._custom.patch_namespaced_custom_object(
+                *HOSTED_CLUSTER[:2],
+                namespace,
+                HOSTED_CLUSTER[2],
+                name,
+                {"spec": {"release": {"image": image}}},
+            )
         if fraction >= 0.3:
             percent = min(99, int(fraction * 100))
             conds = _set_condition(

@@ -38,10 +38,18 @@ def test_preflight_is_declared_and_accepts_what_gke_would(
 ) -> None:
     client = start_plugin().client
     assert identity_pb2.PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE in client.capabilities()
-    accepted = client.preflight_upgrade(C1, NEW, {"default-pool": NEW, "workers": "1.29"})
+    accepted = client.preflight_upgrade(C1, NEW, {"default-pool": NEW})
     assert (accepted.verdict, accepted.reason_code) == (_S.PREFLIGHT_VERDICT_ACCEPTED, "")
-    assert client.preflight_upgrade(C1, "", {"workers": OLD}).verdict == (
-        _S.PREFLIGHT_VERDICT_ACCEPTED  # nothing to do is accepted
+    # workers upgrades blue-green: accepted, with the soak notice (see the blue-green test)
+    noted = client.preflight_upgrade(C1, NEW, {"default-pool": NEW, "workers": "1.29"})
+    assert (noted.verdict, noted.reason_code) == (
+        _S.PREFLIGHT_VERDICT_ACCEPTED,
+        "BLUE_GREEN_UPGRADE",
+    )
+    unchanged = client.preflight_upgrade(C1, "", {"workers": OLD})
+    assert (unchanged.verdict, unchanged.reason_code) == (
+        _S.PREFLIGHT_VERDICT_ACCEPTED,  # nothing to do is accepted
+        "",  # and a blue-green pool that does not change soaks nothing
     )
     _no_mutation(emulator)
 
@@ -196,3 +204,74 @@ def test_unknown_clusters_and_pools_are_errors_and_unknown_aliases_refused_never
         "VERSION_NOT_OFFERED",
     )
     assert "control_plane_version: '1.31' matches no version" in never.message
+
+
+def test_a_blue_green_pool_is_accepted_with_its_expected_soak_and_the_step_timeout_it_adds(
+    emulator: GkeEmulator, start_plugin: StartPlugin
+) -> None:
+    """Issue 20: a blue-green node-pool upgrade soaks inside its one UPGRADE_NODES operation
+    (each drain batch's batchSoakDuration, then nodePoolSoakDuration, one hour when unset).
+    PreflightUpgrade says so on ACCEPTED (reason BLUE_GREEN_UPGRADE): the expected soak from
+    the pool's batch and soak settings, and that the node-pool step timeout includes it."""
+    bg = cluster_id("bg")
+    emulator.add_cluster(
+        bg,
+        master_version=NEW,
+        node_pools=[
+            {
+                "name": "batched",  # 10 nodes in batches of 4: 3 batches x 5 min + 30 min
+                "version": OLD,
+                "imageType": "COS_CONTAINERD",
+                "nodes": 10,
+                "upgradeSettings": {
+                    "strategy": "BLUE_GREEN",
+                    "blueGreenSettings": {
+                        "standardRolloutPolicy": {"batchNodeCount": 4, "batchSoakDuration": "300s"},
+                        "nodePoolSoakDuration": "1800s",
+                    },
+                },
+            },
+            {
+                "name": "defaulted",  # one batch, no batch soak, GKE's one-hour pool soak
+                "version": OLD,
+                "imageType": "COS_CONTAINERD",
+                "nodes": 2,
+                "upgradeSettings": {"strategy": "BLUE_GREEN", "blueGreenSettings": {}},
+            },
+            {
+                "name": "surge",
+                "version": OLD,
+                "imageType": "COS_CONTAINERD",
+                "nodes": 2,
+                "upgradeSettings": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+        ],
+    )
+    client = start_plugin(config=plugin_config(emulator, [*NAMES, "bg"])).client
+    pools = {p.name: p for p in client.get_cluster(bg).node_pools}
+    assert pools["batched"].upgrade_soak_seconds == 3 * 300 + 1800
+    assert pools["defaulted"].upgrade_soak_seconds == 3600
+    answer = client.preflight_upgrade(bg, "", {"batched": NEW, "surge": NEW})
+    assert (answer.verdict, answer.reason_code) == (
+        _S.PREFLIGHT_VERDICT_ACCEPTED,
+        "BLUE_GREEN_UPGRADE",
+    )
+    assert (
+        "node pool batched upgrades BLUE_GREEN: at least 45m of soak (3 batch(es) of its 10 "
+        "node(s) x batchSoakDuration 5m + nodePoolSoakDuration 30m)" in answer.message
+    )
+    assert "surge" not in answer.message
+    assert "timeouts.nodePool + the soak, here up to + 45m" in answer.message
+    defaulted = client.preflight_upgrade(bg, "", {"defaulted": NEW})
+    assert defaulted.reason_code == "BLUE_GREEN_UPGRADE"
+    assert (
+        "at least 1h of soak (1 batch(es) of its 2 node(s) x batchSoakDuration 0s + "
+        "nodePoolSoakDuration 1h (unset: GKE's default))" in defaulted.message
+    )
+    surge_only = client.preflight_upgrade(bg, "", {"surge": NEW})
+    assert (surge_only.verdict, surge_only.reason_code, surge_only.message) == (
+        _S.PREFLIGHT_VERDICT_ACCEPTED,
+        "",
+        "",
+    )
+    _no_mutation(emulator)

@@ -90,6 +90,11 @@ def test_monitor_timeout_rounds_up_to_curator_minutes() -> None:
         ({"upgradeMethod": "ManifestWork"}, "manifestWork", "required when upgradeMethod"),
         (curator_config(monitorTimeout="soon"), "monitorTimeout", "120m"),
         (curator_config(monitorTimeout=0), "monitorTimeout", "positive"),
+        (
+            curator_config(clusterCurator={"hostedClusters": "yes"}),
+            "clusterCurator.hostedClusters",
+            "'Refuse' or 'HostedClusterNamespace'",
+        ),
         (curator_config(taint={"key": "Not A Key!"}), "taint.key", "qualified name"),
         (
             curator_config(taint={"key": "cluster.open-cluster-management.io/unavailable"}),

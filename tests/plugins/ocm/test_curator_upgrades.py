@@ -94,6 +94,49 @@ def test_an_openshift_upgrade_compares_openshift_versions_as_ocm_reports_them(
     assert plugin.client.get_cluster(name).control_plane_version == "4.15.2"
 
 
+def test_without_the_claim_the_openshift_version_comes_from_the_managed_cluster_info(
+    hub: KubeCluster,
+    emulator: OcmEmulator,
+    start_plugin: StartPlugin,
+    names: Callable[[int], list[str]],
+) -> None:
+    """Issue 20 item 3: a registration agent with its ClusterClaim feature gate off exposes no
+    claims, so the ManagedCluster has no version.openshift.io claim; ACM's foundation agent
+    still reports the OpenShift version in the ManagedClusterInfo
+    (status.distributionInfo.ocp.version). The plugin reports and compares that version, and a
+    curated 4.14.10 -> 4.15.2 upgrade SUCCEEDS once the ManagedClusterInfo shows 4.15.2 (without
+    the fallback the cluster has no version and the upgrade could only time out)."""
+    [name] = names(1)
+    emulator.add_cluster(name, "4.14.10", cluster_claims=False)
+    emulator.set_offered(name, ("4.14.10", "4.15.2"))
+    assert emulator.version_of(name) == ""  # no claim on the ManagedCluster
+    assert emulator.cluster_info_version(name) == "4.14.10"
+    plugin = start_plugin(curator_config())
+    assert plugin.client.get_cluster(name).control_plane_version == "4.14.10"
+    final = plugin.end(plugin.client.upgrade_control_plane("up-info", name, "4.15.2").id)
+    assert (final.state, final.error_message) == (SUCCEEDED, "")
+    assert _curator(hub, name)["spec"]["upgrade"]["desiredUpdate"] == "4.15.2"
+    assert emulator.cluster_info_version(name) == "4.15.2"
+    assert plugin.client.get_cluster(name).control_plane_version == "4.15.2"
+
+
+def test_the_claim_wins_over_a_managed_cluster_info_that_lags_it(
+    emulator: OcmEmulator, start_plugin: StartPlugin, names: Callable[[int], list[str]]
+) -> None:
+    """With both, the version.openshift.io claim is the version: the ManagedClusterInfo's
+    ocp.version is a copy of that claim made by a separate periodic sync (and deprecated in its
+    favour upstream), so where they differ it is the copy that lags."""
+    [name] = names(1)
+    emulator.add_cluster(name, "4.15.2")
+    emulator.write_cluster_info(name, "4.14.10")  # the foundation agent has not synced yet
+    assert emulator.cluster_info_version(name) == "4.14.10"
+    plugin = start_plugin(curator_config())
+    assert plugin.client.get_cluster(name).control_plane_version == "4.15.2"
+    done = plugin.client.upgrade_control_plane("up-same", name, "4.15.2")
+    assert done.state == SUCCEEDED  # at the version already: nothing is curated
+    assert name not in emulator.curations_started
+
+
 def test_a_failed_curation_fails_the_operation_with_the_curator_message(
     emulator: OcmEmulator, start_plugin: StartPlugin, names: Callable[[int], list[str]]
 ) -> None:

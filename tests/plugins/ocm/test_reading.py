@@ -123,7 +123,10 @@ def test_no_taint_write_is_one_the_hub_webhook_denies_whatever_the_same_key_orde
 
 def test_managed_cluster_maps_to_a_contract_cluster() -> None:
     cfg = parse_config(work_config())  # a k3s member: its Kubernetes version is the version
-    cluster = inventory.to_cluster(mc(), cfg, None)
+    obj = mc()
+    cluster = inventory.to_cluster(
+        obj, cfg, inventory.cluster_version(obj, cfg.version_source), None
+    )
     assert cluster.id == "c1"
     assert cluster.control_plane_version == "1.28.5+k3s1"
     assert dict(cluster.labels) == {
@@ -137,9 +140,9 @@ def test_managed_cluster_maps_to_a_contract_cluster() -> None:
 def test_our_taint_means_out_of_service_and_a_foreign_one_does_not() -> None:
     cfg = parse_config(curator_config())
     ours = inventory.with_our_taint([], OURS)
-    assert not inventory.to_cluster(mc(taints=ours), cfg, None).in_service
+    assert not inventory.to_cluster(mc(taints=ours), cfg, "", None).in_service
     foreign = [{"key": OURS.key, "value": "someone-else", "effect": "NoSelect"}]
-    assert inventory.to_cluster(mc(taints=foreign), cfg, None).in_service
+    assert inventory.to_cluster(mc(taints=foreign), cfg, "", None).in_service
 
 
 @pytest.mark.parametrize(
@@ -173,6 +176,22 @@ def test_version_sources() -> None:
     assert inventory.cluster_version(obj, "clusterClaim:version.openshift.io") == "4.15.3"
     assert inventory.cluster_version(obj, "label:openshiftVersion") == "4.15.3"
     assert inventory.cluster_version(obj, "clusterClaim:absent") == ""
+
+
+def test_the_managed_cluster_info_answers_only_for_an_absent_openshift_claim() -> None:
+    """ManagedClusterInfo status.distributionInfo.ocp.version (stolostron cluster-lifecycle-api
+    clusterinfo/v1beta1 types.go) stands in for the version.openshift.io claim when the
+    ManagedCluster has none; the claim wins when both exist; other sources never read it."""
+    info = {"status": {"distributionInfo": {"type": "OCP", "ocp": {"version": "4.14.10"}}}}
+    claimless = mc()
+    source = "clusterClaim:version.openshift.io"
+    assert inventory.cluster_version(claimless, source) == ""
+    assert inventory.cluster_version(claimless, source, info) == "4.14.10"
+    claimed = mc(clusterClaims=[{"name": "version.openshift.io", "value": "4.15.2"}])
+    assert inventory.cluster_version(claimed, source, info) == "4.15.2"
+    assert inventory.cluster_version(claimless, "kubernetes", info) == "1.28.5+k3s1"
+    assert inventory.cluster_version(claimless, "clusterClaim:other", info) == ""
+    assert inventory.cluster_version(claimless, source, {"status": {}}) == ""
 
 
 # -- ClusterCurator ------------------------------------------------------------------------------
