@@ -114,6 +114,13 @@ class UpdateRunSpec(_Model):
     provider_ref: ProviderRef | None = Field(
         default=None, description="A FleetProvider that allows this namespace (not opsEndpoint)."
     )
+    provider_refs: list[ProviderRef] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16,
+        description="Several FleetProviders, one run over all their clusters under one "
+        "requiredAvailableCount (not with providerRef or opsEndpoint).",
+    )
     version: Version | None = Field(
         default=None, description="Target for clusters selected by stages but not listed."
     )

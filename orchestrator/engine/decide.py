@@ -55,6 +55,7 @@ __all__ = [
     "POST_HOOK",
     "PREFLIGHT_TTL",
     "PRE_HOOK",
+    "PROVIDER_UNAVAILABLE",
     "RECOVER_GAVE_UP",
     "RECOVER_STEP",
     "SKIPPED_BY_PEOPLE",
@@ -113,6 +114,8 @@ PREFLIGHT_TTL = timedelta(seconds=60)
 STEP_POLL_SECONDS = 10.0
 #: How often to look again at a cluster waiting for availability or readiness.
 POLL_SECONDS = 2.0
+#: The reason of a cluster whose provider cannot be asked now (Snapshot.unknown).
+PROVIDER_UNAVAILABLE = "ProviderUnavailable"
 #: How often a running hook is looked at again even without news (a Job's status is polled).
 HOOK_POLL_SECONDS = 5.0
 #: The two hook kinds, as HookStatus.kind spells them.
@@ -617,6 +620,11 @@ class _Run:
         if st.phase in (U.PRE_HOOK, U.POST_HOOK):
             self.follow_hook(u)
             return
+        if obs is None and u.cluster_id in self.inp.snapshot.unknown:
+            kind_text = (st.step or "").partition("/")[0]
+            kinds = {k.value: k for k in OpKind}
+            self.unreachable(u, None if st.phase == U.VERIFYING else kinds.get(kind_text))
+            return
         if st.phase == U.VERIFYING:
             if obs is None:
                 self.gone(u, None)
@@ -716,6 +724,29 @@ class _Run:
             return True
         self.wake(max(1.0, min(left.total_seconds(), STEP_POLL_SECONDS)))
         return False
+
+    def unreachable(self, u: Upgrade, kind: OpKind | None) -> None:
+        """A cluster in flight whose provider cannot be asked now (Snapshot.unknown): nothing
+        is decided on it (what its operation did is unknown) until the provider answers; it
+        waits within its step's bound (invariant 4), then fails with the reason. It is never
+        taken for gone: it did not leave the inventory."""
+        st = self.status[u.name]
+        why = self.inp.snapshot.unknown[u.cluster_id]
+        start = st.step_start_time or self.stamp
+        what = st.step or (st.phase.value if st.phase else "step")
+        if self.now - parse_time(start) > self.timeout_of(kind):
+            self.fail(
+                u,
+                PROVIDER_UNAVAILABLE,
+                f"{what}: its provider did not answer within the step's bound: {why}",
+            )
+            return
+        self.set(
+            u,
+            step_start_time=start,
+            message=f"{what}: waiting for its provider (counted as unavailable): {why}",
+        )
+        self.wake(POLL_SECONDS)
 
     def gone(self, u: Upgrade, kind: OpKind | None) -> None:
         st = self.status[u.name]
@@ -868,6 +899,9 @@ class _Run:
     def after_hook(self, u: Upgrade, kind: str) -> None:
         """The step after a hook: the service-out (pre) or the service-in (post)."""
         obs = self.effective.get(u.cluster_id)
+        if obs is None and u.cluster_id in self.inp.snapshot.unknown:
+            self.unreachable(u, None)
+            return
         if obs is None:
             self.gone(u, None)
             return
@@ -1868,6 +1902,20 @@ def _offer(run: _Run, adm: _Admission) -> None:
             run.wake(0.0)
             continue
         obs = run.effective.get(u.cluster_id)
+        unknown = run.inp.snapshot.unknown.get(u.cluster_id)
+        if obs is None and unknown is not None:
+            # Its provider cannot be asked (a run over several providers): not gone, and
+            # not started until it answers; counted as unavailable meanwhile.
+            run.set(
+                u,
+                phase=U.PENDING,
+                step=None,
+                step_start_time=None,
+                reason=PROVIDER_UNAVAILABLE,
+                message=f"waiting for its provider: {unknown}",
+            )
+            run.wake(POLL_SECONDS)
+            continue
         if obs is None:
             run.set(
                 u,

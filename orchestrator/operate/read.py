@@ -222,6 +222,8 @@ class ClusterLine:
     message: str = ""
     #: When its current step (else its phase) started, RFC 3339; "" when unknown.
     since: str = ""
+    #: The FleetProvider it belongs to (spec.providerName); "" for spec.opsEndpoint runs.
+    provider: str = ""
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,9 @@ class Snapshot:
     failures: api.FailureSummary | None = None
     next_start_time: str = ""
     waiting_reason: str = ""
+    #: Per FleetProvider of the run (spec.providerName of its ClusterUpgrades): its clusters
+    #: and how many of them are upgraded, by name; empty when none names one.
+    providers: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: Why the run cannot progress ("Reason: message" of its blocking condition), and the fix.
     cause: str = ""
     fix: str = ""
@@ -280,6 +285,7 @@ def snapshot(
     lines: dict[str, list[ClusterLine]] = {"in_flight": [], "failed": [], "blocked": []}
     #: Per stage, from the ClusterUpgrades: upgraded, skipped, failed (None: none listed).
     tally: dict[str, list[int]] | None = None
+    providers: dict[str, tuple[int, int]] = {}
     for cu in sorted(
         read(run_name) if run_name else [],
         key=lambda o: (o["spec"].get("stageIndex", 0), o["spec"].get("clusterId", "")),
@@ -294,6 +300,7 @@ def snapshot(
             attempt=int(cu_status.get("attempt") or 0),
             reason=str(cu_status.get("reason") or ""),
             message=str(cu_status.get("message") or ""),
+            provider=str(spec.get("providerName") or ""),
             since=str(
                 cu_status.get("stepStartTime")
                 or (phase in _HOOK_PHASES and (cu_status.get("hook") or {}).get("startTime"))
@@ -302,6 +309,9 @@ def snapshot(
                 or ""
             ),
         )
+        if line.provider:
+            total, done = providers.get(line.provider, (0, 0))
+            providers[line.provider] = (total + 1, done + (phase == api.UpgradePhase.UPGRADED))
         tally = {} if tally is None else tally
         counted = tally.setdefault(line.stage, [0, 0, 0])
         counted[0] += phase == api.UpgradePhase.UPGRADED
@@ -346,6 +356,7 @@ def snapshot(
         failures=api.FailureSummary.model_validate(failures) if failures else None,
         next_start_time=str(run_status.get("nextStartTime") or ""),
         waiting_reason=str(run_status.get("waitingReason") or ""),
+        providers=providers,
         cause=blocked,
         fix=fix_for(blocked),
     )

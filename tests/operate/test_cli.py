@@ -865,6 +865,7 @@ def test_printer_columns_show_phase_progress_failures_and_age(
         "Phase": "Failed",
         "Step": None,
         "Reason": "StepTimedOut",
+        "Provider": None,
         "Retries": 0,
         "Message": "controlPlane took longer than 90m",
     }
