@@ -1890,6 +1890,16 @@ def _time_gates(run: _Run, adm: _Admission) -> None:
 def _offer(run: _Run, adm: _Admission) -> None:
     """Each member whose turn came, in order, until the concurrency limit is reached."""
     for u in adm.members:
+        # Waited for its provider, which answers again: that wait is over (not left on
+        # record while it waits for its turn, the budget or a window).
+        st = run.status[u.name]
+        if (
+            st.phase == U.PENDING
+            and st.reason == PROVIDER_UNAVAILABLE
+            and u.cluster_id not in run.inp.snapshot.unknown
+        ):
+            run.set(u, reason=None, message=None)
+    for u in adm.members:
         st = run.status[u.name]
         if st.phase not in (U.PENDING, U.BLOCKED):
             continue

@@ -167,43 +167,40 @@ def neighbours_across(
 
     own: this run's clusters, cluster id → provider identity. Returns the clusters of this run
     other runs hold (cluster id → run), the floors of the other live runs sharing clusters with
-    it (one per run, over its members on this run's providers), and the cluster id → identity
-    of those members this run must observe too (its own are not repeated).
+    it (over their members on this run's providers), and the cluster id → identity of those
+    members this run must observe too (its own are not repeated).
 
-    Conservative by construction (invariant 1): another run's members on a provider this run
-    does not use cannot be observed, so they are left out of its floor, which then requires
-    its whole count of the members that are observed (as if the others were down); a member
-    whose id this run cannot spell alone (the same id on two providers) is kept under a
-    spelling no provider reports, so it counts as down too.
+    Every holding on one of this run's providers is spelled as the one snapshot spells it, and
+    `crossrun.neighbours` decides on the spelled keys (its rule, one home): this run's clusters
+    by their ids; another's by its id when that id names one cluster here, else under a
+    spelling no provider reports, so it counts as down. Conservative by construction
+    (invariant 1): another run's members on a provider this run does not use cannot be
+    observed, so they are left out of its floor, which then requires its whole count of the
+    members that are observed (as if the others were down).
     """
-    held: dict[str, str] = {}
-    keys: dict[str, set[tuple[str, str]]] = {}
-    required: dict[str, int] = {}
-    for identity in sorted(set(own.values())):
-        mine = {cid for cid, i in own.items() if i == identity}
-        h, floors = neighbours(holdings, floor_of, identity, run, mine)
-        held.update({cid: holder for cid, holder in h.items() if cid in mine})
-        for f in floors:
-            keys.setdefault(f.run, set()).update((identity, cid) for cid in f.members)
-            required[f.run] = f.required
+    observed = set(own.values())
+    seen = [h for h in holdings if h.provider in observed]
     claims: dict[str, set[str]] = {}
-    for members in keys.values():
-        for identity, cid in members:
-            claims.setdefault(cid, set()).add(identity)
-    extra: dict[str, str] = {}
+    for h in seen:
+        claims.setdefault(h.cluster_id, set()).add(h.provider)
 
     def spelled(identity: str, cid: str) -> str:
-        if own.get(cid, identity) != identity or len(claims[cid]) > 1:
-            return f"{identity}|{cid}"  # ambiguous: never observed, so down
-        if cid not in own:
-            extra[cid] = identity
-        return cid
+        if own.get(cid) == identity:
+            return cid
+        if cid not in own and claims[cid] == {identity}:
+            return cid
+        return f"{identity}|{cid}"  # not this snapshot's to tell apart: never observed, down
 
-    out = [
-        Floor(other, frozenset(spelled(i, c) for i, c in sorted(keys[other])), required[other])
-        for other in sorted(keys)
-    ]
-    return held, out, extra
+    merged = [replace(h, provider="*", cluster_id=spelled(h.provider, h.cluster_id)) for h in seen]
+    held, floors = neighbours(merged, floor_of, "*", run, set(own))
+    extra = {
+        h.cluster_id: h.provider
+        for h in seen
+        if h.cluster_id not in own
+        and spelled(h.provider, h.cluster_id) == h.cluster_id
+        and any(h.cluster_id in f.members for f in floors)
+    }
+    return held, floors, extra
 
 
 def degraded_message(down: Mapping[str, str]) -> str:

@@ -364,6 +364,21 @@ def _holding(run: str, provider: str, cid: str, active: bool = False) -> Holding
     return Holding(run=run, provider=provider, cluster_id=cid, active=active)
 
 
+def test_a_run_sharing_one_provider_binds_with_its_members_on_every_provider() -> None:
+    # ns/other shares g1 on GKE only; its EKS members e5, e6 are observed too (one floor).
+    holdings = [
+        _holding("ns/other", GKE, "g1"),
+        _holding("ns/other", EKS, "e5"),
+        _holding("ns/other", EKS, "e6"),
+    ]
+    own = {"g1": GKE, "e1": EKS}
+    _, floors, extra = neighbours_across(holdings, lambda run: 2, own, "ns/me")
+    assert [(f.run, set(f.members), f.required) for f in floors] == [
+        ("ns/other", {"g1", "e5", "e6"}, 2)
+    ]
+    assert extra == {"e5": EKS, "e6": EKS}
+
+
 def test_holdings_and_floors_meet_on_provider_and_cluster_id() -> None:
     holdings = [
         # Another run holds "x" on EKS: not this run's "x", which is on GKE.
@@ -378,7 +393,8 @@ def test_holdings_and_floors_meet_on_provider_and_cluster_id() -> None:
     ]
     own = {"x": GKE, "g1": GKE, "e1": EKS}
     held, floors, extra = neighbours_across(holdings, lambda run: 3, own, "ns/me")
-    assert held == {"g1": "ns/third"}
+    # Held: this run's g1 (by ns/third); ns/other's x is not this run's x.
+    assert held == {"g1": "ns/third", f"{EKS}|x": "ns/other"}
     assert {f.run: (set(f.members), f.required) for f in floors} == {
         # Its EKS x cannot be spelled "x" here (this run's x is on GKE): it counts as down.
         "ns/other": ({"e1", f"{EKS}|x"}, 3),
@@ -398,9 +414,9 @@ def test_an_id_another_run_has_on_two_providers_counts_as_down() -> None:
     own = {"g1": GKE, "e1": EKS, "x": GKE}
     _, floors, extra = neighbours_across(holdings, lambda run: 2, own, "ns/me")
     (floor,) = floors
-    # Its x on GKE and its x on EKS cannot be told apart by id in one snapshot: both are
-    # spelled so that no provider reports them (counted as down, the safe side).
-    assert floor.members == frozenset({"g1", "e1", f"{GKE}|x", f"{EKS}|x"})
+    # Its x on GKE is this run's x; its x on EKS cannot be spelled "x" in this run's snapshot:
+    # it is spelled so that no provider reports it (counted as down, the safe side).
+    assert floor.members == frozenset({"g1", "e1", "x", f"{EKS}|x"})
     assert extra == {}
 
 
