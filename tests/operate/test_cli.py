@@ -314,6 +314,52 @@ def test_a_cluster_in_its_hook_is_in_flight(
     )
 
 
+def test_status_and_kubectl_show_each_clusters_provider(
+    control_plane: KubeCluster, objects: Objects, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run over several FleetProviders (spec.providerRefs): `status` says each cluster's
+    provider (in flight, failed) and counts per provider; `kubectl get cu` has PROVIDER."""
+    objects.standalone()
+    clusters = {
+        "g1": ("gke-prod", {"phase": "UpgradingControlPlane", "step": "controlPlane"}),
+        "e1": ("eks-prod", {"phase": "Failed", "reason": "OperationFailed", "message": "boom"}),
+        "e2": ("eks-prod", {"phase": "Upgraded"}),
+    }
+    for cid, (provider, status) in clusters.items():
+        cu = objects.kube.create_object(
+            api.CLUSTER_UPGRADE_PLURAL,
+            objects.ns,
+            {
+                "apiVersion": api.API_VERSION,
+                "kind": api.CLUSTER_UPGRADE_KIND,
+                "metadata": {"name": f"solo-{cid}", "labels": {api.LABEL_RUN: "solo"}},
+                "spec": {
+                    "clusterId": cid,
+                    "stage": "canary",
+                    "stageIndex": 0,
+                    "version": "1.29.1",
+                    "nodeVersion": "1.29.1",
+                    "provider": f"{provider}-plugin:9000",
+                    "providerId": f"{provider}.fleetupgrade.io/fleet",
+                    "providerName": provider,
+                },
+            },
+        )
+        objects.write_status(api.CLUSTER_UPGRADE_PLURAL, cu, status)
+    code, out, _ = cli(control_plane, objects.ns, "status", "solo", capsys=capsys)
+    assert code == 0
+    assert "Providers: eks-prod 1/2 upgraded, gke-prod 0/1 upgraded" in out
+    assert "  CLUSTER  PROVIDER  STAGE   PHASE                  STEP" in out
+    assert "  g1       gke-prod  canary  UpgradingControlPlane  controlPlane" in out
+    assert "  e1 (provider eks-prod, stage canary, attempt 1): OperationFailed: boom" in out
+    rows = _table(control_plane, objects.ns, api.CLUSTER_UPGRADE_PLURAL)
+    assert {n: row["Provider"] for n, row in rows.items() if n.startswith("solo-")} == {
+        "solo-g1": "gke-prod",
+        "solo-e1": "eks-prod",
+        "solo-e2": "eks-prod",
+    }
+
+
 def test_unknown_object_names_the_fix(
     control_plane: KubeCluster, objects: Objects, capsys: pytest.CaptureFixture[str]
 ) -> None:
