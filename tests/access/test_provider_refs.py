@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from orchestrator import api
+from orchestrator.adapters.webhook import admit, denial_message
 from orchestrator.engine.access import check_access
+from orchestrator.engine.validate import Problem
 from tests.access.test_rules import POLICY, allowed, checks, cv, problems, provider
 
 PROVIDERS = {
@@ -77,3 +79,27 @@ def test_the_update_run_spec_has_them_too() -> None:
     )
     access = allowed(check_access("team-a", spec, PROVIDERS, {}, POLICY))
     assert [n for n, _ in access.members] == ["gke-prod", "eks-prod"]
+
+
+def test_admission_refuses_provider_refs_beside_provider_ref_naming_the_fields() -> None:
+    body = {
+        "providerRefs": [{"name": "gke-prod"}, {"name": "eks-prod"}],
+        "providerRef": {"name": "gke-prod"},
+        "clusters": [{"id": "a", "version": "1.29.4"}, {"id": "b", "version": "1.29.4"}],
+    }
+    request = {
+        "operation": "CREATE",
+        "kind": {"kind": api.KIND},
+        "namespace": "team-a",
+        "object": {"metadata": {"namespace": "team-a"}, "spec": body},
+    }
+
+    def access(ns: str, spec: api.ClusterVersionSpec | api.UpdateRunSpec) -> list[Problem]:
+        found = check_access(ns, spec, PROVIDERS, {}, POLICY)
+        return found if isinstance(found, list) else []
+
+    refused = admit(request, access)
+    assert [p.field for p in refused] == ["spec.providerRefs"]
+    assert "set one of providerRefs, providerRef or opsEndpoint" in denial_message(refused)
+    del body["providerRef"]
+    assert admit(request, access) == []
