@@ -292,6 +292,8 @@ class World:
         #: Draws of the operating features (issue 12): budgets, policy, notBefore, windows. A
         #: stream of its own, so the histories of the other draws stay what they were.
         self.ops_rng = random.Random(cfg.seed * 7727 + 11)
+        #: Which owners of a history over several providers use one of them alone.
+        self.multi_rng = random.Random(cfg.seed * 5153 + 7)
         #: Which address of the plugin each owner uses: a stream of its own too.
         self.alias_rng = random.Random(cfg.seed * 6007 + 3)
         #: How late each UpdateRun watch event reaches each replica: a stream of its own too.
@@ -357,14 +359,20 @@ class World:
                 self.member_of[f"c{i:04d}"] = MEMBERS[i % self.cfg.providers][0]
         return out
 
-    def draw_spec(self, team: str, members: list[str]) -> api.ClusterVersionSpec:
-        """A ClusterVersion-shaped spec over members (listed) or a team's selector stages."""
+    def draw_spec(
+        self, team: str, members: list[str], only: str | None = None
+    ) -> api.ClusterVersionSpec:
+        """A ClusterVersion-shaped spec over members (listed) or a team's selector stages.
+        only: a history over several providers, a run on that one FleetProvider alone
+        (spec.providerRef: the selectors then see its clusters only)."""
         rng = self.rng
         target = rng.choice(TARGETS)
         body: dict[str, object] = {
             "opsEndpoint": {"endpoint": self.alias_rng.choice(ALIASES), "insecure": True},
         }
-        if self.cfg.providers > 1:
+        if only is not None:
+            body = {"providerRef": {"name": only}}
+        elif self.cfg.providers > 1:
             body = {"providerRefs": [{"name": n} for n, *_ in MEMBERS[: self.cfg.providers]]}
         stages: list[dict[str, object]] = []
         if self.cfg.stages and rng.random() < 0.8:
@@ -380,7 +388,9 @@ class World:
                 size = sum(
                     1
                     for c in self.fleet.clusters.values()
-                    if c.labels.get("team") == team and not c.deleted
+                    if c.labels.get("team") == team
+                    and not c.deleted
+                    and (only is None or self.member_of.get(c.id) == only)
                 )
             else:
                 body["clusters"] = [{"id": cid, "version": target} for cid in members]
@@ -416,7 +426,11 @@ class World:
             # selects nothing makes the run Invalid (issue 19); dropped here, after every draw,
             # so the rest of the history is what it was. (One can still empty before the run
             # pins, when the adversary deletes clusters: that run is Invalid, pinning nothing.)
-            live = [c.labels for c in self.fleet.clusters.values() if not c.deleted]
+            live = [
+                c.labels
+                for c in self.fleet.clusters.values()
+                if not c.deleted and (only is None or self.member_of.get(c.id) == only)
+            ]
             kept = [s for s in stages if any(_selects(s, labels) for labels in live)]
             if kept:
                 strategy["stages"] = kept
@@ -485,7 +499,15 @@ class World:
         else:
             members = ids[i :: max(1, self.cfg.owners)]
         members = members or ids[:2]
-        spec = self.draw_spec(team, members)
+        only = None
+        if self.cfg.providers > 1 and self.multi_rng.random() < 0.3:
+            # Beside the runs over every provider, one on a single FleetProvider (providerRef):
+            # runs of both kinds meet on (provider identity, cluster id).
+            only = self.multi_rng.choice([n for n, *_ in MEMBERS[: self.cfg.providers]])
+            members = [c for c in members if self.member_of.get(c) == only] or [
+                c for c in ids if self.member_of.get(c) == only
+            ][:2]
+        spec = self.draw_spec(team, members, only)
         kind = kind or ("cv" if rng.random() < 0.6 else "run")
         owner = Owner(f"ns-{i}", f"{kind}-{i}", kind, spec)
         self.owners.append(owner)
@@ -511,6 +533,7 @@ class World:
         spec = api.UpdateRunSpec(
             required_available_count=s.required_available_count,
             ops_endpoint=s.ops_endpoint,
+            provider_ref=s.provider_ref,
             provider_refs=s.provider_refs,
             version=s.version,
             clusters=s.clusters,
@@ -681,7 +704,7 @@ class World:
         upgrades = rep.store.read_upgrades(key)
         drv = rep.driver(run)
         multi = None
-        if self.cfg.providers > 1:
+        if run.spec.provider_refs:
             held_by, floors, multi = self._across(rep, key, upgrades)
             drv.provider = multi
         else:
@@ -692,6 +715,7 @@ class World:
                 key,
                 {u.cluster_id for u in upgrades.values()},
             )
+            drv.provider = self.member(rep, run.spec).provider
         approved = frozenset(run.stage_names)
         result = drv.step(
             key=key,
@@ -770,8 +794,24 @@ class World:
 
     def identity(self, spec: api.UpdateRunSpec) -> str:
         """What the plugin behind a run's address says it is (its GetPluginInfo)."""
+        if spec.provider_ref is not None:  # one FleetProvider of a history over several
+            return next(
+                m.identity for m in self.replicas[0].members if m.name == spec.provider_ref.name
+            )
         endpoint = spec.ops_endpoint.endpoint if spec.ops_endpoint else ""
         return provider_identity(*PLUGIN, endpoint)
+
+    def member(self, rep: Replica, spec: api.UpdateRunSpec) -> Member:
+        """The plugin a one-provider run reaches: its FleetProvider's (a history over several),
+        else the model plugin."""
+        if spec.provider_ref is not None:
+            return next(m for m in rep.members if m.name == spec.provider_ref.name)
+        return Member(
+            "",
+            spec.ops_endpoint.endpoint if spec.ops_endpoint else "",
+            self.identity(spec),
+            rep.provider,
+        )
 
     def holdings(self) -> list[Holding]:
         """Every ClusterUpgrade as the runs that meet see it (orchestrator.pipeline.crossrun), read
@@ -803,7 +843,7 @@ class World:
     def _initialize(self, rep: Replica, run: RunObj) -> None:
         """Pin once: every ClusterUpgrade created at start, from the inventory of that moment."""
         self.adversary.rpc("ListClusters", "")
-        if self.cfg.providers > 1:
+        if run.spec.provider_refs:
             down = sorted(n for n, until in self.outages.items() if until > self.now)
             if down:  # the product's run is Degraded and pins nothing until they answer
                 self.log(f"{run.key}: not pinned: {', '.join(down)} unavailable")
@@ -821,12 +861,22 @@ class World:
                 source=run.source,
             )
         else:
+            one = self.member(rep, run.spec)
+            if one.name and self.outages.get(one.name, -1) > self.now:
+                self.log(f"{run.key}: not pinned: {one.name} unavailable")
+                self.due[run.key] = self.now + self.cfg.min_requeue
+                return
             pinned = pin_upgrades(
                 run.name,
                 run.spec,
-                self.fleet.inventory(),
+                {
+                    c: o
+                    for c, o in self.fleet.inventory().items()
+                    if not one.name or self.member_of.get(c) == one.name
+                },
                 source=run.source,
-                provider_id=self.identity(run.spec),
+                provider_id=one.identity,
+                provider_name=one.name or None,
             )
         if isinstance(pinned, list):
             self.api.update_run(run.key, initialized=True)
