@@ -370,8 +370,12 @@ class GrpcProvider:
 
     @property
     def supports_preflight(self) -> bool:
-        """PreflightUpgrade is declared by the plugin."""
-        return identity_pb2.PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE in self.client.capabilities()
+        """PreflightUpgrade is declared by the plugin (CallError when it cannot be asked)."""
+        try:
+            capabilities = self.client.capabilities()
+        except PluginCallError as err:
+            raise call_error(err) from err
+        return identity_pb2.PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE in capabilities
 
     def inventory(self) -> dict[str, ClusterObs]:
         """The whole inventory (read once per reconcile; re-read when the pass asks again)."""

@@ -238,8 +238,9 @@ class MultiProvider:
     @property
     def supports_preflight(self) -> bool:
         """Any member declares PreflightUpgrade (a member that does not is answered for by
-        `preflight`, as a one-provider run without it goes on without asking)."""
-        return any(m.provider.supports_preflight for m in self.members)
+        `preflight`, as a one-provider run without it goes on without asking; one that cannot
+        be asked now has its clusters unknown, and is not counted)."""
+        return any(_declares_preflight(m) for m in self.members)
 
     def snapshot(self, cluster_ids: Sequence[str]) -> Snapshot:
         """Each member asked for its clusters; a member that fails makes its clusters unknown
@@ -276,7 +277,11 @@ class MultiProvider:
     def preflight(self, cluster_id: str, version: str, pools: Mapping[str, str]) -> Preflight:
         """The cluster's member's verdict; a member without PreflightUpgrade is not asked."""
         m = self._member(cluster_id)
-        if not m.provider.supports_preflight:
+        try:
+            declared = m.provider.supports_preflight
+        except CallError as err:
+            raise named(m.name, err) from err
+        if not declared:
             return Preflight(
                 Verdict.ACCEPTED,
                 self.clock(),
@@ -295,6 +300,13 @@ class MultiProvider:
             return m.provider.call(call)
         except CallError as err:
             raise named(m.name, err) from err
+
+
+def _declares_preflight(m: Member) -> bool:
+    try:
+        return m.provider.supports_preflight
+    except CallError:
+        return False
 
 
 def named(name: str, err: CallError) -> CallError:

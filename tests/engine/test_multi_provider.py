@@ -10,7 +10,14 @@ from datetime import datetime, timedelta
 import pytest
 
 from orchestrator import api
-from orchestrator.engine.decide import PROVIDER_UNAVAILABLE, Call, Preflight, Upgrade, with_status
+from orchestrator.engine.decide import (
+    PROVIDER_UNAVAILABLE,
+    Call,
+    Preflight,
+    Upgrade,
+    Verdict,
+    with_status,
+)
 from orchestrator.engine.observations import ClusterObs, OpObs, PoolObs, Snapshot
 from orchestrator.engine.validate import Problem
 from orchestrator.pipeline.crossrun import Holding
@@ -436,3 +443,21 @@ def test_a_member_without_preflight_is_answered_for_not_asked() -> None:
     answer = provider.preflight("e0", "1.29.1", {})
     assert answer.reason == "PreflightNotDeclared" and "eks-prod" in answer.message
     assert "preflight" not in bare.asked
+
+
+def test_a_member_that_cannot_say_what_it_declares_does_not_stop_the_others() -> None:
+    w = World(required=1)
+
+    @dataclass
+    class Unasked(Outage):
+        @property
+        def supports_preflight(self) -> bool:
+            raise CallError("UNAVAILABLE", "connection refused", True)
+
+    members = [replace(w.members[0], provider=Unasked(w.eks.fleet)), w.members[1]]
+    provider = MultiProvider(members, {"e0": "eks-prod", "g0": "gke-prod"}, lambda: w.wall)
+    assert provider.supports_preflight  # gke-prod's answer
+    with pytest.raises(CallError) as err:
+        provider.preflight("e0", "1.29.1", {})
+    assert err.value.message == "FleetProvider eks-prod: connection refused"
+    assert provider.preflight("g0", "1.29.1", {}).verdict == Verdict.ACCEPTED
