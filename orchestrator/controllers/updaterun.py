@@ -30,7 +30,12 @@ from orchestrator.adapters.provider import GrpcProvider, OperationTracker, Plugi
 from orchestrator.adapters.secrets import SecretError, TLSResolver
 from orchestrator.controllers.reach import Reached, RunPlugins, Unreached
 from orchestrator.engine.access import Access
-from orchestrator.engine.conditions import format_time, get_condition, set_condition
+from orchestrator.engine.conditions import (
+    PROVIDER_UNAVAILABLE,
+    format_time,
+    get_condition,
+    set_condition,
+)
 from orchestrator.engine.decide import ACTIVE, Floor, Preflight, Upgrade
 from orchestrator.engine.initialize import Pinned, run_name
 from orchestrator.engine.observations import ClusterObs, OpObs, OpState
@@ -625,9 +630,7 @@ class UpdateRunController:
                 conds, "Degraded", False, "AsExpected", "plugin reachable", gen, now
             )
         else:  # degraded: multi.degraded_message, naming the FleetProviders that did not answer
-            conds = set_condition(
-                conds, "Degraded", True, "ProviderUnavailable", degraded, gen, now
-            )
+            conds = set_condition(conds, "Degraded", True, PROVIDER_UNAVAILABLE, degraded, gen, now)
         message = d.message
         if deletion.deleting(obj):
             message = self._deleting_message(obj)

@@ -33,7 +33,13 @@ from enum import StrEnum
 
 from orchestrator import api
 from orchestrator.engine import windows
-from orchestrator.engine.conditions import format_time, get_condition, parse_time, set_condition
+from orchestrator.engine.conditions import (
+    PROVIDER_UNAVAILABLE,
+    format_time,
+    get_condition,
+    parse_time,
+    set_condition,
+)
 from orchestrator.engine.health import judge
 from orchestrator.engine.observations import (
     ClusterObs,
@@ -114,8 +120,6 @@ PREFLIGHT_TTL = timedelta(seconds=60)
 STEP_POLL_SECONDS = 10.0
 #: How often to look again at a cluster waiting for availability or readiness.
 POLL_SECONDS = 2.0
-#: The reason of a cluster whose provider cannot be asked now (Snapshot.unknown).
-PROVIDER_UNAVAILABLE = "ProviderUnavailable"
 #: How often a running hook is looked at again even without news (a Job's status is polled).
 HOOK_POLL_SECONDS = 5.0
 #: The two hook kinds, as HookStatus.kind spells them.

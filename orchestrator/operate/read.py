@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import IntEnum
@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from orchestrator import api
 from orchestrator.adapters.kube import KubeClient, NotFound
-from orchestrator.engine.conditions import blocking_condition
+from orchestrator.engine.conditions import blocking_condition, partly_degraded
 from orchestrator.engine.decide import counts_as_failure
 
 __all__ = [
@@ -252,6 +252,9 @@ class Snapshot:
     #: Per FleetProvider of the run (spec.providerName of its ClusterUpgrades): its clusters
     #: and how many of them are upgraded, by name; empty when none names one.
     providers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: A provider of several that does not answer ("Reason: message" of the run's Degraded
+    #: condition, engine.conditions.partly_degraded): shown beside the progress, not as a stop.
+    degraded: str = ""
     #: Why the run cannot progress ("Reason: message" of its blocking condition), and the fix.
     cause: str = ""
     fix: str = ""
@@ -357,6 +360,7 @@ def snapshot(
         next_start_time=str(run_status.get("nextStartTime") or ""),
         waiting_reason=str(run_status.get("waitingReason") or ""),
         providers=providers,
+        degraded=_partly_degraded(run_status, status),
         cause=blocked,
         fix=fix_for(blocked),
     )
@@ -460,12 +464,25 @@ class Outcome:
 def cause(*statuses: Mapping[str, Any]) -> str:
     """Why a run cannot progress (engine.conditions.blocking_condition), from the first of
     the statuses that says it, as "Reason: message"; "" when nothing stops it."""
+    return _first_condition(blocking_condition, statuses)
+
+
+def _partly_degraded(*statuses: Mapping[str, Any]) -> str:
+    """A Degraded condition that leaves the run going (engine.conditions.partly_degraded), from
+    the first of the statuses that has one, as "Reason: message"; "" when none has."""
+    return _first_condition(partly_degraded, statuses)
+
+
+def _first_condition(
+    pick: Callable[[list[api.Condition]], api.Condition | None],
+    statuses: Sequence[Mapping[str, Any]],
+) -> str:
     for status in statuses:
         try:
             conditions = [api.Condition.model_validate(c) for c in status.get("conditions") or []]
         except ValidationError:
             continue
-        found = blocking_condition(conditions)
+        found = pick(conditions)
         if found is not None:
             return f"{found.reason}: {found.message}" if found.message else found.reason
     return ""

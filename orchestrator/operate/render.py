@@ -131,6 +131,9 @@ def _heading(snap: Snapshot) -> list[Text]:
         out.append(Text(f"  Cannot progress: {snap.cause}", style="bold red"))
         if snap.fix:
             out.append(Text(f"  Fix: {snap.fix}", style="yellow"))
+    if snap.degraded:
+        # A provider of several down: the rest goes on where the floor allows.
+        out.append(Text(f"  Degraded: {snap.degraded}", style="yellow"))
     if snap.message and not (snap.cause and snap.cause in snap.message):
         out.append(Text(f"  {snap.message}"))
     if snap.kind == CV:

@@ -34,7 +34,7 @@ from orchestrator.operate import (
     snapshot,
     verbs,
 )
-from orchestrator.operate.read import resolve
+from orchestrator.operate.read import cause, resolve
 from tests.support.kube import KubeCluster, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -604,6 +604,28 @@ def test_render_of_a_snapshot() -> None:
         "  x (stage b, attempt 1): no reason recorded\n"
         "Stage b awaits approval: fleet-orchestrator approve r b\n"
     )
+
+
+def test_a_provider_of_several_down_is_shown_beside_the_progress_not_as_a_stop() -> None:
+    """engine.conditions: Degraded ProviderUnavailable leaves the run going (the others go on
+    where the floor allows): `status` says it, and not as `Cannot progress`."""
+    message = "unavailable: FleetProvider aks-prod (UNAVAILABLE: down)"
+    degraded = {"type": "Degraded", "status": "True", "reason": "ProviderUnavailable"}
+    degraded |= {"message": message, "lastTransitionTime": "2026-11-23T01:00:00Z"}
+    assert cause({"conditions": [degraded]}) == ""
+    snap = Snapshot(
+        kind="UpdateRun",
+        namespace="ns",
+        name="r",
+        phase="Progressing",
+        degraded=f"ProviderUnavailable: {message}",
+        now=NOW,
+    )
+    text = render(snap)
+    assert f"  Degraded: ProviderUnavailable: {message}\n" in text
+    assert "Cannot progress" not in text
+    unreachable = degraded | {"reason": "PluginUnavailable"}
+    assert cause({"conditions": [unreachable]}).startswith("PluginUnavailable: ")
 
 
 def test_long_lists_are_cut_short() -> None:
