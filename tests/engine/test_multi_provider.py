@@ -461,3 +461,45 @@ def test_a_member_that_cannot_say_what_it_declares_does_not_stop_the_others() ->
         provider.preflight("e0", "1.29.1", {})
     assert err.value.message == "FleetProvider eks-prod: connection refused"
     assert provider.preflight("g0", "1.29.1", {}).verdict == Verdict.ACCEPTED
+
+
+@dataclass
+class _Counting(_Passing):
+    asked: list[tuple[str, ...]] = field(default_factory=list)
+
+    def evaluate(
+        self, checks: api.HealthChecks, clusters: Sequence[ClusterObs], stage: str
+    ) -> list[api.CheckResult]:
+        self.asked.append(tuple(c.id for c in clusters))
+        return super().evaluate(checks, clusters, stage)
+
+
+def test_no_stage_check_passes_without_a_member_whose_provider_is_down() -> None:
+    w = World(required=1)
+    checks = {
+        "interval": "1s",
+        "checks": [
+            {
+                "name": "app",
+                "workloads": {"endpoint": "gke:9000", "items": [{"namespace": "d", "name": "app"}]},
+            }
+        ],
+    }
+    spec = w.spec.model_copy(update={"health_checks": api.HealthChecks.model_validate(checks)})
+    checker = _Counting()
+    driver = RunDriver(w.provider(), w, checker, _Leader())
+    verifying = api.StageStatus(
+        name="all",
+        phase=api.StagePhase.VERIFYING,
+        total=6,
+        upgraded=6,
+        health=api.HealthState(since="2026-01-01T00:00:00Z"),
+    )
+    snap = w.provider().snapshot(sorted(u.cluster_id for u in w.upgrades.values()))
+    unknown = replace(snap, unknown={"e0": "FleetProvider eks-prod is unavailable (UNAVAILABLE)"})
+    later = w.wall + timedelta(seconds=5)
+    (after,) = driver._evaluate_stages("ns/run", spec, w.upgrades, [verifying], unknown, later)
+    assert checker.asked == [] and after == verifying  # no pass counted without e0
+    (after,) = driver._evaluate_stages("ns/run", spec, w.upgrades, [verifying], snap, later)
+    assert checker.asked == [("e0", "e1", "e2", "g0", "g1", "g2")]
+    assert after.health is not None and after.health.passes == 1
