@@ -217,23 +217,28 @@ class _Stream:
 
 
 class OperationTracker:
-    """Follows every operation of each plugin through WatchOperations (no polling)."""
+    """Follows every operation of each plugin through WatchOperations (no polling).
+
+    Operations are keyed by (plugin endpoint, operation id): two plugins may hand out the same
+    operation id (a run over several providers follows both). Request ids are the caller's
+    (a run's uid and cluster: engine.request_id), so `by_request` needs no plugin."""
 
     #: Terminal operations kept for lookups; the oldest half is dropped past this many.
     MAX_OPERATIONS = 200_000
 
     def __init__(self, on_terminal: Callable[[str, OpObs], None]) -> None:
-        self._ops: dict[str, OpObs] = {}
+        self._ops: dict[tuple[str, str], OpObs] = {}
         self._by_request: dict[str, OpObs] = {}
-        self._seen: dict[str, float] = {}  # op id → monotonic time of its last update
+        #: (plugin, op id) → monotonic time of its last update
+        self._seen: dict[tuple[str, str], float] = {}
         self._streams: dict[int, _Stream] = {}
         self._on_terminal = on_terminal
         self._lock = threading.Lock()
 
-    def get(self, op_id: str) -> OpObs | None:
-        """The latest state seen of an operation, by operation id."""
+    def get(self, plugin: str, op_id: str) -> OpObs | None:
+        """The latest state seen of a plugin's operation, by operation id."""
         with self._lock:
-            return self._ops.get(op_id)
+            return self._ops.get((plugin, op_id))
 
     def in_flight(self) -> list[OpObs]:
         """Operations last seen PENDING or RUNNING."""
@@ -245,14 +250,16 @@ class OperationTracker:
         with self._lock:
             return dict(self._by_request)
 
-    def put(self, op: OpObs) -> bool:
-        """Record a state; True when it is the first terminal state seen for the op."""
+    def put(self, plugin: str, op: OpObs) -> bool:
+        """Record a state of a plugin's operation; True when it is the first terminal state
+        seen for it."""
+        key = (plugin, op.id)
         with self._lock:
-            old = self._ops.get(op.id)
+            old = self._ops.get(key)
             if old is not None and old.state.terminal:
                 return False
-            self._ops[op.id] = op
-            self._seen[op.id] = time.monotonic()
+            self._ops[key] = op
+            self._seen[key] = time.monotonic()
             if op.request_id:
                 self._by_request[op.request_id] = op
             if len(self._ops) > self.MAX_OPERATIONS:
@@ -262,17 +269,17 @@ class OperationTracker:
                     self._by_request.pop(dropped.request_id, None)
             return op.state.terminal
 
-    def age(self, op_id: str) -> float:
+    def age(self, plugin: str, op_id: str) -> float:
         """Seconds since the operation's last update (infinite when unknown)."""
         with self._lock:
-            seen = self._seen.get(op_id)
+            seen = self._seen.get((plugin, op_id))
         return float("inf") if seen is None else time.monotonic() - seen
 
-    def forget(self, op_id: str) -> None:
+    def forget(self, plugin: str, op_id: str) -> None:
         """Drop an operation the plugin no longer knows."""
         with self._lock:
-            op = self._ops.pop(op_id, None)
-            self._seen.pop(op_id, None)
+            op = self._ops.pop((plugin, op_id), None)
+            self._seen.pop((plugin, op_id), None)
             if op is not None and self._by_request.get(op.request_id) is op:
                 del self._by_request[op.request_id]
 
@@ -308,7 +315,7 @@ class OperationTracker:
                 for pb in watch:
                     delay = 0.2
                     op = op_from_pb(pb)
-                    if self.put(op):
+                    if self.put(client.endpoint, op):
                         self._on_terminal(client.endpoint, op)
                     if stream.stop.is_set():
                         break
@@ -363,8 +370,12 @@ class GrpcProvider:
 
     @property
     def supports_preflight(self) -> bool:
-        """PreflightUpgrade is declared by the plugin."""
-        return identity_pb2.PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE in self.client.capabilities()
+        """PreflightUpgrade is declared by the plugin (CallError when it cannot be asked)."""
+        try:
+            capabilities = self.client.capabilities()
+        except PluginCallError as err:
+            raise call_error(err) from err
+        return identity_pb2.PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE in capabilities
 
     def inventory(self) -> dict[str, ClusterObs]:
         """The whole inventory (read once per reconcile; re-read when the pass asks again)."""
@@ -400,6 +411,7 @@ class GrpcProvider:
         the plugin forgot it: the engine fails the step (it may have run; never asked again).
         """
         forgotten: set[str] = set()
+        plugin = self.client.endpoint
         inventory = self.inventory()
         by_request = self.tracker.by_request()
         for request_id, recorded_id, cluster_id in steps:
@@ -411,10 +423,10 @@ class GrpcProvider:
                 current = cluster.current_operation if cluster is not None else None
                 if current is not None and current.id == known.id:
                     continue
-                if self.tracker.age(known.id) < STALE_SECONDS:
+                if self.tracker.age(plugin, known.id) < STALE_SECONDS:
                     continue
                 op_id = known.id
-            elif not recorded_id or self.tracker.get(recorded_id) is not None:
+            elif not recorded_id or self.tracker.get(plugin, recorded_id) is not None:
                 continue
             else:
                 op_id = recorded_id
@@ -423,10 +435,10 @@ class GrpcProvider:
             except PluginCallError as err:
                 if err.code == grpc.StatusCode.NOT_FOUND:
                     forgotten.add(request_id)
-                    self.tracker.forget(op_id)
+                    self.tracker.forget(plugin, op_id)
                     continue
                 raise call_error(err) from err
-            if self.tracker.put(op):
+            if self.tracker.put(plugin, op):
                 self.on_operation(op)
         self._forgotten = frozenset(forgotten)
 
@@ -450,6 +462,6 @@ class GrpcProvider:
             op = op_from_pb(_mutate(self.client, call))
         except PluginCallError as err:
             raise call_error(err) from err
-        if self.tracker.put(op):
+        if self.tracker.put(self.client.endpoint, op):
             self.on_operation(op)
         return op

@@ -7,6 +7,7 @@ This package is their one import surface: `from orchestrator import api`, then `
 from orchestrator.api.clusterupgrade import (
     CLUSTER_UPGRADE_KIND,
     CLUSTER_UPGRADE_PLURAL,
+    LABEL_PROVIDER,
     LABEL_RUN,
     ClusterUpgradeSpec,
     ClusterUpgradeStatus,
@@ -148,6 +149,7 @@ __all__ = [
     "KIND",
     "LABEL_CLUSTER_VERSION",
     "LABEL_KEY_PATTERN",
+    "LABEL_PROVIDER",
     "LABEL_RUN",
     "LABEL_VALUE_PATTERN",
     "METRIC_SOURCE_KIND",

@@ -13,6 +13,7 @@ from orchestrator.api.rollout import HealthState, NodePoolTarget
 __all__ = [
     "CLUSTER_UPGRADE_KIND",
     "CLUSTER_UPGRADE_PLURAL",
+    "LABEL_PROVIDER",
     "LABEL_RUN",
     "ClusterUpgradeSpec",
     "ClusterUpgradeStatus",
@@ -30,6 +31,12 @@ CLUSTER_UPGRADE_PLURAL = "clusterupgrades"
 
 #: Label on every ClusterUpgrade: the name of its UpdateRun.
 LABEL_RUN = f"{GROUP}/update-run"
+
+
+#: Label a run over several FleetProviders (spec.providerRefs) gives every cluster of its
+#: inventory: the name of the FleetProvider that reported it, so stages select by provider
+#: as by any label (orchestrator.pipeline.multi).
+LABEL_PROVIDER = f"{GROUP}/provider"
 
 
 class UpgradePhase(StrEnum):
@@ -70,6 +77,12 @@ class ClusterUpgradeSpec(_Model):
         max_length=512,
         description="The identity of the provider the cluster belongs to (its plugin's name and "
         "GetPluginInfo fleet_id): clusters are (providerId, clusterId) wherever runs meet.",
+    )
+    provider_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="The FleetProvider the cluster was reached through (spec.providerRef or one "
+        "of spec.providerRefs); unset for spec.opsEndpoint.",
     )
 
     def pool_target(self, pool: str) -> str:

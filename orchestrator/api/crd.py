@@ -237,6 +237,8 @@ def cluster_upgrade_crd() -> dict[str, Any]:
             _col("Phase", "string", ".status.phase"),
             _col("Step", "string", ".status.step"),
             _col("Reason", "string", ".status.reason"),
+            # The FleetProvider the cluster belongs to (several in a run over providerRefs).
+            _col("Provider", "string", ".spec.providerName"),
             # status.attempt is 0 for the first attempt (request ids are made of it, so it
             # stays as stored); a column cannot add 1, so it is headed for what it counts.
             _col("Retries", "integer", ".status.attempt", priority=1),

@@ -495,6 +495,13 @@ class RolloutSpec(_Model):
     provider_ref: ProviderRef | None = Field(
         default=None, description="A FleetProvider that allows this namespace (not opsEndpoint)."
     )
+    provider_refs: list[ProviderRef] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16,
+        description="Several FleetProviders, one run over all their clusters under one "
+        "requiredAvailableCount (not with providerRef or opsEndpoint).",
+    )
     version: Version | None = Field(
         default=None, description="Target for clusters selected by stages but not listed."
     )

@@ -236,7 +236,7 @@ class Controller:
         if provider is None:
             provider = endpoint_identity(endpoint)
         for (ns, name), used in list(self.run_controller.providers.items()):
-            if used == provider:
+            if provider in used:
                 self.queue.add(("ur", ns, name))
 
     def _wake_run(self, run: str) -> None:

@@ -9,6 +9,7 @@ conditional on its resourceVersion.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,10 +28,16 @@ from orchestrator.adapters.metrics import Metrics
 from orchestrator.adapters.notify import Notifier
 from orchestrator.adapters.provider import GrpcProvider, OperationTracker, PluginPool
 from orchestrator.adapters.secrets import SecretError, TLSResolver
+from orchestrator.controllers.reach import Reached, RunPlugins, Unreached
 from orchestrator.engine.access import Access
-from orchestrator.engine.conditions import format_time, get_condition, set_condition
+from orchestrator.engine.conditions import (
+    PROVIDER_UNAVAILABLE,
+    format_time,
+    get_condition,
+    set_condition,
+)
 from orchestrator.engine.decide import ACTIVE, Floor, Preflight, Upgrade
-from orchestrator.engine.initialize import Pinned, pin_upgrades, run_name
+from orchestrator.engine.initialize import Pinned, run_name
 from orchestrator.engine.observations import ClusterObs, OpObs, OpState
 from orchestrator.engine.requester import requester
 from orchestrator.engine.transitions import ClusterChange, Transition, event_name, transitions
@@ -41,10 +48,12 @@ from orchestrator.pipeline.driver import (
     CallError,
     Fence,
     HookRunner,
+    Provider,
     RunDriver,
     StepResult,
     WriteConflict,
 )
+from orchestrator.pipeline.multi import degraded_message, named, neighbours_across
 
 __all__ = ["AlwaysLeader", "UpdateRunController", "upgrade_from_obj"]
 
@@ -160,9 +169,9 @@ class UpdateRunController:
     step_events: bool = False
     #: Delivers spec.notifications (orchestrator.notify); None: none are sent.
     notifier: Notifier | None = None
-    #: Run key → provider identity (so an operation's end wakes the runs on that provider,
-    #: whichever address each reaches it by).
-    providers: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: Run key → provider identities (so an operation's end wakes the runs on that provider,
+    #: whichever address each reaches it by; several for a run over spec.providerRefs).
+    providers: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
     uids: set[str] = field(default_factory=set)
     _preflight: dict[tuple[str, str], dict[str, Preflight]] = field(default_factory=dict)
     #: Parsed ClusterUpgrades by (namespace, name): re-parsed only when resourceVersion moves,
@@ -223,33 +232,55 @@ class UpdateRunController:
         access = self.catalog.check(namespace, spec)
         if isinstance(access, list):
             return self._invalid(obj, status, access, gen, now)
-        target = access.provider
-        endpoint = target.endpoint
         self.uids.add(meta["uid"])
-        try:
-            client = self.pool.get(
-                endpoint,
-                self.tls.client_tls(target.secret_namespace, target.ops_endpoint(), target.field),
-            )
-        except SecretError as err:
-            return self._degraded(obj, status, "TLSConfigError", str(err), gen, now, 30.0)
-        try:
-            identity = self.pool.identity(endpoint, client)
-        except CallError as err:
-            return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
-        self.providers[(namespace, name)] = identity
-        self.tracker.follow(client)
-        provider = GrpcProvider(
-            client,
-            self.tracker,
-            self.clock,
-            lambda op: self.count_operation(endpoint, op),
-            converted=self._inventories.setdefault(endpoint, {}),
-        )
+        plugins = self._providers(access)
+        if isinstance(plugins, tuple):
+            reason, message, retry = plugins
+            return self._degraded(obj, status, reason, message, gen, now, retry)
+        self.providers[(namespace, name)] = plugins.identities
         initialized = get_condition(status.conditions, "Initialized")
         if initialized is None or initialized.status != "True":
-            return self._initialize(obj, spec, status, provider, endpoint, identity, gen, now)
-        return self._execute(obj, spec, status, provider, access, identity, gen, now)
+            return self._initialize(obj, spec, status, plugins, gen, now)
+        return self._execute(obj, spec, status, plugins, access, gen, now)
+
+    def _providers(self, access: Access) -> RunPlugins | tuple[str, str, float]:
+        """The run's plugins, reached: the one of spec.providerRef / opsEndpoint, or one per
+        FleetProvider of spec.providerRefs (orchestrator.pipeline.multi); else why not, as a
+        Degraded condition's (reason, message, seconds to look again after). A member of
+        several that does not answer is Unreached (its clusters unknown, the others go on)."""
+        targets = [(name, target) for name, target in access.members] or [("", access.provider)]
+        several = bool(access.members)
+        plugins: list[Reached | Unreached] = []
+        for fp, target in targets:
+            endpoint = target.endpoint
+            try:
+                client = self.pool.get(
+                    endpoint,
+                    self.tls.client_tls(
+                        target.secret_namespace, target.ops_endpoint(), target.field
+                    ),
+                )
+            except SecretError as err:
+                return "TLSConfigError", str(err), 30.0
+            try:
+                identity = self.pool.identity(endpoint, client)
+            except CallError as err:
+                if not several:
+                    return "PluginUnavailable", str(err), 5.0
+                plugins.append(Unreached(fp, endpoint, named(fp, err)))
+                continue
+            self.tracker.follow(client)
+            provider = GrpcProvider(
+                client,
+                self.tracker,
+                self.clock,
+                functools.partial(self.count_operation, endpoint),
+                converted=self._inventories.setdefault(endpoint, {}),
+            )
+            declared = target.via.startswith("FleetProvider ")
+            shown = fp or (target.via.removeprefix("FleetProvider ") if declared else "")
+            plugins.append(Reached(shown, endpoint, identity, provider))
+        return RunPlugins(plugins, several, self.clock)
 
     def _forget(self, namespace: str, name: str) -> None:
         """A run that is gone (its finalizer released, or removed by a person): nothing can act
@@ -273,9 +304,7 @@ class UpdateRunController:
         obj: dict[str, Any],
         spec: api.UpdateRunSpec,
         status: api.UpdateRunStatus,
-        provider: GrpcProvider,
-        endpoint: str,
-        identity: str,
+        plugins: RunPlugins,
         gen: int,
         now: datetime,
     ) -> float | None:
@@ -303,12 +332,9 @@ class UpdateRunController:
                 )
             source = cv
         try:
-            inventory = provider.inventory()
+            pinned = plugins.pin(meta["name"], spec, source)
         except CallError as err:
             return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
-        pinned = pin_upgrades(
-            meta["name"], spec, inventory, source, provider=endpoint, provider_id=identity
-        )
         if isinstance(pinned, list):
             return self._invalid(obj, status, pinned, gen, now)
         self._create_upgrades(obj, pinned.upgrades)
@@ -393,9 +419,8 @@ class UpdateRunController:
         obj: dict[str, Any],
         spec: api.UpdateRunSpec,
         status: api.UpdateRunStatus,
-        provider: GrpcProvider,
+        plugins: RunPlugins,
         access: Access,
-        identity: str,
         gen: int,
         now: datetime,
     ) -> float | None:
@@ -411,28 +436,40 @@ class UpdateRunController:
             # run counts what is left.)
             return 1.0
         upgrades = {n: self._parse(ns, o) for n, o in children.items()}
-        moved = self._moved(spec, access, identity, children.values())
+        if plugins.several:
+            routes = plugins.routes(upgrades.values())
+            moved = routes if isinstance(routes, Problem) else None
+        else:
+            routes = {}
+            moved = self._moved(spec, access, plugins.one.identity, children.values())
         if moved is not None:
             return self._invalid(obj, status, [moved], gen, now)
+        assert not isinstance(routes, Problem)
+        own = {
+            u.cluster_id: u.spec.provider_id
+            or (plugins.one.identity if not plugins.several else "")
+            for u in upgrades.values()
+        }
         try:
-            held_by, floors = self._neighbours(
-                identity, f"{ns}/{name}", {u.cluster_id for u in upgrades.values()}
-            )
+            held_by, floors, extra = self._neighbours(plugins, f"{ns}/{name}", own)
         except RunNotSeen as err:
             log.info("UpdateRun %s/%s waits for the cache: %s", ns, name, err)
             return 1.0
+        by_identity = {p.identity: p.name for p in plugins.reached()}
+        routes.update({cid: by_identity[i] for cid, i in extra.items() if i in by_identity})
         try:
-            provider.learn(
+            plugins.learn(
                 [
                     (u.status.request_id, u.status.operation_id or "", u.cluster_id)
                     for u in upgrades.values()
                     if u.status.phase in ACTIVE and u.status.request_id
-                ]
+                ],
+                routes,
             )
         except CallError as err:
             return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
         store = _KubeStore(self.kube, self.upgrades, ns, dict(children))
-        driver = self._driver(obj, provider, access, store)
+        driver = self._driver(obj, plugins.provider(routes), access, store)
         annotations = meta.get("annotations") or {}
         try:
             result = driver.step(
@@ -458,7 +495,9 @@ class UpdateRunController:
             return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
         except SecretError as err:
             return self._degraded(obj, status, "SecretError", str(err), gen, now, 30.0)
-        return self._record(obj, spec, status, result, store.objects, gen, now)
+        down = plugins.down
+        degraded = degraded_message(down) if down else None
+        return self._record(obj, spec, status, result, store.objects, gen, now, degraded)
 
     def _moved(
         self,
@@ -483,7 +522,7 @@ class UpdateRunController:
         )
 
     def _driver(
-        self, obj: Mapping[str, Any], provider: GrpcProvider, access: Access, store: _KubeStore
+        self, obj: Mapping[str, Any], provider: Provider, access: Access, store: _KubeStore
     ) -> RunDriver:
         """The run's driver over the apiserver and its plugin, with the health checks' clients
         (only those access allows) and the memory it keeps between reconciles."""
@@ -540,6 +579,7 @@ class UpdateRunController:
         upgrades: Mapping[str, dict[str, Any]],
         gen: int,
         now: datetime,
+        degraded: str | None = None,
     ) -> float | None:
         """What the pass did, recorded once: the run's status (`_status_after`) with the Events
         and notifications of what took effect, the people-annotations it acted on consumed,
@@ -547,7 +587,7 @@ class UpdateRunController:
         meta = obj["metadata"]
         ns, name = meta["namespace"], meta["name"]
         self.metrics.api_writes.inc(result.writes)
-        new = self._status_after(obj, status, result, gen, now)
+        new = self._status_after(obj, status, result, gen, now, degraded)
         self._write_run(obj, new, spec=spec, changes=result.changes, upgrades=upgrades)
         self._consume(obj, api.ANNOTATION_RETRY_CLUSTERS)
         self._consume(obj, api.ANNOTATION_SKIP_CLUSTERS)
@@ -556,6 +596,9 @@ class UpdateRunController:
             return None
         if result.decision.phase in FINISHED:
             return None
+        if degraded is not None:
+            # A member of several did not answer: look again soon (its clusters wait).
+            return min(5.0, result.requeue_after if result.requeue_after is not None else 5.0)
         if result.writes and not result.calls_made:
             # What the echo of these writes used to do (the cache keeps it quiet now): a pass
             # that only moved state (a cluster done, a stage complete) looks again at once.
@@ -570,6 +613,7 @@ class UpdateRunController:
         result: StepResult,
         gen: int,
         now: datetime,
+        degraded: str | None = None,
     ) -> api.UpdateRunStatus:
         """The run's status after a pass, the one place it is built: the decision's
         (StepResult.run_status, as the simulation writes it), with the conditions and
@@ -581,7 +625,12 @@ class UpdateRunController:
         conds = set_condition(conds, "Progressing", progressing, d.phase.value, d.message, gen, now)
         succeeded = d.phase == api.RunPhase.SUCCEEDED
         conds = set_condition(conds, "Succeeded", succeeded, d.phase.value, d.message, gen, now)
-        conds = set_condition(conds, "Degraded", False, "AsExpected", "plugin reachable", gen, now)
+        if degraded is None:
+            conds = set_condition(
+                conds, "Degraded", False, "AsExpected", "plugin reachable", gen, now
+            )
+        else:  # degraded: multi.degraded_message, naming the FleetProviders that did not answer
+            conds = set_condition(conds, "Degraded", True, PROVIDER_UNAVAILABLE, degraded, gen, now)
         message = d.message
         if deletion.deleting(obj):
             message = self._deleting_message(obj)
@@ -603,11 +652,13 @@ class UpdateRunController:
         )
 
     def _neighbours(
-        self, provider: str, run: str, own: set[str]
-    ) -> tuple[dict[str, str], list[Floor]]:
-        """Across namespaces, for this provider identity: the clusters other runs hold and the
-        floors of the other live runs that share clusters with this one (orchestrator.crossrun,
-        which the simulation calls too)."""
+        self, plugins: RunPlugins, run: str, own: Mapping[str, str]
+    ) -> tuple[dict[str, str], list[Floor], dict[str, str]]:
+        """Across namespaces, on (provider identity, cluster id): the clusters other runs hold
+        and the floors of the other live runs that share clusters with this one
+        (orchestrator.crossrun, orchestrator.pipeline.multi for a run over several providers,
+        which the simulation calls too), and the other runs' clusters to observe beyond own
+        (cluster id → identity; only for several). own: cluster id → identity."""
         identities = self.pool.identities()
 
         def floor_of(key: str) -> int | None:
@@ -629,8 +680,11 @@ class UpdateRunController:
                 return None
             return int((obj.get("spec") or {}).get("requiredAvailableCount", 1))
 
-        holdings = (holding_of(o, identities) for o in self.upgrades.items())
-        return neighbours(holdings, floor_of, provider, run, own)
+        holdings = [holding_of(o, identities) for o in self.upgrades.items()]
+        if plugins.several:
+            return neighbours_across(holdings, floor_of, own, run)
+        held, floors = neighbours(holdings, floor_of, plugins.one.identity, run, set(own))
+        return held, floors, {}
 
     # -- deletion (orchestrator.deletion; docs/operations.md "What deleting a rollout does") --
 

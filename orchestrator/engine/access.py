@@ -119,6 +119,9 @@ class Access:
     provider: Endpoint
     plugins: Mapping[PluginKey, Endpoint] = field(default_factory=dict)
     prometheus: Mapping[api.MetricProvider, PrometheusSource] = field(default_factory=dict)
+    #: A run over several FleetProviders (spec.providerRefs): each one's name and endpoint, in
+    #: the spec's order (`provider` is the first). Empty for providerRef and opsEndpoint.
+    members: tuple[tuple[str, Endpoint], ...] = ()
 
     def plugin(
         self, endpoint: str | None, insecure: bool | None, tls: api.TLSConfig | None
@@ -186,7 +189,7 @@ def check_access(
             )
     if rules.problems or provider is None:
         return rules.problems
-    return Access(provider, plugins, prometheus)
+    return Access(provider, plugins, prometheus, tuple(rules.members))
 
 
 @dataclass
@@ -197,6 +200,8 @@ class _Rules:
     policy: AccessPolicy
     labels: Mapping[str, str] | None
     problems: list[Problem] = field(default_factory=list)
+    #: spec.providerRefs as allowed: (FleetProvider name, its endpoint).
+    members: list[tuple[str, Endpoint]] = field(default_factory=list)
 
     @property
     def inline(self) -> bool:
@@ -217,6 +222,8 @@ class _Rules:
 
     def provider(self, spec: api.ClusterVersionSpec | api.UpdateRunSpec) -> Endpoint | None:
         ref, ops = spec.provider_ref, spec.ops_endpoint
+        if spec.provider_refs is not None:
+            return self._several(spec.provider_refs, ref is not None, ops is not None)
         if ref is not None and ops is not None:
             self._refuse("spec.providerRef", "set either providerRef or opsEndpoint, not both")
             return None
@@ -231,6 +238,32 @@ class _Rules:
             )
             return None
         return self._inline("spec.opsEndpoint", ops.endpoint, ops.insecure, ops.tls)
+
+    def _several(self, refs: list[api.ProviderRef], ref: bool, ops: bool) -> Endpoint | None:
+        """spec.providerRefs: every FleetProvider checked like providerRef; alone."""
+        if ref or ops:
+            others = " and ".join(
+                f for f, set_ in (("providerRef", ref), ("opsEndpoint", ops)) if set_
+            )
+            self._refuse(
+                "spec.providerRefs",
+                f"set one of providerRefs, providerRef or opsEndpoint, not several: remove "
+                f"{others} (list that FleetProvider in providerRefs instead)",
+            )
+            return None
+        seen: set[str] = set()
+        for i, r in enumerate(refs):
+            where = f"spec.providerRefs[{i}].name"
+            if r.name in seen:
+                self._refuse(where, f"FleetProvider {r.name} is listed twice; list each once")
+                continue
+            seen.add(r.name)
+            found = self._declared(where, r.name)
+            if found is not None:
+                self.members.append((r.name, found))
+        if len(self.members) != len(refs):
+            return None
+        return self.members[0][1]
 
     def _declared(self, where: str, name: str) -> Endpoint | None:
         if name not in self.providers:
@@ -317,6 +350,14 @@ class _Rules:
         endpoint, insecure, tls = key
         if endpoint is not None:
             return self._inline(f"{where}.endpoint", endpoint, insecure, tls)
+        if self.members:
+            self._refuse(
+                f"{where}.endpoint",
+                "is required in a run over several FleetProviders (spec.providerRefs): name "
+                "the plugin that answers this check (the endpoint of one of them, or another "
+                "that a FleetProvider declares)",
+            )
+            return None
         if provider is None or (insecure is None and tls is None):
             return provider
         if provider.via.startswith("FleetProvider"):

@@ -7,13 +7,24 @@ from datetime import UTC, datetime
 from orchestrator import api
 
 __all__ = [
+    "PROVIDER_UNAVAILABLE",
     "blocking_condition",
     "format_micro_time",
     "format_time",
     "get_condition",
     "parse_time",
+    "partly_degraded",
     "set_condition",
 ]
+
+
+#: The reason of a run over several providers one of which does not answer (the run's Degraded
+#: condition, naming it) and of its clusters that wait for it (Snapshot.unknown): the others go
+#: on where the floor allows, so it is not a condition that stops the run.
+PROVIDER_UNAVAILABLE = "ProviderUnavailable"
+#: Degraded reasons that do not stop the run: failed clusters are listed apart; a provider of
+#: several down leaves the others going.
+_GOING_ON = frozenset({"ClusterFailed", PROVIDER_UNAVAILABLE})
 
 
 def format_time(moment: datetime) -> str:
@@ -68,9 +79,22 @@ def blocking_condition(conditions: list[api.Condition] | None) -> api.Condition 
     apart), else `Ready` False with reason `InvalidSpec`. The one reading of it: the
     ClusterVersion's message leads with it, `status` and `wait` show it."""
     degraded = get_condition(conditions, "Degraded")
-    if degraded is not None and degraded.status == "True" and degraded.reason != "ClusterFailed":
+    if degraded is not None and degraded.status == "True" and degraded.reason not in _GOING_ON:
         return degraded
     ready = get_condition(conditions, "Ready")
     if ready is not None and ready.status == "False" and ready.reason == "InvalidSpec":
         return ready
+    return None
+
+
+def partly_degraded(conditions: list[api.Condition] | None) -> api.Condition | None:
+    """`Degraded` True for a reason that does not stop the run (a provider of several down):
+    what `status` shows beside the run's progress, not as why it cannot progress."""
+    degraded = get_condition(conditions, "Degraded")
+    if (
+        degraded is not None
+        and degraded.status == "True"
+        and degraded.reason == PROVIDER_UNAVAILABLE
+    ):
+        return degraded
     return None

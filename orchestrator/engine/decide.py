@@ -33,7 +33,13 @@ from enum import StrEnum
 
 from orchestrator import api
 from orchestrator.engine import windows
-from orchestrator.engine.conditions import format_time, get_condition, parse_time, set_condition
+from orchestrator.engine.conditions import (
+    PROVIDER_UNAVAILABLE,
+    format_time,
+    get_condition,
+    parse_time,
+    set_condition,
+)
 from orchestrator.engine.health import judge
 from orchestrator.engine.observations import (
     ClusterObs,
@@ -55,6 +61,7 @@ __all__ = [
     "POST_HOOK",
     "PREFLIGHT_TTL",
     "PRE_HOOK",
+    "PROVIDER_UNAVAILABLE",
     "RECOVER_GAVE_UP",
     "RECOVER_STEP",
     "SKIPPED_BY_PEOPLE",
@@ -617,6 +624,11 @@ class _Run:
         if st.phase in (U.PRE_HOOK, U.POST_HOOK):
             self.follow_hook(u)
             return
+        if obs is None and u.cluster_id in self.inp.snapshot.unknown:
+            kind_text = (st.step or "").partition("/")[0]
+            kinds = {k.value: k for k in OpKind}
+            self.unreachable(u, None if st.phase == U.VERIFYING else kinds.get(kind_text))
+            return
         if st.phase == U.VERIFYING:
             if obs is None:
                 self.gone(u, None)
@@ -716,6 +728,29 @@ class _Run:
             return True
         self.wake(max(1.0, min(left.total_seconds(), STEP_POLL_SECONDS)))
         return False
+
+    def unreachable(self, u: Upgrade, kind: OpKind | None) -> None:
+        """A cluster in flight whose provider cannot be asked now (Snapshot.unknown): nothing
+        is decided on it (what its operation did is unknown) until the provider answers; it
+        waits within its step's bound (invariant 4), then fails with the reason. It is never
+        taken for gone: it did not leave the inventory."""
+        st = self.status[u.name]
+        why = self.inp.snapshot.unknown[u.cluster_id]
+        start = st.step_start_time or self.stamp
+        what = st.step or (st.phase.value if st.phase else "step")
+        if self.now - parse_time(start) > self.timeout_of(kind):
+            self.fail(
+                u,
+                PROVIDER_UNAVAILABLE,
+                f"{what}: its provider did not answer within the step's bound: {why}",
+            )
+            return
+        self.set(
+            u,
+            step_start_time=start,
+            message=f"{what}: waiting for its provider (counted as unavailable): {why}",
+        )
+        self.wake(POLL_SECONDS)
 
     def gone(self, u: Upgrade, kind: OpKind | None) -> None:
         st = self.status[u.name]
@@ -868,6 +903,9 @@ class _Run:
     def after_hook(self, u: Upgrade, kind: str) -> None:
         """The step after a hook: the service-out (pre) or the service-in (post)."""
         obs = self.effective.get(u.cluster_id)
+        if obs is None and u.cluster_id in self.inp.snapshot.unknown:
+            self.unreachable(u, None)
+            return
         if obs is None:
             self.gone(u, None)
             return
@@ -1856,6 +1894,16 @@ def _time_gates(run: _Run, adm: _Admission) -> None:
 def _offer(run: _Run, adm: _Admission) -> None:
     """Each member whose turn came, in order, until the concurrency limit is reached."""
     for u in adm.members:
+        # Waited for its provider, which answers again: that wait is over (not left on
+        # record while it waits for its turn, the budget or a window).
+        st = run.status[u.name]
+        if (
+            st.phase == U.PENDING
+            and st.reason == PROVIDER_UNAVAILABLE
+            and u.cluster_id not in run.inp.snapshot.unknown
+        ):
+            run.set(u, reason=None, message=None)
+    for u in adm.members:
         st = run.status[u.name]
         if st.phase not in (U.PENDING, U.BLOCKED):
             continue
@@ -1868,6 +1916,20 @@ def _offer(run: _Run, adm: _Admission) -> None:
             run.wake(0.0)
             continue
         obs = run.effective.get(u.cluster_id)
+        unknown = run.inp.snapshot.unknown.get(u.cluster_id)
+        if obs is None and unknown is not None:
+            # Its provider cannot be asked (a run over several providers): not gone, and
+            # not started until it answers; counted as unavailable meanwhile.
+            run.set(
+                u,
+                phase=U.PENDING,
+                step=None,
+                step_start_time=None,
+                reason=PROVIDER_UNAVAILABLE,
+                message=f"waiting for its provider: {unknown}",
+            )
+            run.wake(POLL_SECONDS)
+            continue
         if obs is None:
             run.set(
                 u,

@@ -55,6 +55,7 @@ def as_cluster_version_spec(spec: api.UpdateRunSpec) -> api.ClusterVersionSpec:
         required_available_count=spec.required_available_count,
         ops_endpoint=spec.ops_endpoint,
         provider_ref=spec.provider_ref,
+        provider_refs=spec.provider_refs,
         version=spec.version,
         clusters=spec.clusters,
         strategy=spec.strategy,
@@ -71,6 +72,7 @@ def pin_upgrades(
     source: api.ClusterVersionSpec | None = None,
     provider: str | None = None,
     provider_id: str | None = None,
+    provider_name: str | None = None,
 ) -> Pinned | list[Problem]:
     """One ClusterUpgrade per resolved cluster, or what is wrong with the spec.
 
@@ -79,6 +81,8 @@ def pin_upgrades(
     every ClusterUpgrade; default: spec.opsEndpoint's, else the providerRef's name.
     provider_id: what that plugin is (orchestrator.pipeline.crossrun.provider_identity), pinned
     beside it: clusters are (provider identity, cluster id) wherever runs meet.
+    provider_name: the FleetProvider (spec.providerRef) the run reached it through, if any.
+    A run over several providers is pinned by orchestrator.pipeline.multi.pin_across.
     """
     if provider is None:
         ref = spec.provider_ref.name if spec.provider_ref else "unresolved"
@@ -105,6 +109,7 @@ def pin_upgrades(
                     node_pools=pools or None,
                     provider=provider,
                     provider_id=provider_id,
+                    provider_name=provider_name,
                 ),
                 status=api.ClusterUpgradeStatus(),
             )
@@ -148,6 +153,7 @@ def run_for(
         required_available_count=cv.required_available_count,
         ops_endpoint=cv.ops_endpoint,
         provider_ref=cv.provider_ref,
+        provider_refs=cv.provider_refs,
         version=cv.version,
         clusters=None,
         strategy=cv.strategy,

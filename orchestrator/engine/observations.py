@@ -107,6 +107,11 @@ class Snapshot:
     operations: Mapping[str, OpObs] = field(default_factory=dict)
     #: Request ids whose operation the plugin answered NOT_FOUND for (it forgot them).
     forgotten: frozenset[str] = frozenset()
+    #: Clusters whose provider cannot be asked now (a run over several providers, one of them
+    #: unreachable), by id, with why: absent from `clusters`, so they count as down for every
+    #: floor, and nothing is decided on them until their provider answers again; never taken
+    #: for gone (orchestrator.pipeline.multi).
+    unknown: Mapping[str, str] = field(default_factory=dict)
 
 
 def apply_succeeded(cluster: ClusterObs, op: OpObs) -> ClusterObs:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import IntEnum
@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from orchestrator import api
 from orchestrator.adapters.kube import KubeClient, NotFound
-from orchestrator.engine.conditions import blocking_condition
+from orchestrator.engine.conditions import blocking_condition, partly_degraded
 from orchestrator.engine.decide import counts_as_failure
 
 __all__ = [
@@ -222,6 +222,8 @@ class ClusterLine:
     message: str = ""
     #: When its current step (else its phase) started, RFC 3339; "" when unknown.
     since: str = ""
+    #: The FleetProvider it belongs to (spec.providerName); "" for spec.opsEndpoint runs.
+    provider: str = ""
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,12 @@ class Snapshot:
     failures: api.FailureSummary | None = None
     next_start_time: str = ""
     waiting_reason: str = ""
+    #: Per FleetProvider of the run (spec.providerName of its ClusterUpgrades): its clusters
+    #: and how many of them are upgraded, by name; empty when none names one.
+    providers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: A provider of several that does not answer ("Reason: message" of the run's Degraded
+    #: condition, engine.conditions.partly_degraded): shown beside the progress, not as a stop.
+    degraded: str = ""
     #: Why the run cannot progress ("Reason: message" of its blocking condition), and the fix.
     cause: str = ""
     fix: str = ""
@@ -280,6 +288,7 @@ def snapshot(
     lines: dict[str, list[ClusterLine]] = {"in_flight": [], "failed": [], "blocked": []}
     #: Per stage, from the ClusterUpgrades: upgraded, skipped, failed (None: none listed).
     tally: dict[str, list[int]] | None = None
+    providers: dict[str, tuple[int, int]] = {}
     for cu in sorted(
         read(run_name) if run_name else [],
         key=lambda o: (o["spec"].get("stageIndex", 0), o["spec"].get("clusterId", "")),
@@ -294,6 +303,7 @@ def snapshot(
             attempt=int(cu_status.get("attempt") or 0),
             reason=str(cu_status.get("reason") or ""),
             message=str(cu_status.get("message") or ""),
+            provider=str(spec.get("providerName") or ""),
             since=str(
                 cu_status.get("stepStartTime")
                 or (phase in _HOOK_PHASES and (cu_status.get("hook") or {}).get("startTime"))
@@ -302,6 +312,9 @@ def snapshot(
                 or ""
             ),
         )
+        if line.provider:
+            total, done = providers.get(line.provider, (0, 0))
+            providers[line.provider] = (total + 1, done + (phase == api.UpgradePhase.UPGRADED))
         tally = {} if tally is None else tally
         counted = tally.setdefault(line.stage, [0, 0, 0])
         counted[0] += phase == api.UpgradePhase.UPGRADED
@@ -346,6 +359,8 @@ def snapshot(
         failures=api.FailureSummary.model_validate(failures) if failures else None,
         next_start_time=str(run_status.get("nextStartTime") or ""),
         waiting_reason=str(run_status.get("waitingReason") or ""),
+        providers=providers,
+        degraded=_partly_degraded(run_status, status),
         cause=blocked,
         fix=fix_for(blocked),
     )
@@ -449,12 +464,25 @@ class Outcome:
 def cause(*statuses: Mapping[str, Any]) -> str:
     """Why a run cannot progress (engine.conditions.blocking_condition), from the first of
     the statuses that says it, as "Reason: message"; "" when nothing stops it."""
+    return _first_condition(blocking_condition, statuses)
+
+
+def _partly_degraded(*statuses: Mapping[str, Any]) -> str:
+    """A Degraded condition that leaves the run going (engine.conditions.partly_degraded), from
+    the first of the statuses that has one, as "Reason: message"; "" when none has."""
+    return _first_condition(partly_degraded, statuses)
+
+
+def _first_condition(
+    pick: Callable[[list[api.Condition]], api.Condition | None],
+    statuses: Sequence[Mapping[str, Any]],
+) -> str:
     for status in statuses:
         try:
             conditions = [api.Condition.model_validate(c) for c in status.get("conditions") or []]
         except ValidationError:
             continue
-        found = blocking_condition(conditions)
+        found = pick(conditions)
         if found is not None:
             return f"{found.reason}: {found.message}" if found.message else found.reason
     return ""

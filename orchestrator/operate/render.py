@@ -106,7 +106,17 @@ def _max(value: int | None) -> str:
 
 def renderable(snap: Snapshot) -> Text:
     """The snapshot as styled text: what `status` prints and `--watch` keeps live."""
-    sections = (_heading, _counts, _budget, _waiting, _stages, _in_flight, _failed, _next_steps)
+    sections = (
+        _heading,
+        _counts,
+        _providers,
+        _budget,
+        _waiting,
+        _stages,
+        _in_flight,
+        _failed,
+        _next_steps,
+    )
     return Text("\n").join(line for section in sections for line in section(snap))
 
 
@@ -121,6 +131,9 @@ def _heading(snap: Snapshot) -> list[Text]:
         out.append(Text(f"  Cannot progress: {snap.cause}", style="bold red"))
         if snap.fix:
             out.append(Text(f"  Fix: {snap.fix}", style="yellow"))
+    if snap.degraded:
+        # A provider of several down: the rest goes on where the floor allows.
+        out.append(Text(f"  Degraded: {snap.degraded}", style="yellow"))
     if snap.message and not (snap.cause and snap.cause in snap.message):
         out.append(Text(f"  {snap.message}"))
     if snap.kind == CV:
@@ -160,6 +173,21 @@ def _counts(snap: Snapshot) -> list[Text]:
                     ("blocked", "blocked"),
                     ("skipped", "skipped"),
                 )
+            )
+        )
+    ]
+
+
+def _providers(snap: Snapshot) -> list[Text]:
+    """The run's FleetProviders and their clusters (a run over several: spec.providerRefs)."""
+    if not snap.providers:
+        return []
+    return [
+        Text(
+            "Providers: "
+            + ", ".join(
+                f"{name} {done}/{total} upgraded"
+                for name, (total, done) in sorted(snap.providers.items())
             )
         )
     ]
@@ -228,10 +256,22 @@ def _in_flight(snap: Snapshot) -> list[Text]:
     if not snap.in_flight:
         return []
     out = [Text(f"In flight ({len(snap.in_flight)}):")]
-    rows: list[list[Text | str]] = [["CLUSTER", "STAGE", "PHASE", "STEP", "AGE"]]
+    shown = snap.in_flight[:SHOWN]
+    # The PROVIDER column where clusters name their FleetProvider (spec.providerName).
+    named = any(c.provider for c in shown)
+    rows: list[list[Text | str]] = [
+        ["CLUSTER", *(["PROVIDER"] if named else []), "STAGE", "PHASE", "STEP", "AGE"]
+    ]
     rows += [
-        [c.cluster, c.stage, _phase(c.phase), c.step or "-", _age(c.since, snap.now)]
-        for c in snap.in_flight[:SHOWN]
+        [
+            c.cluster,
+            *([c.provider or "-"] if named else []),
+            c.stage,
+            _phase(c.phase),
+            c.step or "-",
+            _age(c.since, snap.now),
+        ]
+        for c in shown
     ]
     out.extend(_table(rows))
     if len(snap.in_flight) > SHOWN:
@@ -249,7 +289,8 @@ def _failed(snap: Snapshot) -> list[Text]:
         for c in items[:SHOWN]:
             why = ": ".join(p for p in (c.reason, c.message) if p) or "no reason recorded"
             attempt = f", attempt {c.attempt + 1}"  # 1-based, as Events and messages say
-            out.append(Text(f"  {c.cluster} (stage {c.stage}{attempt}): {why}"))
+            via = f"provider {c.provider}, " if c.provider else ""
+            out.append(Text(f"  {c.cluster} ({via}stage {c.stage}{attempt}): {why}"))
         if len(items) > SHOWN:
             out.append(Text(f"  ... and {len(items) - SHOWN} more: {_more(snap)}"))
         if title == "Failed":

@@ -616,6 +616,11 @@ class RunDriver:
                 or due_in(st.health, checks, now) > 0
             ):
                 continue
+            if any(
+                u.spec.stage == st.name and u.cluster_id in snapshot.unknown
+                for u in upgrades.values()
+            ):
+                continue  # a member's provider cannot be asked: no pass counts without it
             members = [
                 snapshot.clusters[u.cluster_id]
                 for u in upgrades.values()

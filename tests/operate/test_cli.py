@@ -34,7 +34,7 @@ from orchestrator.operate import (
     snapshot,
     verbs,
 )
-from orchestrator.operate.read import resolve
+from orchestrator.operate.read import cause, resolve
 from tests.support.kube import KubeCluster, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -314,6 +314,52 @@ def test_a_cluster_in_its_hook_is_in_flight(
     )
 
 
+def test_status_and_kubectl_show_each_clusters_provider(
+    control_plane: KubeCluster, objects: Objects, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run over several FleetProviders (spec.providerRefs): `status` says each cluster's
+    provider (in flight, failed) and counts per provider; `kubectl get cu` has PROVIDER."""
+    objects.standalone()
+    clusters = {
+        "g1": ("gke-prod", {"phase": "UpgradingControlPlane", "step": "controlPlane"}),
+        "e1": ("eks-prod", {"phase": "Failed", "reason": "OperationFailed", "message": "boom"}),
+        "e2": ("eks-prod", {"phase": "Upgraded"}),
+    }
+    for cid, (provider, status) in clusters.items():
+        cu = objects.kube.create_object(
+            api.CLUSTER_UPGRADE_PLURAL,
+            objects.ns,
+            {
+                "apiVersion": api.API_VERSION,
+                "kind": api.CLUSTER_UPGRADE_KIND,
+                "metadata": {"name": f"solo-{cid}", "labels": {api.LABEL_RUN: "solo"}},
+                "spec": {
+                    "clusterId": cid,
+                    "stage": "canary",
+                    "stageIndex": 0,
+                    "version": "1.29.1",
+                    "nodeVersion": "1.29.1",
+                    "provider": f"{provider}-plugin:9000",
+                    "providerId": f"{provider}.fleetupgrade.io/fleet",
+                    "providerName": provider,
+                },
+            },
+        )
+        objects.write_status(api.CLUSTER_UPGRADE_PLURAL, cu, status)
+    code, out, _ = cli(control_plane, objects.ns, "status", "solo", capsys=capsys)
+    assert code == 0
+    assert "Providers: eks-prod 1/2 upgraded, gke-prod 0/1 upgraded" in out
+    assert "  CLUSTER  PROVIDER  STAGE   PHASE                  STEP" in out
+    assert "  g1       gke-prod  canary  UpgradingControlPlane  controlPlane" in out
+    assert "  e1 (provider eks-prod, stage canary, attempt 1): OperationFailed: boom" in out
+    rows = _table(control_plane, objects.ns, api.CLUSTER_UPGRADE_PLURAL)
+    assert {n: row["Provider"] for n, row in rows.items() if n.startswith("solo-")} == {
+        "solo-g1": "gke-prod",
+        "solo-e1": "eks-prod",
+        "solo-e2": "eks-prod",
+    }
+
+
 def test_unknown_object_names_the_fix(
     control_plane: KubeCluster, objects: Objects, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -558,6 +604,28 @@ def test_render_of_a_snapshot() -> None:
         "  x (stage b, attempt 1): no reason recorded\n"
         "Stage b awaits approval: fleet-orchestrator approve r b\n"
     )
+
+
+def test_a_provider_of_several_down_is_shown_beside_the_progress_not_as_a_stop() -> None:
+    """engine.conditions: Degraded ProviderUnavailable leaves the run going (the others go on
+    where the floor allows): `status` says it, and not as `Cannot progress`."""
+    message = "unavailable: FleetProvider aks-prod (UNAVAILABLE: down)"
+    degraded = {"type": "Degraded", "status": "True", "reason": "ProviderUnavailable"}
+    degraded |= {"message": message, "lastTransitionTime": "2026-11-23T01:00:00Z"}
+    assert cause({"conditions": [degraded]}) == ""
+    snap = Snapshot(
+        kind="UpdateRun",
+        namespace="ns",
+        name="r",
+        phase="Progressing",
+        degraded=f"ProviderUnavailable: {message}",
+        now=NOW,
+    )
+    text = render(snap)
+    assert f"  Degraded: ProviderUnavailable: {message}\n" in text
+    assert "Cannot progress" not in text
+    unreachable = degraded | {"reason": "PluginUnavailable"}
+    assert cause({"conditions": [unreachable]}).startswith("PluginUnavailable: ")
 
 
 def test_long_lists_are_cut_short() -> None:
@@ -865,6 +933,7 @@ def test_printer_columns_show_phase_progress_failures_and_age(
         "Phase": "Failed",
         "Step": None,
         "Reason": "StepTimedOut",
+        "Provider": None,
         "Retries": 0,
         "Message": "controlPlane took longer than 90m",
     }

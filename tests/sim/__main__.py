@@ -17,6 +17,7 @@ def describe(seed: int) -> str:
     return (
         f"seed {seed}: {cfg.clusters} clusters, {cfg.owners} owner(s), profile {cfg.profile}, "
         f"replicas {cfg.replicas}, preflight {cfg.preflight}, shared driver {cfg.shared_driver}"
+        + (f", {cfg.providers} providers" if cfg.providers > 1 else "")
     )
 
 

@@ -112,6 +112,9 @@ PROFILES = {
         actions=WORLD_ACTIONS,
     ),
 }
+#: A history over several providers (world.MEMBERS): one provider's plugin goes away for a
+#: while (every RPC to it UNAVAILABLE), its clusters unknown to every run.
+MULTI_ACTIONS = {"provider_down": 3}
 RETRYABLE = (("UNAVAILABLE", True), ("ABORTED", True), ("FAILED_PRECONDITION", True))
 FATAL = (("FAILED_PRECONDITION", False),)
 
@@ -124,6 +127,11 @@ class Adversary:
         self.rng = random.Random(world.cfg.seed * 31 + 7)
         self.profile = profile
         self.rates = PROFILES[profile]
+        #: The world actions drawn from; a history over several providers adds outages of a
+        #: whole provider (its plugin unreachable for a while: MULTI_ACTIONS).
+        self.actions = dict(self.rates.actions)
+        if world.cfg.providers > 1 and self.actions:
+            self.actions.update(MULTI_ACTIONS)
         self.active = True
         self.next_at: int | None = self._gap()
         #: cluster id → kinds of touch (drift or not) the adversary made.
@@ -270,6 +278,7 @@ class Adversary:
                 c.adv_down = False
                 c.down_reason = ""
         self.sick.clear()
+        w.outages.clear()
         w.lease.quiet()
 
     def act(self) -> bool:
@@ -280,7 +289,7 @@ class Adversary:
             acted = True
             gap = self._gap()
             self.next_at = None if gap is None else w.now + gap
-            actions = self.rates.actions
+            actions = self.actions
             if not actions:
                 return acted
             names = sorted(actions)
@@ -303,6 +312,19 @@ class Adversary:
             c.adv_down, c.down_reason = True, "node not ready (injected)"
             self.touch(cid, "down")
             self.world.log(f"adversary: {cid} unavailable")
+
+    def _do_provider_down(self) -> None:
+        """A whole provider unreachable for 20 s to 10 min (its plugin, its cloud's API)."""
+        w = self.world
+        up = sorted(n for n in set(w.member_of.values()) if w.outages.get(n, -1) <= w.now)
+        if not up:
+            return
+        name = self.rng.choice(up)
+        w.outages[name] = w.now + self.rng.randint(20, 600)
+        for cid, member in w.member_of.items():
+            if member == name:
+                self.touch(cid, "provider-down")
+        w.log(f"adversary: provider {name} unreachable until t={w.outages[name]}")
 
     def _do_up(self) -> None:
         cid = self._cluster(lambda c: c.adv_down)

@@ -64,8 +64,10 @@ class HookedWorld(World):
             return {"job": {"template": _JOB}, "timeout": timeout}
         return {"http": {"url": "http://127.0.0.1:9/hook"}, "timeout": timeout}
 
-    def draw_spec(self, team: str, members: list[str]) -> api.ClusterVersionSpec:
-        spec = super().draw_spec(team, members)
+    def draw_spec(
+        self, team: str, members: list[str], only: str | None = None
+    ) -> api.ClusterVersionSpec:
+        spec = super().draw_spec(team, members, only)
         rng = self.hook_rng
         hooks: dict[str, Any] = {}
         if rng.random() < 0.6:

@@ -15,7 +15,7 @@ from orchestrator.engine.conditions import format_time
 from orchestrator.engine.observations import OpKind
 from tests.sim.invariants import Violation
 from tests.sim.model import ADVERSARY, at
-from tests.sim.world import ENDPOINT, Config, Owner, World, simulate
+from tests.sim.world import ENDPOINT, MEMBERS, Config, Owner, World, simulate
 
 #: `make test` sweeps SEEDS histories in CHUNKS tests; `make simulate SEEDS=N` sweeps more.
 SEEDS = int(os.environ.get("SIM_SEEDS", "2000"))
@@ -104,8 +104,9 @@ CHECKS = {
 }
 
 
-def _world(clusters: int, seed: int = 1, preflight: bool = True) -> World:
+def _world(clusters: int, seed: int = 1, preflight: bool = True, providers: int = 1) -> World:
     cfg = Config(
+        providers=providers,
         seed=seed,
         clusters=clusters,
         pools_max=1,
@@ -350,3 +351,87 @@ def test_a_run_pinned_as_the_adversary_falls_quiet_is_reconciled(arrival: str) -
     assert newest.status.start_time == format_time(at(end)), newest.key
     assert newest.status.phase == api.RunPhase.SUCCEEDED, (newest.key, newest.status.message)
     assert all(c.cp == "1.29.3" and c.in_service for c in world.fleet.clusters.values())
+
+
+# -- runs over several providers (issue 22 item 4) ---------------------------------------------
+
+
+def test_the_pinned_histories_stay_on_one_provider() -> None:
+    """FOUND_GAPS replay the histories that found those gaps: none is drawn multi-provider."""
+    assert [s for s in FOUND_GAPS if Config.draw(s).providers > 1] == []
+
+
+def test_one_floor_over_three_providers_one_down_a_refusal_and_a_failure() -> None:
+    """One ClusterVersion over gke-prod, eks-prod and aks-prod (12 clusters, floor 8): aks-prod
+    is unreachable for a while mid-run, eks-prod refuses one cluster's target, one of
+    gke-prod's control-plane upgrades fails. The floor holds over all three throughout (the
+    monitor checks it after every step), nothing reaches aks-prod while it is down, and the
+    run finishes everything else once it is back."""
+    world = _world(12, providers=3)
+    old = world.fleet.clusters["c0001"]  # eks-prod: two minors behind, refused
+    old.cp = "1.27.9"
+    for pool in old.pools.values():
+        pool.version = "1.27.9"
+    world.adversary.touch("c0001", "refused")
+    fate = world.fleet.fate
+
+    def failing(op: object) -> tuple[int | None, tuple[str, str] | None]:
+        duration, failure = fate(op)  # type: ignore[arg-type]
+        cid, kind = getattr(op, "cluster_id", ""), getattr(op, "kind", None)
+        if cid == "c0003" and kind is OpKind.CONTROL_PLANE:
+            world.adversary.touch(cid, "op-fail")
+            return duration, ("INTERNAL", "controlPlane failed (injected)")
+        return duration, failure
+
+    world.fleet.fate = failing
+    spec = _spec(sorted(world.fleet.clusters), 8, maxConcurrency=3, onFailure="Continue")
+    body = spec.dump()
+    del body["opsEndpoint"]
+    body["providerRefs"] = [{"name": name} for name, *_ in MEMBERS]
+    world.add_cluster_version("ns-a", "fleet", api.ClusterVersionSpec.model_validate(body))
+    down = (40, 500)
+
+    def outage(w: World) -> None:
+        w.outages["aks-prod"] = down[1]
+
+    world.at(down[0], outage, "aks-prod unreachable")
+    world.run()
+    assert min(world.monitor.min_up.values()) >= 8
+    aks = {cid for cid, m in world.member_of.items() if m == "aks-prod"}
+    assert aks == {"c0002", "c0005", "c0008", "c0011"}
+    during = [
+        op
+        for op in world.fleet.ops.values()
+        if op.owner != ADVERSARY and op.cluster_id in aks and down[0] < op.start < down[1]
+    ]
+    assert during == []
+    assert any("degraded: aks-prod unavailable" in line for line in world.history)
+    upgrades = {o.upgrade.cluster_id: o.upgrade for o in world.api.upgrades.values()}
+    assert {u.spec.provider_name for u in upgrades.values()} == {n for n, *_ in MEMBERS}
+    assert {u.spec.provider_name for c, u in upgrades.items() if c in aks} == {"aks-prod"}
+    refused, failed = upgrades.pop("c0001").status, upgrades.pop("c0003").status
+    assert (refused.phase, refused.reason) == (api.UpgradePhase.BLOCKED, "Refused")
+    assert (failed.phase, failed.reason) == (api.UpgradePhase.FAILED, "OperationFailed")
+    assert {u.status.phase for u in upgrades.values()} == {api.UpgradePhase.UPGRADED}
+    assert _effective(world, OpKind.SERVICE_OUT, "c0001") == []
+
+
+def test_the_sweep_covers_runs_over_several_providers() -> None:
+    """The sweep's multi-provider histories do what issue 22 item 4 adds (else the invariants
+    would hold vacuously over them): a fifth of the seeds, providers going down mid-run, runs
+    Degraded, and runs that finish with clusters of several providers upgraded."""
+    multi = [s for s in range(120) if Config.draw(s, large=False).providers > 1]
+    assert 12 <= len(multi) <= 40, multi
+    seen: Counter[str] = Counter()
+    for seed in multi[:16]:
+        world = simulate(seed, Config.draw(seed, large=False))
+        seen["outage"] += sum("unreachable until" in line for line in world.history)
+        seen["degraded pass"] += sum("degraded:" in line for line in world.history)
+        for run in world.api.runs.values():
+            ups = [o.upgrade for o in world.api.upgrades_of(run.key)]
+            done = {
+                u.spec.provider_name for u in ups if u.status.phase == api.UpgradePhase.UPGRADED
+            }
+            seen["run upgraded on several providers"] += len(done) > 1
+    for what in ("outage", "degraded pass", "run upgraded on several providers"):
+        assert seen[what] > 0, (what, seen)

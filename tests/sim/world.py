@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from orchestrator import api
 from orchestrator.engine.conditions import format_time
-from orchestrator.engine.decide import ACTIVE
+from orchestrator.engine.decide import ACTIVE, Call, Floor, Preflight, Upgrade
 from orchestrator.engine.initialize import live_fields, pin_upgrades, run_for, superseded
+from orchestrator.engine.observations import OpObs, Snapshot
+from orchestrator.engine.validate import Problem
 from orchestrator.pipeline import deletion
 from orchestrator.pipeline.crossrun import (
     Holding,
@@ -31,6 +33,7 @@ from orchestrator.pipeline.crossrun import (
     provider_identity,
 )
 from orchestrator.pipeline.driver import CallError, RunDriver, WriteConflict
+from orchestrator.pipeline.multi import Member, MultiProvider, neighbours_across, pin_across, route
 from tests.sim.adversary import Adversary
 from tests.sim.invariants import Monitor, Violation
 from tests.sim.model import (
@@ -58,6 +61,15 @@ ENDPOINT = "sim-plugin:9000"
 ALIASES = (ENDPOINT, "sim-plugin.fleet-system.svc.cluster.local:9000", "10.96.0.12:9000")
 #: The model plugin's GetPluginInfo (name, fleet_id): one provider whatever the address.
 PLUGIN = ("sim.fleetupgrade.io", "model-fleet")
+#: The FleetProviders of a history over several providers (Config.providers > 1), as
+#: (FleetProvider name, plugin name, fleet id): cluster i belongs to member i mod providers,
+#: every run names all of them (spec.providerRefs) and goes through the product's
+#: orchestrator.pipeline.multi.MultiProvider over one `MemberView` each.
+MEMBERS = (
+    ("gke-prod", "gke.fleetupgrade.io", "projects/model"),
+    ("eks-prod", "eks.fleetupgrade.io", "111122223333"),
+    ("aks-prod", "aks.fleetupgrade.io", "subscriptions/model"),
+)
 BASE = ("1.28.2", "1.28.7")
 OLD = "1.27.9"  # two minors behind 1.29: the provider refuses a skip
 TARGETS = ("1.29.3", "1.29.5")
@@ -110,6 +122,8 @@ class Config:
     min_requeue: int = 5
     #: Longest quiet phase (simulated seconds); a world not settled by then is checked as is.
     quiet_cap: int = 6 * 3600
+    #: FleetProviders the fleet is split over (MEMBERS); 1: one plugin, as before issue 22.
+    providers: int = 1
 
     @staticmethod
     def draw(seed: int, large: bool = True) -> Config:
@@ -126,7 +140,15 @@ class Config:
             n = rng.randint(5, 25)
         big = n > 120
         profile = rng.choices(("calm", "noisy", "hostile", "drift"), (3, 4, 3, 1))[0]
+        # Runs over several providers: a stream of its own (the other draws stay what they
+        # were), a fifth of the histories of up to 120 clusters; not drift (its liveness
+        # check wants every run to succeed, and an outage may fail a cluster in flight).
+        multi = random.Random(seed * 9173 + 68)
+        providers = 1
+        if not big and profile != "drift" and multi.random() < 0.2:
+            providers = multi.choice((2, 3, 3))
         return Config(
+            providers=providers,
             seed=seed,
             min_requeue=10 if big else 5,
             quiet_cap=1200 if big else 6 * 3600,
@@ -171,6 +193,17 @@ class Replica:
             world.fleet, world.adversary, world.monitor, name, world.cfg.preflight
         )
         self.store = StoreClient(world.api, world.adversary)
+        #: A history over several providers: each FleetProvider's plugin as this replica
+        #: reaches it (its operation tracker is the replica's: `provider`).
+        self.members = [
+            Member(
+                name,
+                f"{name}-plugin:9000",
+                provider_identity(plugin, fleet, f"{name}-plugin:9000"),
+                MemberView(world, self.provider, name),
+            )
+            for name, plugin, fleet in MEMBERS[: world.cfg.providers]
+        ]
         #: Its UpdateRun watch cache: other runs' floors and phases, and the ClusterVersion
         #: controller's view of the runs, come from here (orchestrator.controllers.updaterun,
         #: .clusterversion).
@@ -213,6 +246,38 @@ class Replica:
         return ModelChecker(w.fleet, w.adversary, w.monitor.record, run, self.name, self.epoch)
 
 
+class MemberView:
+    """`driver.Provider` of one FleetProvider of a history over several: the model plugin,
+    answering for that provider's clusters only, unreachable (every call UNAVAILABLE, before
+    acting) while the adversary has the provider down (`World.outages`)."""
+
+    def __init__(self, world: World, base: ModelProvider, name: str) -> None:
+        self.world = world
+        self.base = base
+        self.name = name
+
+    def _reach(self, method: str) -> None:
+        if self.world.outages.get(self.name, -1) > self.world.now:
+            raise CallError("UNAVAILABLE", f"{method}: {self.name} unreachable (injected)", True)
+
+    @property
+    def supports_preflight(self) -> bool:
+        return self.base.supports_preflight
+
+    def snapshot(self, cluster_ids: Sequence[str]) -> Snapshot:
+        self._reach("ListClusters")
+        mine = [c for c in cluster_ids if self.world.member_of.get(c) == self.name]
+        return self.base.snapshot(mine)
+
+    def preflight(self, cluster_id: str, version: str, pools: Mapping[str, str]) -> Preflight:
+        self._reach("PreflightUpgrade")
+        return self.base.preflight(cluster_id, version, pools)
+
+    def call(self, call: Call) -> OpObs:
+        self._reach(call.kind.value)
+        return self.base.call(call)
+
+
 def _selects(stage: dict[str, object], labels: Mapping[str, str]) -> bool:
     """The product's selector matching (api.LabelSelector), on a drawn stage."""
     return api.LabelSelector.model_validate(stage["selector"]).matches(labels)
@@ -227,6 +292,8 @@ class World:
         #: Draws of the operating features (issue 12): budgets, policy, notBefore, windows. A
         #: stream of its own, so the histories of the other draws stay what they were.
         self.ops_rng = random.Random(cfg.seed * 7727 + 11)
+        #: Which owners of a history over several providers use one of them alone.
+        self.multi_rng = random.Random(cfg.seed * 5153 + 7)
         #: Which address of the plugin each owner uses: a stream of its own too.
         self.alias_rng = random.Random(cfg.seed * 6007 + 3)
         #: How late each UpdateRun watch event reaches each replica: a stream of its own too.
@@ -236,6 +303,10 @@ class World:
         self.actor: str | None = None
         self.now = 0
         self.history: list[str] = []
+        #: Cluster id → its FleetProvider (MEMBERS) in a history over several providers.
+        self.member_of: dict[str, str] = {}
+        #: FleetProvider name → until when the adversary keeps its plugin unreachable.
+        self.outages: dict[str, int] = {}
         self.fleet = ModelFleet(self._clusters(), OFFERED)
         self.api = ModelApiServer()
         self.lease = Lease(cfg.seed, [f"r{i}" for i in range(cfg.replicas)])
@@ -284,15 +355,25 @@ class World:
             }
             labels = {"ring": self.rng.choice(RINGS), "team": self.rng.choice(TEAMS)}
             out.append(MCluster(f"c{i:04d}", version, pools, labels))
+            if self.cfg.providers > 1:
+                self.member_of[f"c{i:04d}"] = MEMBERS[i % self.cfg.providers][0]
         return out
 
-    def draw_spec(self, team: str, members: list[str]) -> api.ClusterVersionSpec:
-        """A ClusterVersion-shaped spec over members (listed) or a team's selector stages."""
+    def draw_spec(
+        self, team: str, members: list[str], only: str | None = None
+    ) -> api.ClusterVersionSpec:
+        """A ClusterVersion-shaped spec over members (listed) or a team's selector stages.
+        only: a history over several providers, a run on that one FleetProvider alone
+        (spec.providerRef: the selectors then see its clusters only)."""
         rng = self.rng
         target = rng.choice(TARGETS)
         body: dict[str, object] = {
             "opsEndpoint": {"endpoint": self.alias_rng.choice(ALIASES), "insecure": True},
         }
+        if only is not None:
+            body = {"providerRef": {"name": only}}
+        elif self.cfg.providers > 1:
+            body = {"providerRefs": [{"name": n} for n, *_ in MEMBERS[: self.cfg.providers]]}
         stages: list[dict[str, object]] = []
         if self.cfg.stages and rng.random() < 0.8:
             rings = list(RINGS)
@@ -307,7 +388,9 @@ class World:
                 size = sum(
                     1
                     for c in self.fleet.clusters.values()
-                    if c.labels.get("team") == team and not c.deleted
+                    if c.labels.get("team") == team
+                    and not c.deleted
+                    and (only is None or self.member_of.get(c.id) == only)
                 )
             else:
                 body["clusters"] = [{"id": cid, "version": target} for cid in members]
@@ -343,7 +426,11 @@ class World:
             # selects nothing makes the run Invalid (issue 19); dropped here, after every draw,
             # so the rest of the history is what it was. (One can still empty before the run
             # pins, when the adversary deletes clusters: that run is Invalid, pinning nothing.)
-            live = [c.labels for c in self.fleet.clusters.values() if not c.deleted]
+            live = [
+                c.labels
+                for c in self.fleet.clusters.values()
+                if not c.deleted and (only is None or self.member_of.get(c.id) == only)
+            ]
             kept = [s for s in stages if any(_selects(s, labels) for labels in live)]
             if kept:
                 strategy["stages"] = kept
@@ -412,7 +499,15 @@ class World:
         else:
             members = ids[i :: max(1, self.cfg.owners)]
         members = members or ids[:2]
-        spec = self.draw_spec(team, members)
+        only = None
+        if self.cfg.providers > 1 and self.multi_rng.random() < 0.3:
+            # Beside the runs over every provider, one on a single FleetProvider (providerRef):
+            # runs of both kinds meet on (provider identity, cluster id).
+            only = self.multi_rng.choice([n for n, *_ in MEMBERS[: self.cfg.providers]])
+            members = [c for c in members if self.member_of.get(c) == only] or [
+                c for c in ids if self.member_of.get(c) == only
+            ][:2]
+        spec = self.draw_spec(team, members, only)
         kind = kind or ("cv" if rng.random() < 0.6 else "run")
         owner = Owner(f"ns-{i}", f"{kind}-{i}", kind, spec)
         self.owners.append(owner)
@@ -438,6 +533,8 @@ class World:
         spec = api.UpdateRunSpec(
             required_available_count=s.required_available_count,
             ops_endpoint=s.ops_endpoint,
+            provider_ref=s.provider_ref,
+            provider_refs=s.provider_refs,
             version=s.version,
             clusters=s.clusters,
             strategy=s.strategy,
@@ -605,14 +702,20 @@ class World:
             self._initialize(rep, run)
             return
         upgrades = rep.store.read_upgrades(key)
-        held_by, floors = neighbours(
-            self.holdings(),
-            lambda other: self.floor_of(rep, other),
-            self.identity(run.spec),
-            key,
-            {u.cluster_id for u in upgrades.values()},
-        )
         drv = rep.driver(run)
+        multi = None
+        if run.spec.provider_refs:
+            held_by, floors, multi = self._across(rep, key, upgrades)
+            drv.provider = multi
+        else:
+            held_by, floors = neighbours(
+                self.holdings(),
+                lambda other: self.floor_of(rep, other),
+                self.identity(run.spec),
+                key,
+                {u.cluster_id for u in upgrades.values()},
+            )
+            drv.provider = self.member(rep, run.spec).provider
         approved = frozenset(run.stage_names)
         result = drv.step(
             key=key,
@@ -632,6 +735,9 @@ class World:
             reason="simulated",
         )
         d = result.decision
+        if multi is not None and multi.down:
+            # The product's run is Degraded, naming them (multi.degraded_message).
+            self.log(f"{rep.name} {key}: degraded: {', '.join(sorted(multi.down))} unavailable")
         if d.calls or d.changed:
             self.log(
                 f"{rep.name} {key}: {len(d.changed)} written, "
@@ -664,10 +770,48 @@ class World:
         wait = 30.0 if result.requeue_after is None else result.requeue_after
         self.due[key] = self.now + int(min(30.0, max(float(self.cfg.min_requeue), wait)))
 
+    def _across(
+        self, rep: Replica, key: str, upgrades: Mapping[str, Upgrade]
+    ) -> tuple[dict[str, str], list[Floor], MultiProvider]:
+        """A run over several providers, as the UpdateRun controller reaches it: holdings and
+        floors on (identity, cluster id), each cluster routed to the member it was pinned on
+        (orchestrator.pipeline.multi), the product's MultiProvider over the replica's members."""
+        own = {u.cluster_id: u.spec.provider_id or "" for u in upgrades.values()}
+        held_by, floors, extra = neighbours_across(
+            self.holdings(), lambda other: self.floor_of(rep, other), own, key
+        )
+        routes = route(
+            [
+                (u.cluster_id, u.spec.provider_id or "", u.spec.provider_name)
+                for u in upgrades.values()
+            ],
+            rep.members,
+        )
+        assert not isinstance(routes, Problem), routes  # no FleetProvider is repointed here
+        by_identity = {m.identity: m.name for m in rep.members}
+        routes.update({cid: by_identity[i] for cid, i in extra.items() if i in by_identity})
+        return held_by, floors, MultiProvider(rep.members, routes, lambda: at(self.now))
+
     def identity(self, spec: api.UpdateRunSpec) -> str:
         """What the plugin behind a run's address says it is (its GetPluginInfo)."""
+        if spec.provider_ref is not None:  # one FleetProvider of a history over several
+            return next(
+                m.identity for m in self.replicas[0].members if m.name == spec.provider_ref.name
+            )
         endpoint = spec.ops_endpoint.endpoint if spec.ops_endpoint else ""
         return provider_identity(*PLUGIN, endpoint)
+
+    def member(self, rep: Replica, spec: api.UpdateRunSpec) -> Member:
+        """The plugin a one-provider run reaches: its FleetProvider's (a history over several),
+        else the model plugin."""
+        if spec.provider_ref is not None:
+            return next(m for m in rep.members if m.name == spec.provider_ref.name)
+        return Member(
+            "",
+            spec.ops_endpoint.endpoint if spec.ops_endpoint else "",
+            self.identity(spec),
+            rep.provider,
+        )
 
     def holdings(self) -> list[Holding]:
         """Every ClusterUpgrade as the runs that meet see it (orchestrator.pipeline.crossrun), read
@@ -699,13 +843,41 @@ class World:
     def _initialize(self, rep: Replica, run: RunObj) -> None:
         """Pin once: every ClusterUpgrade created at start, from the inventory of that moment."""
         self.adversary.rpc("ListClusters", "")
-        pinned = pin_upgrades(
-            run.name,
-            run.spec,
-            self.fleet.inventory(),
-            source=run.source,
-            provider_id=self.identity(run.spec),
-        )
+        if run.spec.provider_refs:
+            down = sorted(n for n, until in self.outages.items() if until > self.now)
+            if down:  # the product's run is Degraded and pins nothing until they answer
+                self.log(f"{run.key}: not pinned: {', '.join(down)} unavailable")
+                self.due[run.key] = self.now + self.cfg.min_requeue
+                return
+            inventory = self.fleet.inventory()
+            pinned = pin_across(
+                run.name,
+                run.spec,
+                rep.members,
+                {
+                    name: {c: o for c, o in inventory.items() if self.member_of.get(c) == name}
+                    for name, *_ in MEMBERS[: self.cfg.providers]
+                },
+                source=run.source,
+            )
+        else:
+            one = self.member(rep, run.spec)
+            if one.name and self.outages.get(one.name, -1) > self.now:
+                self.log(f"{run.key}: not pinned: {one.name} unavailable")
+                self.due[run.key] = self.now + self.cfg.min_requeue
+                return
+            pinned = pin_upgrades(
+                run.name,
+                run.spec,
+                {
+                    c: o
+                    for c, o in self.fleet.inventory().items()
+                    if not one.name or self.member_of.get(c) == one.name
+                },
+                source=run.source,
+                provider_id=one.identity,
+                provider_name=one.name or None,
+            )
         if isinstance(pinned, list):
             self.api.update_run(run.key, initialized=True)
             self.api.runs[run.key].status = api.UpdateRunStatus(
