@@ -30,6 +30,7 @@ from orchestrator.adapters.secrets import SecretError, TLSResolver
 from orchestrator.engine.access import Access
 from orchestrator.engine.conditions import format_time, get_condition, set_condition
 from orchestrator.engine.decide import ACTIVE, Floor, Preflight, Upgrade
+from orchestrator.engine.index import RunIndex
 from orchestrator.engine.initialize import Pinned, pin_upgrades, run_name
 from orchestrator.engine.observations import ClusterObs, OpObs, OpState
 from orchestrator.engine.requester import requester
@@ -85,6 +86,7 @@ class _DriverMemory:
 
     unrecorded_failures: set[str] = field(default_factory=set)
     stage_failures: dict[tuple[str, str], datetime] = field(default_factory=dict)
+    index: RunIndex = field(default_factory=RunIndex)
 
 
 @dataclass
@@ -529,6 +531,7 @@ class UpdateRunController:
         memory = self._memory.setdefault((ns, name), _DriverMemory())
         driver.unrecorded_failures = memory.unrecorded_failures
         driver.stage_failures = memory.stage_failures
+        driver.index = memory.index  # a pass looks at what changed since the last one
         return driver
 
     def _record(

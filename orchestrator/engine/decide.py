@@ -35,6 +35,7 @@ from orchestrator import api
 from orchestrator.engine import windows
 from orchestrator.engine.conditions import format_time, get_condition, parse_time, set_condition
 from orchestrator.engine.health import judge
+from orchestrator.engine.index import Quiet, RunIndex, Waiting, same
 from orchestrator.engine.observations import (
     ClusterObs,
     OpKind,
@@ -104,6 +105,8 @@ _STEP_PHASE = {
 }
 #: Phases in which an attempt has ended (`end_time` set).
 ENDED = frozenset({U.UPGRADED, U.FAILED, U.SKIPPED})
+#: The phases `_released` looks at: neither active, nor Pending, nor Upgraded.
+_ENDED_OR_BLOCKED = (U.FAILED, U.SKIPPED, U.BLOCKED)
 #: Reasons of a Pending cluster that waits for the world to let it go (held elsewhere): the
 #: run names one when nothing of it moves (invariant 4: it says what it waits for).
 _HELD_ELSEWHERE = frozenset({"HeldByAnotherRun", "ForeignOperation", "OutOfService"})
@@ -247,6 +250,9 @@ class RunInput:
     floors: Sequence[Floor] = ()
     #: What the hook executor knows of the hooks recorded Running: hook id → outcome.
     hooks: Mapping[str, HookObs] = field(default_factory=dict)
+    #: What the run's passes keep between them (engine.index; the driver's): the upgrades
+    #: by phase and in order, brought up to date here. None: made from scratch (a full pass).
+    index: RunIndex | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -388,6 +394,13 @@ class _Run:
         self.stamp = format_time(inp.now)
         self.strategy = inp.spec.strategy or api.Strategy()
         self.timeouts = inp.spec.timeouts or api.StepTimeouts()
+        if inp.index is None:
+            self.index = RunIndex.build(inp.uid, inp.upgrades)
+        else:
+            self.index = inp.index
+            self.index.observe(inp.uid, inp.upgrades)
+        #: The statuses by phase as this decision changes them (`set` keeps them).
+        self.phases = self.index.phases.copy()
         self.status: dict[str, api.ClusterUpgradeStatus] = {
             n: u.status for n, u in inp.upgrades.items()
         }
@@ -407,11 +420,7 @@ class _Run:
         #: The floors a service-out keeps (invariant 1): this run's, then each other live
         #: run's that shares clusters with it.
         self.floors: list[Floor] = [
-            Floor(
-                inp.key,
-                frozenset(u.cluster_id for u in inp.upgrades.values()),
-                inp.spec.required_available_count,
-            ),
+            Floor(inp.key, self.index.members, inp.spec.required_available_count),
             *inp.floors,
         ]
 
@@ -435,7 +444,13 @@ class _Run:
         if new != old:
             self.status[u.name] = new
             self.changed[u.name] = new
+            self.phases.move(u.name, u.spec.stage_index, old, new)
         return new
+
+    def having(self, *phases: api.UpgradePhase) -> list[Upgrade]:
+        """The upgrades in these phases now, in the input's order (what a walk over every
+        upgrade that skips the others would visit)."""
+        return self.index.in_order(self.phases.names(*phases))
 
     def timeout_of(self, kind: OpKind | None) -> timedelta:
         t = self.timeouts
@@ -679,7 +694,11 @@ class _Run:
             # (at most two API writes per cluster step).
             self.set(u, operation_id=op.id)
         if not op.state.terminal:
-            self.timed_out(u, kind)
+            if not self.timed_out(u, kind) and u.name not in self.changed:
+                # Nothing but time moves it on: the next pass skips it while this holds.
+                limits = self._limits(u, kind)
+                deadline = limits[0] if limits is not None else None
+                self.index.quiet[u.name] = Quiet(st, obs, op, self.timeouts, deadline)
             return
         if op.state == OpState.FAILED:
             self.fail(
@@ -699,14 +718,28 @@ class _Run:
         cur = obs.current_operation if obs is not None else None
         return cur if cur is not None and cur.request_id == rid else None
 
-    def timed_out(self, u: Upgrade, kind: OpKind) -> bool:
+    def _limits(self, u: Upgrade, kind: OpKind) -> tuple[datetime, timedelta, timedelta] | None:
+        """When the step on record times out, its bound and the provider's soak the bound grows
+        by (None: the step's start is not on record, so it never times out)."""
         st = self.status[u.name]
         if not st.step_start_time:
-            return False
+            return None
         bound = self.timeout_of(kind)
         soak = self.soak_of(u, st.step or "") if kind is OpKind.NODE_POOL else timedelta(0)
-        left = parse_time(st.step_start_time) + bound + soak - self.now
-        if left < timedelta(0):
+        return parse_time(st.step_start_time) + bound + soak, bound, soak
+
+    def wake_for_step(self, deadline: datetime) -> None:
+        """Look again at a step in flight in time for its deadline (at most STEP_POLL_SECONDS)."""
+        left = deadline - self.now
+        self.wake(max(1.0, min(left.total_seconds(), STEP_POLL_SECONDS)))
+
+    def timed_out(self, u: Upgrade, kind: OpKind) -> bool:
+        limits = self._limits(u, kind)
+        if limits is None:
+            return False
+        deadline, bound, soak = limits
+        st = self.status[u.name]
+        if deadline - self.now < timedelta(0):
             within = (
                 f"{bound + soak} ({bound} + {soak} of the provider's own soak)"
                 if soak
@@ -714,8 +747,31 @@ class _Run:
             )
             self.fail(u, "StepTimedOut", f"{st.step} did not finish within {within}")
             return True
-        self.wake(max(1.0, min(left.total_seconds(), STEP_POLL_SECONDS)))
+        self.wake_for_step(deadline)
         return False
+
+    def still_quiet(self, u: Upgrade) -> bool:
+        """Whether following this cluster in flight would do nothing but wait for time: what
+        it was followed on last (`Quiet`) is unchanged, it is not changed in this pass, and
+        its step has not timed out. Then it waits as `timed_out` would have it."""
+        memo = self.index.quiet.get(u.name)
+        if memo is None or u.name in self.changed:
+            return False
+        st = self.status[u.name]
+        obs = self.effective.get(u.cluster_id)
+        if not (
+            _same(memo.status, st)
+            and _same(memo.obs, obs)
+            and _same(memo.op, self._find_op(st.request_id or "", obs))
+            and _same(memo.timeouts, self.timeouts)
+        ):
+            return False
+        if memo.deadline is None:
+            return True
+        if memo.deadline - self.now < timedelta(0):
+            return False  # timed out now: followed, it fails
+        self.wake_for_step(memo.deadline)
+        return True
 
     def gone(self, u: Upgrade, kind: OpKind | None) -> None:
         st = self.status[u.name]
@@ -1084,6 +1140,17 @@ class _Run:
     def holder(self, cid: str) -> str | None:
         return self.inp.held_by.get(cid)
 
+    def still_waiting(self, u: Upgrade, memo: Waiting | None) -> bool:
+        """Whether what a wait for the budget was decided on (`Waiting`) is unchanged: the
+        same status, observation and holder go through the same checks of `_offer` and
+        `may_service_out` to the floor's (which the caller asks afresh)."""
+        return (
+            memo is not None
+            and _same(memo.status, self.status[u.name])
+            and _same(memo.obs, self.effective.get(u.cluster_id))
+            and memo.holder == self.holder(u.cluster_id)
+        )
+
     def down(self, cid: str, held: Collection[str]) -> bool:
         """Invariant 1's rule of what counts as down: gone from the inventory, unavailable, out
         of service, held by any run on the provider (this one: `held`, its clusters in an
@@ -1099,9 +1166,7 @@ class _Run:
     def room(self) -> list[int]:
         """How many more clusters each floor of `floors` lets go now: its members not `down`,
         less what it requires (negative: broken already by the world)."""
-        held = {
-            self.inp.upgrades[n].cluster_id for n, s in self.status.items() if s.phase in ACTIVE
-        }
+        held = {u.cluster_id for u in self.having(*ACTIVE)}
         return [
             sum(1 for cid in f.members if not self.down(cid, held)) - f.required
             for f in self.floors
@@ -1142,6 +1207,9 @@ class _Run:
 
     def _ours(self, op: OpObs) -> bool:
         return op.request_id.startswith(f"{self.inp.uid}:")
+
+
+_same = same
 
 
 def _cut(text: str) -> str:
@@ -1238,7 +1306,7 @@ def _returned(run: _Run) -> None:
     """Invariant 4 for drift: a cluster recorded Skipped (ClusterGone) after it left the
     inventory mid-upgrade, back now and still out of service, is this run's to bring back:
     a fresh attempt carries it on from where it stands (no new service-out, no budget)."""
-    for u in run.inp.upgrades.values():
+    for u in run.having(U.SKIPPED):
         st = run.status[u.name]
         if st.phase != U.SKIPPED or st.reason != "ClusterGone" or not st.step:
             continue
@@ -1264,7 +1332,7 @@ def _released(run: _Run) -> None:
     run in flight on it, the attempt keeps nothing out (its service-out failed, or someone
     serviced it back in) and its step is cleared, so that a later retry never adopts a
     cluster that another run has taken out since."""
-    for u in run.inp.upgrades.values():
+    for u in run.having(*_ENDED_OR_BLOCKED):
         st = run.status[u.name]
         if not st.step or st.phase in ACTIVE or st.phase in (U.PENDING, U.UPGRADED):
             continue
@@ -1468,12 +1536,19 @@ def _budgets(
         run_budget = 0 if strategy.on_failure == api.OnFailure.HALT else None
     stages_spec = strategy.stages or []
     out = _Budgets([], [], [], run_budget, [], False)
+    phases, rank = run.phases, run.index.rank
+    # The failed and refused members by stage, in the engine's order.
+    failing: dict[int, list[tuple[int, Upgrade, api.ClusterUpgradeStatus, bool]]] = {}
+    for name in phases.by_phase[U.FAILED] | phases.refused:
+        u = run.index.seen[name]
+        st = run.status[name]
+        failing.setdefault(u.spec.stage_index, []).append((rank[name], u, st, st.phase == U.FAILED))
     for index, name in enumerate(names):
         members = by_stage.get(index, [])
-        sts = [(u, run.status[u.name]) for u in members]
-        n_done = sum(1 for _, st in sts if st.phase in _DONE)
-        failed = [(u, st) for u, st in sts if st.phase == U.FAILED]
-        refused = [(u, st) for u, st in sts if st.phase == U.BLOCKED and st.reason == "Refused"]
+        n_done = sum(phases.per_stage[(index, p)] for p in _DONE)
+        ordered = sorted(failing.get(index, []), key=lambda x: x[0])
+        failed = [(u, st) for _, u, st, is_failed in ordered if is_failed]
+        refused = [(u, st) for _, u, st, is_failed in ordered if not is_failed]
         settled = n_done + len(failed) + len(refused) == len(members)
         counted = failed + (refused if settled else [])
         spec_stage = stages_spec[index] if stages_spec else None
@@ -1544,9 +1619,7 @@ def decide(inp: RunInput) -> Decision:
     the manner of Cluster API's doReconcile). Pure: the caller persists `changed` before making
     `calls`."""
     run = _Run(inp)
-    by_stage: dict[int, list[Upgrade]] = {}
-    for u in sorted(inp.upgrades.values(), key=lambda x: (x.spec.stage_index, x.cluster_id)):
-        by_stage.setdefault(u.spec.stage_index, []).append(u)
+    by_stage = run.index.by_stage
     names, skipped_stages = _people_first(run, by_stage)
     _carry_in_flight(run)
     budgets = _budgets(run, names, by_stage, skipped_stages)
@@ -1585,12 +1658,11 @@ def _people_first(
 def _carry_in_flight(run: _Run) -> None:
     """Phase 2: every cluster in flight is carried forward from what its operation did; failed
     clusters are serviced back in where the policy says so (failedClusterPolicy)."""
-    inp = run.inp
-    for u in inp.upgrades.values():
-        if run.status[u.name].phase in ACTIVE:
+    for u in run.having(*ACTIVE):
+        if run.status[u.name].phase in ACTIVE and not run.still_quiet(u):
             run.follow(u)
     if run.strategy.failed_cluster_policy == api.FailedClusterPolicy.SERVICE_IN_IF_HEALTHY:
-        for u in inp.upgrades.values():
+        for u in run.having(U.FAILED):
             if run.status[u.name].phase == U.FAILED:
                 _recover(run, u)
     _released(run)  # an attempt that ended in this pass with its cluster still in service
@@ -1817,7 +1889,7 @@ def _admission(run: _Run, walk: _Walk, by_stage: Mapping[int, Sequence[Upgrade]]
         spec_stage=spec_stage,
         members=members,
         limit=_limit(value, len(members)),
-        in_flight=sum(1 for s in run.status.values() if s.phase in ACTIVE),
+        in_flight=run.phases.count(*ACTIVE),
         room=run.room(),
     )
 
@@ -1854,12 +1926,25 @@ def _time_gates(run: _Run, adm: _Admission) -> None:
 
 
 def _offer(run: _Run, adm: _Admission) -> None:
-    """Each member whose turn came, in order, until the concurrency limit is reached."""
-    for u in adm.members:
+    """Each member whose turn came, in order, until the concurrency limit is reached.
+
+    A member that waited for the availability budget when last offered, on exactly the same
+    status, observation and holder (engine.index's `waiting`), waits again without being
+    looked into, but only while no member can start at all: the run's own floor has no room
+    (every member's service-out costs one there), no time gate applies, and the concurrency
+    limit cannot be reached in this pass."""
+    offered = run.phases.names(U.PENDING, U.BLOCKED)
+    members = [u for u in adm.members if u.name in offered]
+    memo = run.index.waiting
+    stuck = not adm.gates and adm.room[0] < 1 and adm.in_flight + len(members) <= adm.limit
+    for u in members:
         st = run.status[u.name]
         if st.phase not in (U.PENDING, U.BLOCKED):
             continue
         if st.phase == U.BLOCKED and st.reason == "Refused":
+            continue
+        if stuck and u.cluster_id not in run.retried and run.still_waiting(u, memo.get(u.name)):
+            adm.waiting_budget = True
             continue
         if u.cluster_id in run.retried:
             # Retried in this pass: admitted from the next one, once every retry of the
@@ -1901,6 +1986,7 @@ def _offer(run: _Run, adm: _Admission) -> None:
             run.note_drift(u, obs)
         elif why.reason == WAITING_FOR_BUDGET:
             adm.waiting_budget = True
+            memo[u.name] = Waiting(run.status[u.name], obs, run.holder(u.cluster_id))
         elif why.reason == PREFLIGHT_ASKED:
             adm.in_flight += 1
 
@@ -2000,15 +2086,15 @@ def _summarise(
 def _counts(run: _Run) -> dict[str, int]:
     """How many of the run's clusters are in each phase (every active phase is in flight)."""
     counts = {"pending": 0, "in_flight": 0, "upgraded": 0, "failed": 0, "blocked": 0, "skipped": 0}
-    for st in run.status.values():
+    for phase, names in run.phases.by_phase.items():
         key = {
             U.UPGRADED: "upgraded",
             U.FAILED: "failed",
             U.BLOCKED: "blocked",
             U.SKIPPED: "skipped",
             U.PENDING: "pending",
-        }.get(st.phase, "in_flight")
-        counts[key] += 1
+        }.get(phase, "in_flight")
+        counts[key] += len(names)
     return counts
 
 
@@ -2028,9 +2114,7 @@ def _run_phase(
     in_flight = counts["in_flight"]
     # A failed cluster being serviced back in (failedClusterPolicy) keeps the run going.
     recovering = sorted(
-        run.inp.upgrades[n].cluster_id
-        for n, st in run.status.items()
-        if st.phase == U.FAILED and st.step == RECOVER_STEP
+        u.cluster_id for u in run.having(U.FAILED) if run.status[u.name].step == RECOVER_STEP
     )
     finished = (
         all(s.phase in (api.StagePhase.COMPLETED, api.StagePhase.SKIPPED) for s in stages)
@@ -2045,9 +2129,8 @@ def _run_phase(
     if finished and in_flight == 0:
         message = f"finished with {counts['failed']} failed and {counts['blocked']} blocked"
         why = sorted(
-            (run.inp.upgrades[n].cluster_id, s.message or "")
-            for n, s in run.status.items()
-            if s.phase in (U.FAILED, U.BLOCKED)
+            (u.cluster_id, run.status[u.name].message or "")
+            for u in run.having(U.FAILED, U.BLOCKED)
         )
         if why:  # the run says why, not only how many
             message += f"; {why[0][0]}: {why[0][1]}"
@@ -2056,9 +2139,7 @@ def _run_phase(
         return api.RunPhase.HALTED, _past_budget(stages, budgets), waiting
     if halted:
         failed = sorted(
-            (run.inp.upgrades[n].cluster_id, s.message or "")
-            for n, s in run.status.items()
-            if s.phase == U.FAILED
+            (u.cluster_id, run.status[u.name].message or "") for u in run.having(U.FAILED)
         )
         message = (
             f"halted: cluster {failed[0][0]} failed: {failed[0][1]}"

@@ -48,6 +48,7 @@ from orchestrator.engine.decide import (
     with_status,
 )
 from orchestrator.engine.health import due_in, record
+from orchestrator.engine.index import FULL_EVERY, RunIndex
 from orchestrator.engine.observations import ClusterObs, OpObs, Snapshot
 from orchestrator.engine.transitions import ClusterChange
 
@@ -289,6 +290,10 @@ class RunDriver:
     stage_failures: dict[tuple[str, str], datetime] = field(default_factory=dict)
     #: The hook executor (None: hooks fail, saying this orchestrator runs none).
     hooks: HookRunner | None = None
+    #: The run's upgrades by phase and in order, kept between passes (engine.index) so that a
+    #: pass looks at what changed; every FULL_EVERY passes it is rebuilt from scratch and
+    #: compared. Keep it between passes like preflight_cache (the controller owns it).
+    index: RunIndex = field(default_factory=RunIndex)
 
     def step(
         self,
@@ -313,9 +318,10 @@ class RunDriver:
         floors: the other live runs on this provider sharing clusters with this one; their
         members are observed too, and held_by must name their holders.
         """
-        ids = [u.cluster_id for u in upgrades.values()]
-        own = set(ids)
-        ids += sorted({cid for f in floors for cid in f.members} - own)
+        index = self._index(uid, upgrades)
+        ids = list(index.name_of)
+        if floors:
+            ids += sorted({cid for f in floors for cid in f.members} - index.members)
         snapshot = self.provider.snapshot(ids)
         upgrades, health_changed = self._evaluate_clusters(spec, upgrades, snapshot, now)
         stages = self._evaluate_stages(key, spec, upgrades, stages, snapshot, now)
@@ -339,6 +345,7 @@ class RunDriver:
             reason=reason,
             floors=floors,
             hooks=hook_obs,
+            index=index,
         )
         p = _Pass(inp, self._decide(inp))
         # Record intents (and health progress) before any call: a crash after this write
@@ -351,6 +358,25 @@ class RunDriver:
         self._act(p)
         self._start_hooks(p)
         return self._settle(p)
+
+    def _index(self, uid: str, upgrades: Mapping[str, Upgrade]) -> RunIndex:
+        """The run's index brought up to date with this pass's upgrades; every FULL_EVERY
+        passes, also made from scratch: the two must agree (if they do not, the one made from
+        scratch is kept and the difference logged: a bug, never a decision on a stale count)."""
+        index = self.index
+        index.observe(uid, upgrades)
+        index.passes += 1
+        if index.passes % FULL_EVERY == 0:
+            fresh = RunIndex.build(uid, upgrades)
+            differences = index.differences(fresh)
+            if differences:
+                log.error(
+                    "run %s: the kept index disagreed with a full pass on %s; using the full one",
+                    uid,
+                    ", ".join(differences),
+                )
+                index.rebuild(uid, upgrades)
+        return index
 
     def _decide(self, inp: RunInput) -> Decision:
         """The decision; when it needs the provider's preflight verdict on clusters, they are
@@ -500,9 +526,10 @@ class RunDriver:
         snapshot: Snapshot,
     ) -> dict[str, HookObs]:
         """What the executor knows of every hook recorded Running (by hook id)."""
+        hooked = self.index.names_in(api.UpgradePhase.PRE_HOOK, api.UpgradePhase.POST_HOOK)
         requests = [
             r
-            for u in upgrades.values()
+            for u in (upgrades[n] for n in hooked)
             if u.status.hook is not None
             and u.status.hook.phase == api.HookPhase.RUNNING
             and u.status.phase in (api.UpgradePhase.PRE_HOOK, api.UpgradePhase.POST_HOOK)
@@ -568,7 +595,12 @@ class RunDriver:
         """
         out = dict(upgrades)
         changed: dict[str, api.ClusterUpgradeStatus] = {}
-        for name, u in upgrades.items():
+        # Those awaiting checks (Verifying; Failed, recovering) or with a failure unrecorded;
+        # the others would be passed over below.
+        looked = self.index.names_in(api.UpgradePhase.VERIFYING, api.UpgradePhase.FAILED)
+        looked += [n for n in self.unrecorded_failures if n in upgrades]
+        for name in sorted(set(looked), key=self.index.in_rank.__getitem__):
+            u = upgrades[name]
             st = u.status
             base = st.health
             if base is not None and base.passes and name in self.unrecorded_failures:

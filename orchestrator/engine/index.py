@@ -1,0 +1,236 @@
+"""What a run's passes keep between them, so that a pass costs what changed (issue 21).
+
+`RunIndex` holds, for one run, its ClusterUpgrades as last seen, in the engine's order (stage,
+then cluster id), grouped by phase, with per-stage phase counts: what `decide` and the driver
+used to count by walking every ClusterUpgrade of the run on every pass. `observe` brings it up
+to date from the pass's input by looking only at what changed (an object that is the same
+object as last time is not looked into); `RunIndex.build` makes one from scratch (the full
+pass). Both must agree: the driver rebuilds every `FULL_EVERY` passes and compares
+(`differences`), replacing the index and logging what differed; tests/engine/test_index.py
+asserts they agree, and that decisions taken with either are the same, after every step of
+simulated histories.
+
+It also keeps two memos of outcomes, each with exactly what it was decided from, which `decide`
+uses only while all of that is equal (then the outcome could not differ):
+- `waiting`: ClusterUpgrades whose last offer waited for the availability budget (status, the
+  cluster's observation, its holder); skipped only while the run's own floor, counted afresh
+  in this pass, has no room at all. No floor or budget check is skipped on a count of its own.
+- `quiet`: clusters in flight whose last follow only waited for their operation (status,
+  observation, operation, the step timeouts, the step's deadline); skipped until the deadline.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, NamedTuple
+
+from orchestrator import api
+from orchestrator.engine.observations import ClusterObs, OpObs
+
+if TYPE_CHECKING:
+    from orchestrator.engine.decide import Upgrade
+
+__all__ = ["FULL_EVERY", "Phases", "Quiet", "RunIndex", "Waiting", "same"]
+
+#: The driver's full pass: every this many passes, the index is rebuilt and compared.
+FULL_EVERY = 50
+
+_U = api.UpgradePhase
+
+
+@dataclass
+class Phases:
+    """ClusterUpgrade names by phase, with per-stage phase counts and the Blocked-Refused ones
+    (counted against failure budgets); `move` is the one place they change."""
+
+    by_phase: dict[api.UpgradePhase, set[str]] = field(
+        default_factory=lambda: {p: set() for p in api.UpgradePhase}
+    )
+    per_stage: Counter[tuple[int, api.UpgradePhase]] = field(default_factory=Counter)
+    refused: set[str] = field(default_factory=set)
+
+    def move(
+        self,
+        name: str,
+        stage: int,
+        old: api.ClusterUpgradeStatus | None,
+        new: api.ClusterUpgradeStatus | None,
+    ) -> None:
+        """Account one ClusterUpgrade's status change (None: absent)."""
+        if old is not None:
+            self.by_phase[old.phase].discard(name)
+            self.per_stage[(stage, old.phase)] -= 1
+            self.refused.discard(name)
+        if new is not None:
+            self.by_phase[new.phase].add(name)
+            self.per_stage[(stage, new.phase)] += 1
+            if new.phase == _U.BLOCKED and new.reason == "Refused":
+                self.refused.add(name)
+
+    def names(self, *phases: api.UpgradePhase) -> set[str]:
+        """The names in any of these phases (a new set)."""
+        out: set[str] = set()
+        for p in phases:
+            out |= self.by_phase[p]
+        return out
+
+    def count(self, *phases: api.UpgradePhase) -> int:
+        """How many are in these phases."""
+        return sum(len(self.by_phase[p]) for p in phases)
+
+    def copy(self) -> Phases:
+        """A copy one pass may change."""
+        return Phases(
+            {p: set(s) for p, s in self.by_phase.items()},
+            Counter(self.per_stage),
+            set(self.refused),
+        )
+
+    def comparable(self) -> tuple[object, ...]:
+        """What must agree between two accounts of the same statuses."""
+        return (
+            {p: s for p, s in self.by_phase.items() if s},
+            +self.per_stage,
+            self.refused,
+        )
+
+
+def same(a: object, b: object) -> bool:
+    """Equal: the very object (what an unchanged input is), or one equal to it (what a re-read
+    of an unchanged object is)."""
+    return a is b or a == b
+
+
+class Waiting(NamedTuple):
+    """An admission memo: a ClusterUpgrade waited for the availability budget when offered
+    with this status, the cluster's observation and its holder (another run, or None)."""
+
+    status: api.ClusterUpgradeStatus
+    obs: ClusterObs
+    holder: str | None
+
+
+class Quiet(NamedTuple):
+    """A memo of following a cluster in flight: on this status, observation, operation and
+    the run's step timeouts, nothing but its deadline (None: none) could move it."""
+
+    status: api.ClusterUpgradeStatus
+    obs: ClusterObs
+    op: OpObs
+    timeouts: api.StepTimeouts
+    deadline: datetime | None
+
+
+@dataclass
+class RunIndex:
+    """One run's ClusterUpgrades kept between passes (see the module's docstring)."""
+
+    uid: str = ""
+    #: The upgrades as last seen, by name.
+    seen: dict[str, Upgrade] = field(default_factory=dict)
+    #: The input's order (the order of the caller's mapping, which `decide` walks in): its
+    #: names, and name → rank.
+    names: list[str] = field(default_factory=list)
+    in_rank: dict[str, int] = field(default_factory=dict)
+    #: The engine's order (stage index, cluster id): name → rank; and members by stage index.
+    rank: dict[str, int] = field(default_factory=dict)
+    by_stage: dict[int, list[Upgrade]] = field(default_factory=dict)
+    #: The run's cluster ids (its own floor's members), and cluster id → ClusterUpgrade name.
+    members: frozenset[str] = frozenset()
+    name_of: dict[str, str] = field(default_factory=dict)
+    phases: Phases = field(default_factory=Phases)
+    #: The memos (see `Waiting` and `Quiet`), by ClusterUpgrade name.
+    waiting: dict[str, Waiting] = field(default_factory=dict)
+    quiet: dict[str, Quiet] = field(default_factory=dict)
+    passes: int = 0
+
+    @classmethod
+    def build(cls, uid: str, upgrades: Mapping[str, Upgrade]) -> RunIndex:
+        """An index made from scratch (the full pass)."""
+        index = cls()
+        index.rebuild(uid, upgrades)
+        return index
+
+    def observe(self, uid: str, upgrades: Mapping[str, Upgrade]) -> None:
+        """Bring the index up to date with this pass's upgrades: only those that are not the
+        very objects seen last time are looked into; a change of run, of the set of upgrades
+        or of a pinned spec rebuilds the order (and drops the memo)."""
+        seen = self.seen
+        if uid != self.uid or len(upgrades) != len(seen) or list(upgrades) != self.names:
+            self.rebuild(uid, upgrades)
+            return
+        phases = self.phases
+        changed: list[tuple[str, Upgrade]] = []
+        for name, u in upgrades.items():
+            old = seen[name]
+            if old is u:
+                continue
+            if old.spec is not u.spec and old.spec != u.spec:
+                self.rebuild(uid, upgrades)
+                return
+            changed.append((name, u))
+        for name, u in changed:
+            old = seen[name]
+            seen[name] = u
+            if old.status is not u.status:
+                phases.move(name, u.spec.stage_index, old.status, u.status)
+
+    def note(self, u: Upgrade) -> None:
+        """One upgrade whose status the caller changed (the driver's health records)."""
+        old = self.seen.get(u.name)
+        if old is None or old is u:
+            return
+        self.seen[u.name] = u
+        if old.status is not u.status:
+            self.phases.move(u.name, u.spec.stage_index, old.status, u.status)
+
+    def names_in(self, *phases: api.UpgradePhase) -> list[str]:
+        """The names of the upgrades in these phases as last seen, in the input's order."""
+        return sorted(self.phases.names(*phases), key=self.in_rank.__getitem__)
+
+    def in_order(self, names: set[str]) -> list[Upgrade]:
+        """These upgrades (as last seen) in the input's order."""
+        seen = self.seen
+        return [seen[n] for n in sorted(names, key=self.in_rank.__getitem__)]
+
+    def differences(self, other: RunIndex) -> list[str]:
+        """What differs from another index of the same upgrades (empty: they agree)."""
+        out = []
+        if self.uid != other.uid:
+            out.append(f"uid {self.uid!r} != {other.uid!r}")
+        if self.rank != other.rank or self.names != other.names:
+            out.append("the engine's order")
+        if self.members != other.members or self.name_of != other.name_of:
+            out.append("the run's members")
+        if {s: [u.name for u in m] for s, m in self.by_stage.items()} != {
+            s: [u.name for u in m] for s, m in other.by_stage.items()
+        }:
+            out.append("members by stage")
+        mine, theirs = self.phases.comparable(), other.phases.comparable()
+        words = ("names by phase", "per-stage counts", "refused")
+        for what, a, b in zip(words, mine, theirs, strict=True):
+            if a != b:
+                out.append(what)
+        return out
+
+    def rebuild(self, uid: str, upgrades: Mapping[str, Upgrade]) -> None:
+        """Make the index from scratch, in place (the full pass), dropping the memo."""
+        self.uid = uid
+        self.seen = dict(upgrades)
+        self.names = list(upgrades)
+        self.in_rank = {n: i for i, n in enumerate(self.names)}
+        ordered = sorted(upgrades.values(), key=lambda x: (x.spec.stage_index, x.cluster_id))
+        self.rank = {u.name: i for i, u in enumerate(ordered)}
+        self.by_stage = {}
+        for u in ordered:
+            self.by_stage.setdefault(u.spec.stage_index, []).append(u)
+        self.name_of = {u.cluster_id: u.name for u in upgrades.values()}
+        self.members = frozenset(self.name_of)
+        self.phases = Phases()
+        for u in upgrades.values():
+            self.phases.move(u.name, u.spec.stage_index, None, u.status)
+        self.waiting = {}
+        self.quiet = {}
