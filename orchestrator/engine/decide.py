@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -35,7 +36,7 @@ from orchestrator import api
 from orchestrator.engine import windows
 from orchestrator.engine.conditions import format_time, get_condition, parse_time, set_condition
 from orchestrator.engine.health import judge
-from orchestrator.engine.index import Quiet, RunIndex, Waiting, same
+from orchestrator.engine.index import Quiet, RunIndex, Waiting, up_by_observation
 from orchestrator.engine.observations import (
     ClusterObs,
     OpKind,
@@ -97,6 +98,8 @@ ACTIVE = frozenset(
     }
 )
 _DONE = frozenset({U.UPGRADED, U.SKIPPED})
+#: The step timeouts of a run that sets none (one object: a memo compares it by identity).
+_DEFAULT_TIMEOUTS = api.StepTimeouts()
 _STEP_PHASE = {
     OpKind.SERVICE_OUT: U.SERVICING_OUT,
     OpKind.CONTROL_PLANE: U.UPGRADING_CONTROL_PLANE,
@@ -393,12 +396,15 @@ class _Run:
         self.now = inp.now
         self.stamp = format_time(inp.now)
         self.strategy = inp.spec.strategy or api.Strategy()
-        self.timeouts = inp.spec.timeouts or api.StepTimeouts()
+        self.timeouts = inp.spec.timeouts or _DEFAULT_TIMEOUTS
         if inp.index is None:
-            self.index = RunIndex.build(inp.uid, inp.upgrades)
+            self.index = RunIndex.build(inp.uid, inp.upgrades, inp.snapshot.clusters, inp.held_by)
         else:
             self.index = inp.index
             self.index.observe(inp.uid, inp.upgrades)
+            self.index.observe_world(
+                inp.snapshot.clusters, inp.held_by, inp.snapshot.operations, self.timeouts
+            )
         #: The statuses by phase as this decision changes them (`set` keeps them).
         self.phases = self.index.phases.copy()
         self.status: dict[str, api.ClusterUpgradeStatus] = {
@@ -410,6 +416,8 @@ class _Run:
         self.preflight_needed: list[str] = []
         self.requeue: float | None = None
         self.effective: dict[str, ClusterObs] = dict(inp.snapshot.clusters)
+        #: Clusters whose effective observation is not the snapshot's (`follow`).
+        self.effective_changed: set[str] = set()
         self.stopping = inp.spec.state == api.RunState.STOP
         #: The run is past a failure budget as the statuses stood before this decision's
         #: follow-ups: a pre-hook that passes now does not lead to a drain (decide sets it).
@@ -694,11 +702,15 @@ class _Run:
             # (at most two API writes per cluster step).
             self.set(u, operation_id=op.id)
         if not op.state.terminal:
-            if not self.timed_out(u, kind) and u.name not in self.changed:
-                # Nothing but time moves it on: the next pass skips it while this holds.
+            if (
+                not self.timed_out(u, kind)
+                and u.name not in self.changed
+                and u.cluster_id not in self.effective_changed
+            ):
+                # Nothing but time moves it on: later passes skip it while this holds.
                 limits = self._limits(u, kind)
                 deadline = limits[0] if limits is not None else None
-                self.index.quiet[u.name] = Quiet(st, obs, op, self.timeouts, deadline)
+                self.index.remember_quiet(u.name, Quiet(st, obs, op, self.timeouts, deadline))
             return
         if op.state == OpState.FAILED:
             self.fail(
@@ -709,6 +721,7 @@ class _Run:
             return
         obs = apply_succeeded(obs, op)
         self.effective[u.cluster_id] = obs
+        self.effective_changed.add(u.cluster_id)
         self.advance(u, obs)
 
     def _find_op(self, rid: str, obs: ClusterObs | None) -> OpObs | None:
@@ -750,28 +763,20 @@ class _Run:
         self.wake_for_step(deadline)
         return False
 
-    def still_quiet(self, u: Upgrade) -> bool:
-        """Whether following this cluster in flight would do nothing but wait for time: what
-        it was followed on last (`Quiet`) is unchanged, it is not changed in this pass, and
-        its step has not timed out. Then it waits as `timed_out` would have it."""
-        memo = self.index.quiet.get(u.name)
-        if memo is None or u.name in self.changed:
-            return False
-        st = self.status[u.name]
-        obs = self.effective.get(u.cluster_id)
-        if not (
-            _same(memo.status, st)
-            and _same(memo.obs, obs)
-            and _same(memo.op, self._find_op(st.request_id or "", obs))
-            and _same(memo.timeouts, self.timeouts)
-        ):
-            return False
-        if memo.deadline is None:
-            return True
-        if memo.deadline - self.now < timedelta(0):
-            return False  # timed out now: followed, it fails
-        self.wake_for_step(memo.deadline)
-        return True
+    def to_follow(self) -> list[Upgrade]:
+        """The clusters in flight to follow in this pass, in the input's order: all but those
+        a `quiet` memo stands for (following them would only wait for their operations:
+        engine.index drops a memo when its status, observation, operation or the timeouts
+        change, and this pass drops those it changed and those whose step timed out). They
+        wait here, as `timed_out` would have each: until the earliest deadline."""
+        index = self.index
+        for name in self.changed:
+            index.drop_quiet(name)
+        while (due := index.next_deadline()) is not None and due[0] - self.now < timedelta(0):
+            index.drop_quiet(due[1])  # timed out: followed, it fails
+        if due is not None:
+            self.wake_for_step(due[0])
+        return index.in_order(self.phases.names(*ACTIVE).difference(index.quiet))
 
     def gone(self, u: Upgrade, kind: OpKind | None) -> None:
         st = self.status[u.name]
@@ -1140,37 +1145,28 @@ class _Run:
     def holder(self, cid: str) -> str | None:
         return self.inp.held_by.get(cid)
 
-    def still_waiting(self, u: Upgrade, memo: Waiting | None) -> bool:
-        """Whether what a wait for the budget was decided on (`Waiting`) is unchanged: the
-        same status, observation and holder go through the same checks of `_offer` and
-        `may_service_out` to the floor's (which the caller asks afresh)."""
-        return (
-            memo is not None
-            and _same(memo.status, self.status[u.name])
-            and _same(memo.obs, self.effective.get(u.cluster_id))
-            and memo.holder == self.holder(u.cluster_id)
-        )
-
-    def down(self, cid: str, held: Collection[str]) -> bool:
-        """Invariant 1's rule of what counts as down: gone from the inventory, unavailable, out
-        of service, held by any run on the provider (this one: `held`, its clusters in an
-        ACTIVE phase; another: `holder`), or with another caller's operation in flight."""
-        obs = self.effective.get(cid)
-        if obs is None or not obs.available or not obs.in_service:
-            return True
-        if cid in held or self.holder(cid) is not None:
-            return True
-        cur = obs.current_operation
-        return cur is not None and not cur.state.terminal and not self._ours(cur)
+    def up(self) -> AbstractSet[str]:
+        """Invariant 1's rule of what counts as up: in the inventory, available, in service,
+        with no other caller's operation in flight (`index.up_by_observation`, over the
+        effective observations: the snapshot's, kept by the index, and those this pass
+        changed), and held by no run on the provider (this one: its clusters in an ACTIVE
+        phase; another: `holder`). Everything else is down."""
+        up = self.index.up
+        if self.effective_changed:
+            up = up - self.effective_changed
+            up |= {
+                cid
+                for cid in self.effective_changed
+                if up_by_observation(self.effective.get(cid), self.inp.uid)
+            }
+        held = {u.cluster_id for u in self.having(*ACTIVE)}
+        return up.difference(held, self.inp.held_by)
 
     def room(self) -> list[int]:
-        """How many more clusters each floor of `floors` lets go now: its members not `down`,
-        less what it requires (negative: broken already by the world)."""
-        held = {u.cluster_id for u in self.having(*ACTIVE)}
-        return [
-            sum(1 for cid in f.members if not self.down(cid, held)) - f.required
-            for f in self.floors
-        ]
+        """How many more clusters each floor of `floors` lets go now: its members `up`, less
+        what it requires (negative: broken already by the world)."""
+        up = self.up()
+        return [len(f.members & up) - f.required for f in self.floors]
 
     def floor_allows(self, u: Upgrade, counted: list[int] | None = None) -> bool:
         """Invariant 1's rule of which floors apply and what a service-out costs: every floor
@@ -1207,9 +1203,6 @@ class _Run:
 
     def _ours(self, op: OpObs) -> bool:
         return op.request_id.startswith(f"{self.inp.uid}:")
-
-
-_same = same
 
 
 def _cut(text: str) -> str:
@@ -1658,8 +1651,8 @@ def _people_first(
 def _carry_in_flight(run: _Run) -> None:
     """Phase 2: every cluster in flight is carried forward from what its operation did; failed
     clusters are serviced back in where the policy says so (failedClusterPolicy)."""
-    for u in run.having(*ACTIVE):
-        if run.status[u.name].phase in ACTIVE and not run.still_quiet(u):
+    for u in run.to_follow():
+        if run.status[u.name].phase in ACTIVE:
             run.follow(u)
     if run.strategy.failed_cluster_policy == api.FailedClusterPolicy.SERVICE_IN_IF_HEALTHY:
         for u in run.having(U.FAILED):
@@ -1915,7 +1908,8 @@ def _time_gates(run: _Run, adm: _Admission) -> None:
             adm.next_start = min(nexts)
             run.wake(max((adm.next_start - run.inp.now).total_seconds(), 1.0))
         adm.members.sort(key=lambda x: not adm.gates.get(x.name, _OPEN).may_start)
-    for u in adm.members:  # their time came: no stale wait shown while they queue
+    stale = run.phases.waiting_for("NotBefore", "MaintenanceWindow")
+    for u in adm.members if stale else ():  # their time came: no stale wait shown
         st = run.status[u.name]
         if (
             st.phase == U.PENDING
@@ -1933,18 +1927,25 @@ def _offer(run: _Run, adm: _Admission) -> None:
     looked into, but only while no member can start at all: the run's own floor has no room
     (every member's service-out costs one there), no time gate applies, and the concurrency
     limit cannot be reached in this pass."""
-    offered = run.phases.names(U.PENDING, U.BLOCKED)
-    members = [u for u in adm.members if u.name in offered]
+    offered = run.phases.names(U.PENDING, U.BLOCKED) & run.index.stage_names.get(
+        adm.index, frozenset()
+    )
     memo = run.index.waiting
-    stuck = not adm.gates and adm.room[0] < 1 and adm.in_flight + len(members) <= adm.limit
+    stuck = not adm.gates and adm.room[0] < 1 and adm.in_flight + len(offered) <= adm.limit
+    if stuck:
+        # In the engine's order (no gate reorders it), only those the memo cannot stand for.
+        name_of = run.index.name_of
+        moved = {name_of[c] for c in run.effective_changed | run.retried if c in name_of}
+        todo = offered.difference(memo) | (offered & (moved | run.changed.keys()))
+        members = run.index.by_rank(todo)
+        adm.waiting_budget = len(todo) < len(offered)
+    else:
+        members = [u for u in adm.members if u.name in offered]
     for u in members:
         st = run.status[u.name]
         if st.phase not in (U.PENDING, U.BLOCKED):
             continue
         if st.phase == U.BLOCKED and st.reason == "Refused":
-            continue
-        if stuck and u.cluster_id not in run.retried and run.still_waiting(u, memo.get(u.name)):
-            adm.waiting_budget = True
             continue
         if u.cluster_id in run.retried:
             # Retried in this pass: admitted from the next one, once every retry of the
@@ -1986,9 +1987,22 @@ def _offer(run: _Run, adm: _Admission) -> None:
             run.note_drift(u, obs)
         elif why.reason == WAITING_FOR_BUDGET:
             adm.waiting_budget = True
-            memo[u.name] = Waiting(run.status[u.name], obs, run.holder(u.cluster_id))
+            if not _moved(run, u):
+                memo[u.name] = Waiting(run.status[u.name], obs, run.holder(u.cluster_id))
         elif why.reason == PREFLIGHT_ASKED:
             adm.in_flight += 1
+
+
+def _moved(run: _Run, u: Upgrade) -> bool:
+    """Whether this pass moved the upgrade off what the index last saw of it (its status
+    changed, its cluster's effective observation, or a retry): a `Waiting` memo is recorded,
+    and stands in for an offer, only while nothing did (engine.index drops it when what it
+    saw changes)."""
+    return (
+        u.name in run.changed
+        or u.cluster_id in run.effective_changed
+        or u.cluster_id in run.retried
+    )
 
 
 def _why_waiting(run: _Run, walk: _Walk, adm: _Admission) -> None:
@@ -2015,7 +2029,8 @@ def _why_waiting(run: _Run, walk: _Walk, adm: _Admission) -> None:
         walk.blocked = f"waiting: the provider's preflight verdict on {asked[0]}"
         walk.blocked += f" (and {len(asked) - 1} more)" if len(asked) > 1 else ""
         walk.waiting = walk.waiting or "Preflight"
-    held = [(u.cluster_id, run.status[u.name]) for u in adm.members]
+    waiting = run.phases.waiting_for(*_HELD_ELSEWHERE)
+    held = [(u.cluster_id, run.status[u.name]) for u in adm.members if u.name in waiting]
     held = [(c, s) for c, s in held if s.phase == U.PENDING and s.reason in _HELD_ELSEWHERE]
     if held and adm.in_flight == 0 and not walk.blocked:
         # Invariant 4: nothing moves until the world lets a cluster go; the run names it

@@ -21,6 +21,7 @@ uses only while all of that is equal (then the outcome could not differ):
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,7 +34,15 @@ from orchestrator.engine.observations import ClusterObs, OpObs
 if TYPE_CHECKING:
     from orchestrator.engine.decide import Upgrade
 
-__all__ = ["FULL_EVERY", "Phases", "Quiet", "RunIndex", "Waiting", "same"]
+__all__ = [
+    "FULL_EVERY",
+    "Phases",
+    "Quiet",
+    "RunIndex",
+    "Waiting",
+    "same",
+    "up_by_observation",
+]
 
 #: The driver's full pass: every this many passes, the index is rebuilt and compared.
 FULL_EVERY = 50
@@ -51,6 +60,8 @@ class Phases:
     )
     per_stage: Counter[tuple[int, api.UpgradePhase]] = field(default_factory=Counter)
     refused: set[str] = field(default_factory=set)
+    #: The Pending ones by reason (what they wait for).
+    pending: dict[str | None, set[str]] = field(default_factory=dict)
 
     def move(
         self,
@@ -64,11 +75,22 @@ class Phases:
             self.by_phase[old.phase].discard(name)
             self.per_stage[(stage, old.phase)] -= 1
             self.refused.discard(name)
+            if old.phase == _U.PENDING:
+                self.pending.get(old.reason, set()).discard(name)
         if new is not None:
             self.by_phase[new.phase].add(name)
             self.per_stage[(stage, new.phase)] += 1
             if new.phase == _U.BLOCKED and new.reason == "Refused":
                 self.refused.add(name)
+            if new.phase == _U.PENDING:
+                self.pending.setdefault(new.reason, set()).add(name)
+
+    def waiting_for(self, *reasons: str) -> set[str]:
+        """The Pending ones waiting with any of these reasons (a new set)."""
+        out: set[str] = set()
+        for r in reasons:
+            out |= self.pending.get(r, set())
+        return out
 
     def names(self, *phases: api.UpgradePhase) -> set[str]:
         """The names in any of these phases (a new set)."""
@@ -87,6 +109,7 @@ class Phases:
             {p: set(s) for p, s in self.by_phase.items()},
             Counter(self.per_stage),
             set(self.refused),
+            {r: set(s) for r, s in self.pending.items()},
         )
 
     def comparable(self) -> tuple[object, ...]:
@@ -95,7 +118,18 @@ class Phases:
             {p: s for p, s in self.by_phase.items() if s},
             +self.per_stage,
             self.refused,
+            {r: s for r, s in self.pending.items() if s},
         )
+
+
+def up_by_observation(obs: ClusterObs | None, uid: str) -> bool:
+    """Invariant 1's rule of what counts as up, as far as the cluster's observation goes: in
+    the inventory, available, in service, and no other caller's operation in flight on it (an
+    operation of this run, by its request ids: "<uid>:..."). Holdings by a run count apart."""
+    if obs is None or not obs.available or not obs.in_service:
+        return False
+    cur = obs.current_operation
+    return cur is None or cur.state.terminal or cur.request_id.startswith(f"{uid}:")
 
 
 def same(a: object, b: object) -> bool:
@@ -142,16 +176,39 @@ class RunIndex:
     members: frozenset[str] = frozenset()
     name_of: dict[str, str] = field(default_factory=dict)
     phases: Phases = field(default_factory=Phases)
+    #: The members by stage index, as sets of names.
+    stage_names: dict[int, frozenset[str]] = field(default_factory=dict)
+    #: The inventory as last seen (cluster id → observation), the holders (another run's
+    #: claims) as last seen, and the clusters that count as up by their observation alone
+    #: (`up_by_observation`; holdings are counted apart).
+    obs_seen: dict[str, ClusterObs] = field(default_factory=dict)
+    holders_seen: dict[str, str] = field(default_factory=dict)
+    up: set[str] = field(default_factory=set)
     #: The memos (see `Waiting` and `Quiet`), by ClusterUpgrade name.
     waiting: dict[str, Waiting] = field(default_factory=dict)
     quiet: dict[str, Quiet] = field(default_factory=dict)
+    #: Of the `quiet` memos: request id → name, and (deadline, name) as a heap (an entry whose
+    #: memo is gone or changed is dropped when it comes to the top).
+    quiet_rid: dict[str, str] = field(default_factory=dict)
+    deadlines: list[tuple[datetime, str]] = field(default_factory=list)
+    #: The operations by request id as last seen, and the run's step timeouts.
+    ops_seen: dict[str, OpObs] = field(default_factory=dict)
+    timeouts_seen: api.StepTimeouts | None = None
     passes: int = 0
 
     @classmethod
-    def build(cls, uid: str, upgrades: Mapping[str, Upgrade]) -> RunIndex:
-        """An index made from scratch (the full pass)."""
+    def build(
+        cls,
+        uid: str,
+        upgrades: Mapping[str, Upgrade],
+        clusters: Mapping[str, ClusterObs] | None = None,
+        held_by: Mapping[str, str] | None = None,
+    ) -> RunIndex:
+        """An index made from scratch (the full pass), with the inventory's side if given."""
         index = cls()
         index.rebuild(uid, upgrades)
+        if clusters is not None:
+            index.observe_world(clusters, held_by or {})
         return index
 
     def observe(self, uid: str, upgrades: Mapping[str, Upgrade]) -> None:
@@ -177,6 +234,85 @@ class RunIndex:
             seen[name] = u
             if old.status is not u.status:
                 phases.move(name, u.spec.stage_index, old.status, u.status)
+                self.waiting.pop(name, None)
+                self.drop_quiet(name)
+
+    def observe_world(
+        self,
+        clusters: Mapping[str, ClusterObs],
+        held_by: Mapping[str, str],
+        operations: Mapping[str, OpObs] | None = None,
+        timeouts: api.StepTimeouts | None = None,
+    ) -> None:
+        """Bring the inventory's side up to date (only observations that are not the objects
+        seen last are looked into), the holders, the operations and the step timeouts; a memo
+        of a cluster whose observation, holder or operation changed is dropped (all `quiet`
+        memos when the timeouts changed)."""
+        if operations is not None:
+            ops_seen, quiet_rid = self.ops_seen, self.quiet_rid
+            for rid, op in operations.items():
+                if ops_seen.get(rid) is not op:
+                    ops_seen[rid] = op
+                    if rid in quiet_rid:
+                        self.drop_quiet(quiet_rid[rid])
+            if len(ops_seen) != len(operations):
+                for rid in ops_seen.keys() - operations.keys():
+                    del ops_seen[rid]
+                    if rid in quiet_rid:
+                        self.drop_quiet(quiet_rid[rid])
+        if timeouts is not None and not same(timeouts, self.timeouts_seen):
+            self.timeouts_seen = timeouts
+            self.quiet, self.quiet_rid, self.deadlines = {}, {}, []
+        seen, up, uid = self.obs_seen, self.up, self.uid
+        touched = [cid for cid, obs in clusters.items() if seen.get(cid) is not obs]
+        if len(seen) + sum(1 for cid in touched if cid not in seen) != len(clusters):
+            touched += list(seen.keys() - clusters.keys())
+        for cid in touched:
+            obs = clusters.get(cid)
+            if obs is None:
+                seen.pop(cid, None)
+            else:
+                seen[cid] = obs
+            if up_by_observation(obs, uid):
+                up.add(cid)
+            else:
+                up.discard(cid)
+            self._forget(cid)
+        if held_by != self.holders_seen:
+            for cid, _ in set(held_by.items()) ^ set(self.holders_seen.items()):
+                self._forget(cid)
+            self.holders_seen = dict(held_by)
+
+    def _forget(self, cid: str) -> None:
+        name = self.name_of.get(cid)
+        if name is not None:
+            self.waiting.pop(name, None)
+            self.drop_quiet(name)
+
+    def remember_quiet(self, name: str, memo: Quiet) -> None:
+        """Keep a `quiet` memo (its operation's request id is on its status)."""
+        self.drop_quiet(name)
+        self.quiet[name] = memo
+        self.quiet_rid[memo.status.request_id or ""] = name
+        if memo.deadline is not None:
+            heapq.heappush(self.deadlines, (memo.deadline, name))
+
+    def drop_quiet(self, name: str) -> None:
+        """Drop a `quiet` memo, if any."""
+        memo = self.quiet.pop(name, None)
+        if memo is not None:
+            self.quiet_rid.pop(memo.status.request_id or "", None)
+
+    def next_deadline(self) -> tuple[datetime, str] | None:
+        """The earliest deadline of the `quiet` memos, and whose."""
+        heap, quiet = self.deadlines, self.quiet
+        while heap:
+            deadline, name = heap[0]
+            memo = quiet.get(name)
+            if memo is not None and memo.deadline == deadline:
+                return deadline, name
+            heapq.heappop(heap)
+        return None
 
     def note(self, u: Upgrade) -> None:
         """One upgrade whose status the caller changed (the driver's health records)."""
@@ -186,10 +322,17 @@ class RunIndex:
         self.seen[u.name] = u
         if old.status is not u.status:
             self.phases.move(u.name, u.spec.stage_index, old.status, u.status)
+            self.waiting.pop(u.name, None)
+            self.drop_quiet(u.name)
 
     def names_in(self, *phases: api.UpgradePhase) -> list[str]:
         """The names of the upgrades in these phases as last seen, in the input's order."""
         return sorted(self.phases.names(*phases), key=self.in_rank.__getitem__)
+
+    def by_rank(self, names: set[str]) -> list[Upgrade]:
+        """These upgrades (as last seen) in the engine's order."""
+        seen = self.seen
+        return [seen[n] for n in sorted(names, key=self.rank.__getitem__)]
 
     def in_order(self, names: set[str]) -> list[Upgrade]:
         """These upgrades (as last seen) in the input's order."""
@@ -205,12 +348,14 @@ class RunIndex:
             out.append("the engine's order")
         if self.members != other.members or self.name_of != other.name_of:
             out.append("the run's members")
+        if self.obs_seen and other.obs_seen and self.up != other.up:
+            out.append("the clusters up by their observation")
         if {s: [u.name for u in m] for s, m in self.by_stage.items()} != {
             s: [u.name for u in m] for s, m in other.by_stage.items()
         }:
             out.append("members by stage")
         mine, theirs = self.phases.comparable(), other.phases.comparable()
-        words = ("names by phase", "per-stage counts", "refused")
+        words = ("names by phase", "per-stage counts", "refused", "Pending by reason")
         for what, a, b in zip(words, mine, theirs, strict=True):
             if a != b:
                 out.append(what)
@@ -227,6 +372,7 @@ class RunIndex:
         self.by_stage = {}
         for u in ordered:
             self.by_stage.setdefault(u.spec.stage_index, []).append(u)
+        self.stage_names = {i: frozenset(u.name for u in m) for i, m in self.by_stage.items()}
         self.name_of = {u.cluster_id: u.name for u in upgrades.values()}
         self.members = frozenset(self.name_of)
         self.phases = Phases()
@@ -234,3 +380,5 @@ class RunIndex:
             self.phases.move(u.name, u.spec.stage_index, None, u.status)
         self.waiting = {}
         self.quiet = {}
+        self.obs_seen, self.holders_seen, self.up = {}, {}, set()
+        self.quiet_rid, self.deadlines, self.ops_seen, self.timeouts_seen = {}, [], {}, None

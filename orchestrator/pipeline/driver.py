@@ -228,7 +228,9 @@ class _Pass:
 
     def __post_init__(self) -> None:
         self.result = StepResult(self.decision, requeue_after=self.decision.requeue_after)
-        self._steps = _steps_of(self.decision, self.inp.upgrades)
+        index = self.inp.index
+        upgrade_of = index.name_of if index is not None else None
+        self._steps = _steps_of(self.decision, self.inp.upgrades, upgrade_of)
 
     def on_record(self, name: str) -> bool:
         """Whether a call or hook for this ClusterUpgrade may go: its intent's write took
@@ -253,10 +255,16 @@ class _Pass:
         )
 
 
-def _steps_of(decision: Decision, upgrades: Mapping[str, Upgrade]) -> dict[str, _Steps]:
+def _steps_of(
+    decision: Decision,
+    upgrades: Mapping[str, Upgrade],
+    upgrade_of: Mapping[str, str] | None = None,
+) -> dict[str, _Steps]:
     """By ClusterUpgrade name, the phases the decision took each it changed through (its
-    events: a retry goes Failed → Pending → on in one pass)."""
-    upgrade_of = {u.cluster_id: u.name for u in upgrades.values()} if decision.events else {}
+    events: a retry goes Failed → Pending → on in one pass). upgrade_of: cluster id → name
+    (the run's index has it), else made from upgrades."""
+    if upgrade_of is None:
+        upgrade_of = {u.cluster_id: u.name for u in upgrades.values()} if decision.events else {}
     out: dict[str, list[tuple[api.UpgradePhase, str]]] = {}
     for cid, phase, message, _ in decision.events:
         name = upgrade_of.get(cid)
@@ -323,6 +331,7 @@ class RunDriver:
         if floors:
             ids += sorted({cid for f in floors for cid in f.members} - index.members)
         snapshot = self.provider.snapshot(ids)
+        self._full_pass(index, uid, upgrades, snapshot, held_by)
         upgrades, health_changed = self._evaluate_clusters(spec, upgrades, snapshot, now)
         stages = self._evaluate_stages(key, spec, upgrades, stages, snapshot, now)
         hook_obs = self._observe_hooks(key, uid, spec, upgrades, snapshot)
@@ -360,23 +369,36 @@ class RunDriver:
         return self._settle(p)
 
     def _index(self, uid: str, upgrades: Mapping[str, Upgrade]) -> RunIndex:
-        """The run's index brought up to date with this pass's upgrades; every FULL_EVERY
-        passes, also made from scratch: the two must agree (if they do not, the one made from
-        scratch is kept and the difference logged: a bug, never a decision on a stale count)."""
+        """The run's index brought up to date with this pass's upgrades."""
         index = self.index
         index.observe(uid, upgrades)
         index.passes += 1
-        if index.passes % FULL_EVERY == 0:
-            fresh = RunIndex.build(uid, upgrades)
-            differences = index.differences(fresh)
-            if differences:
-                log.error(
-                    "run %s: the kept index disagreed with a full pass on %s; using the full one",
-                    uid,
-                    ", ".join(differences),
-                )
-                index.rebuild(uid, upgrades)
         return index
+
+    @staticmethod
+    def _full_pass(
+        index: RunIndex,
+        uid: str,
+        upgrades: Mapping[str, Upgrade],
+        snapshot: Snapshot,
+        held_by: Mapping[str, str],
+    ) -> None:
+        """Every FULL_EVERY passes, the index is also made from scratch: the two must agree (if
+        they do not, it is rebuilt and the difference logged: a bug, never a decision on a
+        stale count)."""
+        if index.passes % FULL_EVERY:
+            return
+        index.observe_world(snapshot.clusters, held_by)
+        fresh = RunIndex.build(uid, upgrades, snapshot.clusters, held_by)
+        differences = index.differences(fresh)
+        if differences:
+            log.error(
+                "run %s: the kept index disagreed with a full pass on %s; rebuilt",
+                uid,
+                ", ".join(differences),
+            )
+            index.rebuild(uid, upgrades)
+            index.observe_world(snapshot.clusters, held_by)
 
     def _decide(self, inp: RunInput) -> Decision:
         """The decision; when it needs the provider's preflight verdict on clusters, they are

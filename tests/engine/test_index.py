@@ -54,7 +54,8 @@ def checked(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Tally]:
         waiting, quiet = dict(inp.index.waiting), dict(inp.index.quiet)
         kept = real(inp)
         _same_decision(kept, fresh)
-        assert inp.index.differences(RunIndex.build(inp.uid, inp.upgrades)) == []
+        fresh_index = RunIndex.build(inp.uid, inp.upgrades, inp.snapshot.clusters, inp.held_by)
+        assert inp.index.differences(fresh_index) == []
         tally.decisions += 1
         tally.waited += sum(1 for n, w in waiting.items() if inp.index.waiting.get(n) is w)
         tally.quiet += sum(1 for n, q in quiet.items() if inp.index.quiet.get(n) is q)
