@@ -25,6 +25,7 @@ ships. Each safety invariant of DESIGN.md has one place here:
 from __future__ import annotations
 
 import hashlib
+import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -98,6 +99,7 @@ ACTIVE = frozenset(
     }
 )
 _DONE = frozenset({U.UPGRADED, U.SKIPPED})
+_status_of = operator.attrgetter("status")
 #: The step timeouts of a run that sets none (one object: a memo compares it by identity).
 _DEFAULT_TIMEOUTS = api.StepTimeouts()
 _STEP_PHASE = {
@@ -407,9 +409,9 @@ class _Run:
             )
         #: The statuses by phase as this decision changes them (`set` keeps them).
         self.phases = self.index.phases.copy()
-        self.status: dict[str, api.ClusterUpgradeStatus] = {
-            n: u.status for n, u in inp.upgrades.items()
-        }
+        self.status: dict[str, api.ClusterUpgradeStatus] = dict(
+            zip(inp.upgrades.keys(), map(_status_of, inp.upgrades.values()), strict=True)
+        )
         self.changed: dict[str, api.ClusterUpgradeStatus] = {}
         self.calls: list[Call] = []
         self.events: list[tuple[str, str, str, bool]] = []
@@ -1159,7 +1161,8 @@ class _Run:
                 for cid in self.effective_changed
                 if up_by_observation(self.effective.get(cid), self.inp.uid)
             }
-        held = {u.cluster_id for u in self.having(*ACTIVE)}
+        seen = self.index.seen
+        held = {seen[n].cluster_id for n in self.phases.names(*ACTIVE)}
         return up.difference(held, self.inp.held_by)
 
     def room(self) -> list[int]:
@@ -2030,7 +2033,7 @@ def _why_waiting(run: _Run, walk: _Walk, adm: _Admission) -> None:
         walk.blocked += f" (and {len(asked) - 1} more)" if len(asked) > 1 else ""
         walk.waiting = walk.waiting or "Preflight"
     waiting = run.phases.waiting_for(*_HELD_ELSEWHERE)
-    held = [(u.cluster_id, run.status[u.name]) for u in adm.members if u.name in waiting]
+    held = [(u.cluster_id, run.status[u.name]) for u in (adm.members if waiting else ())]
     held = [(c, s) for c, s in held if s.phase == U.PENDING and s.reason in _HELD_ELSEWHERE]
     if held and adm.in_flight == 0 and not walk.blocked:
         # Invariant 4: nothing moves until the world lets a cluster go; the run names it
