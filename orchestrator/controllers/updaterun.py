@@ -34,7 +34,13 @@ from orchestrator.engine.index import RunIndex
 from orchestrator.engine.initialize import Pinned, pin_upgrades, run_name
 from orchestrator.engine.observations import ClusterObs, OpObs, OpState
 from orchestrator.engine.requester import requester
-from orchestrator.engine.transitions import ClusterChange, Transition, event_name, transitions
+from orchestrator.engine.transitions import (
+    ClusterChange,
+    Transition,
+    event_name,
+    events_of,
+    transitions,
+)
 from orchestrator.engine.validate import Problem, parse_model
 from orchestrator.pipeline import deletion
 from orchestrator.pipeline.crossrun import UNSEEN, RunNotSeen, holding_of, neighbours
@@ -832,13 +838,12 @@ class UpdateRunController:
         `kubectl describe`), instead of on the UpdateRun: moved, not copied, so the Event
         load does not grow. A cluster's transitions stay on its ClusterUpgrade; a cluster that
         failed, and a person's retry or skip of one, are also told on the ClusterVersion: one
-        more Event for each, the only copies."""
+        more Event for each, the only copies. Which Events a pass makes (one per cluster at most,
+        many clusters' alike as one on the run) is engine.transitions.events_of's."""
         assert self.emit_event is not None
         owner = cluster_version_of(obj)
         run = obj["metadata"]["name"]
-        for t in found:
-            if t.detail and not self.step_events:
-                continue
+        for t in events_of(found, self.step_events):
             if t.upgrade:
                 target = upgrades.get(t.upgrade, obj)
                 name = event_name(target["metadata"]["name"], t.id)
