@@ -41,7 +41,7 @@ from orchestrator.engine.transitions import (
     events_of,
     transitions,
 )
-from orchestrator.engine.validate import Problem, parse_model
+from orchestrator.engine.validate import Problem, SpecCache, parse_model
 from orchestrator.pipeline import deletion
 from orchestrator.pipeline.crossrun import UNSEEN, RunNotSeen, holding_of, neighbours
 from orchestrator.pipeline.driver import (
@@ -176,6 +176,8 @@ class UpdateRunController:
     #: Parsed ClusterUpgrades by (namespace, name): re-parsed only when resourceVersion moves,
     #: so a reconcile costs work for what changed, not for the whole run.
     _parsed: dict[tuple[str, str], tuple[str, Upgrade]] = field(default_factory=dict)
+    #: The runs' parsed specs, per generation.
+    _specs: SpecCache = field(default_factory=SpecCache)
     _memory: dict[tuple[str, str], _DriverMemory] = field(default_factory=dict)
     #: Per plugin endpoint, the clusters converted from its inventory (GrpcProvider.converted).
     _inventories: dict[str, dict[str, tuple[bytes, ClusterObs]]] = field(default_factory=dict)
@@ -203,7 +205,7 @@ class UpdateRunController:
             self._forget(namespace, name)
             return None
         status = _run_status(obj)
-        parsed = parse_model(api.UpdateRunSpec, obj.get("spec"))
+        parsed = self._specs.parse(api.UpdateRunSpec, obj)
         if deletion.deleting(obj):
             if self._finalize(obj, _failed_cluster_policy(parsed)):
                 return None  # nothing of it out of service: let it go
