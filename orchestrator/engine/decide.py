@@ -1161,8 +1161,7 @@ class _Run:
                 for cid in self.effective_changed
                 if up_by_observation(self.effective.get(cid), self.inp.uid)
             }
-        seen = self.index.seen
-        held = {seen[n].cluster_id for n in self.phases.names(*ACTIVE)}
+        held = set(map(self.index.cluster_of.__getitem__, self.phases.names(*ACTIVE)))
         return up.difference(held, self.inp.held_by)
 
     def room(self) -> list[int]:

@@ -26,6 +26,8 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import compress
+from operator import is_not
 from typing import TYPE_CHECKING, NamedTuple
 
 from orchestrator import api
@@ -172,9 +174,10 @@ class RunIndex:
     #: The engine's order (stage index, cluster id): name → rank; and members by stage index.
     rank: dict[str, int] = field(default_factory=dict)
     by_stage: dict[int, list[Upgrade]] = field(default_factory=dict)
-    #: The run's cluster ids (its own floor's members), and cluster id → ClusterUpgrade name.
+    #: The run's cluster ids (its own floor's members), cluster id → ClusterUpgrade name and back.
     members: frozenset[str] = frozenset()
     name_of: dict[str, str] = field(default_factory=dict)
+    cluster_of: dict[str, str] = field(default_factory=dict)
     phases: Phases = field(default_factory=Phases)
     #: The members by stage index, as sets of names.
     stage_names: dict[int, frozenset[str]] = field(default_factory=dict)
@@ -220,15 +223,14 @@ class RunIndex:
             self.rebuild(uid, upgrades)
             return
         phases = self.phases
-        changed: list[tuple[str, Upgrade]] = []
-        for name, u in upgrades.items():
+        # The same names in the same order: compared object by object, in C.
+        names = list(compress(self.names, map(is_not, upgrades.values(), seen.values())))
+        changed = [(name, upgrades[name]) for name in names]
+        for name, u in changed:
             old = seen[name]
-            if old is u:
-                continue
             if old.spec is not u.spec and old.spec != u.spec:
                 self.rebuild(uid, upgrades)
                 return
-            changed.append((name, u))
         for name, u in changed:
             old = seen[name]
             seen[name] = u
@@ -264,7 +266,7 @@ class RunIndex:
             self.timeouts_seen = timeouts
             self.quiet, self.quiet_rid, self.deadlines = {}, {}, []
         seen, up, uid = self.obs_seen, self.up, self.uid
-        touched = [cid for cid, obs in clusters.items() if seen.get(cid) is not obs]
+        touched = list(compress(clusters, map(is_not, clusters.values(), map(seen.get, clusters))))
         if len(seen) + sum(1 for cid in touched if cid not in seen) != len(clusters):
             touched += list(seen.keys() - clusters.keys())
         for cid in touched:
@@ -374,6 +376,7 @@ class RunIndex:
             self.by_stage.setdefault(u.spec.stage_index, []).append(u)
         self.stage_names = {i: frozenset(u.name for u in m) for i, m in self.by_stage.items()}
         self.name_of = {u.cluster_id: u.name for u in upgrades.values()}
+        self.cluster_of = {u.name: u.cluster_id for u in upgrades.values()}
         self.members = frozenset(self.name_of)
         self.phases = Phases()
         for u in upgrades.values():
