@@ -252,11 +252,11 @@ class RunIndex:
         memos when the timeouts changed)."""
         if operations is not None:
             ops_seen, quiet_rid = self.ops_seen, self.quiet_rid
-            for rid, op in operations.items():
-                if ops_seen.get(rid) is not op:
-                    ops_seen[rid] = op
-                    if rid in quiet_rid:
-                        self.drop_quiet(quiet_rid[rid])
+            values = map(is_not, operations.values(), map(ops_seen.get, operations))
+            for rid in list(compress(operations, values)):
+                ops_seen[rid] = operations[rid]
+                if rid in quiet_rid:
+                    self.drop_quiet(quiet_rid[rid])
             if len(ops_seen) != len(operations):
                 for rid in ops_seen.keys() - operations.keys():
                     del ops_seen[rid]
