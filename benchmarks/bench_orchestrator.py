@@ -22,13 +22,16 @@ is up to date: the orchestrator's peak RSS at N with every ClusterUpgrade cached
 budget in flight, in a fraction of a whole rollout's time.
 
 --profile attaches py-spy to the orchestrator during the rollout (it slows the process down, so
-the numbers of a profiled run are worse); the output is collapsed stacks per thread, e.g. for
+the numbers of a profiled run are worse); with --skip-rollout it records the in-process passes
+of the largest --pass-clusters size (heap frozen) with cProfile instead, a pstats file
+(`python -m pstats PATH`). The rollout's output is collapsed stacks per thread, e.g. for
 https://www.speedscope.app or flamegraph.pl.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import itertools
 import json
@@ -296,7 +299,7 @@ class _GcTimer:
             self.seconds += time.perf_counter() - self._t0
 
 
-def _pass_case(count: int, passes: int, frozen: bool) -> _PassCase:
+def _pass_case(count: int, passes: int, frozen: bool, profile: Path | None = None) -> _PassCase:
     """One reconcile pass of a run of count clusters (floor 80 %: a fifth in flight) in which
     1 % of the clusters' operations ended: the real RunDriver (observe, decide, persist, call)
     over the what-if's in-memory fleet (orchestrator.pipeline.simulate.ModelFleet), in this thread.
@@ -342,6 +345,7 @@ def _pass_case(count: int, passes: int, frozen: bool) -> _PassCase:
     timer = _GcTimer()
     cpu: list[float] = []
     wall: list[float] = []
+    profiler = cProfile.Profile() if profile is not None else None
     gc.callbacks.append(timer)
     try:
         for n in range(passes):
@@ -350,11 +354,18 @@ def _pass_case(count: int, passes: int, frozen: bool) -> _PassCase:
             fleet.advance_to(fleet.now)
             fleet.now += 1.0
             t0, c0 = time.perf_counter(), time.thread_time()
+            if profiler is not None:
+                profiler.enable()
             step()
+            if profiler is not None:
+                profiler.disable()
             cpu.append(time.thread_time() - c0)
             wall.append(time.perf_counter() - t0)
     finally:
         gc.callbacks.remove(timer)
+    if profiler is not None and profile is not None:
+        profiler.dump_stats(profile)
+        print(f"wrote a profile of {passes} passes at {count:,} clusters to {profile}")
     if frozen:
         gc.unfreeze()  # the next case starts from a heap the collector walks whole
     return _PassCase(
@@ -1129,7 +1140,9 @@ def main(argv: list[str] | None = None) -> int:
         "--profile",
         metavar="PATH",
         help="record the orchestrator with py-spy during the rollout (collapsed stacks, "
-        "one thread per stack root; needs py-spy: pip install py-spy)",
+        "one thread per stack root; needs py-spy: pip install py-spy); with --skip-rollout, "
+        "the in-process passes of the largest --pass-clusters size with cProfile (a pstats "
+        "file; the profiled passes' CPU numbers are inflated by it)",
     )
     args = parser.parse_args(argv)
     global ETCD_ON_DISK  # noqa: PLW0603 - one switch read where the plane starts
@@ -1148,7 +1161,14 @@ def main(argv: list[str] | None = None) -> int:
     ]
     results["engine"] = [c.__dict__ for c in cases]
     sizes = [int(v) for v in args.pass_clusters.split(",") if v.strip()]
-    pass_cases = [_pass_case(n, args.passes, frozen) for n in sizes for frozen in (False, True)]
+    profiled = Path(args.profile).resolve() if args.profile and args.skip_rollout else None
+    pass_cases = [
+        _pass_case(
+            n, args.passes, frozen, profiled if frozen and sizes and n == max(sizes) else None
+        )
+        for n in sizes
+        for frozen in (False, True)
+    ]
     results["passes"] = [c.__dict__ for c in pass_cases]
     if not args.skip_rollout:
         profile = Path(args.profile).resolve() if args.profile else None

@@ -3,6 +3,7 @@ selectors, Secret references, TLS, plugin endpoints, conditions, the model base.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from datetime import timedelta
@@ -92,8 +93,10 @@ _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_duration(text: str) -> timedelta:
-    """Parse a Go-style duration such as "90s", "10m" or "1h30m"."""
+    """Parse a Go-style duration such as "90s", "10m" or "1h30m" (cached: a pass asks for the
+    same few timeouts once per cluster in flight)."""
     if not re.fullmatch(DURATION_PATTERN, text):
         raise ValueError(f"{text!r} is not a duration; write it like 30s, 10m or 1h30m")
     seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))

@@ -25,7 +25,7 @@ from orchestrator.adapters.kube import Conflict, KubeClient, KubeError, NotFound
 from orchestrator.engine.conditions import blocking_condition, get_condition, set_condition
 from orchestrator.engine.initialize import live_fields, run_for, superseded
 from orchestrator.engine.requester import STAMPS, handed
-from orchestrator.engine.validate import Problem, parse_spec, validate_spec
+from orchestrator.engine.validate import Problem, SpecCache, validate_spec
 from orchestrator.pipeline import deletion
 
 __all__ = ["DEFAULT_HISTORY", "ClusterVersionController"]
@@ -74,6 +74,8 @@ class ClusterVersionController:
     cvs: ObjectCache
     history: int = DEFAULT_HISTORY
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    #: The ClusterVersions' parsed specs, checks and runs, per generation.
+    _specs: SpecCache = field(default_factory=SpecCache)
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """Make the ClusterVersion's run exist and the others stop; summarise."""
@@ -98,8 +100,12 @@ class ClusterVersionController:
                 log.info("no finalizer on ClusterVersion %s: %s", name, err)
                 return 1.0
             self.cvs.put(cv)
-        parsed = parse_spec(cv.get("spec"))
-        problems: list[Problem] = parsed if isinstance(parsed, list) else validate_spec(parsed)
+        parsed = self._specs.parse(api.ClusterVersionSpec, cv)
+        problems: list[Problem] = (
+            parsed
+            if isinstance(parsed, list)
+            else list(self._specs.get(cv, "validate", lambda: validate_spec(parsed)))
+        )
         if not isinstance(parsed, list):
             # Who may do what (orchestrator.engine.access): refused before any run is created.
             access = self.catalog.check(namespace, parsed)
@@ -128,7 +134,9 @@ class ClusterVersionController:
             )
             return None
         spec = parsed
-        run_name, run_spec = run_for(name, gen, spec, spec.timeouts)
+        run_name, run_spec = self._specs.get(
+            cv, f"run:{name}", lambda: run_for(name, gen, spec, spec.timeouts)
+        )
         run_spec = run_spec.model_copy(
             update={"skip": spec.skip, "retry": spec.retry, "notifications": spec.notifications}
         )

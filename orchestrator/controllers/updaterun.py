@@ -37,11 +37,18 @@ from orchestrator.engine.conditions import (
     set_condition,
 )
 from orchestrator.engine.decide import ACTIVE, Floor, Preflight, Upgrade
+from orchestrator.engine.index import RunIndex
 from orchestrator.engine.initialize import Pinned, run_name
 from orchestrator.engine.observations import ClusterObs, OpObs, OpState
 from orchestrator.engine.requester import requester
-from orchestrator.engine.transitions import ClusterChange, Transition, event_name, transitions
-from orchestrator.engine.validate import Problem, parse_model
+from orchestrator.engine.transitions import (
+    ClusterChange,
+    Transition,
+    event_name,
+    events_of,
+    transitions,
+)
+from orchestrator.engine.validate import Problem, SpecCache, parse_model
 from orchestrator.pipeline import deletion
 from orchestrator.pipeline.crossrun import UNSEEN, RunNotSeen, holding_of, neighbours
 from orchestrator.pipeline.driver import (
@@ -94,6 +101,7 @@ class _DriverMemory:
 
     unrecorded_failures: set[str] = field(default_factory=set)
     stage_failures: dict[tuple[str, str], datetime] = field(default_factory=dict)
+    index: RunIndex = field(default_factory=RunIndex)
 
 
 @dataclass
@@ -177,6 +185,8 @@ class UpdateRunController:
     #: Parsed ClusterUpgrades by (namespace, name): re-parsed only when resourceVersion moves,
     #: so a reconcile costs work for what changed, not for the whole run.
     _parsed: dict[tuple[str, str], tuple[str, Upgrade]] = field(default_factory=dict)
+    #: The runs' parsed specs, per generation.
+    _specs: SpecCache = field(default_factory=SpecCache)
     _memory: dict[tuple[str, str], _DriverMemory] = field(default_factory=dict)
     #: Per plugin endpoint, the clusters converted from its inventory (GrpcProvider.converted).
     _inventories: dict[str, dict[str, tuple[bytes, ClusterObs]]] = field(default_factory=dict)
@@ -204,7 +214,7 @@ class UpdateRunController:
             self._forget(namespace, name)
             return None
         status = _run_status(obj)
-        parsed = parse_model(api.UpdateRunSpec, obj.get("spec"))
+        parsed = self._specs.parse(api.UpdateRunSpec, obj)
         if deletion.deleting(obj):
             if self._finalize(obj, _failed_cluster_policy(parsed)):
                 return None  # nothing of it out of service: let it go
@@ -568,6 +578,7 @@ class UpdateRunController:
         memory = self._memory.setdefault((ns, name), _DriverMemory())
         driver.unrecorded_failures = memory.unrecorded_failures
         driver.stage_failures = memory.stage_failures
+        driver.index = memory.index  # a pass looks at what changed since the last one
         return driver
 
     def _record(
@@ -883,13 +894,12 @@ class UpdateRunController:
         `kubectl describe`), instead of on the UpdateRun: moved, not copied, so the Event
         load does not grow. A cluster's transitions stay on its ClusterUpgrade; a cluster that
         failed, and a person's retry or skip of one, are also told on the ClusterVersion: one
-        more Event for each, the only copies."""
+        more Event for each, the only copies. Which Events a pass makes (one per cluster at most,
+        many clusters' alike as one on the run) is engine.transitions.events_of's."""
         assert self.emit_event is not None
         owner = cluster_version_of(obj)
         run = obj["metadata"]["name"]
-        for t in found:
-            if t.detail and not self.step_events:
-                continue
+        for t in events_of(found, self.step_events):
             if t.upgrade:
                 target = upgrades.get(t.upgrade, obj)
                 name = event_name(target["metadata"]["name"], t.id)

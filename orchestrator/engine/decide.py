@@ -25,8 +25,10 @@ ships. Each safety invariant of DESIGN.md has one place here:
 from __future__ import annotations
 
 import hashlib
+import operator
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -41,6 +43,7 @@ from orchestrator.engine.conditions import (
     set_condition,
 )
 from orchestrator.engine.health import judge
+from orchestrator.engine.index import Quiet, RunIndex, Waiting, up_by_observation
 from orchestrator.engine.observations import (
     ClusterObs,
     OpKind,
@@ -103,6 +106,9 @@ ACTIVE = frozenset(
     }
 )
 _DONE = frozenset({U.UPGRADED, U.SKIPPED})
+_status_of = operator.attrgetter("status")
+#: The step timeouts of a run that sets none (one object: a memo compares it by identity).
+_DEFAULT_TIMEOUTS = api.StepTimeouts()
 _STEP_PHASE = {
     OpKind.SERVICE_OUT: U.SERVICING_OUT,
     OpKind.CONTROL_PLANE: U.UPGRADING_CONTROL_PLANE,
@@ -111,6 +117,8 @@ _STEP_PHASE = {
 }
 #: Phases in which an attempt has ended (`end_time` set).
 ENDED = frozenset({U.UPGRADED, U.FAILED, U.SKIPPED})
+#: The phases `_released` looks at: neither active, nor Pending, nor Upgraded.
+_ENDED_OR_BLOCKED = (U.FAILED, U.SKIPPED, U.BLOCKED)
 #: Reasons of a Pending cluster that waits for the world to let it go (held elsewhere): the
 #: run names one when nothing of it moves (invariant 4: it says what it waits for).
 _HELD_ELSEWHERE = frozenset({"HeldByAnotherRun", "ForeignOperation", "OutOfService"})
@@ -254,6 +262,9 @@ class RunInput:
     floors: Sequence[Floor] = ()
     #: What the hook executor knows of the hooks recorded Running: hook id → outcome.
     hooks: Mapping[str, HookObs] = field(default_factory=dict)
+    #: What the run's passes keep between them (engine.index; the driver's): the upgrades
+    #: by phase and in order, brought up to date here. None: made from scratch (a full pass).
+    index: RunIndex | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -394,16 +405,28 @@ class _Run:
         self.now = inp.now
         self.stamp = format_time(inp.now)
         self.strategy = inp.spec.strategy or api.Strategy()
-        self.timeouts = inp.spec.timeouts or api.StepTimeouts()
-        self.status: dict[str, api.ClusterUpgradeStatus] = {
-            n: u.status for n, u in inp.upgrades.items()
-        }
+        self.timeouts = inp.spec.timeouts or _DEFAULT_TIMEOUTS
+        if inp.index is None:
+            self.index = RunIndex.build(inp.uid, inp.upgrades, inp.snapshot.clusters, inp.held_by)
+        else:
+            self.index = inp.index
+            self.index.observe(inp.uid, inp.upgrades)
+            self.index.observe_world(
+                inp.snapshot.clusters, inp.held_by, inp.snapshot.operations, self.timeouts
+            )
+        #: The statuses by phase as this decision changes them (`set` keeps them).
+        self.phases = self.index.phases.copy()
+        self.status: dict[str, api.ClusterUpgradeStatus] = dict(
+            zip(inp.upgrades.keys(), map(_status_of, inp.upgrades.values()), strict=True)
+        )
         self.changed: dict[str, api.ClusterUpgradeStatus] = {}
         self.calls: list[Call] = []
         self.events: list[tuple[str, str, str, bool]] = []
         self.preflight_needed: list[str] = []
         self.requeue: float | None = None
         self.effective: dict[str, ClusterObs] = dict(inp.snapshot.clusters)
+        #: Clusters whose effective observation is not the snapshot's (`follow`).
+        self.effective_changed: set[str] = set()
         self.stopping = inp.spec.state == api.RunState.STOP
         #: The run is past a failure budget as the statuses stood before this decision's
         #: follow-ups: a pre-hook that passes now does not lead to a drain (decide sets it).
@@ -414,11 +437,7 @@ class _Run:
         #: The floors a service-out keeps (invariant 1): this run's, then each other live
         #: run's that shares clusters with it.
         self.floors: list[Floor] = [
-            Floor(
-                inp.key,
-                frozenset(u.cluster_id for u in inp.upgrades.values()),
-                inp.spec.required_available_count,
-            ),
+            Floor(inp.key, self.index.members, inp.spec.required_available_count),
             *inp.floors,
         ]
 
@@ -442,7 +461,13 @@ class _Run:
         if new != old:
             self.status[u.name] = new
             self.changed[u.name] = new
+            self.phases.move(u.name, u.spec.stage_index, old, new)
         return new
+
+    def having(self, *phases: api.UpgradePhase) -> list[Upgrade]:
+        """The upgrades in these phases now, in the input's order (what a walk over every
+        upgrade that skips the others would visit)."""
+        return self.index.in_order(self.phases.names(*phases))
 
     def timeout_of(self, kind: OpKind | None) -> timedelta:
         t = self.timeouts
@@ -691,7 +716,15 @@ class _Run:
             # (at most two API writes per cluster step).
             self.set(u, operation_id=op.id)
         if not op.state.terminal:
-            self.timed_out(u, kind)
+            if (
+                not self.timed_out(u, kind)
+                and u.name not in self.changed
+                and u.cluster_id not in self.effective_changed
+            ):
+                # Nothing but time moves it on: later passes skip it while this holds.
+                limits = self._limits(u, kind)
+                deadline = limits[0] if limits is not None else None
+                self.index.remember_quiet(u.name, Quiet(st, obs, op, self.timeouts, deadline))
             return
         if op.state == OpState.FAILED:
             self.fail(
@@ -702,6 +735,7 @@ class _Run:
             return
         obs = apply_succeeded(obs, op)
         self.effective[u.cluster_id] = obs
+        self.effective_changed.add(u.cluster_id)
         self.advance(u, obs)
 
     def _find_op(self, rid: str, obs: ClusterObs | None) -> OpObs | None:
@@ -711,14 +745,28 @@ class _Run:
         cur = obs.current_operation if obs is not None else None
         return cur if cur is not None and cur.request_id == rid else None
 
-    def timed_out(self, u: Upgrade, kind: OpKind) -> bool:
+    def _limits(self, u: Upgrade, kind: OpKind) -> tuple[datetime, timedelta, timedelta] | None:
+        """When the step on record times out, its bound and the provider's soak the bound grows
+        by (None: the step's start is not on record, so it never times out)."""
         st = self.status[u.name]
         if not st.step_start_time:
-            return False
+            return None
         bound = self.timeout_of(kind)
         soak = self.soak_of(u, st.step or "") if kind is OpKind.NODE_POOL else timedelta(0)
-        left = parse_time(st.step_start_time) + bound + soak - self.now
-        if left < timedelta(0):
+        return parse_time(st.step_start_time) + bound + soak, bound, soak
+
+    def wake_for_step(self, deadline: datetime) -> None:
+        """Look again at a step in flight in time for its deadline (at most STEP_POLL_SECONDS)."""
+        left = deadline - self.now
+        self.wake(max(1.0, min(left.total_seconds(), STEP_POLL_SECONDS)))
+
+    def timed_out(self, u: Upgrade, kind: OpKind) -> bool:
+        limits = self._limits(u, kind)
+        if limits is None:
+            return False
+        deadline, bound, soak = limits
+        st = self.status[u.name]
+        if deadline - self.now < timedelta(0):
             within = (
                 f"{bound + soak} ({bound} + {soak} of the provider's own soak)"
                 if soak
@@ -726,7 +774,7 @@ class _Run:
             )
             self.fail(u, "StepTimedOut", f"{st.step} did not finish within {within}")
             return True
-        self.wake(max(1.0, min(left.total_seconds(), STEP_POLL_SECONDS)))
+        self.wake_for_step(deadline)
         return False
 
     def unreachable(self, u: Upgrade, kind: OpKind | None) -> None:
@@ -751,6 +799,21 @@ class _Run:
             message=f"{what}: waiting for its provider (counted as unavailable): {why}",
         )
         self.wake(POLL_SECONDS)
+
+    def to_follow(self) -> list[Upgrade]:
+        """The clusters in flight to follow in this pass, in the input's order: all but those
+        a `quiet` memo stands for (following them would only wait for their operations:
+        engine.index drops a memo when its status, observation, operation or the timeouts
+        change, and this pass drops those it changed and those whose step timed out). They
+        wait here, as `timed_out` would have each: until the earliest deadline."""
+        index = self.index
+        for name in self.changed:
+            index.drop_quiet(name)
+        while (due := index.next_deadline()) is not None and due[0] - self.now < timedelta(0):
+            index.drop_quiet(due[1])  # timed out: followed, it fails
+        if due is not None:
+            self.wake_for_step(due[0])
+        return index.in_order(self.phases.names(*ACTIVE).difference(index.quiet))
 
     def gone(self, u: Upgrade, kind: OpKind | None) -> None:
         st = self.status[u.name]
@@ -1122,28 +1185,28 @@ class _Run:
     def holder(self, cid: str) -> str | None:
         return self.inp.held_by.get(cid)
 
-    def down(self, cid: str, held: Collection[str]) -> bool:
-        """Invariant 1's rule of what counts as down: gone from the inventory, unavailable, out
-        of service, held by any run on the provider (this one: `held`, its clusters in an
-        ACTIVE phase; another: `holder`), or with another caller's operation in flight."""
-        obs = self.effective.get(cid)
-        if obs is None or not obs.available or not obs.in_service:
-            return True
-        if cid in held or self.holder(cid) is not None:
-            return True
-        cur = obs.current_operation
-        return cur is not None and not cur.state.terminal and not self._ours(cur)
+    def up(self) -> AbstractSet[str]:
+        """Invariant 1's rule of what counts as up: in the inventory, available, in service,
+        with no other caller's operation in flight (`index.up_by_observation`, over the
+        effective observations: the snapshot's, kept by the index, and those this pass
+        changed), and held by no run on the provider (this one: its clusters in an ACTIVE
+        phase; another: `holder`). Everything else is down."""
+        up = self.index.up
+        if self.effective_changed:
+            up = up - self.effective_changed
+            up |= {
+                cid
+                for cid in self.effective_changed
+                if up_by_observation(self.effective.get(cid), self.inp.uid)
+            }
+        held = set(map(self.index.cluster_of.__getitem__, self.phases.names(*ACTIVE)))
+        return up.difference(held, self.inp.held_by)
 
     def room(self) -> list[int]:
-        """How many more clusters each floor of `floors` lets go now: its members not `down`,
-        less what it requires (negative: broken already by the world)."""
-        held = {
-            self.inp.upgrades[n].cluster_id for n, s in self.status.items() if s.phase in ACTIVE
-        }
-        return [
-            sum(1 for cid in f.members if not self.down(cid, held)) - f.required
-            for f in self.floors
-        ]
+        """How many more clusters each floor of `floors` lets go now: its members `up`, less
+        what it requires (negative: broken already by the world)."""
+        up = self.up()
+        return [len(f.members & up) - f.required for f in self.floors]
 
     def floor_allows(self, u: Upgrade, counted: list[int] | None = None) -> bool:
         """Invariant 1's rule of which floors apply and what a service-out costs: every floor
@@ -1276,7 +1339,7 @@ def _returned(run: _Run) -> None:
     """Invariant 4 for drift: a cluster recorded Skipped (ClusterGone) after it left the
     inventory mid-upgrade, back now and still out of service, is this run's to bring back:
     a fresh attempt carries it on from where it stands (no new service-out, no budget)."""
-    for u in run.inp.upgrades.values():
+    for u in run.having(U.SKIPPED):
         st = run.status[u.name]
         if st.phase != U.SKIPPED or st.reason != "ClusterGone" or not st.step:
             continue
@@ -1302,7 +1365,7 @@ def _released(run: _Run) -> None:
     run in flight on it, the attempt keeps nothing out (its service-out failed, or someone
     serviced it back in) and its step is cleared, so that a later retry never adopts a
     cluster that another run has taken out since."""
-    for u in run.inp.upgrades.values():
+    for u in run.having(*_ENDED_OR_BLOCKED):
         st = run.status[u.name]
         if not st.step or st.phase in ACTIVE or st.phase in (U.PENDING, U.UPGRADED):
             continue
@@ -1506,12 +1569,19 @@ def _budgets(
         run_budget = 0 if strategy.on_failure == api.OnFailure.HALT else None
     stages_spec = strategy.stages or []
     out = _Budgets([], [], [], run_budget, [], False)
+    phases, rank = run.phases, run.index.rank
+    # The failed and refused members by stage, in the engine's order.
+    failing: dict[int, list[tuple[int, Upgrade, api.ClusterUpgradeStatus, bool]]] = {}
+    for name in phases.by_phase[U.FAILED] | phases.refused:
+        u = run.index.seen[name]
+        st = run.status[name]
+        failing.setdefault(u.spec.stage_index, []).append((rank[name], u, st, st.phase == U.FAILED))
     for index, name in enumerate(names):
         members = by_stage.get(index, [])
-        sts = [(u, run.status[u.name]) for u in members]
-        n_done = sum(1 for _, st in sts if st.phase in _DONE)
-        failed = [(u, st) for u, st in sts if st.phase == U.FAILED]
-        refused = [(u, st) for u, st in sts if st.phase == U.BLOCKED and st.reason == "Refused"]
+        n_done = sum(phases.per_stage[(index, p)] for p in _DONE)
+        ordered = sorted(failing.get(index, []), key=lambda x: x[0])
+        failed = [(u, st) for _, u, st, is_failed in ordered if is_failed]
+        refused = [(u, st) for _, u, st, is_failed in ordered if not is_failed]
         settled = n_done + len(failed) + len(refused) == len(members)
         counted = failed + (refused if settled else [])
         spec_stage = stages_spec[index] if stages_spec else None
@@ -1582,9 +1652,7 @@ def decide(inp: RunInput) -> Decision:
     the manner of Cluster API's doReconcile). Pure: the caller persists `changed` before making
     `calls`."""
     run = _Run(inp)
-    by_stage: dict[int, list[Upgrade]] = {}
-    for u in sorted(inp.upgrades.values(), key=lambda x: (x.spec.stage_index, x.cluster_id)):
-        by_stage.setdefault(u.spec.stage_index, []).append(u)
+    by_stage = run.index.by_stage
     names, skipped_stages = _people_first(run, by_stage)
     _carry_in_flight(run)
     budgets = _budgets(run, names, by_stage, skipped_stages)
@@ -1623,12 +1691,11 @@ def _people_first(
 def _carry_in_flight(run: _Run) -> None:
     """Phase 2: every cluster in flight is carried forward from what its operation did; failed
     clusters are serviced back in where the policy says so (failedClusterPolicy)."""
-    inp = run.inp
-    for u in inp.upgrades.values():
+    for u in run.to_follow():
         if run.status[u.name].phase in ACTIVE:
             run.follow(u)
     if run.strategy.failed_cluster_policy == api.FailedClusterPolicy.SERVICE_IN_IF_HEALTHY:
-        for u in inp.upgrades.values():
+        for u in run.having(U.FAILED):
             if run.status[u.name].phase == U.FAILED:
                 _recover(run, u)
     _released(run)  # an attempt that ended in this pass with its cluster still in service
@@ -1855,7 +1922,7 @@ def _admission(run: _Run, walk: _Walk, by_stage: Mapping[int, Sequence[Upgrade]]
         spec_stage=spec_stage,
         members=members,
         limit=_limit(value, len(members)),
-        in_flight=sum(1 for s in run.status.values() if s.phase in ACTIVE),
+        in_flight=run.phases.count(*ACTIVE),
         room=run.room(),
     )
 
@@ -1881,7 +1948,8 @@ def _time_gates(run: _Run, adm: _Admission) -> None:
             adm.next_start = min(nexts)
             run.wake(max((adm.next_start - run.inp.now).total_seconds(), 1.0))
         adm.members.sort(key=lambda x: not adm.gates.get(x.name, _OPEN).may_start)
-    for u in adm.members:  # their time came: no stale wait shown while they queue
+    stale = run.phases.waiting_for("NotBefore", "MaintenanceWindow")
+    for u in adm.members if stale else ():  # their time came: no stale wait shown
         st = run.status[u.name]
         if (
             st.phase == U.PENDING
@@ -1892,18 +1960,32 @@ def _time_gates(run: _Run, adm: _Admission) -> None:
 
 
 def _offer(run: _Run, adm: _Admission) -> None:
-    """Each member whose turn came, in order, until the concurrency limit is reached."""
-    for u in adm.members:
+    """Each member whose turn came, in order, until the concurrency limit is reached.
+
+    A member that waited for the availability budget when last offered, on exactly the same
+    status, observation and holder (engine.index's `waiting`), waits again without being
+    looked into, but only while no member can start at all: the run's own floor has no room
+    (every member's service-out costs one there), no time gate applies, and the concurrency
+    limit cannot be reached in this pass."""
+    stage = run.index.stage_names.get(adm.index, frozenset())
+    for u in run.index.by_rank(run.phases.waiting_for(PROVIDER_UNAVAILABLE) & stage):
         # Waited for its provider, which answers again: that wait is over (not left on
         # record while it waits for its turn, the budget or a window).
-        st = run.status[u.name]
-        if (
-            st.phase == U.PENDING
-            and st.reason == PROVIDER_UNAVAILABLE
-            and u.cluster_id not in run.inp.snapshot.unknown
-        ):
+        if u.cluster_id not in run.inp.snapshot.unknown:
             run.set(u, reason=None, message=None)
-    for u in adm.members:
+    offered = run.phases.names(U.PENDING, U.BLOCKED) & stage
+    memo = run.index.waiting
+    stuck = not adm.gates and adm.room[0] < 1 and adm.in_flight + len(offered) <= adm.limit
+    if stuck:
+        # In the engine's order (no gate reorders it), only those the memo cannot stand for.
+        name_of = run.index.name_of
+        moved = {name_of[c] for c in run.effective_changed | run.retried if c in name_of}
+        todo = offered.difference(memo) | (offered & (moved | run.changed.keys()))
+        members = run.index.by_rank(todo)
+        adm.waiting_budget = len(todo) < len(offered)
+    else:
+        members = [u for u in adm.members if u.name in offered]
+    for u in members:
         st = run.status[u.name]
         if st.phase not in (U.PENDING, U.BLOCKED):
             continue
@@ -1963,8 +2045,22 @@ def _offer(run: _Run, adm: _Admission) -> None:
             run.note_drift(u, obs)
         elif why.reason == WAITING_FOR_BUDGET:
             adm.waiting_budget = True
+            if not _moved(run, u):
+                memo[u.name] = Waiting(run.status[u.name], obs, run.holder(u.cluster_id))
         elif why.reason == PREFLIGHT_ASKED:
             adm.in_flight += 1
+
+
+def _moved(run: _Run, u: Upgrade) -> bool:
+    """Whether this pass moved the upgrade off what the index last saw of it (its status
+    changed, its cluster's effective observation, or a retry): a `Waiting` memo is recorded,
+    and stands in for an offer, only while nothing did (engine.index drops it when what it
+    saw changes)."""
+    return (
+        u.name in run.changed
+        or u.cluster_id in run.effective_changed
+        or u.cluster_id in run.retried
+    )
 
 
 def _why_waiting(run: _Run, walk: _Walk, adm: _Admission) -> None:
@@ -1991,7 +2087,8 @@ def _why_waiting(run: _Run, walk: _Walk, adm: _Admission) -> None:
         walk.blocked = f"waiting: the provider's preflight verdict on {asked[0]}"
         walk.blocked += f" (and {len(asked) - 1} more)" if len(asked) > 1 else ""
         walk.waiting = walk.waiting or "Preflight"
-    held = [(u.cluster_id, run.status[u.name]) for u in adm.members]
+    waiting = run.phases.waiting_for(*_HELD_ELSEWHERE)
+    held = [(u.cluster_id, run.status[u.name]) for u in (adm.members if waiting else ())]
     held = [(c, s) for c, s in held if s.phase == U.PENDING and s.reason in _HELD_ELSEWHERE]
     if held and adm.in_flight == 0 and not walk.blocked:
         # Invariant 4: nothing moves until the world lets a cluster go; the run names it
@@ -2062,15 +2159,15 @@ def _summarise(
 def _counts(run: _Run) -> dict[str, int]:
     """How many of the run's clusters are in each phase (every active phase is in flight)."""
     counts = {"pending": 0, "in_flight": 0, "upgraded": 0, "failed": 0, "blocked": 0, "skipped": 0}
-    for st in run.status.values():
+    for phase, names in run.phases.by_phase.items():
         key = {
             U.UPGRADED: "upgraded",
             U.FAILED: "failed",
             U.BLOCKED: "blocked",
             U.SKIPPED: "skipped",
             U.PENDING: "pending",
-        }.get(st.phase, "in_flight")
-        counts[key] += 1
+        }.get(phase, "in_flight")
+        counts[key] += len(names)
     return counts
 
 
@@ -2090,9 +2187,7 @@ def _run_phase(
     in_flight = counts["in_flight"]
     # A failed cluster being serviced back in (failedClusterPolicy) keeps the run going.
     recovering = sorted(
-        run.inp.upgrades[n].cluster_id
-        for n, st in run.status.items()
-        if st.phase == U.FAILED and st.step == RECOVER_STEP
+        u.cluster_id for u in run.having(U.FAILED) if run.status[u.name].step == RECOVER_STEP
     )
     finished = (
         all(s.phase in (api.StagePhase.COMPLETED, api.StagePhase.SKIPPED) for s in stages)
@@ -2107,9 +2202,8 @@ def _run_phase(
     if finished and in_flight == 0:
         message = f"finished with {counts['failed']} failed and {counts['blocked']} blocked"
         why = sorted(
-            (run.inp.upgrades[n].cluster_id, s.message or "")
-            for n, s in run.status.items()
-            if s.phase in (U.FAILED, U.BLOCKED)
+            (u.cluster_id, run.status[u.name].message or "")
+            for u in run.having(U.FAILED, U.BLOCKED)
         )
         if why:  # the run says why, not only how many
             message += f"; {why[0][0]}: {why[0][1]}"
@@ -2118,9 +2212,7 @@ def _run_phase(
         return api.RunPhase.HALTED, _past_budget(stages, budgets), waiting
     if halted:
         failed = sorted(
-            (run.inp.upgrades[n].cluster_id, s.message or "")
-            for n, s in run.status.items()
-            if s.phase == U.FAILED
+            (u.cluster_id, run.status[u.name].message or "") for u in run.having(U.FAILED)
         )
         message = (
             f"halted: cluster {failed[0][0]} failed: {failed[0][1]}"

@@ -24,7 +24,14 @@ from dataclasses import dataclass
 from orchestrator import api
 from orchestrator.engine.conditions import get_condition
 
-__all__ = ["ClusterChange", "Transition", "event_name", "transitions"]
+__all__ = [
+    "AGGREGATE_AT",
+    "ClusterChange",
+    "Transition",
+    "event_name",
+    "events_of",
+    "transitions",
+]
 
 #: A cluster's phases inside an attempt, between its start (PreUpgradeHook or ServicingOut) and
 #: its end (Upgraded, Failed...): `Transition.detail`.
@@ -254,3 +261,90 @@ def event_name(object_name: str, transition_id: str) -> str:
     (a second create is AlreadyExists), so a transition is recorded once even across restarts."""
     digest = hashlib.sha256(transition_id.encode()).hexdigest()[:16]
     return f"{object_name[:200]}.{digest}"
+
+
+#: More clusters than this making the same transition in one stage in one pass are told in one
+#: Event on the run (Kubernetes' EventAggregator combines similar Events past its maxEvents of
+#: 10: client-go tools/record/events_cache.go, defaultAggregateMaxEvents).
+AGGREGATE_AT = 10
+#: How many of the clusters an aggregated Event names.
+AGGREGATE_NAMES = 5
+
+
+def events_of(found: Sequence[Transition], step_events: bool = False) -> list[Transition]:
+    """The Events a pass's transitions make (Kubernetes Events only: notifications go by
+    `found` itself):
+
+    - a cluster's steps inside an attempt (`Transition.detail`) only with step_events: by
+      default a ClusterUpgrade gets an Event when its attempt starts and when it ends;
+    - at most one Event per cluster per pass: a cluster that made several transitions in the
+      pass (a retry that carries it on out of service: Pending, then ServicingOut) gets one,
+      with the last reason and every message in order;
+    - where more than AGGREGATE_AT clusters of a stage make the same transition in one pass
+      (a wave starting, a wave ending), one Event on the run names how many and the first
+      AGGREGATE_NAMES of them, in place of theirs (a warning if any is one).
+    The run's and the stages' transitions pass unchanged, in their order; a group takes the
+    place of its first member."""
+    kept = [t for t in found if not t.detail or step_events]
+    # One per cluster: the last of its transitions, carrying the ones before it.
+    by_upgrade: dict[str, list[Transition]] = {}
+    for t in kept:
+        if t.upgrade:
+            by_upgrade.setdefault(t.upgrade, []).append(t)
+    merged: list[Transition] = []
+    for t in kept:
+        if not t.upgrade:
+            merged.append(t)
+            continue
+        group = by_upgrade[t.upgrade]
+        if t is not group[-1]:
+            continue
+        merged.append(_one_per_cluster(group) if len(group) > 1 else t)
+    # Many clusters, one transition: one Event on the run.
+    similar: dict[tuple[str | None, str], list[Transition]] = {}
+    for t in merged:
+        if t.upgrade:
+            similar.setdefault((t.stage, t.reason), []).append(t)
+    out: list[Transition] = []
+    for t in merged:
+        group = similar.get((t.stage, t.reason), []) if t.upgrade else []
+        if len(group) <= AGGREGATE_AT:
+            out.append(t)
+        elif t is group[0]:
+            out.append(_aggregate(group))
+    return out
+
+
+def _one_per_cluster(group: Sequence[Transition]) -> Transition:
+    last = group[-1]
+    message = "; then ".join([group[0].message] + [f"{t.reason}: {t.message}" for t in group[1:]])
+    return Transition(
+        last.id,
+        last.reason,
+        next((t.event for t in reversed(group) if t.event is not None), None),
+        message,
+        any(t.warning for t in group),
+        stage=last.stage,
+        cluster=last.cluster,
+        upgrade=last.upgrade,
+        detail=last.detail,
+        person=any(t.person for t in group),
+    )
+
+
+def _aggregate(group: Sequence[Transition]) -> Transition:
+    first = group[0]
+    clusters = [t.cluster or t.upgrade or "" for t in group]
+    named = ", ".join(clusters[:AGGREGATE_NAMES])
+    more = f" and {len(clusters) - AGGREGATE_NAMES} more" if len(clusters) > AGGREGATE_NAMES else ""
+    where = f" in stage {first.stage}" if first.stage else ""
+    digest = hashlib.sha256("\n".join(sorted(t.id for t in group)).encode()).hexdigest()[:16]
+    return Transition(
+        f"{first.id.partition('/')[0]}/{first.reason}/{first.stage or ''}/{digest}",
+        first.reason,
+        None,
+        f"{len(clusters)} clusters {first.reason}{where}: {named}{more} "
+        f"(their ClusterUpgrades say why; first: {first.message})",
+        any(t.warning for t in group),
+        stage=first.stage,
+    )

@@ -48,6 +48,7 @@ from orchestrator.engine.decide import (
     with_status,
 )
 from orchestrator.engine.health import due_in, record
+from orchestrator.engine.index import FULL_EVERY, RunIndex
 from orchestrator.engine.observations import ClusterObs, OpObs, Snapshot
 from orchestrator.engine.transitions import ClusterChange
 
@@ -227,7 +228,9 @@ class _Pass:
 
     def __post_init__(self) -> None:
         self.result = StepResult(self.decision, requeue_after=self.decision.requeue_after)
-        self._steps = _steps_of(self.decision, self.inp.upgrades)
+        index = self.inp.index
+        upgrade_of = index.name_of if index is not None else None
+        self._steps = _steps_of(self.decision, self.inp.upgrades, upgrade_of)
 
     def on_record(self, name: str) -> bool:
         """Whether a call or hook for this ClusterUpgrade may go: its intent's write took
@@ -252,10 +255,16 @@ class _Pass:
         )
 
 
-def _steps_of(decision: Decision, upgrades: Mapping[str, Upgrade]) -> dict[str, _Steps]:
+def _steps_of(
+    decision: Decision,
+    upgrades: Mapping[str, Upgrade],
+    upgrade_of: Mapping[str, str] | None = None,
+) -> dict[str, _Steps]:
     """By ClusterUpgrade name, the phases the decision took each it changed through (its
-    events: a retry goes Failed → Pending → on in one pass)."""
-    upgrade_of = {u.cluster_id: u.name for u in upgrades.values()} if decision.events else {}
+    events: a retry goes Failed → Pending → on in one pass). upgrade_of: cluster id → name
+    (the run's index has it), else made from upgrades."""
+    if upgrade_of is None:
+        upgrade_of = {u.cluster_id: u.name for u in upgrades.values()} if decision.events else {}
     out: dict[str, list[tuple[api.UpgradePhase, str]]] = {}
     for cid, phase, message, _ in decision.events:
         name = upgrade_of.get(cid)
@@ -289,6 +298,10 @@ class RunDriver:
     stage_failures: dict[tuple[str, str], datetime] = field(default_factory=dict)
     #: The hook executor (None: hooks fail, saying this orchestrator runs none).
     hooks: HookRunner | None = None
+    #: The run's upgrades by phase and in order, kept between passes (engine.index) so that a
+    #: pass looks at what changed; every FULL_EVERY passes it is rebuilt from scratch and
+    #: compared. Keep it between passes like preflight_cache (the controller owns it).
+    index: RunIndex = field(default_factory=RunIndex)
 
     def step(
         self,
@@ -313,10 +326,12 @@ class RunDriver:
         floors: the other live runs on this provider sharing clusters with this one; their
         members are observed too, and held_by must name their holders.
         """
-        ids = [u.cluster_id for u in upgrades.values()]
-        own = set(ids)
-        ids += sorted({cid for f in floors for cid in f.members} - own)
+        index = self._index(uid, upgrades)
+        ids = list(index.name_of)
+        if floors:
+            ids += sorted({cid for f in floors for cid in f.members} - index.members)
         snapshot = self.provider.snapshot(ids)
+        self._full_pass(index, uid, upgrades, snapshot, held_by)
         upgrades, health_changed = self._evaluate_clusters(spec, upgrades, snapshot, now)
         stages = self._evaluate_stages(key, spec, upgrades, stages, snapshot, now)
         hook_obs = self._observe_hooks(key, uid, spec, upgrades, snapshot)
@@ -339,6 +354,7 @@ class RunDriver:
             reason=reason,
             floors=floors,
             hooks=hook_obs,
+            index=index,
         )
         p = _Pass(inp, self._decide(inp))
         # Record intents (and health progress) before any call: a crash after this write
@@ -351,6 +367,38 @@ class RunDriver:
         self._act(p)
         self._start_hooks(p)
         return self._settle(p)
+
+    def _index(self, uid: str, upgrades: Mapping[str, Upgrade]) -> RunIndex:
+        """The run's index brought up to date with this pass's upgrades."""
+        index = self.index
+        index.observe(uid, upgrades)
+        index.passes += 1
+        return index
+
+    @staticmethod
+    def _full_pass(
+        index: RunIndex,
+        uid: str,
+        upgrades: Mapping[str, Upgrade],
+        snapshot: Snapshot,
+        held_by: Mapping[str, str],
+    ) -> None:
+        """Every FULL_EVERY passes, the index is also made from scratch: the two must agree (if
+        they do not, it is rebuilt and the difference logged: a bug, never a decision on a
+        stale count)."""
+        if index.passes % FULL_EVERY:
+            return
+        index.observe_world(snapshot.clusters, held_by)
+        fresh = RunIndex.build(uid, upgrades, snapshot.clusters, held_by)
+        differences = index.differences(fresh)
+        if differences:
+            log.error(
+                "run %s: the kept index disagreed with a full pass on %s; rebuilt",
+                uid,
+                ", ".join(differences),
+            )
+            index.rebuild(uid, upgrades)
+            index.observe_world(snapshot.clusters, held_by)
 
     def _decide(self, inp: RunInput) -> Decision:
         """The decision; when it needs the provider's preflight verdict on clusters, they are
@@ -500,9 +548,10 @@ class RunDriver:
         snapshot: Snapshot,
     ) -> dict[str, HookObs]:
         """What the executor knows of every hook recorded Running (by hook id)."""
+        hooked = self.index.names_in(api.UpgradePhase.PRE_HOOK, api.UpgradePhase.POST_HOOK)
         requests = [
             r
-            for u in upgrades.values()
+            for u in (upgrades[n] for n in hooked)
             if u.status.hook is not None
             and u.status.hook.phase == api.HookPhase.RUNNING
             and u.status.phase in (api.UpgradePhase.PRE_HOOK, api.UpgradePhase.POST_HOOK)
@@ -568,7 +617,12 @@ class RunDriver:
         """
         out = dict(upgrades)
         changed: dict[str, api.ClusterUpgradeStatus] = {}
-        for name, u in upgrades.items():
+        # Those awaiting checks (Verifying; Failed, recovering) or with a failure unrecorded;
+        # the others would be passed over below.
+        looked = self.index.names_in(api.UpgradePhase.VERIFYING, api.UpgradePhase.FAILED)
+        looked += [n for n in self.unrecorded_failures if n in upgrades]
+        for name in sorted(set(looked), key=self.index.in_rank.__getitem__):
+            u = upgrades[name]
             st = u.status
             base = st.health
             if base is not None and base.passes and name in self.unrecorded_failures:

@@ -1,0 +1,387 @@
+"""What a run's passes keep between them, so that a pass costs what changed (issue 21).
+
+`RunIndex` holds, for one run, its ClusterUpgrades as last seen, in the engine's order (stage,
+then cluster id), grouped by phase, with per-stage phase counts: what `decide` and the driver
+used to count by walking every ClusterUpgrade of the run on every pass. `observe` brings it up
+to date from the pass's input by looking only at what changed (an object that is the same
+object as last time is not looked into); `RunIndex.build` makes one from scratch (the full
+pass). Both must agree: the driver rebuilds every `FULL_EVERY` passes and compares
+(`differences`), replacing the index and logging what differed; tests/engine/test_index.py
+asserts they agree, and that decisions taken with either are the same, after every step of
+simulated histories.
+
+It also keeps two memos of outcomes, each with exactly what it was decided from, which `decide`
+uses only while all of that is equal (then the outcome could not differ):
+- `waiting`: ClusterUpgrades whose last offer waited for the availability budget (status, the
+  cluster's observation, its holder); skipped only while the run's own floor, counted afresh
+  in this pass, has no room at all. No floor or budget check is skipped on a count of its own.
+- `quiet`: clusters in flight whose last follow only waited for their operation (status,
+  observation, operation, the step timeouts, the step's deadline); skipped until the deadline.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from itertools import compress
+from operator import is_not
+from typing import TYPE_CHECKING, NamedTuple
+
+from orchestrator import api
+from orchestrator.engine.observations import ClusterObs, OpObs
+
+if TYPE_CHECKING:
+    from orchestrator.engine.decide import Upgrade
+
+__all__ = [
+    "FULL_EVERY",
+    "Phases",
+    "Quiet",
+    "RunIndex",
+    "Waiting",
+    "same",
+    "up_by_observation",
+]
+
+#: The driver's full pass: every this many passes, the index is rebuilt and compared.
+FULL_EVERY = 50
+
+_U = api.UpgradePhase
+
+
+@dataclass
+class Phases:
+    """ClusterUpgrade names by phase, with per-stage phase counts and the Blocked-Refused ones
+    (counted against failure budgets); `move` is the one place they change."""
+
+    by_phase: dict[api.UpgradePhase, set[str]] = field(
+        default_factory=lambda: {p: set() for p in api.UpgradePhase}
+    )
+    per_stage: Counter[tuple[int, api.UpgradePhase]] = field(default_factory=Counter)
+    refused: set[str] = field(default_factory=set)
+    #: The Pending ones by reason (what they wait for).
+    pending: dict[str | None, set[str]] = field(default_factory=dict)
+
+    def move(
+        self,
+        name: str,
+        stage: int,
+        old: api.ClusterUpgradeStatus | None,
+        new: api.ClusterUpgradeStatus | None,
+    ) -> None:
+        """Account one ClusterUpgrade's status change (None: absent)."""
+        if old is not None:
+            self.by_phase[old.phase].discard(name)
+            self.per_stage[(stage, old.phase)] -= 1
+            self.refused.discard(name)
+            if old.phase == _U.PENDING:
+                self.pending.get(old.reason, set()).discard(name)
+        if new is not None:
+            self.by_phase[new.phase].add(name)
+            self.per_stage[(stage, new.phase)] += 1
+            if new.phase == _U.BLOCKED and new.reason == "Refused":
+                self.refused.add(name)
+            if new.phase == _U.PENDING:
+                self.pending.setdefault(new.reason, set()).add(name)
+
+    def waiting_for(self, *reasons: str) -> set[str]:
+        """The Pending ones waiting with any of these reasons (a new set)."""
+        out: set[str] = set()
+        for r in reasons:
+            out |= self.pending.get(r, set())
+        return out
+
+    def names(self, *phases: api.UpgradePhase) -> set[str]:
+        """The names in any of these phases (a new set)."""
+        out: set[str] = set()
+        for p in phases:
+            out |= self.by_phase[p]
+        return out
+
+    def count(self, *phases: api.UpgradePhase) -> int:
+        """How many are in these phases."""
+        return sum(len(self.by_phase[p]) for p in phases)
+
+    def copy(self) -> Phases:
+        """A copy one pass may change."""
+        return Phases(
+            {p: set(s) for p, s in self.by_phase.items()},
+            Counter(self.per_stage),
+            set(self.refused),
+            {r: set(s) for r, s in self.pending.items()},
+        )
+
+    def comparable(self) -> tuple[object, ...]:
+        """What must agree between two accounts of the same statuses."""
+        return (
+            {p: s for p, s in self.by_phase.items() if s},
+            +self.per_stage,
+            self.refused,
+            {r: s for r, s in self.pending.items() if s},
+        )
+
+
+def up_by_observation(obs: ClusterObs | None, uid: str) -> bool:
+    """Invariant 1's rule of what counts as up, as far as the cluster's observation goes: in
+    the inventory, available, in service, and no other caller's operation in flight on it (an
+    operation of this run, by its request ids: "<uid>:..."). Holdings by a run count apart."""
+    if obs is None or not obs.available or not obs.in_service:
+        return False
+    cur = obs.current_operation
+    return cur is None or cur.state.terminal or cur.request_id.startswith(f"{uid}:")
+
+
+def same(a: object, b: object) -> bool:
+    """Equal: the very object (what an unchanged input is), or one equal to it (what a re-read
+    of an unchanged object is)."""
+    return a is b or a == b
+
+
+class Waiting(NamedTuple):
+    """An admission memo: a ClusterUpgrade waited for the availability budget when offered
+    with this status, the cluster's observation and its holder (another run, or None)."""
+
+    status: api.ClusterUpgradeStatus
+    obs: ClusterObs
+    holder: str | None
+
+
+class Quiet(NamedTuple):
+    """A memo of following a cluster in flight: on this status, observation, operation and
+    the run's step timeouts, nothing but its deadline (None: none) could move it."""
+
+    status: api.ClusterUpgradeStatus
+    obs: ClusterObs
+    op: OpObs
+    timeouts: api.StepTimeouts
+    deadline: datetime | None
+
+
+@dataclass
+class RunIndex:
+    """One run's ClusterUpgrades kept between passes (see the module's docstring)."""
+
+    uid: str = ""
+    #: The upgrades as last seen, by name.
+    seen: dict[str, Upgrade] = field(default_factory=dict)
+    #: The input's order (the order of the caller's mapping, which `decide` walks in): its
+    #: names, and name → rank.
+    names: list[str] = field(default_factory=list)
+    in_rank: dict[str, int] = field(default_factory=dict)
+    #: The engine's order (stage index, cluster id): name → rank; and members by stage index.
+    rank: dict[str, int] = field(default_factory=dict)
+    by_stage: dict[int, list[Upgrade]] = field(default_factory=dict)
+    #: The run's cluster ids (its own floor's members), cluster id → ClusterUpgrade name and back.
+    members: frozenset[str] = frozenset()
+    name_of: dict[str, str] = field(default_factory=dict)
+    cluster_of: dict[str, str] = field(default_factory=dict)
+    phases: Phases = field(default_factory=Phases)
+    #: The members by stage index, as sets of names.
+    stage_names: dict[int, frozenset[str]] = field(default_factory=dict)
+    #: The inventory as last seen (cluster id → observation), the holders (another run's
+    #: claims) as last seen, and the clusters that count as up by their observation alone
+    #: (`up_by_observation`; holdings are counted apart).
+    obs_seen: dict[str, ClusterObs] = field(default_factory=dict)
+    holders_seen: dict[str, str] = field(default_factory=dict)
+    up: set[str] = field(default_factory=set)
+    #: The memos (see `Waiting` and `Quiet`), by ClusterUpgrade name.
+    waiting: dict[str, Waiting] = field(default_factory=dict)
+    quiet: dict[str, Quiet] = field(default_factory=dict)
+    #: Of the `quiet` memos: request id → name, and (deadline, name) as a heap (an entry whose
+    #: memo is gone or changed is dropped when it comes to the top).
+    quiet_rid: dict[str, str] = field(default_factory=dict)
+    deadlines: list[tuple[datetime, str]] = field(default_factory=list)
+    #: The operations by request id as last seen, and the run's step timeouts.
+    ops_seen: dict[str, OpObs] = field(default_factory=dict)
+    timeouts_seen: api.StepTimeouts | None = None
+    passes: int = 0
+
+    @classmethod
+    def build(
+        cls,
+        uid: str,
+        upgrades: Mapping[str, Upgrade],
+        clusters: Mapping[str, ClusterObs] | None = None,
+        held_by: Mapping[str, str] | None = None,
+    ) -> RunIndex:
+        """An index made from scratch (the full pass), with the inventory's side if given."""
+        index = cls()
+        index.rebuild(uid, upgrades)
+        if clusters is not None:
+            index.observe_world(clusters, held_by or {})
+        return index
+
+    def observe(self, uid: str, upgrades: Mapping[str, Upgrade]) -> None:
+        """Bring the index up to date with this pass's upgrades: only those that are not the
+        very objects seen last time are looked into; a change of run, of the set of upgrades
+        or of a pinned spec rebuilds the order (and drops the memo)."""
+        seen = self.seen
+        if uid != self.uid or len(upgrades) != len(seen) or list(upgrades) != self.names:
+            self.rebuild(uid, upgrades)
+            return
+        phases = self.phases
+        # The same names in the same order: compared object by object, in C.
+        names = list(compress(self.names, map(is_not, upgrades.values(), seen.values())))
+        changed = [(name, upgrades[name]) for name in names]
+        for name, u in changed:
+            old = seen[name]
+            if old.spec is not u.spec and old.spec != u.spec:
+                self.rebuild(uid, upgrades)
+                return
+        for name, u in changed:
+            old = seen[name]
+            seen[name] = u
+            if old.status is not u.status:
+                phases.move(name, u.spec.stage_index, old.status, u.status)
+                self.waiting.pop(name, None)
+                self.drop_quiet(name)
+
+    def observe_world(
+        self,
+        clusters: Mapping[str, ClusterObs],
+        held_by: Mapping[str, str],
+        operations: Mapping[str, OpObs] | None = None,
+        timeouts: api.StepTimeouts | None = None,
+    ) -> None:
+        """Bring the inventory's side up to date (only observations that are not the objects
+        seen last are looked into), the holders, the operations and the step timeouts; a memo
+        of a cluster whose observation, holder or operation changed is dropped (all `quiet`
+        memos when the timeouts changed)."""
+        if operations is not None:
+            ops_seen, quiet_rid = self.ops_seen, self.quiet_rid
+            values = map(is_not, operations.values(), map(ops_seen.get, operations))
+            for rid in list(compress(operations, values)):
+                ops_seen[rid] = operations[rid]
+                if rid in quiet_rid:
+                    self.drop_quiet(quiet_rid[rid])
+            if len(ops_seen) != len(operations):
+                for rid in ops_seen.keys() - operations.keys():
+                    del ops_seen[rid]
+                    if rid in quiet_rid:
+                        self.drop_quiet(quiet_rid[rid])
+        if timeouts is not None and not same(timeouts, self.timeouts_seen):
+            self.timeouts_seen = timeouts
+            self.quiet, self.quiet_rid, self.deadlines = {}, {}, []
+        seen, up, uid = self.obs_seen, self.up, self.uid
+        touched = list(compress(clusters, map(is_not, clusters.values(), map(seen.get, clusters))))
+        if len(seen) + sum(1 for cid in touched if cid not in seen) != len(clusters):
+            touched += list(seen.keys() - clusters.keys())
+        for cid in touched:
+            obs = clusters.get(cid)
+            if obs is None:
+                seen.pop(cid, None)
+            else:
+                seen[cid] = obs
+            if up_by_observation(obs, uid):
+                up.add(cid)
+            else:
+                up.discard(cid)
+            self._forget(cid)
+        if held_by != self.holders_seen:
+            for cid, _ in set(held_by.items()) ^ set(self.holders_seen.items()):
+                self._forget(cid)
+            self.holders_seen = dict(held_by)
+
+    def _forget(self, cid: str) -> None:
+        name = self.name_of.get(cid)
+        if name is not None:
+            self.waiting.pop(name, None)
+            self.drop_quiet(name)
+
+    def remember_quiet(self, name: str, memo: Quiet) -> None:
+        """Keep a `quiet` memo (its operation's request id is on its status)."""
+        self.drop_quiet(name)
+        self.quiet[name] = memo
+        self.quiet_rid[memo.status.request_id or ""] = name
+        if memo.deadline is not None:
+            heapq.heappush(self.deadlines, (memo.deadline, name))
+
+    def drop_quiet(self, name: str) -> None:
+        """Drop a `quiet` memo, if any."""
+        memo = self.quiet.pop(name, None)
+        if memo is not None:
+            self.quiet_rid.pop(memo.status.request_id or "", None)
+
+    def next_deadline(self) -> tuple[datetime, str] | None:
+        """The earliest deadline of the `quiet` memos, and whose."""
+        heap, quiet = self.deadlines, self.quiet
+        while heap:
+            deadline, name = heap[0]
+            memo = quiet.get(name)
+            if memo is not None and memo.deadline == deadline:
+                return deadline, name
+            heapq.heappop(heap)
+        return None
+
+    def note(self, u: Upgrade) -> None:
+        """One upgrade whose status the caller changed (the driver's health records)."""
+        old = self.seen.get(u.name)
+        if old is None or old is u:
+            return
+        self.seen[u.name] = u
+        if old.status is not u.status:
+            self.phases.move(u.name, u.spec.stage_index, old.status, u.status)
+            self.waiting.pop(u.name, None)
+            self.drop_quiet(u.name)
+
+    def names_in(self, *phases: api.UpgradePhase) -> list[str]:
+        """The names of the upgrades in these phases as last seen, in the input's order."""
+        return sorted(self.phases.names(*phases), key=self.in_rank.__getitem__)
+
+    def by_rank(self, names: set[str]) -> list[Upgrade]:
+        """These upgrades (as last seen) in the engine's order."""
+        seen = self.seen
+        return [seen[n] for n in sorted(names, key=self.rank.__getitem__)]
+
+    def in_order(self, names: set[str]) -> list[Upgrade]:
+        """These upgrades (as last seen) in the input's order."""
+        seen = self.seen
+        return [seen[n] for n in sorted(names, key=self.in_rank.__getitem__)]
+
+    def differences(self, other: RunIndex) -> list[str]:
+        """What differs from another index of the same upgrades (empty: they agree)."""
+        out = []
+        if self.uid != other.uid:
+            out.append(f"uid {self.uid!r} != {other.uid!r}")
+        if self.rank != other.rank or self.names != other.names:
+            out.append("the engine's order")
+        if self.members != other.members or self.name_of != other.name_of:
+            out.append("the run's members")
+        if self.obs_seen and other.obs_seen and self.up != other.up:
+            out.append("the clusters up by their observation")
+        if {s: [u.name for u in m] for s, m in self.by_stage.items()} != {
+            s: [u.name for u in m] for s, m in other.by_stage.items()
+        }:
+            out.append("members by stage")
+        mine, theirs = self.phases.comparable(), other.phases.comparable()
+        words = ("names by phase", "per-stage counts", "refused", "Pending by reason")
+        for what, a, b in zip(words, mine, theirs, strict=True):
+            if a != b:
+                out.append(what)
+        return out
+
+    def rebuild(self, uid: str, upgrades: Mapping[str, Upgrade]) -> None:
+        """Make the index from scratch, in place (the full pass), dropping the memo."""
+        self.uid = uid
+        self.seen = dict(upgrades)
+        self.names = list(upgrades)
+        self.in_rank = {n: i for i, n in enumerate(self.names)}
+        ordered = sorted(upgrades.values(), key=lambda x: (x.spec.stage_index, x.cluster_id))
+        self.rank = {u.name: i for i, u in enumerate(ordered)}
+        self.by_stage = {}
+        for u in ordered:
+            self.by_stage.setdefault(u.spec.stage_index, []).append(u)
+        self.stage_names = {i: frozenset(u.name for u in m) for i, m in self.by_stage.items()}
+        self.name_of = {u.cluster_id: u.name for u in upgrades.values()}
+        self.cluster_of = {u.name: u.cluster_id for u in upgrades.values()}
+        self.members = frozenset(self.name_of)
+        self.phases = Phases()
+        for u in upgrades.values():
+            self.phases.move(u.name, u.spec.stage_index, None, u.status)
+        self.waiting = {}
+        self.quiet = {}
+        self.obs_seen, self.holders_seen, self.up = {}, {}, set()
+        self.quiet_rid, self.deadlines, self.ops_seen, self.timeouts_seen = {}, [], {}, None

@@ -1,0 +1,206 @@
+"""A pass costs what changed (issue 21): the index a run's driver keeps between passes
+(engine.index) must agree with one made from scratch, and a decision taken with it must be the
+decision taken from scratch, after EVERY step of simulated histories: the adversarial
+simulation's seeded worlds (restarts, conflicts, lost writes, drift, other runs, hooks) and
+what-if rollouts whose clusters wait for the availability budget, by stage and concurrency.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import pytest
+
+from orchestrator import api
+from orchestrator.engine import decide as engine
+from orchestrator.engine.decide import Decision, RunInput, with_status
+from orchestrator.engine.index import FULL_EVERY, RunIndex
+from orchestrator.engine.initialize import pin_upgrades
+from orchestrator.engine.observations import ClusterObs, OpKind, PoolObs
+from orchestrator.pipeline import driver as driver_module
+from orchestrator.pipeline.driver import RunDriver
+from orchestrator.pipeline.simulate import T0, ModelFleet, simulate
+from tests.sim.world import Config
+from tests.sim.world import simulate as sim_world
+
+
+@dataclass
+class _Tally:
+    """How many decisions were compared, and how often the memos stood in for a look."""
+
+    decisions: int = 0
+    waited: int = 0
+    quiet: int = 0
+
+
+def _same_decision(kept: Decision, fresh: Decision) -> None:
+    assert kept == fresh
+    # The writes go in the decision's order (new service-outs last): order is part of it.
+    assert list(kept.changed) == list(fresh.changed)
+
+
+@pytest.fixture
+def checked(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Tally]:
+    """Every decision any driver takes is taken twice, from scratch first (no index: what a
+    full pass sees), then with the driver's kept index; both must be the same, and the kept
+    index must then agree with one made from scratch of the same upgrades."""
+    tally = _Tally()
+    real = engine.decide
+
+    def both(inp: RunInput) -> Decision:
+        assert inp.index is not None, "the driver decides with its kept index"
+        fresh = real(replace(inp, index=None))
+        waiting, quiet = dict(inp.index.waiting), dict(inp.index.quiet)
+        kept = real(inp)
+        _same_decision(kept, fresh)
+        fresh_index = RunIndex.build(inp.uid, inp.upgrades, inp.snapshot.clusters, inp.held_by)
+        assert inp.index.differences(fresh_index) == []
+        tally.decisions += 1
+        tally.waited += sum(1 for n, w in waiting.items() if inp.index.waiting.get(n) is w)
+        tally.quiet += sum(1 for n, q in quiet.items() if inp.index.quiet.get(n) is q)
+        return kept
+
+    monkeypatch.setattr(driver_module, "decide", both)
+    yield tally
+
+
+@pytest.mark.parametrize("seed", range(0, 240, 8))
+def test_kept_index_agrees_over_seeded_histories(checked: _Tally, seed: int) -> None:
+    sim_world(seed, Config.draw(seed, large=False))
+    assert checked.decisions > 0
+
+
+def test_kept_index_agrees_on_a_large_fleet(checked: _Tally) -> None:
+    cfg = Config.draw(136)
+    assert cfg.clusters >= 500
+    cfg.active_seconds = 120
+    cfg.quiet_cap = 300
+    sim_world(136, cfg)
+    assert checked.decisions > 0
+
+
+def _fleet(count: int) -> dict[str, ClusterObs]:
+    return {
+        f"c-{i:04d}": ClusterObs(
+            id=f"c-{i:04d}",
+            control_plane_version="1.28.5",
+            node_pools=(PoolObs("pool", "1.28.5"),),
+            labels={"stage": "canary" if i < count // 10 else "main"},
+        )
+        for i in range(count)
+    }
+
+
+@pytest.mark.parametrize(
+    ("stages", "max_concurrency", "fail"),
+    [(False, None, False), (True, None, True), (True, "5%", False), (False, 7, True)],
+)
+def test_kept_index_agrees_while_clusters_wait_for_budget(
+    checked: _Tally, stages: bool, max_concurrency: int | str | None, fail: bool
+) -> None:
+    """A what-if rollout of 200 clusters with a floor of 150: most of them wait for budget on
+    most passes (the `waiting` memo), those in flight wait for their operations (`quiet`);
+    failures count against budgets by stage."""
+    clusters = _fleet(200)
+    strategy = api.Strategy(
+        max_concurrency=max_concurrency,
+        max_failures="10%",
+        stages=[
+            api.Stage(name=s, selector=api.LabelSelector(match_labels={"stage": s}))
+            for s in ("canary", "main")
+        ]
+        if stages
+        else None,
+    )
+    spec = api.ClusterVersionSpec(
+        required_available_count=150,
+        ops_endpoint=api.OpsEndpoint(endpoint="127.0.0.1:9090", insecure=True),
+        clusters=[api.ClusterSpec(id=c, version="1.29.4") for c in clusters],
+        strategy=strategy,
+    )
+    failing = {("c-0013", OpKind.CONTROL_PLANE), ("c-0150", OpKind.NODE_POOL)} if fail else set()
+    fleet = ModelFleet(clusters, durations={k: 30.0 for k in OpKind}, fail=failing)
+    rollout = simulate(fleet, spec)
+    assert rollout.last is not None
+    assert fleet.min_available_in_service >= 150
+    assert checked.decisions > 20
+    if max_concurrency is None:  # with a concurrency limit, the offer stops at it instead
+        assert checked.waited > 0, "the budget memo was never used: the test lost its point"
+    assert checked.quiet > 0, "the in-flight memo was never used: the test lost its point"
+
+
+def test_the_driver_rebuilds_a_kept_index_that_disagrees() -> None:
+    """The periodic full pass: an index whose counts went wrong (here, corrupted on purpose)
+    is found out within FULL_EVERY passes and rebuilt, and decisions go on from the truth."""
+    clusters = _fleet(30)
+    spec = api.UpdateRunSpec(
+        required_available_count=25,
+        ops_endpoint=api.OpsEndpoint(endpoint="127.0.0.1:9090", insecure=True),
+        clusters=[api.ClusterSpec(id=c, version="1.29.4") for c in clusters],
+    )
+    pinned = pin_upgrades("t", spec, clusters)
+    assert not isinstance(pinned, list)
+    upgrades = {u.name: u for u in pinned.upgrades}
+
+    class Store:
+        def write_upgrade_status(self, u: engine.Upgrade, st: api.ClusterUpgradeStatus) -> None:
+            upgrades[u.name] = with_status(upgrades[u.name], st)
+
+    class Passing:
+        def evaluate(self, checks: object, clusters: object, stage: str) -> list[object]:
+            return []
+
+    class Leader:
+        def held(self) -> bool:
+            return True
+
+    fleet = ModelFleet(clusters, durations=dict.fromkeys(OpKind, 1e9))
+    drv = RunDriver(fleet, Store(), Passing(), Leader())  # type: ignore[arg-type]
+
+    def step() -> Decision:
+        return drv.step(
+            key="t/t",
+            uid="t",
+            spec=spec,
+            upgrades=dict(upgrades),
+            stages=[],
+            held_by={},
+            now=T0,
+        ).decision
+
+    step()
+    assert len(fleet.started_steps) == 5  # the floor lets five go
+    # Corrupt the kept counts: the five in flight are forgotten by the index (counted as
+    # Pending, so not held: a decision on these counts would take five more out).
+    for name in sorted(drv.index.phases.by_phase[api.UpgradePhase.SERVICING_OUT]):
+        drv.index.phases.by_phase[api.UpgradePhase.SERVICING_OUT].discard(name)
+        drv.index.phases.by_phase[api.UpgradePhase.PENDING].add(name)
+    assert drv.index.differences(RunIndex.build("t", upgrades)) != []
+    drv.index.passes = FULL_EVERY - 1  # the next pass is a full one
+    decision = step()
+    assert drv.index.differences(RunIndex.build("t", upgrades)) == []
+    assert (decision.counts.in_flight, decision.counts.pending) == (5, 25)
+    assert len(fleet.started_steps) == 5  # nothing more was taken out: the floor held
+
+
+def test_a_quiet_step_still_times_out(checked: _Tally) -> None:
+    """Control-plane upgrades that never end: followed on the `quiet` memo while they wait,
+    each still fails StepTimedOut at its deadline, as a decision from scratch has it."""
+    clusters = _fleet(40)
+    spec = api.ClusterVersionSpec(
+        required_available_count=30,
+        ops_endpoint=api.OpsEndpoint(endpoint="127.0.0.1:9090", insecure=True),
+        clusters=[api.ClusterSpec(id=c, version="1.29.4") for c in clusters],
+        strategy=api.Strategy(max_failures="100%"),
+        timeouts=api.StepTimeouts(control_plane="10m"),
+    )
+    durations = dict.fromkeys(OpKind, 20.0)
+    durations[OpKind.CONTROL_PLANE] = 1e9
+    fleet = ModelFleet(clusters, durations=durations)
+    rollout = simulate(fleet, spec, horizon_seconds=4 * 3600.0)
+    timed_out = [u for u in rollout.upgrades.values() if u.status.reason == "StepTimedOut"]
+    # The floor lets 10 go; failed, they stay out of service, so no more start.
+    assert len(timed_out) == 10
+    assert all(u.status.phase == api.UpgradePhase.FAILED for u in timed_out)
+    assert checked.quiet > 0
