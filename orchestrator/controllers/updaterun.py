@@ -22,10 +22,11 @@ from pydantic import ValidationError
 from orchestrator import api
 from orchestrator.adapters.analysis import Analyzer, PrometheusTarget
 from orchestrator.adapters.cache import AccessCatalog, ObjectCache
+from orchestrator.adapters.composed import NoProvider, build_provider
 from orchestrator.adapters.kube import Conflict, KubeClient, KubeError, NotFound
 from orchestrator.adapters.metrics import Metrics
 from orchestrator.adapters.notify import Notifier
-from orchestrator.adapters.provider import GrpcProvider, OperationTracker, PluginPool
+from orchestrator.adapters.provider import OperationTracker, PluginPool
 from orchestrator.adapters.secrets import SecretError, TLSResolver
 from orchestrator.engine.access import Access
 from orchestrator.engine.conditions import format_time, get_condition, set_condition
@@ -36,6 +37,7 @@ from orchestrator.engine.requester import requester
 from orchestrator.engine.transitions import ClusterChange, Transition, event_name, transitions
 from orchestrator.engine.validate import Problem, parse_model
 from orchestrator.pipeline import deletion
+from orchestrator.pipeline.compose import PartProvider
 from orchestrator.pipeline.crossrun import UNSEEN, RunNotSeen, holding_of, neighbours
 from orchestrator.pipeline.driver import (
     CallError,
@@ -223,29 +225,20 @@ class UpdateRunController:
         access = self.catalog.check(namespace, spec)
         if isinstance(access, list):
             return self._invalid(obj, status, access, gen, now)
-        target = access.provider
-        endpoint = target.endpoint
         self.uids.add(meta["uid"])
-        try:
-            client = self.pool.get(
-                endpoint,
-                self.tls.client_tls(target.secret_namespace, target.ops_endpoint(), target.field),
-            )
-        except SecretError as err:
-            return self._degraded(obj, status, "TLSConfigError", str(err), gen, now, 30.0)
-        try:
-            identity = self.pool.identity(endpoint, client)
-        except CallError as err:
-            return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
-        self.providers[(namespace, name)] = identity
-        self.tracker.follow(client)
-        provider = GrpcProvider(
-            client,
+        built = build_provider(
+            access,
+            self.pool,
+            self.tls,
             self.tracker,
             self.clock,
-            lambda op: self.count_operation(endpoint, op),
-            converted=self._inventories.setdefault(endpoint, {}),
+            self.count_operation,
+            self._inventories,
         )
+        if isinstance(built, NoProvider):
+            return self._degraded(obj, status, built.reason, built.message, gen, now, built.retry)
+        provider, endpoint, identity = built.provider, built.endpoint, built.identity
+        self.providers[(namespace, name)] = identity
         initialized = get_condition(status.conditions, "Initialized")
         if initialized is None or initialized.status != "True":
             return self._initialize(obj, spec, status, provider, endpoint, identity, gen, now)
@@ -273,7 +266,7 @@ class UpdateRunController:
         obj: dict[str, Any],
         spec: api.UpdateRunSpec,
         status: api.UpdateRunStatus,
-        provider: GrpcProvider,
+        provider: PartProvider,
         endpoint: str,
         identity: str,
         gen: int,
@@ -393,7 +386,7 @@ class UpdateRunController:
         obj: dict[str, Any],
         spec: api.UpdateRunSpec,
         status: api.UpdateRunStatus,
-        provider: GrpcProvider,
+        provider: PartProvider,
         access: Access,
         identity: str,
         gen: int,
@@ -483,7 +476,7 @@ class UpdateRunController:
         )
 
     def _driver(
-        self, obj: Mapping[str, Any], provider: GrpcProvider, access: Access, store: _KubeStore
+        self, obj: Mapping[str, Any], provider: PartProvider, access: Access, store: _KubeStore
     ) -> RunDriver:
         """The run's driver over the apiserver and its plugin, with the health checks' clients
         (only those access allows) and the memory it keeps between reconciles."""
