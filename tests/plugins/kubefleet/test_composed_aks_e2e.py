@@ -143,7 +143,7 @@ def test_kubefleet_taints_and_approves_while_aks_upgrades_the_members(
     create_tracker(hub, staged)
     with AksEmulator(op_seconds=0.3) as arm:
         populate_aks(arm, NAMES)
-        config = plugin_config(arm, NAMES, traffic="recordOnly")
+        config = plugin_config(arm, NAMES, traffic="unsupported")  # no traffic of its own
         with running_aks_plugin(arm, config) as aks:
             kubefleet = start_plugin(plugin_kubeconfig)
             hub_identity = kubefleet.client.info()
