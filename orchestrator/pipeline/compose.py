@@ -24,7 +24,8 @@ simulation over its model fleets: the same code.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
@@ -208,7 +209,9 @@ class ComposedProvider:
     def _all_ids(self, route: Route) -> _Ids:
         """The route's ids of every cluster of the inventory (an id two clusters make is
         nobody's, whichever of them is asked about)."""
-        return self._ids(route, self.inventory_route.part.inventory().values())
+        with _asking(self.name, self.inventory_route):
+            clusters = self.inventory_route.part.inventory()
+        return self._ids(route, clusters.values())
 
     def _part_snapshot(self, route: Route, ids: _Ids, inv: Snapshot) -> Snapshot:
         if route.part is self.inventory_route.part and route.template == CLUSTER_ID_PLACEHOLDER:
@@ -221,13 +224,15 @@ class ComposedProvider:
         """The inventory part's clusters, each with its versions from the upgrades part and
         its service state from the traffic part; every part's operations, by request id,
         with the run's cluster ids."""
-        inv = self.inventory_route.part.snapshot(cluster_ids)
+        with _asking(self.name, self.inventory_route):
+            inv = self.inventory_route.part.snapshot(cluster_ids)
         seen: dict[tuple[int, str], tuple[_Ids, Snapshot]] = {}
         operations: dict[str, OpObs] = {}
         forgotten = set(inv.forgotten)
         for route in self._routes():
             ids = self._all_ids(route)
-            snap = self._part_snapshot(route, ids, inv)
+            with _asking(self.name, route):
+                snap = self._part_snapshot(route, ids, inv)
             seen[_key(route)] = (ids, snap)
             forgotten |= snap.forgotten
             for rid, op in snap.operations.items():
@@ -277,7 +282,8 @@ class ComposedProvider:
 
     def inventory(self) -> dict[str, ClusterObs]:
         """Every cluster of the inventory part, merged (what a run pins)."""
-        ids = sorted(self.inventory_route.part.inventory())
+        with _asking(self.name, self.inventory_route):
+            ids = sorted(self.inventory_route.part.inventory())
         return dict(self.snapshot(ids).clusters)
 
     def _route_of(self, kind: OpKind) -> Route:
@@ -291,7 +297,9 @@ class ComposedProvider:
         if cluster_id in ids.unmapped:
             return ids.unmapped[cluster_id]
         pid = ids.to_part[cluster_id]
-        if pid not in route.part.snapshot([pid]).clusters:
+        with _asking(self.name, route):
+            listed = pid in route.part.snapshot([pid]).clusters
+        if not listed:
             return Unmapped(
                 UNLISTED_REASON,
                 f"cluster {cluster_id} is {pid} on FleetProvider {route.name} (FleetProvider "
@@ -318,7 +326,8 @@ class ComposedProvider:
                 self.clock(),
                 message=f"FleetProvider {self.name} has no preflight part",
             )
-        return self.preflight_route.part.preflight(ids["preflight"], version, pools)
+        with _asking(self.name, self.preflight_route):
+            return self.preflight_route.part.preflight(ids["preflight"], version, pools)
 
     def call(self, call: Call) -> OpObs:
         """The call made on its role's part, with the part's id of the cluster."""
@@ -326,7 +335,8 @@ class ComposedProvider:
         found = self._resolve(route, call.cluster_id)
         if isinstance(found, Unmapped):
             raise CallError("FAILED_PRECONDITION", found.message, retryable=False)
-        op = route.part.call(replace(call, cluster_id=found))
+        with _asking(self.name, route):
+            op = route.part.call(replace(call, cluster_id=found))
         return replace(op, cluster_id=call.cluster_id)
 
     def learn(self, steps: Sequence[tuple[str, str, str]]) -> None:
@@ -342,9 +352,25 @@ class ComposedProvider:
                     continue
                 entry = by_part.setdefault(id(route.part), (route.part, []))
                 entry[1].append((rid, op_id, ids.to_part[cid]))
-        for part in {id(r.part): r.part for r in self._routes()}.values():
-            found = by_part.get(id(part))
-            part.learn(found[1] if found else [])
+        for route in {id(r.part): r for r in self._routes()}.values():
+            found = by_part.get(id(route.part))
+            with _asking(self.name, route):
+                route.part.learn(found[1] if found else [])
+
+
+@contextmanager
+def _asking(provider: str, route: Route) -> Iterator[None]:
+    """A part's failure, saying which part of which composed FleetProvider failed."""
+    try:
+        yield
+    except CallError as err:
+        raise CallError(
+            err.code,
+            f"FleetProvider {provider}: part {route.role} (FleetProvider {route.name}): "
+            f"{err.message}",
+            err.retryable,
+            err.retry_after,
+        ) from err
 
 
 def _key(route: Route) -> tuple[int, str]:
