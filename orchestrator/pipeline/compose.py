@@ -24,6 +24,7 @@ simulation over its model fleets: the same code.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -163,6 +164,11 @@ class ComposedProvider:
     #: None: no part answers preflight (only the composition's own refusals are given).
     preflight_route: Route | None
     clock: Callable[[], datetime]
+    #: Per route, the ids made from the inventory read they were made from (`_all_ids`).
+    _made: dict[tuple[int, str], tuple[Mapping[str, ClusterObs], _Ids]] = field(
+        default_factory=dict, repr=False
+    )
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def supports_preflight(self) -> bool:
@@ -208,10 +214,19 @@ class ComposedProvider:
 
     def _all_ids(self, route: Route) -> _Ids:
         """The route's ids of every cluster of the inventory (an id two clusters make is
-        nobody's, whichever of them is asked about)."""
+        nobody's, whichever of them is asked about); made once per inventory read (a plugin's
+        inventory is read once per pass, and a pass asks this for every call it makes)."""
         with _asking(self.name, self.inventory_route):
             clusters = self.inventory_route.part.inventory()
-        return self._ids(route, clusters.values())
+        key = _key(route)
+        with self._lock:
+            known = self._made.get(key)
+            if known is not None and known[0] is clusters:
+                return known[1]
+        ids = self._ids(route, clusters.values())
+        with self._lock:
+            self._made[key] = (clusters, ids)
+        return ids
 
     def _part_snapshot(self, route: Route, ids: _Ids, inv: Snapshot) -> Snapshot:
         if route.part is self.inventory_route.part and route.template == CLUSTER_ID_PLACEHOLDER:
@@ -257,6 +272,10 @@ class ComposedProvider:
         """One cluster as the run sees it: the inventory's id, labels and availability; the
         upgrades part's versions, pools and windows; the traffic part's service state; down
         when any part says so; the operation in flight on any part."""
+        # Without the upgrades part's view (no id there, or not listed) the inventory's
+        # versions stand: short of target, the cluster is preflighted and refused naming why
+        # (`_resolve`); at target there it is skipped (docs/plugin-contract.md, "Composed
+        # providers": a version property lags behind, never ahead).
         merged = c
         if upgrades is not None:
             merged = replace(
