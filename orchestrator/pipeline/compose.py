@@ -242,7 +242,6 @@ class ComposedProvider:
         with _asking(self.name, self.inventory_route):
             inv = self.inventory_route.part.snapshot(cluster_ids)
         seen: dict[tuple[int, str], tuple[_Ids, Snapshot]] = {}
-        operations: dict[str, OpObs] = {}
         forgotten = set(inv.forgotten)
         for route in self._routes():
             ids = self._all_ids(route)
@@ -250,10 +249,15 @@ class ComposedProvider:
                 snap = self._part_snapshot(route, ids, inv)
             seen[_key(route)] = (ids, snap)
             forgotten |= snap.forgotten
+        # Every part's operations (request ids never repeat across parts), each under the
+        # run's id of its cluster when a part's ids name it.
+        to_run: dict[str, str] = {}
+        for ids, _ in seen.values():
+            to_run.update(ids.to_run)
+        operations: dict[str, OpObs] = {}
+        for snap in [inv, *(snap for _, snap in seen.values())]:
             for rid, op in snap.operations.items():
-                operations[rid] = _renamed(op, ids.to_run)
-        for rid, op in inv.operations.items():
-            operations.setdefault(rid, op)
+                operations.setdefault(rid, _renamed(op, to_run))
 
         def of(route: Route, cid: str) -> ClusterObs | None:
             ids, snap = seen[_key(route)]
