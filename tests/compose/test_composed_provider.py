@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestrator import api
 from orchestrator.engine.decide import Call, Preflight, Upgrade, Verdict, with_status
@@ -318,3 +320,50 @@ def test_a_composed_runs_clusters_meet_a_run_on_the_plain_inventory_plugin() -> 
     )
     assert held == {"member-1": "team-a/composed", "member-2": "team-a/composed"}
     assert [(f.run, f.required) for f in floors] == [("team-a/composed", 1)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["ok", "no-label", "shared", "not-on-aks", "refused"]),
+        min_size=2,
+        max_size=6,
+    ),
+    st.integers(min_value=1, max_value=5),
+)
+def test_any_mix_of_members_keeps_the_floor_and_touches_only_what_it_can_name(
+    kinds: list[str], required: int
+) -> None:
+    # Each member: named on AKS and accepted, without the label, sharing its AKS name with
+    # another member, named but not listed by AKS, or refused by AKS's preflight.
+    required = min(required, len(kinds) - 1)
+    members: dict[str, dict[str, str]] = {}
+    for i, kind in enumerate(kinds):
+        labels = fleet_labels("shared" if kind == "shared" else f"aks-{i}")
+        if kind == "no-label":
+            del labels["fleet.azure.com/cluster-name"]
+        members[f"member-{i}"] = labels
+    w = world(members)
+    for i, kind in enumerate(kinds):
+        if kind == "not-on-aks":
+            del w.aks.fleet.clusters[arm_id(f"aks-{i}")]
+        if kind == "refused":
+            w.aks.refuse.add(arm_id(f"aks-{i}"))
+    shared = kinds.count("shared") > 1
+    upgrades = by_cluster(roll(w, list(members), required=required))
+    for i, kind in enumerate(kinds):
+        cid = f"member-{i}"
+        nameable = kind == "ok" or (kind == "shared" and not shared)
+        if nameable:
+            assert upgrades[cid].phase == api.UpgradePhase.UPGRADED, (cid, upgrades[cid])
+            aks = w.aks.fleet.clusters[arm_id("shared" if kind == "shared" else f"aks-{i}")]
+            assert aks.control_plane_version == NEW
+        else:
+            assert upgrades[cid].phase == api.UpgradePhase.BLOCKED, (cid, upgrades[cid])
+            assert all(c != cid for c, *_ in w.hub.fleet.started_steps)
+    # Never fewer than the floor in service on the hub, nothing left out; each AKS cluster
+    # upgraded at most once.
+    assert w.hub.fleet.min_available_in_service >= required
+    assert all(c.in_service for c in w.hub.fleet.clusters.values())
+    upgraded = [c for c, k, _, _ in w.aks.fleet.started_steps if k is OpKind.CONTROL_PLANE]
+    assert len(upgraded) == len(set(upgraded))
