@@ -177,15 +177,15 @@ def test_the_apiserver_accepts_the_shipped_objects(
                 },
                 "allowedNamespaces": {},
             },
-            "oneOf",
+            ("oneOf",),
         ),
-        ({"allowedNamespaces": {}}, "oneOf"),
+        ({"allowedNamespaces": {}}, ("oneOf",)),
         (
             {
                 "parts": {"inventory": {"name": "a"}, "upgrades": {"name": "b"}},
                 "allowedNamespaces": {},
             },
-            "spec.parts.traffic",
+            ("spec.parts", "traffic"),  # the apiserver's, or kubectl's own schema check
         ),
         (
             {
@@ -196,12 +196,12 @@ def test_the_apiserver_accepts_the_shipped_objects(
                 },
                 "allowedNamespaces": {},
             },
-            "spec.parts.upgrades.clusterId",
+            ("spec.parts.upgrades.clusterId",),
         ),
     ],
 )
 def test_the_apiserver_refuses_a_bad_composition_naming_the_field(
-    control_plane: KubeCluster, tmp_path: Path, spec: dict[str, Any], words: str
+    control_plane: KubeCluster, tmp_path: Path, spec: dict[str, Any], words: tuple[str, ...]
 ) -> None:
     body = {
         "apiVersion": api.API_VERSION,
@@ -213,4 +213,4 @@ def test_the_apiserver_refuses_a_bad_composition_naming_the_field(
     path.write_text(json.dumps(body))
     with pytest.raises(AssertionError) as refused:  # kubectl's failure, with its stderr
         kubectl(control_plane, "apply", "--dry-run=server", "-f", str(path))
-    assert words in str(refused.value), refused.value
+    assert all(w in str(refused.value) for w in words), refused.value
