@@ -96,8 +96,12 @@ def test_the_sidecar_patches_are_the_plugins_own() -> None:
     ).read_text()
     ours = (COMPOSE / "ocm-eks" / "ocm-sidecar-patch.yaml").read_text()
     theirs = (REPO_ROOT / "manifests" / "ocm" / "sidecar.yaml").read_text()
-    assert ours.replace(":9092", ":9091").replace("containerPort: 9092", "containerPort: 9091") == (
-        theirs
+    probe = ("httpGet: {path: /metrics, port: ocm-metrics}", "grpc: {port: 50061}")
+    assert (
+        ours.replace(":9092", ":9091")
+        .replace("containerPort: 9092", "containerPort: 9091")
+        .replace(*probe)
+        == theirs
     )
 
 
