@@ -218,3 +218,19 @@ def test_the_apiserver_refuses_a_bad_composition_naming_the_field(
     with pytest.raises(AssertionError) as refused:  # kubectl's failure, with its stderr
         kubectl(control_plane, "apply", "--dry-run=server", "-f", str(path))
     assert all(w in str(refused.value) for w in words), refused.value
+
+
+def test_kubectl_get_fleetproviders_shows_what_a_composition_is_made_of(
+    control_plane: KubeCluster,
+) -> None:
+    path = COMPOSE / "kubefleet-aks" / "fleetproviders.yaml"
+    kubectl(control_plane, "apply", "-f", str(path))
+    try:
+        out = kubectl(control_plane, "get", "fleetproviders", "kubefleet-aks", "aks-web")
+    finally:
+        kubectl(control_plane, "delete", "-f", str(path), "--wait=false")
+    header, *rows = [line.split() for line in out.splitlines() if line.strip()]
+    assert header[:5] == ["NAME", "ENDPOINT", "INSECURE", "INVENTORY", "UPGRADES"], header
+    by_name = {row[0]: row for row in rows}
+    assert by_name["kubefleet-aks"][-3:-1] == ["kubefleet-hub", "aks-web"], by_name
+    assert by_name["aks-web"][1] == "127.0.0.1:9090", by_name
