@@ -61,9 +61,14 @@ from orchestrator.api.fields import (
     parse_max_failures,
 )
 from orchestrator.api.fleetprovider import (
+    CLUSTER_ID_PLACEHOLDER,
+    CLUSTER_ID_TEMPLATE_PATTERN,
     FLEET_PROVIDER_KIND,
     FLEET_PROVIDER_PLURAL,
+    PART_ROLES,
     FleetProviderSpec,
+    ProviderPart,
+    ProviderParts,
 )
 from orchestrator.api.metricsource import METRIC_SOURCE_KIND, METRIC_SOURCE_PLURAL, MetricSourceSpec
 from orchestrator.api.rollout import (
@@ -137,6 +142,8 @@ __all__ = [
     "ANNOTATION_SKIP_CLUSTERS",
     "ANNOTATION_SKIP_STAGES",
     "API_VERSION",
+    "CLUSTER_ID_PLACEHOLDER",
+    "CLUSTER_ID_TEMPLATE_PATTERN",
     "CLUSTER_UPGRADE_KIND",
     "CLUSTER_UPGRADE_PLURAL",
     "DURATION_PATTERN",
@@ -155,6 +162,7 @@ __all__ = [
     "METRIC_SOURCE_KIND",
     "METRIC_SOURCE_PLURAL",
     "NAME_PATTERN",
+    "PART_ROLES",
     "PLURAL",
     "POSITIVE_DURATION_PATTERN",
     "TIME_OF_DAY_PATTERN",
@@ -201,6 +209,8 @@ __all__ = [
     "NotificationType",
     "OnFailure",
     "OpsEndpoint",
+    "ProviderPart",
+    "ProviderParts",
     "ProviderRef",
     "ProviderWindows",
     "RetrySpec",

@@ -258,20 +258,25 @@ def _cluster_scoped(crd: dict[str, Any]) -> dict[str, Any]:
 
 
 def fleet_provider_crd() -> dict[str, Any]:
-    """The FleetProvider CRD (cluster-scoped): a plugin endpoint and who may use it."""
+    """The FleetProvider CRD (cluster-scoped): a plugin endpoint, or one per capability, and
+    who may use it."""
     return _cluster_scoped(
         _crd(
             api.FLEET_PROVIDER_KIND,
             api.FLEET_PROVIDER_PLURAL,
             "fp",
             "A provider plugin declared by a platform admin: its endpoint, its TLS (Secrets in the "
-            "orchestrator's namespace) and the namespaces whose ClusterVersions and UpdateRuns "
-            "may name it in spec.providerRef.",
+            "orchestrator's namespace), or one such FleetProvider per capability (spec.parts), "
+            "and the namespaces whose ClusterVersions and UpdateRuns may name it in "
+            "spec.providerRef.",
             structural_schema(api.FleetProviderSpec),
             {},
             [
                 _col("Endpoint", "string", ".spec.endpoint"),
                 _col("Insecure", "boolean", ".spec.insecure"),
+                # A composed provider: where its clusters come from and who upgrades them.
+                _col("Inventory", "string", ".spec.parts.inventory.name"),
+                _col("Upgrades", "string", ".spec.parts.upgrades.name"),
             ],
         )
     )

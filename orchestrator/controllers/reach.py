@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from orchestrator import api
-from orchestrator.adapters.provider import GrpcProvider
 from orchestrator.engine.decide import Call, Preflight, Upgrade
 from orchestrator.engine.initialize import Pinned, pin_upgrades
 from orchestrator.engine.observations import ClusterObs, OpObs, Snapshot
 from orchestrator.engine.validate import Problem
+from orchestrator.pipeline.compose import PartProvider
 from orchestrator.pipeline.driver import CallError, Provider
 from orchestrator.pipeline.multi import Member, MultiProvider, named, pin_across, route
 
@@ -27,7 +27,7 @@ class Reached:
     name: str
     endpoint: str
     identity: str
-    provider: GrpcProvider
+    provider: PartProvider
 
 
 @dataclass(frozen=True)

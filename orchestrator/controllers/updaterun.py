@@ -9,7 +9,6 @@ conditional on its resourceVersion.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,10 +22,11 @@ from pydantic import ValidationError
 from orchestrator import api
 from orchestrator.adapters.analysis import Analyzer, PrometheusTarget
 from orchestrator.adapters.cache import AccessCatalog, ObjectCache
+from orchestrator.adapters.composed import NoProvider, PluginBuilder
 from orchestrator.adapters.kube import Conflict, KubeClient, KubeError, NotFound
 from orchestrator.adapters.metrics import Metrics
 from orchestrator.adapters.notify import Notifier
-from orchestrator.adapters.provider import GrpcProvider, OperationTracker, PluginPool
+from orchestrator.adapters.provider import OperationTracker, PluginPool
 from orchestrator.adapters.secrets import SecretError, TLSResolver
 from orchestrator.controllers.reach import Reached, RunPlugins, Unreached
 from orchestrator.engine.access import Access
@@ -258,39 +258,31 @@ class UpdateRunController:
         FleetProvider of spec.providerRefs (orchestrator.pipeline.multi); else why not, as a
         Degraded condition's (reason, message, seconds to look again after). A member of
         several that does not answer is Unreached (its clusters unknown, the others go on)."""
-        targets = [(name, target) for name, target in access.members] or [("", access.provider)]
-        several = bool(access.members)
+        builder = PluginBuilder(
+            self.pool, self.tls, self.tracker, self.clock, self.count_operation, self._inventories
+        )
+        if not access.members:
+            # One FleetProvider (plain or composed, orchestrator.adapters.composed) or
+            # spec.opsEndpoint.
+            built = builder.provider(access)
+            if isinstance(built, NoProvider):
+                return built.reason, built.message, built.retry
+            via = access.provider.via
+            name = access.composition.name if access.composition is not None else ""
+            if not name and via.startswith("FleetProvider "):
+                name = via.removeprefix("FleetProvider ")
+            one = Reached(name, built.endpoint, built.identity, built.provider)
+            return RunPlugins([one], False, self.clock)
         plugins: list[Reached | Unreached] = []
-        for fp, target in targets:
-            endpoint = target.endpoint
-            try:
-                client = self.pool.get(
-                    endpoint,
-                    self.tls.client_tls(
-                        target.secret_namespace, target.ops_endpoint(), target.field
-                    ),
-                )
-            except SecretError as err:
-                return "TLSConfigError", str(err), 30.0
-            try:
-                identity = self.pool.identity(endpoint, client)
-            except CallError as err:
-                if not several:
-                    return "PluginUnavailable", str(err), 5.0
-                plugins.append(Unreached(fp, endpoint, named(fp, err)))
+        for fp, target in access.members:
+            reached = builder.plugin(target)
+            if isinstance(reached, NoProvider):
+                if reached.error is None:
+                    return reached.reason, reached.message, reached.retry
+                plugins.append(Unreached(fp, target.endpoint, named(fp, reached.error)))
                 continue
-            self.tracker.follow(client)
-            provider = GrpcProvider(
-                client,
-                self.tracker,
-                self.clock,
-                functools.partial(self.count_operation, endpoint),
-                converted=self._inventories.setdefault(endpoint, {}),
-            )
-            declared = target.via.startswith("FleetProvider ")
-            shown = fp or (target.via.removeprefix("FleetProvider ") if declared else "")
-            plugins.append(Reached(shown, endpoint, identity, provider))
-        return RunPlugins(plugins, several, self.clock)
+            plugins.append(Reached(fp, target.endpoint, reached[1], reached[0]))
+        return RunPlugins(plugins, True, self.clock)
 
     def _forget(self, namespace: str, name: str) -> None:
         """A run that is gone (its finalizer released, or removed by a person): nothing can act

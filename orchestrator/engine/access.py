@@ -31,7 +31,9 @@ __all__ = [
     "INLINE_FLAG",
     "Access",
     "AccessPolicy",
+    "Composition",
     "Endpoint",
+    "Part",
     "PrometheusSource",
     "check_access",
     "needs_labels",
@@ -113,8 +115,32 @@ class PrometheusSource:
 
 
 @dataclass(frozen=True)
+class Part:
+    """One role of a composed provider: its FleetProvider's name and endpoint, the template
+    of its cluster ids, and whether spec.parts names it (False: a default: preflight from the
+    upgrades part, health from the inventory part)."""
+
+    role: str
+    name: str
+    endpoint: Endpoint
+    template: str
+    named: bool
+
+
+@dataclass(frozen=True)
+class Composition:
+    """A composed provider (FleetProvider spec.parts): every role's part."""
+
+    name: str
+    parts: Mapping[str, Part]
+
+
+@dataclass(frozen=True)
 class Access:
-    """What a spec was allowed to use: the run's provider and every check's plugin or source."""
+    """What a spec was allowed to use: the run's provider and every check's plugin or source.
+
+    For a composed provider, `provider` is its health part (what a check naming no endpoint
+    asks) and `composition` holds every part."""
 
     provider: Endpoint
     plugins: Mapping[PluginKey, Endpoint] = field(default_factory=dict)
@@ -122,6 +148,7 @@ class Access:
     #: A run over several FleetProviders (spec.providerRefs): each one's name and endpoint, in
     #: the spec's order (`provider` is the first). Empty for providerRef and opsEndpoint.
     members: tuple[tuple[str, Endpoint], ...] = ()
+    composition: Composition | None = None
 
     def plugin(
         self, endpoint: str | None, insecure: bool | None, tls: api.TLSConfig | None
@@ -189,7 +216,9 @@ def check_access(
             )
     if rules.problems or provider is None:
         return rules.problems
-    return Access(provider, plugins, prometheus, tuple(rules.members))
+    return Access(
+        provider, plugins, prometheus, members=tuple(rules.members), composition=rules.composition
+    )
 
 
 @dataclass
@@ -202,6 +231,7 @@ class _Rules:
     problems: list[Problem] = field(default_factory=list)
     #: spec.providerRefs as allowed: (FleetProvider name, its endpoint).
     members: list[tuple[str, Endpoint]] = field(default_factory=list)
+    composition: Composition | None = None
 
     @property
     def inline(self) -> bool:
@@ -258,6 +288,15 @@ class _Rules:
                 self._refuse(where, f"FleetProvider {r.name} is listed twice; list each once")
                 continue
             seen.add(r.name)
+            declared = self.providers.get(r.name)
+            if declared is not None and declared.parts is not None:
+                self._refuse(
+                    where,
+                    f"FleetProvider {r.name} is composed (spec.parts); a run over several "
+                    "providers takes FleetProviders with an endpoint: name it alone in "
+                    "spec.providerRef, or list FleetProviders with an endpoint here",
+                )
+                continue
             found = self._declared(where, r.name)
             if found is not None:
                 self.members.append((r.name, found))
@@ -289,6 +328,9 @@ class _Rules:
                 f"admin adds it to spec.allowedNamespaces of FleetProvider {name}",
             )
             return None
+        if declared.parts is not None:
+            return self._composed(where, name, declared.parts)
+        assert declared.endpoint is not None  # FleetProviderSpec: endpoint or parts
         return Endpoint(
             declared.endpoint,
             declared.insecure,
@@ -296,6 +338,43 @@ class _Rules:
             self.policy.home,
             f"FleetProvider {name}",
         )
+
+    def _composed(self, where: str, name: str, parts: api.ProviderParts) -> Endpoint | None:
+        """A composed provider's parts (each a FleetProvider with an endpoint; their own
+        allowedNamespaces do not matter: the composed one's were checked); the health part's
+        endpoint is the run's provider for checks."""
+        found: dict[str, Part] = {}
+        defaults = {"preflight": "upgrades", "health": "inventory"}
+        for role in api.PART_ROLES:
+            part = getattr(parts, role)
+            named = part is not None
+            if part is None:
+                part = getattr(parts, defaults[role])
+            at = f"FleetProvider {name}: spec.parts.{role}.name"
+            declared = self.providers.get(part.name)
+            problem = ""
+            if part.name not in self.providers:
+                problem = f"FleetProvider {part.name} does not exist"
+            elif declared is None:
+                problem = f"FleetProvider {part.name} has an invalid spec"
+            elif declared.endpoint is None:
+                problem = f"FleetProvider {part.name} is itself composed; name one with an endpoint"
+            if problem or declared is None or declared.endpoint is None:
+                self._refuse(where, f"{at}: {problem}; a platform admin must fix it")
+                continue
+            endpoint = Endpoint(
+                declared.endpoint,
+                declared.insecure,
+                declared.tls,
+                self.policy.home,
+                f"FleetProvider {part.name}",
+            )
+            template = part.template if named else getattr(parts, defaults[role]).template
+            found[role] = Part(role, part.name, endpoint, template, named)
+        if len(found) < len(api.PART_ROLES):
+            return None
+        self.composition = Composition(name, found)
+        return found["health"].endpoint
 
     def _inline(
         self, where: str, endpoint: str, insecure: bool | None, tls: api.TLSConfig | None

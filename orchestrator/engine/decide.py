@@ -89,6 +89,7 @@ __all__ = [
     "needs_upgrade",
     "request_id",
     "short_of_target",
+    "step_of",
     "with_status",
 ]
 
@@ -335,6 +336,13 @@ def verdict_for(inp: RunInput, u: Upgrade) -> Preflight | None:
 def request_id(uid: str, cluster_id: str, step: str, target: str, attempt: int) -> str:
     """The deterministic request id of one step of one attempt: never started twice."""
     return f"{uid}:{cluster_id}:{step}:{target}:{attempt}"
+
+
+def step_of(request_id_: str) -> str:
+    """The step a request id (`request_id`) was made for: "serviceOut", "controlPlane",
+    "nodePool/POOL", "recover" (a service-in after a failure)..."""
+    parts = request_id_.rsplit(":", 3)
+    return parts[1] if len(parts) == 4 else ""
 
 
 def hook_id(uid: str, cluster_id: str, kind: str, attempt: int) -> str:
