@@ -95,7 +95,6 @@ ACTIVE = frozenset(
         U.POST_HOOK,
     }
 )
-_DONE = frozenset({U.UPGRADED, U.SKIPPED})
 _STEP_PHASE = {
     OpKind.SERVICE_OUT: U.SERVICING_OUT,
     OpKind.CONTROL_PLANE: U.UPGRADING_CONTROL_PLANE,
@@ -1434,12 +1433,26 @@ def _skip_stages(
     return skipped
 
 
+@dataclass(frozen=True)
+class _StageTally:
+    """A stage's clusters by outcome: what its status reports (upgraded and skipped apart;
+    failed counts Failed and Refused clusters, as the budget does) and whether it settled."""
+
+    upgraded: int
+    skipped: int
+    #: Failed clusters.
+    failed: int
+    #: Blocked clusters whose target the provider refuses (reason Refused).
+    refused: int
+    #: Nothing pending or in flight.
+    settled: bool
+
+
 @dataclass
 class _Budgets:
     """The failure budgets of one decision: per stage and for the run."""
 
-    #: Per stage: (done, failed, refused, settled: nothing pending or in flight).
-    stats: list[tuple[int, int, int, bool]]
+    stats: list[_StageTally]
     #: Per stage: its failures are past its own budget or take the run past the run's.
     over: list[bool]
     stage_budgets: list[int | None]
@@ -1471,10 +1484,11 @@ def _budgets(
     for index, name in enumerate(names):
         members = by_stage.get(index, [])
         sts = [(u, run.status[u.name]) for u in members]
-        n_done = sum(1 for _, st in sts if st.phase in _DONE)
+        n_upgraded = sum(1 for _, st in sts if st.phase == U.UPGRADED)
+        n_skipped = sum(1 for _, st in sts if st.phase == U.SKIPPED)
         failed = [(u, st) for u, st in sts if st.phase == U.FAILED]
-        refused = [(u, st) for u, st in sts if st.phase == U.BLOCKED and st.reason == "Refused"]
-        settled = n_done + len(failed) + len(refused) == len(members)
+        refused = [(u, st) for u, st in sts if st.phase == U.BLOCKED and counts_as_failure(st)]
+        settled = n_upgraded + n_skipped + len(failed) + len(refused) == len(members)
         counted = failed + (refused if settled else [])
         spec_stage = stages_spec[index] if stages_spec else None
         own = (
@@ -1486,7 +1500,7 @@ def _budgets(
         out.counted += [(u.cluster_id, st.reason or "", st.message or "") for u, st in counted]
         past_stage = own is not None and len(counted) > own
         past_run = run_budget is not None and len(out.counted) > max(run_budget, before)
-        out.stats.append((n_done, len(failed), len(refused), settled))
+        out.stats.append(_StageTally(n_upgraded, n_skipped, len(failed), len(refused), settled))
         out.over.append(name not in skipped and (past_stage or past_run))
         out.stage_budgets.append(own)
     out.halted = any(out.over) or (run_budget is not None and len(out.counted) > run_budget)
@@ -1629,7 +1643,7 @@ def _walk_stages(
     walk = _Walk(names, [], None, budgets.halted, "Halted" if budgets.halted else "", "")
     for index, name in enumerate(names):
         members = by_stage.get(index, [])
-        n_done, n_failed, _, settled = budgets.stats[index]
+        tally = budgets.stats[index]
         old = prev.get(name)
         start = old.start_time if old else None
         completion = old.completion_time if old else None
@@ -1639,7 +1653,7 @@ def _walk_stages(
             # Skipped by a person: its checks are not evaluated and the run moves on.
             phase = api.StagePhase.SKIPPED
             health = None
-        elif walk.active is None and settled and not budgets.over[index]:
+        elif walk.active is None and tally.settled and not budgets.over[index]:
             phase, health, completion = _settled_stage(
                 run, walk, index, members, health, completion
             )
@@ -1653,8 +1667,9 @@ def _walk_stages(
                 name=name,
                 phase=phase,
                 total=len(members),
-                upgraded=n_done,
-                failed=n_failed,
+                upgraded=tally.upgraded,
+                skipped=tally.skipped,
+                failed=tally.failed + tally.refused,
                 max_failures=budgets.stage_budgets[index],
                 start_time=start,
                 completion_time=completion
@@ -1730,7 +1745,7 @@ def _open_stage(
     person's approval, or progressing."""
     name = walk.names[index]
     spec_stage = _stage_spec(run, index)
-    if budgets.over[index] or (walk.halted and budgets.stats[index][1]):
+    if budgets.over[index] or (walk.halted and budgets.stats[index].failed):
         return api.StagePhase.FAILED
     if (
         spec_stage is not None
