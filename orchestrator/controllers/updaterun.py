@@ -28,7 +28,7 @@ from orchestrator.adapters.notify import Notifier
 from orchestrator.adapters.provider import GrpcProvider, OperationTracker, PluginPool
 from orchestrator.adapters.secrets import SecretError, TLSResolver
 from orchestrator.engine.access import Access
-from orchestrator.engine.conditions import format_time, get_condition, set_condition
+from orchestrator.engine.conditions import format_time, get_condition, set_condition, with_fix
 from orchestrator.engine.decide import ACTIVE, Floor, Preflight, Upgrade
 from orchestrator.engine.initialize import Pinned, pin_upgrades, run_name
 from orchestrator.engine.observations import ClusterObs, OpObs, OpState
@@ -893,8 +893,16 @@ class UpdateRunController:
         now: datetime,
         retry: float,
     ) -> float:
+        """Degraded: the cause first (a failed call's code said once: str(CallError)), then the
+        fix where one is known."""
         conds = set_condition(
-            list(status.conditions or []), "Degraded", True, reason, message, gen, now
+            list(status.conditions or []),
+            "Degraded",
+            True,
+            reason,
+            with_fix(reason, message),
+            gen,
+            now,
         )
         self._write_run(obj, status.model_copy(update={"conditions": conds}))
         return retry

@@ -33,7 +33,13 @@ from enum import StrEnum
 
 from orchestrator import api
 from orchestrator.engine import windows
-from orchestrator.engine.conditions import format_time, get_condition, parse_time, set_condition
+from orchestrator.engine.conditions import (
+    cause_first,
+    format_time,
+    get_condition,
+    parse_time,
+    set_condition,
+)
 from orchestrator.engine.health import judge
 from orchestrator.engine.observations import (
     ClusterObs,
@@ -2137,7 +2143,7 @@ def call_failed(
     request id is asked again on the next reconcile, bounded by the step timeout).
     """
     stamp = format_time(now)
-    text = f"{call.kind.value}: {code}: {message}"
+    text = f"{call.kind.value}: {cause_first(code, message)}"
     if code in FATAL_CODES or (code == "FAILED_PRECONDITION" and not retryable):
         if call.kind is OpKind.SERVICE_OUT and not call.reissue:
             update = {

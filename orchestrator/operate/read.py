@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from orchestrator import api
 from orchestrator.adapters.kube import KubeClient, NotFound
 from orchestrator.engine.conditions import blocking_condition
+from orchestrator.engine.conditions import fix_for as condition_fix
 
 __all__ = [
     "CV",
@@ -439,24 +440,10 @@ def cause(*statuses: Mapping[str, Any]) -> str:
     return ""
 
 
-#: The fix of a cause whose message does not carry one, by the condition's reason.
-_FIXES = {
-    "PluginUnavailable": "check that the plugin runs and listens at the endpoint named (the "
-    "FleetProvider's spec.endpoint, or spec.opsEndpoint.endpoint) and that its TLS settings "
-    "match the plugin's certificate; the orchestrator tries again every 5s",
-    "TLSConfigError": "create the TLS Secret or key named (a FleetProvider's in the "
-    "orchestrator's namespace, an opsEndpoint's in this one); the orchestrator tries again "
-    "every 30s",
-    "SecretError": "create the Secret or key named in this namespace; the orchestrator tries "
-    "again every 30s",
-    "InvalidSpec": "fix the fields named (`kubectl edit`); the run goes on once the spec is valid",
-}
-
-
 def fix_for(text: str) -> str:
     """The fix of a cause ("Reason: message"), unless its message already says one ("; ...")."""
     reason, _, message = text.partition(": ")
-    return "" if "; " in message else _FIXES.get(reason, "")
+    return condition_fix(reason, message)
 
 
 def _observed(obj: Mapping[str, Any]) -> bool:
