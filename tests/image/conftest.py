@@ -39,7 +39,11 @@ def image() -> str:
         pytest.skip(reason)
     done = subprocess.run(
         [str(ROOT / "scripts" / "build-image")],
-        cwd=ROOT, capture_output=True, text=True, timeout=1500, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=False,
     )
     if done.returncode != 0:
         pytest.fail(f"scripts/build-image failed:\n{done.stderr[-3000:]}", pytrace=False)

@@ -74,7 +74,11 @@ def test_up_reuse_down(dev_dir: Path) -> None:
 
     get = subprocess.run(
         [kubectl, "--kubeconfig", str(kubeconfig), "get", "ns", "-o", "name"],
-        capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        stdin=subprocess.DEVNULL,
     )
     assert get.returncode == 0, get.stderr
     assert "namespace/default" in get.stdout.split()
