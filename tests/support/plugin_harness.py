@@ -8,22 +8,31 @@ its constants) stays in tests/plugins/<name>/support.py.
 
 from __future__ import annotations
 
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
+
+import pytest
 
 from fleetupgrade.plugin.v1 import cluster_pb2
+from orchestrator import api
 from plugins.sdk.client import ClientTLS, PluginClient
 from plugins.sdk.conformance import run_conformance
+from tests.support.kube import KubeCluster
+from tests.support.orchestrator import OrchestratorProcess
 
 __all__ = [
     "TERMINAL",
+    "FloorSampler",
     "RunningPlugin",
     "kit_outcome",
+    "orchestrator_process",
+    "seed_cluster_version",
     "serving",
     "started",
     "wait_terminal",
@@ -129,3 +138,63 @@ def kit_outcome(
             outcome["passed"].append(name)
     assert code == 0, outcome["failed"]
     return outcome
+
+
+class FloorSampler:
+    """Samples a fleet every 10 ms while in its `with` block: `sample()` (the callable given, or
+    a subclass's method) says how many clusters serve (available and in service) and how many
+    are out of service right now; kept are every count that served and the most out at once."""
+
+    def __init__(self, sample: Callable[[], tuple[int, int]] | None = None) -> None:
+        self._sample = sample
+        self._stop = threading.Event()
+        self.samples: list[int] = []
+        self.most_out = 0
+        self._thread = threading.Thread(target=self._run, name="floor-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            serving, out = self.sample()
+            self.samples.append(serving)
+            self.most_out = max(self.most_out, out)
+
+    def sample(self) -> tuple[int, int]:
+        """(clusters serving, clusters out of service) now."""
+        assert self._sample is not None, "give FloorSampler a sample() or override it"
+        return self._sample()
+
+    def __enter__(self) -> FloorSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def seed_cluster_version(
+    name: str, endpoint: str, cluster_ids: list[str], version: str, required: int
+) -> dict[str, Any]:
+    """Seed-shaped: the original operator's ClusterVersion (floor, plaintext endpoint, clusters
+    at one version), nothing of ours in it."""
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "requiredAvailableCount": required,
+            "opsEndpoint": {"endpoint": endpoint, "insecure": True},
+            "clusters": [{"id": cid, "version": version} for cid in cluster_ids],
+        },
+    }
+
+
+@pytest.fixture(name="orchestrator")
+def orchestrator_process(
+    control_plane: KubeCluster, namespace: str, tmp_path: Path
+) -> Iterator[OrchestratorProcess]:
+    """Fixture `orchestrator`: the real `fleet-orchestrator run` on the test's namespace (a test
+    module that imports this function gets it); stopped after the test."""
+    proc = OrchestratorProcess(control_plane.kubeconfig, namespace, tmp_path / "orchestrator.log")
+    yield proc.start()
+    proc.stop()
