@@ -15,12 +15,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import pytest
 
 from fleetupgrade.plugin.v1 import cluster_pb2
-from orchestrator import api
 from plugins.sdk.client import ClientTLS, PluginClient
 from plugins.sdk.conformance import run_conformance
 from tests.support.kube import KubeCluster
@@ -32,7 +31,6 @@ __all__ = [
     "RunningPlugin",
     "kit_outcome",
     "orchestrator_process",
-    "seed_cluster_version",
     "serving",
     "started",
     "wait_terminal",
@@ -88,16 +86,22 @@ def serving(plugin: P, caller: str) -> Iterator[RunningPlugin[P]]:
         running.stop()
 
 
-def wait_until(predicate: Callable[[], T | None], timeout: float = 15.0, what: str = "") -> T:
-    """Polls predicate until it returns a truthy value; fails after timeout seconds."""
+def wait_until(
+    predicate: Callable[[], T | None],
+    timeout: float = 15.0,
+    what: str = "",
+    interval: float = 0.05,
+) -> T:
+    """Polls predicate every interval seconds until it returns a truthy value; fails (an
+    AssertionError naming what) after timeout seconds."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.05)
+            raise AssertionError(f"not within {timeout:g} s: {what or predicate}")
+        time.sleep(interval)
 
 
 def wait_terminal(client: PluginClient, op_id: str, timeout: float = 15.0) -> cluster_pb2.Operation:
@@ -170,23 +174,6 @@ class FloorSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-
-
-def seed_cluster_version(
-    name: str, endpoint: str, cluster_ids: list[str], version: str, required: int
-) -> dict[str, Any]:
-    """Seed-shaped: the original operator's ClusterVersion (floor, plaintext endpoint, clusters
-    at one version), nothing of ours in it."""
-    return {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "requiredAvailableCount": required,
-            "opsEndpoint": {"endpoint": endpoint, "insecure": True},
-            "clusters": [{"id": cid, "version": version} for cid in cluster_ids],
-        },
-    }
 
 
 @pytest.fixture(name="orchestrator")

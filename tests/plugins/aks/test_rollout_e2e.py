@@ -16,11 +16,10 @@ from tests.plugins.aks.support import (
 )
 from tests.support.aks_emulator import AksEmulator
 from tests.support.kube import KubeCluster, wait_for
-from tests.support.orchestrator import CV, OrchestratorProcess
+from tests.support.orchestrator import CV, OrchestratorProcess, seed_cluster_version
 from tests.support.plugin_harness import (
     FloorSampler,
     orchestrator_process,
-    seed_cluster_version,
 )
 
 __all__ = ["orchestrator_process"]  # the fixture `orchestrator`

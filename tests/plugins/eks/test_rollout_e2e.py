@@ -29,11 +29,10 @@ from tests.plugins.eks.support import (
 from tests.support.eks_emulator import EksEmulator
 from tests.support.eks_emulator.route53 import Route53Emulator
 from tests.support.kube import KubeCluster, wait_for
-from tests.support.orchestrator import CV, OrchestratorProcess
+from tests.support.orchestrator import CV, OrchestratorProcess, seed_cluster_version
 from tests.support.plugin_harness import (
     FloorSampler,
     orchestrator_process,
-    seed_cluster_version,
 )
 
 __all__ = ["orchestrator_process"]  # the fixture `orchestrator`

@@ -17,11 +17,10 @@ from tests.plugins.gke.support import (
 )
 from tests.support.gke_emulator import GkeEmulator
 from tests.support.kube import KubeCluster, wait_for
-from tests.support.orchestrator import CV, OrchestratorProcess
+from tests.support.orchestrator import CV, OrchestratorProcess, seed_cluster_version
 from tests.support.plugin_harness import (
     FloorSampler,
     orchestrator_process,
-    seed_cluster_version,
 )
 
 __all__ = ["orchestrator_process"]  # the fixture `orchestrator`
