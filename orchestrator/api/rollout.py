@@ -553,8 +553,15 @@ class StageStatus(_Model):
     name: str
     phase: StagePhase
     total: int
-    upgraded: int
-    failed: int = 0
+    upgraded: int = Field(description="Clusters upgraded (skipped ones are counted apart).")
+    skipped: int = Field(
+        default=0, description="Clusters skipped: by a person, at target already, or gone."
+    )
+    failed: int = Field(
+        default=0,
+        description="Clusters that count against the failure budget: Failed, or Blocked "
+        "because the provider refuses their target.",
+    )
     max_failures: int | None = Field(default=None, description="Failures this stage tolerates.")
     start_time: str | None = None
     completion_time: str | None = None

@@ -24,7 +24,7 @@ from orchestrator.adapters.cache import AccessCatalog, ObjectCache
 from orchestrator.adapters.kube import Conflict, KubeClient, KubeError, NotFound
 from orchestrator.engine.conditions import blocking_condition, get_condition, set_condition
 from orchestrator.engine.initialize import live_fields, run_for, superseded
-from orchestrator.engine.requester import STAMPS, handed
+from orchestrator.engine.requester import COPIED, MOVED, handed, handover
 from orchestrator.engine.validate import Problem, SpecCache, validate_spec
 from orchestrator.pipeline import deletion
 
@@ -48,15 +48,9 @@ _PHASE = {
     api.RunPhase.FAILED.value: api.RolloutPhase.FAILED,
     api.RunPhase.INVALID.value: api.RolloutPhase.INVALID,
 }
-#: Annotations handed from the ClusterVersion to its current run (retry and skip are moved).
-_MOVED = (api.ANNOTATION_RETRY_CLUSTERS, api.ANNOTATION_SKIP_CLUSTERS)
-#: Level-triggered annotations copied to the current run as they are (unset: removed).
-_COPIED = (
-    api.ANNOTATION_APPROVE_STAGES,
-    api.ANNOTATION_SKIP_STAGES,
-    api.ANNOTATION_REASON,
-    api.ANNOTATION_REQUESTED_BY,
-)
+#: Annotations a new run starts with, as its ClusterVersion has them (retry and skip are handed
+#: by engine.requester.handover once the run exists).
+_COPIED = (*COPIED, api.ANNOTATION_REASON, api.ANNOTATION_REQUESTED_BY)
 
 
 @dataclass
@@ -289,22 +283,11 @@ class ClusterVersionController:
             )
         cv_ann = cv["metadata"].get("annotations") or {}
         run_ann = run["metadata"].get("annotations") or {}
-        for key in _COPIED:
-            if cv_ann.get(key) != run_ann.get(key):
-                patch.setdefault("metadata", {}).setdefault("annotations", {})[key] = cv_ann.get(
-                    key
-                )
-        # Who asked goes with the requests, when the ClusterVersion's stamp vouches for them.
-        stamps = handed(cv_ann, cv.get("spec"))
-        for key in STAMPS[:2]:
-            if stamps.get(key) != run_ann.get(key):
-                patch.setdefault("metadata", {}).setdefault("annotations", {})[key] = stamps.get(
-                    key
-                )
-        moved = {k: cv_ann[k] for k in _MOVED if cv_ann.get(k)}
-        for k, v in moved.items():
-            merged = ",".join(sorted({*_csv(run_ann.get(k)), *_csv(v)}))
-            patch.setdefault("metadata", {}).setdefault("annotations", {})[k] = merged
+        # The requests, and who asked with them (engine.requester.handover).
+        said = handover(cv_ann, cv.get("spec"), run_ann, "spec" in patch)
+        if said:
+            patch.setdefault("metadata", {})["annotations"] = said
+        moved = [k for k in MOVED if cv_ann.get(k)]
         if patch:
             self._patch(run, patch)
         if moved:  # consumed from the ClusterVersion once the run has them
@@ -491,7 +474,3 @@ def _replacing(old: Any, new: Any) -> Any:
         out.update({k: _replacing(old.get(k), v) for k, v in new.items()})
         return out
     return new
-
-
-def _csv(value: str | None) -> set[str]:
-    return {v.strip() for v in (value or "").split(",") if v.strip()}

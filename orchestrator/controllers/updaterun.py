@@ -35,6 +35,7 @@ from orchestrator.engine.conditions import (
     format_time,
     get_condition,
     set_condition,
+    with_fix,
 )
 from orchestrator.engine.decide import ACTIVE, Floor, Preflight, Upgrade
 from orchestrator.engine.index import RunIndex
@@ -949,8 +950,16 @@ class UpdateRunController:
         now: datetime,
         retry: float,
     ) -> float:
+        """Degraded: the cause first (a failed call's code said once: str(CallError)), then the
+        fix where one is known."""
         conds = set_condition(
-            list(status.conditions or []), "Degraded", True, reason, message, gen, now
+            list(status.conditions or []),
+            "Degraded",
+            True,
+            reason,
+            with_fix(reason, message),
+            gen,
+            now,
         )
         self._write_run(obj, status.model_copy(update={"conditions": conds}))
         return retry

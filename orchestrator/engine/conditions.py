@@ -8,14 +8,18 @@ from datetime import UTC, datetime
 from orchestrator import api
 
 __all__ = [
+    "FIXES",
     "PROVIDER_UNAVAILABLE",
     "blocking_condition",
+    "cause_first",
+    "fix_for",
     "format_micro_time",
     "format_time",
     "get_condition",
     "parse_time",
     "partly_degraded",
     "set_condition",
+    "with_fix",
 ]
 
 
@@ -101,3 +105,35 @@ def partly_degraded(conditions: list[api.Condition] | None) -> api.Condition | N
     ):
         return degraded
     return None
+
+
+def cause_first(code: str, message: str) -> str:
+    """A failed call's words with its gRPC code said once, after the cause: "plugin H:P:
+    unreachable (UNAVAILABLE)" stays as it is (the classified words carry the code), a plugin's
+    own answer "CLUSTER_BUSY: ..." gains " (FAILED_PRECONDITION)"."""
+    if not code or code in message:
+        return message
+    return f"{message} ({code})" if message else code
+
+
+#: The fix of a cause whose message does not carry one, by the condition's reason. A plugin
+#: call's failure carries its own where one is known (plugins.sdk.endpoint_errors).
+FIXES = {
+    "TLSConfigError": "create the TLS Secret or key named (a FleetProvider's in the "
+    "orchestrator's namespace, an opsEndpoint's in this one); the orchestrator tries again "
+    "every 30s",
+    "SecretError": "create the Secret or key named in this namespace; the orchestrator tries "
+    "again every 30s",
+    "InvalidSpec": "fix the fields named (`kubectl edit`); the run goes on once the spec is valid",
+}
+
+
+def fix_for(reason: str, message: str) -> str:
+    """The fix of a condition (FIXES), unless its message already says one ("cause; fix")."""
+    return "" if "; " in message else FIXES.get(reason, "")
+
+
+def with_fix(reason: str, message: str) -> str:
+    """A condition's message with its fix where one is known and the message has none."""
+    fix = fix_for(reason, message)
+    return f"{message}; {fix}" if fix else message

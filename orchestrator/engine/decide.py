@@ -37,6 +37,7 @@ from orchestrator import api
 from orchestrator.engine import windows
 from orchestrator.engine.conditions import (
     PROVIDER_UNAVAILABLE,
+    cause_first,
     format_time,
     get_condition,
     parse_time,
@@ -106,7 +107,6 @@ ACTIVE = frozenset(
         U.POST_HOOK,
     }
 )
-_DONE = frozenset({U.UPGRADED, U.SKIPPED})
 _status_of = operator.attrgetter("status")
 #: The step timeouts of a run that sets none (one object: a memo compares it by identity).
 _DEFAULT_TIMEOUTS = api.StepTimeouts()
@@ -1543,12 +1543,26 @@ def _skip_stages(
     return skipped
 
 
+@dataclass(frozen=True)
+class _StageTally:
+    """A stage's clusters by outcome: what its status reports (upgraded and skipped apart;
+    failed counts Failed and Refused clusters, as the budget does) and whether it settled."""
+
+    upgraded: int
+    skipped: int
+    #: Failed clusters.
+    failed: int
+    #: Blocked clusters whose target the provider refuses (reason Refused).
+    refused: int
+    #: Nothing pending or in flight.
+    settled: bool
+
+
 @dataclass
 class _Budgets:
     """The failure budgets of one decision: per stage and for the run."""
 
-    #: Per stage: (done, failed, refused, settled: nothing pending or in flight).
-    stats: list[tuple[int, int, int, bool]]
+    stats: list[_StageTally]
     #: Per stage: its failures are past its own budget or take the run past the run's.
     over: list[bool]
     stage_budgets: list[int | None]
@@ -1586,11 +1600,12 @@ def _budgets(
         failing.setdefault(u.spec.stage_index, []).append((rank[name], u, st, st.phase == U.FAILED))
     for index, name in enumerate(names):
         members = by_stage.get(index, [])
-        n_done = sum(phases.per_stage[(index, p)] for p in _DONE)
+        n_upgraded = phases.per_stage[(index, U.UPGRADED)]
+        n_skipped = phases.per_stage[(index, U.SKIPPED)]
         ordered = sorted(failing.get(index, []), key=lambda x: x[0])
         failed = [(u, st) for _, u, st, is_failed in ordered if is_failed]
         refused = [(u, st) for _, u, st, is_failed in ordered if not is_failed]
-        settled = n_done + len(failed) + len(refused) == len(members)
+        settled = n_upgraded + n_skipped + len(failed) + len(refused) == len(members)
         counted = failed + (refused if settled else [])
         spec_stage = stages_spec[index] if stages_spec else None
         own = (
@@ -1602,7 +1617,7 @@ def _budgets(
         out.counted += [(u.cluster_id, st.reason or "", st.message or "") for u, st in counted]
         past_stage = own is not None and len(counted) > own
         past_run = run_budget is not None and len(out.counted) > max(run_budget, before)
-        out.stats.append((n_done, len(failed), len(refused), settled))
+        out.stats.append(_StageTally(n_upgraded, n_skipped, len(failed), len(refused), settled))
         out.over.append(name not in skipped and (past_stage or past_run))
         out.stage_budgets.append(own)
     out.halted = any(out.over) or (run_budget is not None and len(out.counted) > run_budget)
@@ -1742,7 +1757,7 @@ def _walk_stages(
     walk = _Walk(names, [], None, budgets.halted, "Halted" if budgets.halted else "", "")
     for index, name in enumerate(names):
         members = by_stage.get(index, [])
-        n_done, n_failed, _, settled = budgets.stats[index]
+        tally = budgets.stats[index]
         old = prev.get(name)
         start = old.start_time if old else None
         completion = old.completion_time if old else None
@@ -1752,7 +1767,7 @@ def _walk_stages(
             # Skipped by a person: its checks are not evaluated and the run moves on.
             phase = api.StagePhase.SKIPPED
             health = None
-        elif walk.active is None and settled and not budgets.over[index]:
+        elif walk.active is None and tally.settled and not budgets.over[index]:
             phase, health, completion = _settled_stage(
                 run, walk, index, members, health, completion
             )
@@ -1766,8 +1781,9 @@ def _walk_stages(
                 name=name,
                 phase=phase,
                 total=len(members),
-                upgraded=n_done,
-                failed=n_failed,
+                upgraded=tally.upgraded,
+                skipped=tally.skipped,
+                failed=tally.failed + tally.refused,
                 max_failures=budgets.stage_budgets[index],
                 start_time=start,
                 completion_time=completion
@@ -1843,7 +1859,7 @@ def _open_stage(
     person's approval, or progressing."""
     name = walk.names[index]
     spec_stage = _stage_spec(run, index)
-    if budgets.over[index] or (walk.halted and budgets.stats[index][1]):
+    if budgets.over[index] or (walk.halted and budgets.stats[index].failed):
         return api.StagePhase.FAILED
     if (
         spec_stage is not None
@@ -2284,7 +2300,7 @@ def call_failed(
     request id is asked again on the next reconcile, bounded by the step timeout).
     """
     stamp = format_time(now)
-    text = f"{call.kind.value}: {code}: {message}"
+    text = f"{call.kind.value}: {cause_first(code, message)}"
     if code in FATAL_CODES or (code == "FAILED_PRECONDITION" and not retryable):
         if call.kind is OpKind.SERVICE_OUT and not call.reissue:
             update = {

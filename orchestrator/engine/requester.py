@@ -14,11 +14,14 @@ from typing import Any
 from orchestrator import api
 
 __all__ = [
+    "COPIED",
+    "MOVED",
     "PEOPLE_ANNOTATIONS",
     "STAMPS",
     "UNAUTHENTICATED",
     "attested",
     "handed",
+    "handover",
     "requester",
     "retyped",
 ]
@@ -69,6 +72,50 @@ def handed(annotations: Mapping[str, str], spec: Any) -> dict[str, str]:
     if not _vouched(annotations, spec):
         return {}
     return {k: annotations[k] for k in STAMPS[:2] if k in annotations}
+
+
+#: Annotations a ClusterVersion hands to its current run and removes from itself (consumed).
+MOVED = (api.ANNOTATION_RETRY_CLUSTERS, api.ANNOTATION_SKIP_CLUSTERS)
+#: Level-triggered requests a ClusterVersion copies to its current run as they are (unset:
+#: removed).
+COPIED = (api.ANNOTATION_APPROVE_STAGES, api.ANNOTATION_SKIP_STAGES)
+#: What a person types with a request: copied with the requests it goes with.
+_WORDS = (api.ANNOTATION_REASON, api.ANNOTATION_REQUESTED_BY)
+
+
+def handover(
+    cv_annotations: Mapping[str, str],
+    cv_spec: Any,
+    run_annotations: Mapping[str, str],
+    spec_handed: bool,
+) -> dict[str, str | None]:
+    """The merge patch of a run's annotations when its ClusterVersion hands its requests over
+    (spec_handed: its live spec fields change the run's too): the copied and moved requests,
+    and with them who asked (the typed words, and the stamp's user and groups while the
+    ClusterVersion's stamp vouches for it, else none). Without a request nothing of who asked
+    is written: a request a person made on the run itself keeps its own stamp, and is never
+    told as the ClusterVersion's last writer's."""
+    patch: dict[str, str | None] = {
+        k: cv_annotations.get(k) for k in COPIED if cv_annotations.get(k) != run_annotations.get(k)
+    }
+    for key in MOVED:
+        if cv_annotations.get(key):
+            merged = {*_csv(run_annotations.get(key)), *_csv(cv_annotations[key])}
+            patch[key] = ",".join(sorted(merged))
+    if not patch and not spec_handed:
+        return {}
+    stamps = handed(cv_annotations, cv_spec)
+    for key in _WORDS:
+        if cv_annotations.get(key) != run_annotations.get(key):
+            patch[key] = cv_annotations.get(key)
+    for key in STAMPS[:2]:
+        if stamps.get(key) != run_annotations.get(key):
+            patch[key] = stamps.get(key)
+    return patch
+
+
+def _csv(value: str | None) -> set[str]:
+    return {v.strip() for v in (value or "").split(",") if v.strip()}
 
 
 def requester(annotations: Mapping[str, str], spec: Any) -> str:

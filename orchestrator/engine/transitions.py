@@ -191,7 +191,9 @@ def _stage(
                 )
             )
         return out
-    counts = f"{stage.upgraded}/{stage.total} upgraded, {stage.failed} failed"
+    counts = (
+        f"{stage.upgraded}/{stage.total} upgraded, {stage.skipped} skipped, {stage.failed} failed"
+    )
     if now in _DONE and was not in _DONE:
         out.append(
             Transition(

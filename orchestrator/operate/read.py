@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from orchestrator import api
 from orchestrator.adapters.kube import KubeClient, NotFound
 from orchestrator.engine.conditions import blocking_condition, partly_degraded
-from orchestrator.engine.decide import counts_as_failure
+from orchestrator.engine.conditions import fix_for as condition_fix
 
 __all__ = [
     "CV",
@@ -202,7 +202,7 @@ class StageLine:
     total: int
     #: Upgraded by this run (skipped clusters are counted apart, not as upgraded).
     upgraded: int
-    #: Failed, and Blocked where that counts as a failure (engine.decide.counts_as_failure).
+    #: Failed, and Blocked where that counts against the budget (engine.decide.counts_as_failure).
     failed: int
     max_failures: int | None = None
     skipped: int = 0
@@ -286,8 +286,6 @@ def snapshot(
     run_status = (run or {}).get("status") or {}
     run_name = str((run or {}).get("metadata", {}).get("name", ""))
     lines: dict[str, list[ClusterLine]] = {"in_flight": [], "failed": [], "blocked": []}
-    #: Per stage, from the ClusterUpgrades: upgraded, skipped, failed (None: none listed).
-    tally: dict[str, list[int]] | None = None
     providers: dict[str, tuple[int, int]] = {}
     for cu in sorted(
         read(run_name) if run_name else [],
@@ -315,11 +313,6 @@ def snapshot(
         if line.provider:
             total, done = providers.get(line.provider, (0, 0))
             providers[line.provider] = (total + 1, done + (phase == api.UpgradePhase.UPGRADED))
-        tally = {} if tally is None else tally
-        counted = tally.setdefault(line.stage, [0, 0, 0])
-        counted[0] += phase == api.UpgradePhase.UPGRADED
-        counted[1] += phase == api.UpgradePhase.SKIPPED
-        counted[2] += _counts_as_failure(cu_status)
         if phase in IN_FLIGHT:
             lines["in_flight"].append(line)
         elif phase == api.UpgradePhase.FAILED:
@@ -341,9 +334,7 @@ def snapshot(
         state=str(((run or {}).get("spec") or {}).get("state") or ""),
         current_stage=str(run_status.get("currentStage") or status.get("currentStage") or ""),
         counts={k: int(v) for k, v in (run_status.get("counts") or {}).items()},
-        stages=tuple(
-            _stage_line(s, None if tally is None else tally.get(s["name"])) for s in stages
-        ),
+        stages=tuple(_stage_line(s) for s in stages),
         in_flight=tuple(lines["in_flight"]),
         failed=tuple(lines["failed"]),
         blocked=tuple(lines["blocked"]),
@@ -366,28 +357,17 @@ def snapshot(
     )
 
 
-def _counts_as_failure(status: Mapping[str, Any]) -> bool:
-    try:
-        return counts_as_failure(api.ClusterUpgradeStatus.model_validate(status))
-    except ValidationError:
-        return False
-
-
-def _stage_line(stage: Mapping[str, Any], counted: list[int] | None) -> StageLine:
-    """A stage of the run's status, its counts from its ClusterUpgrades when they were listed
-    (the run's status counts skipped clusters as upgraded, and Blocked ones as failed only once
-    the stage settled): upgraded, skipped and failed apart, as people read them."""
-    upgraded, skipped, failed = counted or [0, 0, 0]
-    if counted is None:
-        upgraded, failed = int(stage.get("upgraded", 0)), int(stage.get("failed", 0))
+def _stage_line(stage: Mapping[str, Any]) -> StageLine:
+    """A stage of the run's status as stored (engine.decide counts it: upgraded and skipped
+    apart, failed as the budget counts), the same numbers `kubectl get ur -o yaml` shows."""
     return StageLine(
         name=str(stage["name"]),
         phase=str(stage.get("phase", "")),
         total=int(stage.get("total", 0)),
-        upgraded=upgraded,
-        failed=failed,
+        upgraded=int(stage.get("upgraded", 0)),
+        failed=int(stage.get("failed", 0)),
         max_failures=None if stage.get("maxFailures") is None else int(stage["maxFailures"]),
-        skipped=skipped,
+        skipped=int(stage.get("skipped", 0)),
     )
 
 
@@ -488,24 +468,10 @@ def _first_condition(
     return ""
 
 
-#: The fix of a cause whose message does not carry one, by the condition's reason.
-_FIXES = {
-    "PluginUnavailable": "check that the plugin runs and listens at the endpoint named (the "
-    "FleetProvider's spec.endpoint, or spec.opsEndpoint.endpoint) and that its TLS settings "
-    "match the plugin's certificate; the orchestrator tries again every 5s",
-    "TLSConfigError": "create the TLS Secret or key named (a FleetProvider's in the "
-    "orchestrator's namespace, an opsEndpoint's in this one); the orchestrator tries again "
-    "every 30s",
-    "SecretError": "create the Secret or key named in this namespace; the orchestrator tries "
-    "again every 30s",
-    "InvalidSpec": "fix the fields named (`kubectl edit`); the run goes on once the spec is valid",
-}
-
-
 def fix_for(text: str) -> str:
     """The fix of a cause ("Reason: message"), unless its message already says one ("; ...")."""
     reason, _, message = text.partition(": ")
-    return "" if "; " in message else _FIXES.get(reason, "")
+    return condition_fix(reason, message)
 
 
 def _observed(obj: Mapping[str, Any]) -> bool:

@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Protocol, TypeVar
 
 from orchestrator import api
-from orchestrator.engine.conditions import format_time, parse_time
+from orchestrator.engine.conditions import cause_first, format_time, parse_time
 from orchestrator.engine.decide import (
     ACTIVE,
     POST_HOOK,
@@ -75,10 +75,11 @@ class WriteConflict(Exception):
 
 
 class CallError(Exception):
-    """A plugin call failed: the gRPC code name, whether retrying can help, and the words."""
+    """A plugin call failed: the gRPC code name, whether retrying can help, and the words.
+    As text: the words first, the code said once (engine.conditions.cause_first)."""
 
     def __init__(self, code: str, message: str, retryable: bool, retry_after: float = 0.0):
-        super().__init__(f"{code}: {message}")
+        super().__init__(cause_first(code, message))
         self.code = code
         self.message = message
         self.retryable = retryable

@@ -31,13 +31,18 @@ from plugins.aks.rules import (
 )
 from plugins.aks.windows import maintenance_windows
 from plugins.sdk import (
+    OP_CONTROL_PLANE,
+    OP_FAILED,
+    OP_NODE_POOL,
+    OP_RUNNING,
+    OP_SERVICE_IN,
+    OP_SERVICE_OUT,
+    OP_SUCCEEDED,
     NotFound,
     OperationStore,
     PluginError,
     Reason,
-    check_page_size,
-    decode_page_token,
-    encode_page_token,
+    page_request,
     verdict_of,
     verdict_of_check,
     version_meets,
@@ -46,13 +51,6 @@ from plugins.sdk import (
 __all__ = ["AksFleet"]
 
 _LOG = logging.getLogger("plugins.aks.fleet")
-_CP = cluster_pb2.OPERATION_KIND_UPGRADE_CONTROL_PLANE
-_NP = cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL
-_OUT = cluster_pb2.OPERATION_KIND_SERVICE_OUT
-_IN = cluster_pb2.OPERATION_KIND_SERVICE_IN
-_RUNNING = cluster_pb2.OPERATION_STATE_RUNNING
-_SUCCEEDED = cluster_pb2.OPERATION_STATE_SUCCEEDED
-_FAILED = cluster_pb2.OPERATION_STATE_FAILED
 MAINTENANCE_TTL = 300.0
 """Seconds a cluster's maintenance configurations are reused before ARM is asked again."""
 
@@ -106,7 +104,7 @@ class AksFleet:
             if ref is None:
                 continue
             if arm is None:
-                kind = "cluster" if op.kind == _CP else "pool"
+                kind = "cluster" if op.kind == OP_CONTROL_PLANE else "pool"
                 arm = ArmOperation(op.cluster_id, kind, op.node_pool, op.target_version)
             self._follow(op.id, ref, arm, self._resume(ref, arm))
         self._thread = threading.Thread(target=self._run, name="aks-operations", daemon=True)
@@ -178,7 +176,7 @@ class AksFleet:
                 code = error_code(exc) or "OperationFailed"
                 self._end(
                     op_id,
-                    _FAILED,
+                    OP_FAILED,
                     code,
                     f"AKS operation ended {code}; see the cluster's activity log in Azure",
                 )
@@ -216,11 +214,11 @@ class AksFleet:
 
     def _judge_end(self, op_id: str, arm: ArmOperation, reached: str) -> None:
         if arm.kind == "nodeImage" or (reached and version_meets(reached, arm.target)):
-            self._end(op_id, _SUCCEEDED)
+            self._end(op_id, OP_SUCCEEDED)
             return
         self._end(
             op_id,
-            _FAILED,
+            OP_FAILED,
             "TARGET_NOT_REACHED",
             f"AKS reported the operation done with {arm.pool or 'the control plane'} at "
             f"{reached or 'an unknown version'}, short of {arm.target}",
@@ -241,7 +239,7 @@ class AksFleet:
         if state != "Succeeded":
             self._end(
                 op_id,
-                _FAILED,
+                OP_FAILED,
                 "PROVISIONING_" + state.upper(),
                 f"AKS reports provisioningState {state}; see the cluster's activity log",
             )
@@ -332,8 +330,8 @@ class AksFleet:
         """recordOnly: each cluster's last service change, from the (journaled) operations."""
         state: dict[str, bool] = {}
         for op in self.store.operations():
-            if op.kind in (_OUT, _IN) and op.state == _SUCCEEDED:
-                state[op.cluster_id] = op.kind == _IN
+            if op.kind in (OP_SERVICE_OUT, OP_SERVICE_IN) and op.state == OP_SUCCEEDED:
+                state[op.cluster_id] = op.kind == OP_SERVICE_IN
         return state
 
     def _maintenance(self, ref: ClusterRef) -> list[Json]:
@@ -396,23 +394,19 @@ class AksFleet:
         self, page_size: int, page_token: str, match_labels: Mapping[str, str]
     ) -> cluster_pb2.ListClustersResponse:
         """One page of the selected clusters whose tags include match_labels, by id."""
-        size = check_page_size(page_size)
-        after = decode_page_token(page_token)
+        paging = page_request(page_size, page_token)  # refused before anything is read
         listing = self._listing()
-        ids = sorted(
+        page = paging.page(
             cid
             for cid, (_, cluster) in listing.items()
             if all((cluster.get("tags") or {}).get(k) == v for k, v in match_labels.items())
         )
-        start = next((i for i, cid in enumerate(ids) if cid > after), len(ids)) if after else 0
-        page = ids[start : start + size]
         service = self.service_states()
-        self._prefetch_maintenance([listing[cid][0] for cid in page])
-        more = start + size < len(ids)
+        self._prefetch_maintenance([listing[cid][0] for cid in page.keys])
         return cluster_pb2.ListClustersResponse(
-            clusters=[self._contract_cluster(*listing[cid], service) for cid in page],
-            next_page_token=encode_page_token(page[-1]) if more and page else "",
-            total_size=len(ids),
+            clusters=[self._contract_cluster(*listing[cid], service) for cid in page.keys],
+            next_page_token=page.next_page_token,
+            total_size=page.total_size,
         )
 
     def get_cluster(self, cluster_id: str) -> cluster_pb2.GetClusterResponse:
@@ -439,14 +433,14 @@ class AksFleet:
         self, request_id: str, cluster_id: str, version: str, caller: str
     ) -> cluster_pb2.Operation:
         """UpgradeControlPlane: a control-plane-only managed cluster PUT (caller: unused)."""
-        return self._upgrade(_CP, request_id, cluster_id, "", version)
+        return self._upgrade(OP_CONTROL_PLANE, request_id, cluster_id, "", version)
 
     def upgrade_node_pool(
         self, request_id: str, cluster_id: str, node_pool: str, version: str, caller: str
     ) -> cluster_pb2.Operation:
         """UpgradeNodePool: an agent pool PUT with orchestratorVersion, or (pool already at
         the version, upgrades.nodeImageWhenCurrent) a node image upgrade (caller: unused)."""
-        return self._upgrade(_NP, request_id, cluster_id, node_pool, version)
+        return self._upgrade(OP_NODE_POOL, request_id, cluster_id, node_pool, version)
 
     def _upgrade(
         self, kind: int, request_id: str, cluster_id: str, pool: str, version: str
@@ -492,7 +486,7 @@ class AksFleet:
                         cluster_id=cluster_id,
                         node_pool=pool,
                         target_version=version,
-                        initial_state=_SUCCEEDED,
+                        initial_state=OP_SUCCEEDED,
                     )
                     return done
                 busy = busy_refusal(cluster, cluster_id)
@@ -512,7 +506,7 @@ class AksFleet:
                 cluster_id=cluster_id,
                 node_pool=pool,
                 target_version=version,
-                initial_state=_RUNNING,
+                initial_state=OP_RUNNING,
             )
             arm = ArmOperation(cluster_id, arm_kind, pool, version, poller.continuation_token())
             self.arm.put(op.id, arm)
@@ -542,10 +536,10 @@ class AksFleet:
     # ---------------------------------------------------------------------- traffic
 
     def service_out(self, request_id: str, cluster_id: str, caller: str) -> cluster_pb2.Operation:
-        return self._service(_OUT, request_id, cluster_id)
+        return self._service(OP_SERVICE_OUT, request_id, cluster_id)
 
     def service_in(self, request_id: str, cluster_id: str, caller: str) -> cluster_pb2.Operation:
-        return self._service(_IN, request_id, cluster_id)
+        return self._service(OP_SERVICE_IN, request_id, cluster_id)
 
     def _service(self, kind: int, request_id: str, cluster_id: str) -> cluster_pb2.Operation:
         """traffic.mode recordOnly: the change is recorded (journaled) and done; no traffic
@@ -558,7 +552,7 @@ class AksFleet:
                 request_id=request_id,
                 kind=kind,
                 cluster_id=ref.id,
-                initial_state=_SUCCEEDED,
+                initial_state=OP_SUCCEEDED,
             )
             return op
 

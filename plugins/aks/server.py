@@ -6,10 +6,8 @@ import argparse
 import logging
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from azure.core.credentials import TokenCredential
-from prometheus_client import REGISTRY, CollectorRegistry
 
 from plugins.aks.api import AksApi, build_credential
 from plugins.aks.config import AksConfig, aks_fleet_id, load_config
@@ -17,12 +15,13 @@ from plugins.aks.fleet import AksFleet
 from plugins.aks.servicers import aks_servicers
 from plugins.sdk import (
     FleetServer,
-    ServerTLS,
+    ServeOptions,
+    announce_ready,
     package_version,
     parse_plugin_args,
     plugin_parser,
     run_plugin,
-    server_tls_from_args,
+    serve_args,
 )
 
 __all__ = ["AksPlugin", "AksPluginOptions", "build_parser", "main"]
@@ -34,15 +33,12 @@ _QUIET_LOGGERS = ("azure", "msal", "urllib3")
 
 
 @dataclass
-class AksPluginOptions:
-    """What an AksPlugin runs: its configuration, address, TLS, metrics and credential."""
+class AksPluginOptions(ServeOptions):
+    """What an AksPlugin runs: its configuration and credential (and how it serves:
+    ServeOptions)."""
 
     config: AksConfig
-    listen: str = "127.0.0.1:0"
-    tls: ServerTLS | None = None
-    registry: CollectorRegistry | None = None
     credential: TokenCredential | None = None  # None: from config.api.credentials
-    max_workers: int = 32
 
 
 class AksPlugin(FleetServer[AksFleet]):
@@ -62,11 +58,8 @@ class AksPlugin(FleetServer[AksFleet]):
         super().__init__(
             fleet,
             lambda: aks_servicers(fleet, package_version(), manifest, aks_fleet_id(config)),
-            listen=options.listen,
-            tls=options.tls,
-            max_workers=options.max_workers,
+            options,
             plugin_name="aks",
-            registry=options.registry,
         )
 
 
@@ -86,17 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)
 
     def options() -> AksPluginOptions:
-        return AksPluginOptions(
-            config=load_config(args.config),
-            listen=args.listen,
-            tls=server_tls_from_args(args),
-            registry=REGISTRY,
-        )
+        return AksPluginOptions(config=load_config(args.config), **serve_args(args))
 
-    def ready(plugin: AksPlugin) -> None:
-        fields = {"address": plugin.address, "config": str(Path(args.config))}
-        _LOG.info("AKS plugin ready", extra={"fields": fields})
-
+    ready = announce_ready(_LOG, "AKS plugin", args)
     return run_plugin("fleet-plugin-aks", args, options, AksPlugin, ready)
 
 

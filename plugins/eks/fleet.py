@@ -25,6 +25,11 @@ from plugins.eks.ids import (
 )
 from plugins.eks.traffic import Drain, Route53Traffic
 from plugins.sdk import (
+    OP_CONTROL_PLANE,
+    OP_NODE_POOL,
+    OP_SERVICE_IN,
+    OP_SERVICE_OUT,
+    OP_SUCCEEDED,
     TERMINAL_STATES,
     Conflict,
     FailedPrecondition,
@@ -33,20 +38,13 @@ from plugins.sdk import (
     OperationStore,
     PluginError,
     Reason,
-    check_page_size,
-    decode_page_token,
-    encode_page_token,
+    page_request,
     verdict_of_check,
 )
 
 __all__ = ["EksFleet"]
 
 _LOG = logging.getLogger("plugins.eks.fleet")
-_CP = cluster_pb2.OPERATION_KIND_UPGRADE_CONTROL_PLANE
-_NP = cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL
-_OUT = cluster_pb2.OPERATION_KIND_SERVICE_OUT
-_IN = cluster_pb2.OPERATION_KIND_SERVICE_IN
-_SUCCEEDED = cluster_pb2.OPERATION_STATE_SUCCEEDED
 _BUSY_RETRY_SECONDS = 30.0
 _MESSAGE_LIMIT = 300
 
@@ -70,7 +68,7 @@ def update_state(update: Mapping[str, Any]) -> tuple[int, str, str]:
     names the update and EKS's first ErrorDetail (errorCode: errorMessage)."""
     status = str(update.get("status", ""))
     if status == "Successful":
-        return _SUCCEEDED, "", ""
+        return OP_SUCCEEDED, "", ""
     if status not in ("Failed", "Cancelled"):
         return cluster_pb2.OPERATION_STATE_RUNNING, "", ""
     errors = update.get("errors") or []
@@ -260,25 +258,21 @@ class EksFleet:
         self, page_size: int, page_token: str, match_labels: Mapping[str, str]
     ) -> cluster_pb2.ListClustersResponse:
         """One page of the selected clusters whose tags include match_labels, by ARN."""
-        size = check_page_size(page_size)
-        after = decode_page_token(page_token)
+        paging = page_request(page_size, page_token)  # refused before anything is read
         listing = self._listing()
-        ids = sorted(
+        page = paging.page(
             cid
             for cid, (_, cluster) in listing.items()
             if all((cluster.get("tags") or {}).get(k) == v for k, v in match_labels.items())
         )
-        start = next((i for i, cid in enumerate(ids) if cid > after), len(ids)) if after else 0
-        page = ids[start : start + size]
         clusters = [
             self._contract_cluster(listing[c][0], listing[c][1], self._nodegroups(listing[c][0]))
-            for c in page
+            for c in page.keys
         ]
-        more = start + size < len(ids)
         return cluster_pb2.ListClustersResponse(
             clusters=clusters,
-            next_page_token=encode_page_token(page[-1]) if more and page else "",
-            total_size=len(ids),
+            next_page_token=page.next_page_token,
+            total_size=page.total_size,
         )
 
     def get_cluster(self, cluster_id: str) -> cluster_pb2.GetClusterResponse:
@@ -338,7 +332,7 @@ class EksFleet:
         state, code, message = update_state(update)
         op = cluster_pb2.Operation(
             id=ref.id,
-            kind=_NP if ref.nodegroup else _CP,
+            kind=OP_NODE_POOL if ref.nodegroup else OP_CONTROL_PLANE,
             cluster_id=ref.cluster.id,
             node_pool=ref.nodegroup,
             target_version=_update_version(update),
@@ -394,13 +388,13 @@ class EksFleet:
         self, request_id: str, cluster_id: str, version: str, caller: str
     ) -> cluster_pb2.Operation:
         """UpgradeControlPlane as UpdateClusterVersion (caller: unused)."""
-        return self._upgrade(_CP, request_id, cluster_id, "", version)
+        return self._upgrade(OP_CONTROL_PLANE, request_id, cluster_id, "", version)
 
     def upgrade_node_pool(
         self, request_id: str, cluster_id: str, node_pool: str, version: str, caller: str
     ) -> cluster_pb2.Operation:
         """UpgradeNodePool as UpdateNodegroupVersion (caller: unused)."""
-        return self._upgrade(_NP, request_id, cluster_id, node_pool, version)
+        return self._upgrade(OP_NODE_POOL, request_id, cluster_id, node_pool, version)
 
     def _upgrade(
         self, kind: int, request_id: str, cluster_id: str, pool: str, version: str
@@ -431,15 +425,15 @@ class EksFleet:
             cluster = self._describe(ref)
             nodegroups = self._nodegroups(ref)
             target = rules.eks_version("version", version)
-            if kind == _CP:
+            if kind == OP_CONTROL_PLANE:
                 if rules.same_minor(cluster["version"], version):
-                    return start(_SUCCEEDED)  # nothing to do: at the target
+                    return start(OP_SUCCEEDED)  # nothing to do: at the target
                 rules.check_control_plane(cluster, nodegroups, version, self._offered(ref))
                 self._check_insights(ref, target)
             else:
                 rules.check_pool(cluster, nodegroups, pool, version)
                 if rules.same_minor(nodegroups[pool]["version"], version):
-                    return start(_SUCCEEDED)  # nothing to do: at the target
+                    return start(OP_SUCCEEDED)  # nothing to do: at the target
                 rules.check_pool_health(nodegroups[pool])
             self.store.ensure_free(cluster_id)
             update = self._start_update(ref, pool, target, request_id)
@@ -550,17 +544,19 @@ class EksFleet:
         last = [
             op
             for op in self.store.operations()
-            if op.cluster_id == cluster_id and op.kind in (_OUT, _IN) and op.state == _SUCCEEDED
+            if op.cluster_id == cluster_id
+            and op.kind in (OP_SERVICE_OUT, OP_SERVICE_IN)
+            and op.state == OP_SUCCEEDED
         ]
-        return not last or last[-1].kind == _IN, ""
+        return not last or last[-1].kind == OP_SERVICE_IN, ""
 
     def service_out(self, request_id: str, cluster_id: str, caller: str) -> cluster_pb2.Operation:
         """ServiceOut: weight 0 on the cluster's Route 53 records, or recorded (caller: unused)."""
-        return self._service(_OUT, request_id, cluster_id)
+        return self._service(OP_SERVICE_OUT, request_id, cluster_id)
 
     def service_in(self, request_id: str, cluster_id: str, caller: str) -> cluster_pb2.Operation:
         """ServiceIn: the records' weights restored, or recorded (caller: unused)."""
-        return self._service(_IN, request_id, cluster_id)
+        return self._service(OP_SERVICE_IN, request_id, cluster_id)
 
     def _service(self, kind: int, request_id: str, cluster_id: str) -> cluster_pb2.Operation:
         ref = self._ref(cluster_id)
@@ -573,14 +569,14 @@ class EksFleet:
 
         with self._lock(cluster_id):
             if self.store.lookup(request_id) is not None:
-                return start(_SUCCEEDED)  # the stored one; InvalidArgument if reused differently
+                return start(OP_SUCCEEDED)  # the stored one; InvalidArgument if reused differently
             self._describe(ref)
             if self.traffic is None:
-                return start(_SUCCEEDED)
+                return start(OP_SUCCEEDED)
             self.store.ensure_free(cluster_id)
-            drain = self.traffic.change(cluster_id, out=kind == _OUT)
+            drain = self.traffic.change(cluster_id, out=kind == OP_SERVICE_OUT)
             if drain is None:
-                return start(_SUCCEEDED)  # the weights are as asked already
+                return start(OP_SUCCEEDED)  # the weights are as asked already
             op = start(cluster_pb2.OPERATION_STATE_RUNNING)
             self._drains[op.id] = drain
             return op
@@ -589,21 +585,21 @@ class EksFleet:
         """Ends a service operation once its Route 53 changes are INSYNC and drained. One
         recovered from the journal (its change ids died with the process) sets the weights
         again (an UPSERT of the same weights is harmless) and follows that change."""
-        if op.kind not in (_OUT, _IN):
+        if op.kind not in (OP_SERVICE_OUT, OP_SERVICE_IN):
             return
         if self.traffic is None:  # recovered after a switch to mode none: only recorded
-            self.store.update(op.id, state=_SUCCEEDED)
+            self.store.update(op.id, state=OP_SUCCEEDED)
             return
         drain = self._drains.get(op.id)
         try:
             if drain is None:
-                drain = self.traffic.change(op.cluster_id, out=op.kind == _OUT)
+                drain = self.traffic.change(op.cluster_id, out=op.kind == OP_SERVICE_OUT)
                 if drain is None:
-                    self.store.update(op.id, state=_SUCCEEDED)
+                    self.store.update(op.id, state=OP_SUCCEEDED)
                     return
                 self._drains[op.id] = drain
             if self.traffic.done(drain):
-                self.store.update(op.id, state=_SUCCEEDED)
+                self.store.update(op.id, state=OP_SUCCEEDED)
                 self._drains.pop(op.id, None)
         except FailedPrecondition as exc:
             self.store.update(

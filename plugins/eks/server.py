@@ -6,9 +6,6 @@ import argparse
 import logging
 import sys
 from dataclasses import dataclass
-from pathlib import Path
-
-from prometheus_client import REGISTRY, CollectorRegistry
 
 from plugins.eks.api import EksApi
 from plugins.eks.config import EksConfig, eks_fleet_id, load_config
@@ -16,12 +13,13 @@ from plugins.eks.fleet import EksFleet
 from plugins.eks.servicers import eks_servicers
 from plugins.sdk import (
     FleetServer,
-    ServerTLS,
+    ServeOptions,
+    announce_ready,
     package_version,
     parse_plugin_args,
     plugin_parser,
     run_plugin,
-    server_tls_from_args,
+    serve_args,
 )
 
 __all__ = ["EksPlugin", "EksPluginOptions", "build_parser", "main"]
@@ -33,14 +31,10 @@ _QUIET_LOGGERS = ("boto3", "botocore", "urllib3", "s3transfer")
 
 
 @dataclass
-class EksPluginOptions:
-    """What an EksPlugin runs: its configuration, address, TLS and metrics registry."""
+class EksPluginOptions(ServeOptions):
+    """What an EksPlugin runs: its configuration (and how it serves: ServeOptions)."""
 
     config: EksConfig
-    listen: str = "127.0.0.1:0"
-    tls: ServerTLS | None = None
-    registry: CollectorRegistry | None = None
-    max_workers: int = 32
 
 
 class EksPlugin(FleetServer[EksFleet]):
@@ -63,11 +57,8 @@ class EksPlugin(FleetServer[EksFleet]):
             lambda: eks_servicers(
                 fleet, package_version(), manifest, fleet_id=eks_fleet_id(config)
             ),
-            listen=options.listen,
-            tls=options.tls,
-            max_workers=options.max_workers,
+            options,
             plugin_name="eks",
-            registry=options.registry,
         )
 
 
@@ -85,17 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_plugin_args(build_parser(), argv)
 
     def options() -> EksPluginOptions:
-        return EksPluginOptions(
-            config=load_config(args.config),
-            listen=args.listen,
-            tls=server_tls_from_args(args),
-            registry=REGISTRY,
-        )
+        return EksPluginOptions(config=load_config(args.config), **serve_args(args))
 
-    def ready(plugin: EksPlugin) -> None:
-        fields = {"address": plugin.address, "config": str(Path(args.config))}
-        _LOG.info("EKS plugin ready", extra={"fields": fields})
-
+    ready = announce_ready(_LOG, "EKS plugin", args)
     return run_plugin("fleet-plugin-eks", args, options, EksPlugin, ready)
 
 

@@ -37,14 +37,16 @@ from plugins.gke.traffic import ServiceState, Traffic, build_traffic
 from plugins.gke.upgrades import UpgradeRequests
 from plugins.gke.windows import maintenance_windows
 from plugins.sdk import (
+    OP_CONTROL_PLANE,
+    OP_NODE_POOL,
+    OP_SERVICE_IN,
+    OP_SERVICE_OUT,
     TERMINAL_STATES,
     InvalidArgument,
     NotFound,
     PluginError,
-    check_page_size,
-    decode_page_token,
-    encode_page_token,
     kind_name,
+    page_request,
     version_meets,
 )
 
@@ -63,10 +65,6 @@ _POOL_STATUS: dict[int, int] = {
     _PoolStatus.RUNNING_WITH_ERROR: cluster_pb2.NODE_POOL_STATUS_ERROR,
     _PoolStatus.ERROR: cluster_pb2.NODE_POOL_STATUS_ERROR,
 }
-_CP = cluster_pb2.OPERATION_KIND_UPGRADE_CONTROL_PLANE
-_NP = cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL
-_OUT = cluster_pb2.OPERATION_KIND_SERVICE_OUT
-_IN = cluster_pb2.OPERATION_KIND_SERVICE_IN
 _FULL_LISTING_EVERY = 12  # poll ticks between ListClusters / ListOperations re-reads
 
 
@@ -246,24 +244,20 @@ class GkeFleet:
         self, page_size: int, page_token: str, match_labels: Mapping[str, str]
     ) -> cluster_pb2.ListClustersResponse:
         """One page of the selected clusters whose labels include match_labels, by id."""
-        size = check_page_size(page_size)
-        after = decode_page_token(page_token)
+        paging = page_request(page_size, page_token)  # refused before anything is read
         listing = self._listing()
         self._refresh_operations(self._parents())
-        ids = sorted(
+        page = paging.page(
             cid
             for cid, (_, cluster) in listing.items()
             if all(cluster.resource_labels.get(k) == v for k, v in match_labels.items())
         )
-        start = next((i for i, cid in enumerate(ids) if cid > after), len(ids)) if after else 0
-        page = ids[start : start + size]
-        service = self.traffic.in_service(page) if page else {}
-        clusters = [self._contract_cluster(*listing[cid], service[cid]) for cid in page]
-        more = start + size < len(ids)
+        service = self.traffic.in_service(page.keys) if page.keys else {}
+        clusters = [self._contract_cluster(*listing[cid], service[cid]) for cid in page.keys]
         return cluster_pb2.ListClustersResponse(
             clusters=clusters,
-            next_page_token=encode_page_token(page[-1]) if more and page else "",
-            total_size=len(ids),
+            next_page_token=page.next_page_token,
+            total_size=page.total_size,
         )
 
     def get_cluster(self, cluster_id: str) -> cluster_pb2.GetClusterResponse:
@@ -380,23 +374,23 @@ class GkeFleet:
         self, request_id: str, cluster_id: str, version: str, caller: str
     ) -> cluster_pb2.Operation:
         """UpgradeControlPlane by the contract's rules (caller: unused)."""
-        return self.upgrades.upgrade(_CP, request_id, cluster_id, "", version)
+        return self.upgrades.upgrade(OP_CONTROL_PLANE, request_id, cluster_id, "", version)
 
     def upgrade_node_pool(
         self, request_id: str, cluster_id: str, node_pool: str, version: str, caller: str
     ) -> cluster_pb2.Operation:
         """UpgradeNodePool by the contract's rules (caller: unused)."""
-        return self.upgrades.upgrade(_NP, request_id, cluster_id, node_pool, version)
+        return self.upgrades.upgrade(OP_NODE_POOL, request_id, cluster_id, node_pool, version)
 
     # ---------------------------------------------------------------------- traffic
 
     def service_out(self, request_id: str, cluster_id: str, caller: str) -> cluster_pb2.Operation:
         """ServiceOut by the contract's rules (caller: unused)."""
-        return self._service(_OUT, request_id, cluster_id)
+        return self._service(OP_SERVICE_OUT, request_id, cluster_id)
 
     def service_in(self, request_id: str, cluster_id: str, caller: str) -> cluster_pb2.Operation:
         """ServiceIn by the contract's rules (caller: unused)."""
-        return self._service(_IN, request_id, cluster_id)
+        return self._service(OP_SERVICE_IN, request_id, cluster_id)
 
     def _service(self, kind: int, request_id: str, cluster_id: str) -> cluster_pb2.Operation:
         """ServiceOut (kind OUT) or ServiceIn (kind IN) by the contract's rules."""

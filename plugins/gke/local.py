@@ -11,13 +11,11 @@ from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.gke.operations import GkeOperationStore
 from plugins.gke.state import Binding, PluginState
 from plugins.gke.traffic import Stopping, Traffic
-from plugins.sdk import TERMINAL_STATES, PluginError, kind_name
+from plugins.sdk import OP_SERVICE_IN, OP_SERVICE_OUT, TERMINAL_STATES, PluginError, kind_name
 
 __all__ = ["LocalOperations"]
 
 _LOG = logging.getLogger("plugins.gke.local")
-_OUT = cluster_pb2.OPERATION_KIND_SERVICE_OUT
-_IN = cluster_pb2.OPERATION_KIND_SERVICE_IN
 
 
 class LocalOperations:
@@ -33,7 +31,10 @@ class LocalOperations:
         """Loads the kept operations into the store and resumes unfinished service changes."""
         for op in self._state.operations():
             stored = self._store.record(op)
-            if stored.state not in TERMINAL_STATES and stored.kind in (_OUT, _IN):
+            if stored.state not in TERMINAL_STATES and stored.kind in (
+                OP_SERVICE_OUT,
+                OP_SERVICE_IN,
+            ):
                 _LOG.info(
                     "resuming a service change after restart",
                     extra={"fields": {"operation": op.id, "cluster": op.cluster_id}},
@@ -75,7 +76,7 @@ class LocalOperations:
         is nothing to do or the traffic mode is immediate, else a background operation."""
         needed = (
             self._traffic.needs_out(cluster_id)
-            if kind == _OUT
+            if kind == OP_SERVICE_OUT
             else self._traffic.needs_in(cluster_id)
         )
         if not needed:
@@ -93,14 +94,14 @@ class LocalOperations:
             if op_id:
                 self._store.update(op_id, progress=percent)
 
-        if kind == _OUT:
+        if kind == OP_SERVICE_OUT:
             self._traffic.service_out(cluster_id, request_id, progress)
         else:
             self._traffic.service_in(cluster_id, request_id, progress)
 
     def _run(self, op_id: str, kind: int, cluster_id: str) -> None:
         op = self._store.get(op_id)
-        code = "SERVICE_OUT_FAILED" if kind == _OUT else "SERVICE_IN_FAILED"
+        code = "SERVICE_OUT_FAILED" if kind == OP_SERVICE_OUT else "SERVICE_IN_FAILED"
         try:
             running = self._store.update(op_id, state=cluster_pb2.OPERATION_STATE_RUNNING)
             self._state.save_operation(running)

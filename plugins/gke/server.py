@@ -6,10 +6,8 @@ import argparse
 import logging
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from google.auth.credentials import Credentials
-from prometheus_client import REGISTRY, CollectorRegistry
 
 from plugins.gke.api import GkeApi
 from plugins.gke.config import GkeConfig, gke_fleet_id, load_config
@@ -17,12 +15,13 @@ from plugins.gke.fleet import GkeFleet
 from plugins.gke.servicers import gke_servicers
 from plugins.sdk import (
     FleetServer,
-    ServerTLS,
+    ServeOptions,
+    announce_ready,
     package_version,
     parse_plugin_args,
     plugin_parser,
     run_plugin,
-    server_tls_from_args,
+    serve_args,
 )
 
 __all__ = ["GkePlugin", "GkePluginOptions", "build_parser", "main"]
@@ -34,15 +33,11 @@ _QUIET_LOGGERS = ("google", "google_auth_httplib2", "urllib3", "requests")
 
 
 @dataclass
-class GkePluginOptions:
-    """What a GkePlugin runs: its configuration, address, TLS and metrics registry."""
+class GkePluginOptions(ServeOptions):
+    """What a GkePlugin runs: its configuration (and how it serves: ServeOptions)."""
 
     config: GkeConfig
-    listen: str = "127.0.0.1:0"
-    tls: ServerTLS | None = None
-    registry: CollectorRegistry | None = None
     credentials: Credentials | None = None  # None: from config.api (ADC or anonymous)
-    max_workers: int = 32
 
 
 class GkePlugin(FleetServer[GkeFleet]):
@@ -63,11 +58,8 @@ class GkePlugin(FleetServer[GkeFleet]):
             lambda: gke_servicers(
                 fleet, package_version(), manifest, fleet_id=gke_fleet_id(config)
             ),
-            listen=options.listen,
-            tls=options.tls,
-            max_workers=options.max_workers,
+            options,
             plugin_name="gke",
-            registry=options.registry,
         )
 
 
@@ -85,17 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.INFO)
 
     def options() -> GkePluginOptions:
-        return GkePluginOptions(
-            config=load_config(args.config),
-            listen=args.listen,
-            tls=server_tls_from_args(args),
-            registry=REGISTRY,
-        )
+        return GkePluginOptions(config=load_config(args.config), **serve_args(args))
 
-    def ready(plugin: GkePlugin) -> None:
-        fields = {"address": plugin.address, "config": str(Path(args.config))}
-        _LOG.info("GKE plugin ready", extra={"fields": fields})
-
+    ready = announce_ready(_LOG, "GKE plugin", args)
     return run_plugin("fleet-plugin-gke", args, options, GkePlugin, ready)
 
 

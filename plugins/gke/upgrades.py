@@ -38,6 +38,8 @@ from plugins.gke.policy import (
 )
 from plugins.gke.state import Binding, PluginState
 from plugins.sdk import (
+    OP_CONTROL_PLANE,
+    OP_NODE_POOL,
     TERMINAL_STATES,
     Conflict,
     InvalidArgument,
@@ -50,8 +52,6 @@ from plugins.sdk import (
 __all__ = ["FleetView", "UpgradeRequests"]
 
 _LOG = logging.getLogger("plugins.gke.upgrades")
-_CP = cluster_pb2.OPERATION_KIND_UPGRADE_CONTROL_PLANE
-_NP = cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL
 
 
 def _covers(zone: str, location: str) -> bool:
@@ -234,7 +234,7 @@ class UpgradeRequests:
                 return existing
             cluster = self._fleet.selected_cluster(ref)
             pool = None
-            if kind == _NP:
+            if kind == OP_NODE_POOL:
                 if is_autopilot(cluster):
                     raise autopilot_refusal(cluster_id)
                 pool = next((p for p in cluster.node_pools if p.name == node_pool), None)
@@ -249,7 +249,9 @@ class UpgradeRequests:
             alias = requested if requested != version else ""
             running, done = self.gke_in_flight(ref)
             for gke_op, info in running:
-                same = info.kind == kind and (kind == _CP or info.node_pool == node_pool)
+                same = info.kind == kind and (
+                    kind == OP_CONTROL_PLANE or info.node_pool == node_pool
+                )
                 same = same and info.type_name in ADOPTABLE_TYPES
                 if same and not self._bound_elsewhere(info.op_id, request_id):
                     return self._adopt(request_id, gke_op, info, cluster_id, version, alias)
@@ -329,7 +331,11 @@ class UpgradeRequests:
         )
         for gke_op in newest_first:
             info = describe(gke_op, ref.project)
-            if info is None or info.kind != kind or (kind == _NP and info.node_pool != node_pool):
+            if (
+                info is None
+                or info.kind != kind
+                or (kind == OP_NODE_POOL and info.node_pool != node_pool)
+            ):
                 continue
             state, _, _ = contract_state(gke_op)
             if state != cluster_pb2.OPERATION_STATE_SUCCEEDED:

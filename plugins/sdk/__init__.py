@@ -10,16 +10,19 @@ the surface only on purpose. The conformance kit is a sub-surface of its own,
 ``plugins.sdk.conformance`` (it needs pytest, which a plugin at run time does not).
 
 What is here, by the question a plugin author asks:
-- serving: FleetServer, ServedFleet, PluginServer, PluginServicers, ServerTLS, serve,
-  run_until_signal, add_server_args,
+- serving: FleetServer, ServedFleet, ServeOptions (what a plugin's options extend), PluginServer,
+  PluginServicers, ServerTLS, serve, run_until_signal, add_server_args,
   server_tls_from_args, configure_logging, and the command line (plugin_parser,
-  parse_plugin_args, run_plugin, RunningPlugin);
+  parse_plugin_args, serve_args / ServeArgs, run_plugin, announce_ready, RunningPlugin);
 - identity: StaticIdentity, package_version, always_ready;
 - the gRPC services over a backend: ClusterServicer, HealthServicer and the backend protocols
   (ClusterBackend, PreflightBackend, HealthBackend), caller_of;
 - errors a backend raises (PluginError and its kinds, Reason) and preflight verdicts;
-- operations: OperationStore, TERMINAL_STATES, kind_name;
-- request checks and paging: require*, check_*, encode/decode_page_token;
+- operations: OperationStore, TERMINAL_STATES, kind_name, and the kinds and states under short
+  names (OP_CONTROL_PLANE, OP_NODE_POOL, OP_SERVICE_OUT, OP_SERVICE_IN, OP_RUNNING,
+  OP_SUCCEEDED, OP_FAILED);
+- request checks and paging: require*, check_*, encode/decode_page_token, page_request
+  (PageRequest, KeyPage);
 - configuration files: read_yaml, validate_model and their error placement helpers;
 - Kubernetes versions: Version, parse_version, compare_versions, is_newer_version,
   version_meets, is_downgrade (the versions module's names, qualified for a flat namespace);
@@ -30,7 +33,13 @@ What is here, by the question a plugin author asks:
 - calling a plugin: PluginClient, ClientTLS, PluginCallError (its code, reason, retryable).
 """
 
-from plugins.sdk.cli import RunningPlugin, parse_plugin_args, plugin_parser, run_plugin
+from plugins.sdk.cli import (
+    RunningPlugin,
+    announce_ready,
+    parse_plugin_args,
+    plugin_parser,
+    run_plugin,
+)
 from plugins.sdk.client import ClientTLS, PluginCallError, PluginClient
 from plugins.sdk.config import (
     field_path,
@@ -65,7 +74,18 @@ from plugins.sdk.errors import (
 from plugins.sdk.identity import StaticIdentity, always_ready, package_version
 from plugins.sdk.kube import Kube, KubeConflict, KubeError, KubeGone, KubeNotFound, Resource
 from plugins.sdk.kubecache import CachedObject, Informer, caches_readiness, require_listed
-from plugins.sdk.operations import TERMINAL_STATES, OperationStore, kind_name
+from plugins.sdk.operations import (
+    OP_CONTROL_PLANE,
+    OP_FAILED,
+    OP_NODE_POOL,
+    OP_RUNNING,
+    OP_SERVICE_IN,
+    OP_SERVICE_OUT,
+    OP_SUCCEEDED,
+    TERMINAL_STATES,
+    OperationStore,
+    kind_name,
+)
 from plugins.sdk.preflight import (
     accepted,
     refused_later,
@@ -77,12 +97,15 @@ from plugins.sdk.server import (
     FleetServer,
     PluginServer,
     PluginServicers,
+    ServeArgs,
     ServedFleet,
+    ServeOptions,
     ServerTLS,
     add_server_args,
     configure_logging,
     run_until_signal,
     serve,
+    serve_args,
     server_tls_from_args,
 )
 from plugins.sdk.servicers import (
@@ -96,10 +119,13 @@ from plugins.sdk.servicers import (
 from plugins.sdk.validate import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
+    KeyPage,
+    PageRequest,
     check_page_size,
     check_version,
     decode_page_token,
     encode_page_token,
+    page_request,
     require,
     require_all,
     require_request_id,
@@ -115,6 +141,13 @@ __all__ = [
     "ERROR_DOMAIN",
     "LOG_HINT",
     "MAX_PAGE_SIZE",
+    "OP_CONTROL_PLANE",
+    "OP_FAILED",
+    "OP_NODE_POOL",
+    "OP_RUNNING",
+    "OP_SERVICE_IN",
+    "OP_SERVICE_OUT",
+    "OP_SUCCEEDED",
     "TERMINAL_STATES",
     "AlreadyExists",
     "CachedObject",
@@ -129,6 +162,7 @@ __all__ = [
     "HealthServicer",
     "Informer",
     "InvalidArgument",
+    "KeyPage",
     "Kube",
     "KubeConflict",
     "KubeError",
@@ -136,6 +170,7 @@ __all__ = [
     "KubeNotFound",
     "NotFound",
     "OperationStore",
+    "PageRequest",
     "PluginCallError",
     "PluginClient",
     "PluginError",
@@ -145,6 +180,8 @@ __all__ = [
     "Reason",
     "Resource",
     "RunningPlugin",
+    "ServeArgs",
+    "ServeOptions",
     "ServedFleet",
     "ServerTLS",
     "StaticIdentity",
@@ -154,6 +191,7 @@ __all__ = [
     "accepted",
     "add_server_args",
     "always_ready",
+    "announce_ready",
     "caches_readiness",
     "caller_of",
     "check_page_size",
@@ -171,6 +209,7 @@ __all__ = [
     "kind_name",
     "log_raw",
     "package_version",
+    "page_request",
     "parse_plugin_args",
     "parse_version",
     "place_problem",
@@ -187,6 +226,7 @@ __all__ = [
     "run_plugin",
     "run_until_signal",
     "serve",
+    "serve_args",
     "server_tls_from_args",
     "url_secrets",
     "validate_model",

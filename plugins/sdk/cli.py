@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 from plugins.sdk.server import (
@@ -19,6 +21,7 @@ __all__ = [
     "CONFIG_EXIT",
     "SHUTDOWN_GRACE",
     "RunningPlugin",
+    "announce_ready",
     "parse_plugin_args",
     "plugin_parser",
     "run_plugin",
@@ -94,3 +97,21 @@ def run_plugin(
     run_until_signal(plugin.server, grace=grace)
     plugin.stop(0)
     return 0
+
+
+class _Addressed(Protocol):
+    @property
+    def address(self) -> str: ...
+
+
+def announce_ready(
+    log: logging.Logger, what: str, args: argparse.Namespace
+) -> Callable[[_Addressed], None]:
+    """run_plugin's ready callback of a plugin with --config: logs "<what> ready" with the
+    address it serves and its configuration file."""
+
+    def ready(plugin: _Addressed) -> None:
+        fields = {"address": plugin.address, "config": str(Path(args.config))}
+        log.info(f"{what} ready", extra={"fields": fields})
+
+    return ready

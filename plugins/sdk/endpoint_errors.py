@@ -137,8 +137,19 @@ def classify_grpc(code: str, details: str) -> Failure:
                 "the plugin's certificate is not signed by the configured CA, or not for its name",
             )
         if "ssl" in text or "tls" in text or "handshake" in text:
-            return Failure(code, f"TLS handshake failed ({code})")
-        return Failure(code, f"unreachable ({code})")
+            return Failure(
+                code,
+                f"TLS handshake failed ({code})",
+                "check that the plugin serves TLS (a plaintext one on loopback is named with "
+                "insecure: true) and, if it asks for a client certificate, that "
+                "tls.clientSecretName names one",
+            )
+        return Failure(
+            code,
+            f"unreachable ({code})",
+            "check that the plugin runs and listens at this address (the FleetProvider's "
+            "spec.endpoint, or spec.opsEndpoint.endpoint)",
+        )
     fixed = {
         "DEADLINE_EXCEEDED": "timeout",
         "UNAUTHENTICATED": "unauthorized",

@@ -22,6 +22,13 @@ from plugins.sdk.journal import OperationJournal
 
 __all__ = [
     "DEFAULT_RETENTION",
+    "OP_CONTROL_PLANE",
+    "OP_FAILED",
+    "OP_NODE_POOL",
+    "OP_RUNNING",
+    "OP_SERVICE_IN",
+    "OP_SERVICE_OUT",
+    "OP_SUCCEEDED",
     "TERMINAL_STATES",
     "OperationStore",
     "WatchCursor",
@@ -34,6 +41,16 @@ _LOG = logging.getLogger("plugins.sdk.operations")
 
 OPERATION_STATE_PENDING = cluster_pb2.OPERATION_STATE_PENDING
 OPERATION_STATE_RUNNING = cluster_pb2.OPERATION_STATE_RUNNING
+
+# The contract's operation kinds and states under short names, one home for the aliases every
+# provider plugin wrote (proto/fleetupgrade/plugin/v1/cluster.proto).
+OP_CONTROL_PLANE = cluster_pb2.OPERATION_KIND_UPGRADE_CONTROL_PLANE
+OP_NODE_POOL = cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL
+OP_SERVICE_OUT = cluster_pb2.OPERATION_KIND_SERVICE_OUT
+OP_SERVICE_IN = cluster_pb2.OPERATION_KIND_SERVICE_IN
+OP_RUNNING = cluster_pb2.OPERATION_STATE_RUNNING
+OP_SUCCEEDED = cluster_pb2.OPERATION_STATE_SUCCEEDED
+OP_FAILED = cluster_pb2.OPERATION_STATE_FAILED
 
 TERMINAL_STATES: frozenset[int] = frozenset(
     {cluster_pb2.OPERATION_STATE_SUCCEEDED, cluster_pb2.OPERATION_STATE_FAILED}

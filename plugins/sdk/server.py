@@ -12,7 +12,7 @@ from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypedDict, TypeVar
 
 import grpc
 import grpc_health.v1.health as std_health
@@ -342,6 +342,31 @@ class ServedFleet(Protocol):
 F = TypeVar("F", bound=ServedFleet)
 
 
+@dataclass(kw_only=True)
+class ServeOptions:
+    """How a plugin process serves: its address, TLS, metrics registry (None: the default
+    one) and gRPC worker threads. A plugin's options extend it with its configuration."""
+
+    listen: str = "127.0.0.1:0"
+    tls: ServerTLS | None = None
+    registry: CollectorRegistry | None = None
+    max_workers: int = 32
+
+
+class ServeArgs(TypedDict):
+    """ServeOptions' fields as the command line gives them (serve_args)."""
+
+    listen: str
+    tls: ServerTLS | None
+    registry: CollectorRegistry
+
+
+def serve_args(args: argparse.Namespace) -> ServeArgs:
+    """The ServeOptions fields of a plugin command (add_server_args' flags; the default
+    registry, which --metrics-addr serves): `XPluginOptions(config=..., **serve_args(args))`."""
+    return ServeArgs(listen=args.listen, tls=server_tls_from_args(args), registry=REGISTRY)
+
+
 class FleetServer(Generic[F]):
     """A plugin process's fleet and its gRPC server as one unit: the fleet starts, then the
     server serves its servicers; if either fails the fleet is closed; stop() closes the
@@ -351,23 +376,20 @@ class FleetServer(Generic[F]):
         self,
         fleet: F,
         servicers: Callable[[], PluginServicers],
+        options: ServeOptions,
         *,
-        listen: str,
-        tls: ServerTLS | None,
-        max_workers: int,
         plugin_name: str,
-        registry: CollectorRegistry | None,
     ) -> None:
         self.fleet = fleet
         try:
             fleet.start()
             self.server: PluginServer = serve(
-                listen,
+                options.listen,
                 servicers(),
-                tls=tls,
-                max_workers=max_workers,
+                tls=options.tls,
+                max_workers=options.max_workers,
                 plugin_name=plugin_name,
-                registry=registry if registry is not None else REGISTRY,
+                registry=options.registry if options.registry is not None else REGISTRY,
             )
         except BaseException:
             fleet.close()

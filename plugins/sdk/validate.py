@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from plugins.sdk import versions
@@ -13,10 +14,13 @@ from plugins.sdk.errors import InvalidArgument
 __all__ = [
     "DEFAULT_PAGE_SIZE",
     "MAX_PAGE_SIZE",
+    "KeyPage",
+    "PageRequest",
     "check_page_size",
     "check_version",
     "decode_page_token",
     "encode_page_token",
+    "page_request",
     "require",
     "require_all",
     "require_request_id",
@@ -106,6 +110,42 @@ def encode_page_token(last_key: str) -> str:
     """An opaque next_page_token that resumes after last_key."""
     raw = (_TOKEN_PREFIX + last_key).encode("utf-8")
     return base64.urlsafe_b64encode(raw).decode("ascii")
+
+
+@dataclass(frozen=True)
+class KeyPage:
+    """One page of keys (cluster ids) in order, with what ListClustersResponse says of it."""
+
+    keys: list[str]
+    #: Resumes after this page's last key; "" on the last page.
+    next_page_token: str
+    #: How many keys there are over every page.
+    total_size: int
+
+
+@dataclass(frozen=True)
+class PageRequest:
+    """A ListClusters request's paging, checked (page_request): how many keys a page holds
+    and the key it resumes after ("" for the first page)."""
+
+    size: int
+    after: str
+
+    def page(self, keys: Iterable[str]) -> KeyPage:
+        """The page of keys, in sorted order, this request asks for."""
+        ordered = sorted(keys)
+        after = self.after
+        start = next((i for i, k in enumerate(ordered) if k > after), len(ordered)) if after else 0
+        page = ordered[start : start + self.size]
+        more = start + self.size < len(ordered)
+        return KeyPage(page, encode_page_token(page[-1]) if more and page else "", len(ordered))
+
+
+def page_request(page_size: int, page_token: str) -> PageRequest:
+    """The paging of a ListClusters request (check_page_size, decode_page_token: an
+    InvalidArgument before anything is read). One home for the paging the GKE, EKS and AKS
+    plugins each wrote."""
+    return PageRequest(check_page_size(page_size), decode_page_token(page_token))
 
 
 def decode_page_token(token: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -11,10 +10,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from plugins.sdk.client import ClientTLS, PluginClient
-from plugins.sdk.conformance import run_conformance
 from plugins.sdk.server import ServerTLS
 from plugins.sim import SimOptions, Simulator
 from tests.support.certs import TestPKI
+from tests.support.plugin_harness import kit_outcome
 
 
 @pytest.fixture
@@ -57,25 +56,7 @@ def _restart(sims: list[Simulator]) -> Callable[[], None]:
 def _kit(
     sims: list[Simulator], tmp_path: Path, tls: ClientTLS | None = None
 ) -> dict[str, list[str]]:
-    report = tmp_path / "kit.xml"
-    code = run_conformance(
-        sims[-1].address,
-        tls,
-        timeout=30.0,
-        pytest_args=["-q", f"--junitxml={report}"],
-        restart=_restart(sims),
-    )
-    outcome: dict[str, list[str]] = {"passed": [], "failed": [], "skipped": []}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        name = case.get("name", "")
-        if case.find("failure") is not None or case.find("error") is not None:
-            outcome["failed"].append(name)
-        elif case.find("skipped") is not None:
-            outcome["skipped"].append(name)
-        else:
-            outcome["passed"].append(name)
-    assert code == 0, outcome["failed"]
-    return outcome
+    return kit_outcome(sims[-1].address, tmp_path / "kit.xml", tls, _restart(sims))
 
 
 def test_the_sim_passes_the_conformance_kit_and_is_left_as_found(

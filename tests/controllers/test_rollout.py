@@ -13,7 +13,14 @@ from kubernetes import client as k8s
 
 from orchestrator import api
 from tests.support.kube import KubeCluster, wait_for
-from tests.support.orchestrator import CV, OrchestratorProcess, free_port, monitor, simulated_fleet
+from tests.support.orchestrator import (
+    CV,
+    OrchestratorProcess,
+    free_port,
+    monitor,
+    seed_cluster_version,
+    simulated_fleet,
+)
 
 OLD, NEW = "1.28.5", "1.29.1"
 
@@ -48,17 +55,7 @@ def fleet(n: int, step: float = 0.15, **faults: Any) -> dict[str, Any]:
 def cluster_version(
     name: str, endpoint: str, ids: list[str], required: int, **spec: Any
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "requiredAvailableCount": required,
-            "opsEndpoint": {"endpoint": endpoint, "insecure": True},
-            "clusters": [{"id": c, "version": NEW} for c in ids],
-            **spec,
-        },
-    }
+    return seed_cluster_version(name, endpoint, ids, NEW, required, **spec)
 
 
 @pytest.fixture

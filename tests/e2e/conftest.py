@@ -22,7 +22,7 @@ from kubernetes import client as k8s
 from orchestrator import api
 from plugins.sim.server import SimOptions, Simulator
 from tests.support.kube import KubeCluster, wait_for
-from tests.support.orchestrator import OrchestratorProcess
+from tests.support.orchestrator import OrchestratorProcess, seed_cluster_version
 
 OLD, NEW = "1.28.5", "1.29.1"
 
@@ -77,17 +77,7 @@ def cluster_version(
     name: str, endpoint: str, clusters: list[str], required: int, **spec: Any
 ) -> dict[str, Any]:
     """A ClusterVersion targeting NEW on the given clusters (original manifest shape + extras)."""
-    return {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "requiredAvailableCount": required,
-            "opsEndpoint": {"endpoint": endpoint, "insecure": True},
-            "clusters": [{"id": c, "version": NEW} for c in clusters],
-            **spec,
-        },
-    }
+    return seed_cluster_version(name, endpoint, clusters, NEW, required, **spec)
 
 
 def metric_checks(

@@ -67,14 +67,22 @@ def test_an_unreachable_plugin_is_the_first_thing_status_says(
         status = wait_for(
             "the ClusterVersion Degraded", lambda: _degraded(objects, "prod"), timeout=60
         )
-        words = f"UNAVAILABLE: plugin 127.0.0.1:{port}: unreachable (UNAVAILABLE)"
+        # The cause first, the gRPC code once, then the fix (issue 24).
+        words = (
+            f"plugin 127.0.0.1:{port}: unreachable (UNAVAILABLE); check that the plugin runs and "
+            "listens at this address (the FleetProvider's spec.endpoint, or "
+            "spec.opsEndpoint.endpoint)"
+        )
         assert status["phase"] == "Pending"
         assert status["message"] == f"cannot progress: PluginUnavailable: {words}"
+        degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+        assert degraded["message"] == words
         out = _status(control_plane, objects.ns, "prod", capsys)
         lines = out.splitlines()
         assert lines[0] == f"ClusterVersion {objects.ns}/prod: Pending"
         assert lines[1] == f"  Cannot progress: PluginUnavailable: {words}"
-        assert lines[2].startswith("  Fix: check that the plugin runs and listens at the endpoint")
+        # The message carries its fix: no second one.
+        assert not lines[2].startswith("  Fix:")
         assert "run starting" not in out
         row = _table(control_plane, objects.ns, api.PLURAL)["prod"]
         assert (row["Phase"], row["Degraded"]) == ("Pending", "PluginUnavailable")
@@ -143,7 +151,7 @@ def test_a_tls_name_mismatch_is_named_with_its_fix(
     out = _status(control_plane, objects.ns, "prod", capsys)
     lines = out.splitlines()
     assert lines[1] == (
-        f"  Cannot progress: PluginUnavailable: UNAVAILABLE: plugin {sim.address}: TLS "
+        f"  Cannot progress: PluginUnavailable: plugin {sim.address}: TLS "
         "verification failed (UNAVAILABLE); the plugin's certificate is not signed by the "
         "configured CA, or not for its name"
     )

@@ -140,7 +140,10 @@ def test_describe_names_the_endpoint_and_the_fix() -> None:
     ],
 )
 def test_grpc_transport_failures_have_fixed_reasons(details: str, reason: str) -> None:
-    assert classify_grpc("UNAVAILABLE", details).reason == reason
+    failure = classify_grpc("UNAVAILABLE", details)
+    assert failure.reason == reason
+    # Each says what to check: the plugin's address, its certificate, or its TLS settings.
+    assert failure.fix.startswith(("check that the plugin", "the plugin's certificate")), failure
 
 
 def test_grpc_codes_without_an_answer() -> None:
@@ -323,8 +326,13 @@ def test_an_http_server_that_is_not_a_plugin_leaks_nothing(
     address = echo.removeprefix("http://")
     client = PluginClient(address, timeouts={"GetPluginInfo": 3.0}, plugin_name=address)
     err = call_error(_error(client))
-    assert err.message == f"plugin {address}: unreachable (UNAVAILABLE)"
+    assert err.message == (
+        f"plugin {address}: unreachable (UNAVAILABLE); check that the plugin runs and listens "
+        "at this address (the FleetProvider's spec.endpoint, or spec.opsEndpoint.endpoint)"
+    )
     assert MARKER not in err.message
+    # As text (a Degraded condition's message): the cause first, the code said once.
+    assert str(err) == err.message and str(err).count("UNAVAILABLE") == 1
 
 
 def test_a_plugins_own_answer_keeps_its_reason_and_message() -> None:
@@ -335,10 +343,13 @@ def test_a_plugins_own_answer_keeps_its_reason_and_message() -> None:
         reason="DOWNGRADE_NOT_SUPPORTED",
         domain="fleetupgrade.io",
     )
-    assert call_error(answered).message == (
+    err = call_error(answered)
+    assert err.message == (
         "DOWNGRADE_NOT_SUPPORTED: control plane is at 1.29.7; downgrading it to 1.29.0 is not "
         "supported"
     )
+    # As text: the plugin's reason first, the gRPC code once, after it.
+    assert str(err) == f"{err.message} (FAILED_PRECONDITION)"
 
 
 def test_url_secrets_are_the_parts_of_a_url_that_may_be_credentials() -> None:

@@ -101,8 +101,9 @@ def test_a_stage_shows_skipped_apart_and_a_refused_cluster_as_failed(
     for cluster, (stage, index, status) in outcomes.items():
         cu = _upgrade(objects, "solo", cluster, stage, index)
         objects.write_status(api.CLUSTER_UPGRADE_PLURAL, cu, status)
-    # The run's status as the controller writes it: a skipped cluster is done (counted in
-    # `upgraded`), a refused one counts against the budget once its stage settled.
+    # The run's status as the controller writes it (engine.decide; tests/e2e/test_stage_counts.py
+    # has the controller write it): the skipped cluster apart from the upgraded ones, the
+    # refused one counted as the stage's failure.
     objects.write_status(
         api.UPDATE_RUN_PLURAL,
         run,
@@ -110,8 +111,8 @@ def test_a_stage_shows_skipped_apart_and_a_refused_cluster_as_failed(
             "phase": "Halted",
             "counts": {"total": 6, "upgraded": 4, "skipped": 1, "blocked": 1},
             "stages": [
-                {"name": "one", "phase": "Completed", "total": 4, "upgraded": 4},
-                {"name": "two", "phase": "Failed", "total": 2, "upgraded": 1, "failed": 0},
+                {"name": "one", "phase": "Completed", "total": 4, "upgraded": 3, "skipped": 1},
+                {"name": "two", "phase": "Failed", "total": 2, "upgraded": 1, "failed": 1},
             ],
         },
     )

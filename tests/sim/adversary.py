@@ -23,6 +23,7 @@ from plugins.sdk import versions
 from tests.sim.model import ADVERSARY, Crash, MOp
 
 if TYPE_CHECKING:
+    from tests.sim.people import Person
     from tests.sim.world import Replica, World
 
 #: Kinds of touch that are drift (invariant 7, docs/architecture.md): the run goes on around them.
@@ -510,10 +511,10 @@ class Adversary:
         found = self._cv()
         if found is None:
             return
-        key, cv = found
-        cv.spec = spec  # type: ignore[attr-defined]
-        cv.generation += 1  # type: ignore[attr-defined]
-        self.world.log(f"adversary: edit {key}: {what}")
+        key, _ = found
+        person = self.world.people.pick()
+        self.world.write_cv(key, person, spec)
+        self.world.log(f"adversary: {person.name} edits {key}: {what}")
 
     def _do_spec_version(self) -> None:
         found = self._cv()
@@ -596,8 +597,10 @@ class Adversary:
             spec = self.world.api.runs[run].spec
             n = len(self.world.api.by_run.get(run, ())) or 2
             floor = self.rng.randint(1, max(1, n - 1))
-            self.world.api.update_run(
-                run, spec=spec.model_copy(update={"required_available_count": floor})
+            self.world.write_run(
+                run,
+                self.world.people.pick(),
+                spec=spec.model_copy(update={"required_available_count": floor}),
             )
             self.world.monitor.floor_changed(run)
             self.world.log(f"adversary: floor of {run} → {floor}")
@@ -622,8 +625,10 @@ class Adversary:
         key = self._direct_run()
         if key:
             run = self.world.api.runs[key]
-            self.world.api.update_run(
-                key, spec=run.spec.model_copy(update={"state": api.RunState.STOP})
+            self.world.write_run(
+                key,
+                self.world.people.pick(),
+                spec=run.spec.model_copy(update={"state": api.RunState.STOP}),
             )
             self.world.due[key] = self.world.now
             self.world.log(f"adversary: a person stops {key}")
@@ -643,7 +648,7 @@ class Adversary:
         if failed:
             run, cid = self.rng.choice(failed)
             obj = w.api.runs[run]
-            w.api.update_run(run, retry=obj.retry | {cid})
+            w.write_run(run, w.people.pick(), retry=obj.retry | {cid})
             w.due[run] = w.now
             w.log(f"adversary: a person retries {cid} in {run}")
 
@@ -660,7 +665,12 @@ class Adversary:
         return sorted(k for k, r in self.world.api.runs.items() if r.initialized)
 
     def _people_spec(
-        self, run: str, skip: api.SkipSpec | None, retry: api.RetrySpec | None, what: str
+        self,
+        run: str,
+        skip: api.SkipSpec | None,
+        retry: api.RetrySpec | None,
+        what: str,
+        person: Person,
     ) -> None:
         """spec.skip / spec.retry through the run's ClusterVersion (a live field: the same
         run gets it in place) or, for a direct run, on the run itself."""
@@ -668,12 +678,12 @@ class Adversary:
         obj = w.api.runs[run]
         cv = w.api.cvs.get(obj.cv) if obj.cv else None
         if cv is not None:
-            cv.spec = cv.spec.model_copy(update={"skip": skip, "retry": retry})
-            cv.generation += 1
-            w.log(f"adversary: a person edits {cv.key}: {what}")
+            w.write_cv(cv.key, person, cv.spec.model_copy(update={"skip": skip, "retry": retry}))
+            w.log(f"adversary: {person.name} edits {cv.key}: {what}")
         else:
-            w.api.update_run(run, spec=obj.spec.model_copy(update={"skip": skip, "retry": retry}))
-            w.log(f"adversary: a person edits {run}: {what}")
+            spec = obj.spec.model_copy(update={"skip": skip, "retry": retry})
+            w.write_run(run, person, spec=spec)
+            w.log(f"adversary: {person.name} edits {run}: {what}")
         w.due[run] = w.now
 
     def _spec_of(self, run: str) -> tuple[api.SkipSpec, api.RetrySpec | None]:
@@ -695,8 +705,9 @@ class Adversary:
             return
         cid = self.rng.choice(cids)
         self.touch(cid, "skip")
+        person = w.people.pick()
         if self.rng.random() < 0.5:
-            w.api.update_run(run, skip=w.api.runs[run].skip | {cid})
+            w.write_run(run, person, skip=w.api.runs[run].skip | {cid})
             w.due[run] = w.now
             w.log(f"adversary: a person skips {cid} in {run} (annotation)")
             return
@@ -706,9 +717,9 @@ class Adversary:
             rest = [c for c in retry.clusters if c != cid]
             retry = retry.model_copy(update={"clusters": rest}) if rest else None
         skip = skip.model_copy(
-            update={"clusters": clusters, "reason": "simulated", "requested_by": "a-person"}
+            update={"clusters": clusters, "reason": "simulated", "requested_by": person.typed}
         )
-        self._people_spec(run, skip, retry, f"skip.clusters += {cid}")
+        self._people_spec(run, skip, retry, f"skip.clusters += {cid}", person)
 
     def _do_skip_stage(self) -> None:
         """A person skips a stage: spec.skip.stages or the skip-stages annotation (level)."""
@@ -718,15 +729,20 @@ class Adversary:
             return
         run = self.rng.choice(runs)
         name = self.rng.choice(w.api.runs[run].stage_names)
+        person = w.people.pick()
         if self.rng.random() < 0.5:
-            w.api.update_run(run, skip_stages=w.api.runs[run].skip_stages | {name})
+            w.write_run(run, person, skip_stages=w.api.runs[run].skip_stages | {name})
             w.due[run] = w.now
             w.log(f"adversary: a person skips stage {name} of {run} (annotation)")
             return
         skip, retry = self._spec_of(run)
         stages = sorted({*(skip.stages or ()), name})
         self._people_spec(
-            run, skip.model_copy(update={"stages": stages}), retry, f"skip.stages += {name}"
+            run,
+            skip.model_copy(update={"stages": stages}),
+            retry,
+            f"skip.stages += {name}",
+            person,
         )
 
     def _do_retry_round(self) -> None:
@@ -744,8 +760,10 @@ class Adversary:
             if o.upgrade.status.phase in (up.FAILED, up.BLOCKED, up.SKIPPED)
         )
         skip, retry = self._spec_of(run)
+        person = w.people.pick()
         if retry is not None and self.rng.random() < 0.3:
-            self._people_spec(run, skip, retry.model_copy(), f"retry round {retry.round} again")
+            again = f"retry round {retry.round} again"
+            self._people_spec(run, skip, retry.model_copy(), again, person)
             return
         if not cands:
             return
@@ -755,8 +773,8 @@ class Adversary:
         rnd = (retry.round if retry is not None else 0) + 1
         left = [c for c in (skip.clusters or ()) if c not in picked]
         skip = skip.model_copy(update={"clusters": left or None})
-        new = api.RetrySpec(clusters=picked, round=rnd, requested_by="a-person")
-        self._people_spec(run, skip, new, f"retry round {rnd}: {picked}")
+        new = api.RetrySpec(clusters=picked, round=rnd, requested_by=person.typed)
+        self._people_spec(run, skip, new, f"retry round {rnd}: {picked}", person)
 
     def _do_run_resume(self) -> None:
         """A person resumes a direct run they stopped."""
@@ -767,7 +785,8 @@ class Adversary:
         if runs:
             key = self.rng.choice(runs)
             run = w.api.runs[key]
-            w.api.update_run(key, spec=run.spec.model_copy(update={"state": api.RunState.RUN}))
+            spec = run.spec.model_copy(update={"state": api.RunState.RUN})
+            w.write_run(key, w.people.pick(), spec=spec)
             w.due[key] = w.now
             w.log(f"adversary: a person resumes {key}")
 

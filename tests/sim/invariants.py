@@ -22,6 +22,7 @@ from orchestrator.engine.decide import (
     short_of_target,
 )
 from orchestrator.engine.observations import OpKind
+from orchestrator.engine.transitions import PEOPLES_WORDS
 from plugins.sdk import versions
 from tests.sim.model import ADVERSARY, Evaluation, MCluster, MOp, UpObj, at, seconds
 
@@ -135,6 +136,8 @@ class Monitor:
 
     def on_write(self, obj: UpObj, old: api.ClusterUpgradeStatus) -> None:
         new = obj.upgrade.status
+        if new.message != old.message:
+            self._who_asked(obj.run, obj.upgrade.cluster_id, new.message or "")
         if new.phase != old.phase:
             self.last_change = self.w.now
             if new.phase in ACTIVE and old.phase not in ACTIVE:
@@ -153,6 +156,18 @@ class Monitor:
         if new.health is not None and new.health.last_check_time:
             t = seconds(new.health.last_check_time)
             self.recorded.setdefault((obj.run, obj.upgrade.cluster_id), set()).add(t)
+
+    def _who_asked(self, run: str, cid: str, message: str) -> None:
+        """Who asked is recorded as the shipped code records it (issue 24): a retry or skip
+        names the user the admission webhook authenticated for the run's requests, never one
+        typed by hand, and "unauthenticated" when the webhook saw none (tests/sim/people.py)."""
+        said = next((w for w in PEOPLES_WORDS if message.startswith(w)), None)
+        if said is None:
+            return
+        who = message.removeprefix(said).rsplit(": ", 1)[0]
+        wrong = self.w.people.check(run, who)
+        if wrong is not None:
+            raise Violation("who asked", f"{cid} of {run}: {message!r}: {wrong}")
 
     def on_run_write(self, run: str, status: api.UpdateRunStatus) -> None:
         """A run-status write took effect: the stage evaluations it carries are on record."""

@@ -838,6 +838,9 @@ class RunObj:
     stage_names: list[str] = field(default_factory=list)
     #: metadata.deletionTimestamp is set: its finalizer holds it until its clusters are back.
     deleting: bool = False
+    #: metadata.annotations other than the three kept as sets above: requested-by, reason and
+    #: the admission webhook's stamp (tests/sim/people.py).
+    annotations: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -861,6 +864,8 @@ class CvObj:
     generation: int = 1
     #: metadata.deletionTimestamp is set: it goes once its runs have gone.
     deleting: bool = False
+    #: metadata.annotations: requested-by, reason and the admission webhook's stamp.
+    annotations: dict[str, str] = field(default_factory=dict)
 
 
 class ModelApiServer:

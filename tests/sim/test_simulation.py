@@ -13,8 +13,10 @@ import pytest
 from orchestrator import api
 from orchestrator.engine.conditions import format_time
 from orchestrator.engine.observations import OpKind
+from orchestrator.engine.transitions import PEOPLES_WORDS
 from tests.sim.invariants import Violation
 from tests.sim.model import ADVERSARY, at
+from tests.sim.people import CASTS, Person
 from tests.sim.world import ENDPOINT, MEMBERS, Config, Owner, World, simulate
 
 #: `make test` sweeps SEEDS histories in CHUNKS tests; `make simulate SEEDS=N` sweeps more.
@@ -248,7 +250,8 @@ def test_refused_target_drains_nothing() -> None:
 def test_the_sweep_reaches_every_operating_feature() -> None:
     """The histories of the sweep do exercise what issue 12 added (else the invariants above
     would hold vacuously): budget halts, failed clusters serviced back in, skipped clusters
-    and stages, retry rounds, clusters held by notBefore and by windows."""
+    and stages, retry rounds, clusters held by notBefore and by windows, and who asked recorded
+    both authenticated and not (tests/sim/people.py)."""
     seen: Counter[str] = Counter()
     for seed in range(80):
         world = simulate(seed, Config.draw(seed, large=False))
@@ -257,6 +260,11 @@ def test_the_sweep_reaches_every_operating_feature() -> None:
             seen[st.reason or ""] += 1
             seen["retry round"] += bool(st.retry_round)
             seen["serviced back in"] += "serviced back in" in (st.message or "")
+            # Who asked (checked by the monitor at every write): both ways it is recorded.
+            said = next((w for w in PEOPLES_WORDS if (st.message or "").startswith(w)), None)
+            if said is not None:
+                unauthenticated = (st.message or "").startswith(f"{said}unauthenticated")
+                seen["asked, unauthenticated" if unauthenticated else "asked, authenticated"] += 1
         for run in world.api.runs.values():
             seen["budget halt"] += "past the budget" in (run.status.message or "")
             for stage in run.status.stages or []:
@@ -270,6 +278,8 @@ def test_the_sweep_reaches_every_operating_feature() -> None:
         "retry round",
         "NotBefore",
         "MaintenanceWindow",
+        "asked, authenticated",
+        "asked, unauthenticated",
     ):
         assert seen[what] > 0, (what, seen)
 
@@ -286,7 +296,7 @@ def test_stop_and_resume_mid_stage_keep_the_floor() -> None:
     def state(value: api.RunState) -> Callable[[World], None]:
         def edit(w: World) -> None:
             run = w.api.runs[key]
-            w.api.update_run(key, spec=run.spec.model_copy(update={"state": value}))
+            w.write_run(key, w.people.pick(), spec=run.spec.model_copy(update={"state": value}))
             w.due[key] = w.now
 
         return edit
@@ -333,9 +343,8 @@ def test_a_run_pinned_as_the_adversary_falls_quiet_is_reconciled(arrival: str) -
 
     def arrive(w: World) -> None:
         if arrival == "superseding run":
-            cv = w.api.cvs["ns-a/fleet"]
-            cv.spec = _spec(ids, 6, stages=[{"name": "renamed", "clusters": ids}])
-            cv.generation += 1
+            renamed = _spec(ids, 6, stages=[{"name": "renamed", "clusters": ids}])
+            w.write_cv("ns-a/fleet", w.people.pick(), renamed)
         else:
             owner = Owner("ns-b", "direct", "run", late)
             w.owners.append(owner)
@@ -435,3 +444,70 @@ def test_the_sweep_covers_runs_over_several_providers() -> None:
             seen["run upgraded on several providers"] += len(done) > 1
     for what in ("outage", "degraded pass", "run upgraded on several providers"):
         assert seen[what] > 0, (what, seen)
+
+
+# -- who asked (issue 24) -----------------------------------------------------------------------
+
+
+def test_who_asked_is_the_authenticated_writer_never_a_typed_name() -> None:
+    """Through the shipped admission stamp and requester: alice (the webhook sees her) skips a
+    cluster in the ClusterVersion's spec, handed to its run; carol (the webhook is down for her
+    write) and mallory (down too, and she types requested-by-user: cto) skip clusters with the
+    run's annotation. Recorded: alice, and "unauthenticated" with their typed names beside it;
+    "cto" nowhere."""
+    world = _world(8)
+    alice, carol, mallory = CASTS[2]
+    assert (alice.seen, carol.seen, mallory.seen, mallory.forged) == (True, False, False, "cto")
+    ids = sorted(world.fleet.clusters)
+    world.people.cast = (alice,)  # she applies the ClusterVersion
+    world.add_cluster_version("ns-a", "fleet", _spec(ids, 7, maxConcurrency=1))
+    run: list[str] = []
+
+    def by(person: Person, cid: str) -> Callable[[World], None]:
+        def act(w: World) -> None:
+            key = next(k for k in w.api.runs if k.startswith("ns-a/"))
+            run[:] = [key]
+            if person is alice:
+                cv = w.api.cvs["ns-a/fleet"]
+                skip = api.SkipSpec(clusters=[cid], reason="simulated", requested_by=alice.typed)
+                w.write_cv(cv.key, alice, cv.spec.model_copy(update={"skip": skip}))
+            else:
+                w.write_run(key, person, skip=w.api.runs[key].skip | {cid})
+            w.due[key] = w.now
+
+        return act
+
+    world.at(5, by(alice, ids[7]), "alice skips in the ClusterVersion's spec")
+    world.at(6, by(carol, ids[6]), "carol skips with the annotation, the webhook down")
+    world.at(60, by(mallory, ids[5]), "mallory skips, typing requested-by-user: cto")
+    world.run()
+    messages = {
+        o.upgrade.cluster_id: o.upgrade.status.message for o in world.api.upgrades_of(run[0])
+    }
+    assert messages[ids[7]] == "skipped by alice: simulated"
+    assert messages[ids[6]] == "skipped by unauthenticated (as carol@ops): simulated"
+    assert messages[ids[5]] == "skipped by unauthenticated (as mallory): simulated"
+    assert not any("cto" in (m or "") for m in messages.values())
+
+
+def test_a_request_made_on_the_run_itself_keeps_its_author() -> None:
+    """bob (authenticated) skips a cluster with the annotation on a run alice's ClusterVersion
+    owns: recorded as bob's. The ClusterVersion hands its who-asked to the run only with a
+    request of its own (engine.requester.handover); before, every ClusterVersion pass put
+    alice's stamp back on the run and bob's skip read as alice's."""
+    world = _world(8)
+    alice, bob = Person("alice", "alice"), Person("bob", "bob")
+    world.people.cast = (alice,)
+    ids = sorted(world.fleet.clusters)
+    world.add_cluster_version("ns-a", "fleet", _spec(ids, 7, maxConcurrency=1))
+
+    def skip(w: World) -> None:
+        key = next(k for k in w.api.runs if k.startswith("ns-a/"))
+        w.write_run(key, bob, skip=w.api.runs[key].skip | {ids[6]})
+        w.due[key] = w.now + 40  # the ClusterVersion's passes come first
+
+    world.at(20, skip, "bob skips on the run")
+    world.run()
+    (key,) = [k for k in world.api.runs if k.startswith("ns-a/")]
+    messages = {o.upgrade.cluster_id: o.upgrade.status.message for o in world.api.upgrades_of(key)}
+    assert messages[ids[6]] == "skipped by bob: simulated"

@@ -24,6 +24,7 @@ from orchestrator.engine.conditions import format_time
 from orchestrator.engine.decide import ACTIVE, Call, Floor, Preflight, Upgrade
 from orchestrator.engine.initialize import live_fields, pin_upgrades, run_for, superseded
 from orchestrator.engine.observations import OpObs, Snapshot
+from orchestrator.engine.requester import handover
 from orchestrator.engine.validate import Problem
 from orchestrator.pipeline import deletion
 from orchestrator.pipeline.crossrun import (
@@ -53,6 +54,14 @@ from tests.sim.model import (
     RunObj,
     StoreClient,
     at,
+)
+from tests.sim.people import (
+    SETS,
+    People,
+    Person,
+    admit,
+    run_annotations,
+    run_requester,
 )
 
 ENDPOINT = "sim-plugin:9000"
@@ -298,6 +307,8 @@ class World:
         self.alias_rng = random.Random(cfg.seed * 6007 + 3)
         #: How late each UpdateRun watch event reaches each replica: a stream of its own too.
         self.lag_rng = random.Random(cfg.seed * 4801 + 5)
+        #: Who writes the objects (the cast, a stream of its own) and what each wrote.
+        self.people = People(cfg.seed)
         #: Who is writing now: a replica's name (its controllers' writes reach its own cache at
         #: once), or None (a person, the world: every cache learns by the watch).
         self.actor: str | None = None
@@ -512,19 +523,54 @@ class World:
         owner = Owner(f"ns-{i}", f"{kind}-{i}", kind, spec)
         self.owners.append(owner)
         if kind == "cv":
-            key = f"{owner.namespace}/{owner.name}"
-            self.api.cvs[key] = CvObj(key, owner.namespace, owner.name, spec)
-            self.log(f"create ClusterVersion {key}")
+            self.add_cluster_version(owner.namespace, owner.name, spec, listed=False)
         else:
             self.create_direct_run(owner)
         return owner
 
-    def add_cluster_version(self, namespace: str, name: str, spec: api.ClusterVersionSpec) -> None:
-        """A ClusterVersion a scenario applies (its runs follow the ClusterVersion rule)."""
+    def add_cluster_version(
+        self, namespace: str, name: str, spec: api.ClusterVersionSpec, listed: bool = True
+    ) -> None:
+        """A ClusterVersion a person applies (its runs follow the ClusterVersion rule)."""
         key = f"{namespace}/{name}"
-        self.owners.append(Owner(namespace, name, "cv", spec))
-        self.api.cvs[key] = CvObj(key, namespace, name, spec)
-        self.log(f"create ClusterVersion {key}")
+        if listed:
+            self.owners.append(Owner(namespace, name, "cv", spec))
+        person = self.people.pick()
+        cv = CvObj(key, namespace, name, spec)
+        cv.annotations = admit(
+            api.KIND, None, (person.annotations(), spec.dump()), self.people.user(person)
+        )
+        self.api.cvs[key] = cv
+        self.people.record(key, person)
+        self.log(f"{person.name} creates ClusterVersion {key}")
+
+    def write_cv(self, key: str, person: Person, spec: api.ClusterVersionSpec) -> None:
+        """A person edits a ClusterVersion's spec (with kubectl: through admission)."""
+        cv = self.api.cvs[key]
+        before = (cv.annotations, cv.spec.dump())
+        after = ({**cv.annotations, **person.annotations()}, spec.dump())
+        cv.annotations = admit(api.KIND, before, after, self.people.user(person))
+        cv.spec = spec
+        cv.generation += 1
+        if after != before:  # a write that changes nothing asks nothing
+            self.people.record(key, person)
+
+    def write_run(self, key: str, person: Person | None, **changes: Any) -> None:
+        """A write to an UpdateRun's spec or metadata through admission: by a person, or (None)
+        by the orchestrator's service account (a hand-over, a consumed annotation, a stop)."""
+        obj = self.api.runs[key]
+        after = copy.copy(obj)
+        for name, value in changes.items():
+            setattr(after, name, value)
+        if person is not None:
+            after.annotations = {**after.annotations, **person.annotations()}
+        before = (run_annotations(obj), obj.spec.dump())
+        said = (run_annotations(after), after.spec.dump())
+        stored = admit(api.UPDATE_RUN_KIND, before, said, self.people.user(person))
+        changes["annotations"] = {k: v for k, v in stored.items() if k not in SETS}
+        self.api.update_run(key, **changes)
+        if person is not None and said != before:  # a write that changes nothing asks nothing
+            self.people.record(key, person)
 
     def create_direct_run(self, owner: Owner) -> str:
         self.run_counter += 1
@@ -543,7 +589,7 @@ class World:
             skip=s.skip,
             retry=s.retry,
         )
-        return self._create_run(owner.namespace, name, spec, "", None)
+        return self._create_run(owner.namespace, name, spec, "", None, self.people.pick())
 
     def _create_run(
         self,
@@ -552,8 +598,22 @@ class World:
         spec: api.UpdateRunSpec,
         cv: str,
         source: api.ClusterVersionSpec | None,
+        person: Person | None = None,
     ) -> str:
+        """A run created by a person (a direct run) or by its ClusterVersion's controller, which
+        hands the ClusterVersion's requests over (person None)."""
         key = f"{ns}/{name}"
+        owner = self.api.cvs.get(cv) if cv else None
+        if person is not None:
+            typed = person.annotations()
+        elif owner is not None:
+            # What the ClusterVersion controller creates it with (_create): its requests and
+            # who asked, as engine.requester.handover hands them to a run that has none.
+            said = handover(owner.annotations, owner.spec.dump(), {}, True)
+            typed = {k: v for k, v in said.items() if v is not None}
+            self.people.hand(owner.key, key)
+        else:
+            typed = {}
         obj = RunObj(
             key=key,
             namespace=ns,
@@ -565,9 +625,14 @@ class World:
             cv=cv,
             source=source,
         )
+        obj.annotations = admit(
+            api.UPDATE_RUN_KIND, None, (typed, spec.dump()), self.people.user(person)
+        )
         self.api.create_run(obj)
+        if person is not None:
+            self.people.record(key, person)
         self.due[key] = self.now
-        self.log(f"create UpdateRun {key}")
+        self.log(f"create UpdateRun {key}" + (f" ({person.name})" if person else ""))
         return key
 
     # -- logging -------------------------------------------------------------------------
@@ -614,8 +679,13 @@ class World:
             # that follow the ClusterVersion in place, then supersede, judged on the cached
             # run; a patch merges into the stored spec.
             changes = live_fields(current.spec.dump(), cv.spec)
+            # Who asked goes with the requests (controllers.clusterversion._apply_live): the
+            # people annotations and the stamp's user, judged on the cached run as well.
+            # The model's ClusterVersions carry no retry/skip/approve annotations (people write
+            # those on runs), so only a live spec change hands requests over here.
+            said = handover(cv.annotations, cv.spec.dump(), current.annotations, bool(changes))
             stored = self.api.runs.get(key)
-            if changes and stored is not None:
+            if (changes or said) and stored is not None:
                 body = stored.spec.dump()
                 for name_, value in changes.items():
                     if name_ == "strategy":  # a merge patch of strategy.paused
@@ -625,9 +695,18 @@ class World:
                     else:
                         body[name_] = value
                 patched = api.UpdateRunSpec.model_validate(body)
-                if patched != stored.spec:  # a patch that changes nothing writes nothing
+                annotations = {
+                    **{k: v for k, v in stored.annotations.items() if k not in said},
+                    **{k: v for k, v in said.items() if v is not None},
+                }
+                # A patch that changes nothing writes nothing.
+                if patched != stored.spec or annotations != stored.annotations:
                     floor = stored.spec.required_available_count
-                    self.api.update_run(key, spec=patched)
+                    # The ground truth: a request (a live spec field) is handed over.
+                    asks = patched != stored.spec
+                    self.write_run(key, None, spec=patched, annotations=annotations)
+                    if asks:
+                        self.people.hand(cv.key, key)
                     if patched.required_available_count != floor:
                         self.monitor.floor_changed(key)
                     self.due[key] = self.now
@@ -650,8 +729,10 @@ class World:
                 if other.key in stop and stored is not None:  # gone: the patch is NotFound
                     if stored.spec.state == api.RunState.STOP:
                         continue  # stopped already: the patch changes nothing
-                    self.api.update_run(
-                        other.key, spec=stored.spec.model_copy(update={"state": api.RunState.STOP})
+                    self.write_run(
+                        other.key,
+                        None,
+                        spec=stored.spec.model_copy(update={"state": api.RunState.STOP}),
                     )
                     self.due[other.key] = self.now
                     self.log(f"stop UpdateRun {other.key} (superseded by {key})")
@@ -731,8 +812,10 @@ class World:
             skip=run.skip,
             floors=floors,
             skip_stages=run.skip_stages,
-            requested_by="a-person",
-            reason="simulated",
+            # Who asked, as the UpdateRun controller records it: from the stamp the admission
+            # webhook left on the run (tests/sim/people.py).
+            requested_by=run_requester(run),
+            reason=run.annotations.get(api.ANNOTATION_REASON) or "",
         )
         d = result.decision
         if multi is not None and multi.down:
@@ -747,7 +830,7 @@ class World:
                 + (f" ({result.conflicts} conflicts)" if result.conflicts else "")
             )
         if not result.conflicts and (d.retried or d.skipped):
-            self.api.update_run(key, retry=run.retry - d.retried, skip=run.skip - d.skipped)
+            self.write_run(key, None, retry=run.retry - d.retried, skip=run.skip - d.skipped)
             run = rep.store.read_run(key)
         old = run.status
         status = result.run_status(old, now)  # built where the UpdateRun controller builds it

@@ -130,6 +130,24 @@ def read_monitor_file(tmp: Path) -> dict[str, Any]:
     return dict(json.loads((tmp / "monitor.json").read_text()))
 
 
+def seed_cluster_version(
+    name: str, endpoint: str, cluster_ids: list[str], version: str, required: int, **spec: Any
+) -> dict[str, Any]:
+    """A ClusterVersion in the original operator's shape (floor, plaintext endpoint, clusters
+    at one version), with any further spec fields given."""
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "requiredAvailableCount": required,
+            "opsEndpoint": {"endpoint": endpoint, "insecure": True},
+            "clusters": [{"id": cid, "version": version} for cid in cluster_ids],
+            **spec,
+        },
+    }
+
+
 class CV:
     """Create and read one ClusterVersion."""
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from orchestrator import api
 from orchestrator.adapters.webhook import mutation_review, stamp
-from orchestrator.engine.requester import attested, handed, requester
+from orchestrator.engine.requester import attested, handed, handover, requester
 
 NS = "team-a"
 SA = "system:serviceaccount:fleet-upgrade-system:fleet-orchestrator"
@@ -124,6 +124,45 @@ def test_the_orchestrator_hands_the_user_to_the_run() -> None:
     after = applied(edited, stamp(request(edited, stale, user=SA), frozenset({SA})))
     assert requester(after, run_spec) == "unauthenticated"
     assert attested(after, run_spec) != "0" * 32
+
+
+def test_the_cluster_version_hands_who_asked_only_with_a_request() -> None:
+    """engine.requester.handover, as the ClusterVersion controller patches its current run: a
+    request (a moved retry, a copied skip-stages, a live spec field) goes with the typed words
+    and the ClusterVersion's stamped user; without one, a request bob made on the run itself
+    keeps bob, never told as alice's (she wrote the ClusterVersion last)."""
+    first = obj({api.ANNOTATION_RETRY_CLUSTERS: "c3", api.ANNOTATION_REQUESTED_BY: "Alice"})
+    cv = applied(first, stamp(request(first)))  # alice
+    run_spec = {"state": "Run", "clusterVersionRef": {"name": "prod", "generation": 1}}
+    patch = handover(cv, SPEC, {}, spec_handed=False)
+    assert patch == {
+        api.ANNOTATION_RETRY_CLUSTERS: "c3",
+        api.ANNOTATION_REQUESTED_BY: "Alice",
+        api.ANNOTATION_REQUESTED_BY_USER: "alice",
+        api.ANNOTATION_REQUESTED_BY_GROUPS: "platform",
+    }
+    # bob skips a cluster on the run itself, through the webhook: stamped bob.
+    old_run = obj({}, run_spec)
+    bobs = obj({api.ANNOTATION_SKIP_CLUSTERS: "c1", api.ANNOTATION_REQUESTED_BY: "bob"}, run_spec)
+    run = applied(bobs, stamp(request(bobs, old_run, user="bob", groups=())))
+    assert requester(run, run_spec) == "bob"
+    # The ClusterVersion's retry consumed, nothing asked of the run: its who-asked stays bob's.
+    # (the controller removes it from the ClusterVersion as itself: the webhook re-stamps).
+    consumed = obj({k: v for k, v in cv.items() if k != api.ANNOTATION_RETRY_CLUSTERS})
+    done = applied(consumed, stamp(request(consumed, obj(cv), user=SA), frozenset({SA})))
+    assert requester(done, SPEC) == "alice (as Alice)"
+    assert handover(done, SPEC, run, spec_handed=False) == {}
+    # A live spec field (a floor, a pause) is a request: alice's, with her stamp.
+    said = handover(done, SPEC, run, spec_handed=True)
+    assert said[api.ANNOTATION_REQUESTED_BY_USER] == "alice"
+    assert said[api.ANNOTATION_REQUESTED_BY] == "Alice"
+    # A skip-stages differing from the run's is one too; the ClusterVersion's stamp no longer
+    # vouching (written with the webhook down), the user goes: unauthenticated.
+    unvouched = {**done, api.ANNOTATION_SKIP_STAGES: "main"}
+    said = handover(unvouched, SPEC, run, spec_handed=False)
+    assert said[api.ANNOTATION_SKIP_STAGES] == "main"
+    assert said[api.ANNOTATION_REQUESTED_BY_USER] is None
+    assert said[api.ANNOTATION_REQUESTED_BY_GROUPS] is None
 
 
 def test_the_mutation_review_carries_a_json_patch_and_always_allows() -> None:

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from tests.plugins.aks.support import FAST, RunningPlugin, plugin_config, populate, running_plugin
+from tests.plugins.aks.support import FAST, plugin_config, populate, running_plugin
 from tests.support.aks_emulator import AksEmulator
+from tests.support.plugin_harness import RunningPlugin
 
 NAMES = ["c1", "c2", "c3", "c4"]
 

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.aks import AksPlugin, AksPluginOptions, parse_config
-from plugins.sdk.client import PluginClient
 from tests.support.aks_emulator import AksEmulator
-
-T = TypeVar("T")
+from tests.support.plugin_harness import (  # the tests import them from here too
+    RunningPlugin,
+    serving,
+    started,
+)
 
 SUBSCRIPTION = "00000000-0000-0000-0000-0000000000a1"
 GROUP = "fleet-rg"
@@ -27,7 +25,6 @@ NEWER = "1.30.5"
 NEXT_MINOR = "1.31.2"
 OFFERED = [OLD, "1.29.9", NEW, NEWER, NEXT_MINOR]
 POOLS = ("system", "user")
-TERMINAL = (cluster_pb2.OPERATION_STATE_SUCCEEDED, cluster_pb2.OPERATION_STATE_FAILED)
 FAST = 0.3  # seconds an emulated ARM operation runs
 
 
@@ -84,59 +81,24 @@ def plugin_config(
     return data
 
 
-@dataclass
-class RunningPlugin:
-    """An AKS plugin on loopback and a client of it."""
-
-    plugin: AksPlugin
-    client: PluginClient
-
-    @property
-    def address(self) -> str:
-        return self.plugin.address
-
-    def stop(self) -> None:
-        self.client.close()
-        self.plugin.stop(grace=0)
-
-
-def launch_plugin(emulator: AksEmulator, config: dict[str, Any]) -> RunningPlugin:
+def _plugin(emulator: AksEmulator, config: dict[str, Any]) -> AksPlugin:
     """A started plugin with the configuration data, its token from the emulator."""
-    plugin = AksPlugin(
+    return AksPlugin(
         AksPluginOptions(
             config=parse_config(config),
             registry=CollectorRegistry(),
             credential=emulator.credential(),
         )
     )
-    return RunningPlugin(plugin, PluginClient(plugin.address, caller="aks-tests"))
 
 
-@contextmanager
-def running_plugin(emulator: AksEmulator, config: dict[str, Any]) -> Iterator[RunningPlugin]:
-    running = launch_plugin(emulator, config)
-    try:
-        yield running
-    finally:
-        running.stop()
+def launch_plugin(emulator: AksEmulator, config: dict[str, Any]) -> RunningPlugin[AksPlugin]:
+    """A started plugin and a client of it (the caller stops it)."""
+    return started(_plugin(emulator, config), "aks-tests")
 
 
-def wait_until(predicate: Callable[[], T | None], timeout: float = 15.0, what: str = "") -> T:
-    """Polls predicate until it returns a truthy value; fails after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.05)
-
-
-def wait_terminal(client: PluginClient, op_id: str, timeout: float = 15.0) -> cluster_pb2.Operation:
-    """Polls GetOperation until the operation is SUCCEEDED or FAILED."""
-    return wait_until(
-        lambda: op if (op := client.get_operation(op_id)).state in TERMINAL else None,
-        timeout,
-        f"operation {op_id} terminal",
-    )
+def running_plugin(
+    emulator: AksEmulator, config: dict[str, Any]
+) -> AbstractContextManager[RunningPlugin[AksPlugin]]:
+    """A started plugin and a client of it; stopped on exit."""
+    return serving(_plugin(emulator, config), "aks-tests")

@@ -17,8 +17,9 @@ import yaml
 
 from plugins.sdk.client import PluginClient
 from tests.plugins.aks.conftest import NAMES
-from tests.plugins.aks.support import cluster_id, plugin_config, wait_until
+from tests.plugins.aks.support import cluster_id, plugin_config
 from tests.support.aks_emulator import AksEmulator
+from tests.support.plugin_harness import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 _WORKLOAD_ENV = ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_FEDERATED_TOKEN_FILE")

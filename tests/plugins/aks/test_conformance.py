@@ -3,38 +3,16 @@ included (the kit restarts the plugin on the same endpoint), and leaves the flee
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from plugins.aks import AksPlugin, AksPluginOptions, parse_config
-from plugins.sdk.conformance import run_conformance
 from tests.plugins.aks.conftest import NAMES
 from tests.plugins.aks.support import OLD, cluster_id, plugin_config
 from tests.support.aks_emulator import AksEmulator
-
-
-def _kit(address: str, tmp_path: Path, restart: object = None) -> dict[str, list[str]]:
-    report = tmp_path / "kit.xml"
-    code = run_conformance(
-        address,
-        timeout=30.0,
-        pytest_args=["-q", f"--junitxml={report}"],
-        restart=restart,  # type: ignore[arg-type]
-    )
-    outcome: dict[str, list[str]] = {"passed": [], "failed": [], "skipped": []}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        name = case.get("name", "")
-        if case.find("failure") is not None or case.find("error") is not None:
-            outcome["failed"].append(name)
-        elif case.find("skipped") is not None:
-            outcome["skipped"].append(name)
-        else:
-            outcome["passed"].append(name)
-    assert code == 0, outcome["failed"]
-    return outcome
+from tests.support.plugin_harness import kit_outcome
 
 
 @pytest.mark.parametrize("traffic", ["recordOnly", "unsupported"])
@@ -63,7 +41,7 @@ def test_the_aks_plugin_passes_the_conformance_kit_and_is_left_as_found(
         plugins.append(start(address))
 
     try:
-        outcome = _kit(address, tmp_path, restart)
+        outcome = kit_outcome(address, tmp_path / "kit.xml", restart=restart)
     finally:
         plugins[-1].stop(grace=0)
     assert (

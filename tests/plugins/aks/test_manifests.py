@@ -26,10 +26,10 @@ from tests.plugins.aks.support import (
     cluster_id,
     plugin_config,
     running_plugin,
-    wait_terminal,
 )
 from tests.support.aks_emulator import AksEmulator
 from tests.support.kube import KubeCluster
+from tests.support.plugin_harness import wait_terminal
 
 AKS = Path(__file__).resolve().parents[3] / "manifests" / "aks"
 _RP = "Microsoft.ContainerService"

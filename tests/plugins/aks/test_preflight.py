@@ -9,16 +9,9 @@ import pytest
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.sdk.client import PluginCallError
 from tests.plugins.aks.conftest import NAMES, StartPlugin
-from tests.plugins.aks.support import (
-    NEW,
-    NEWER,
-    NEXT_MINOR,
-    OLD,
-    cluster_id,
-    plugin_config,
-    wait_terminal,
-)
+from tests.plugins.aks.support import NEW, NEWER, NEXT_MINOR, OLD, cluster_id, plugin_config
 from tests.support.aks_emulator import AksEmulator
+from tests.support.plugin_harness import wait_terminal
 
 ACCEPTED = cluster_pb2.PREFLIGHT_VERDICT_ACCEPTED
 LATER = cluster_pb2.PREFLIGHT_VERDICT_REFUSED_LATER

@@ -3,14 +3,8 @@ emulated AKS clusters through the AKS plugin, keeping requiredAvailableCount."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import pytest
-
-from orchestrator import api
 from plugins.aks.fleet import AksFleet
 from tests.plugins.aks.support import (
     FAST,
@@ -22,70 +16,34 @@ from tests.plugins.aks.support import (
 )
 from tests.support.aks_emulator import AksEmulator
 from tests.support.kube import KubeCluster, wait_for
-from tests.support.orchestrator import CV, OrchestratorProcess
+from tests.support.orchestrator import CV, OrchestratorProcess, seed_cluster_version
+from tests.support.plugin_harness import (
+    FloorSampler,
+    orchestrator_process,
+)
+
+__all__ = ["orchestrator_process"]  # the fixture `orchestrator`
 
 NAMES = ["c1", "c2", "c3", "c4"]
 REQUIRED = 3
 
 
-class FloorSampler:
-    """Samples the fleet every few milliseconds: clusters available (ARM provisioningState
-    Succeeded for the cluster and each pool) and in service (the plugin's record)."""
-
-    def __init__(self, emulator: AksEmulator, fleet: AksFleet) -> None:
-        self._emulator = emulator
-        self._fleet = fleet
-        self._stop = threading.Event()
-        self.samples: list[int] = []
-        self.most_out = 0
-        self._thread = threading.Thread(target=self._run, name="floor-sampler", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.01):
-            service = self._fleet.service_states()
-            serving, out = 0, 0
-            for name in NAMES:
-                props = self._emulator.cluster(cluster_id(name))["properties"]
-                states = {props["provisioningState"]} | {
-                    p["provisioningState"] for p in props["agentPoolProfiles"]
-                }
-                in_service = service.get(cluster_id(name), True)
-                if in_service and states == {"Succeeded"}:
-                    serving += 1
-                if not in_service:
-                    out += 1
-            self.samples.append(serving)
-            self.most_out = max(self.most_out, out)
-
-    def __enter__(self) -> FloorSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
-@pytest.fixture
-def orchestrator(
-    control_plane: KubeCluster, namespace: str, tmp_path: Path
-) -> Iterator[OrchestratorProcess]:
-    proc = OrchestratorProcess(control_plane.kubeconfig, namespace, tmp_path / "orchestrator.log")
-    yield proc.start()
-    proc.stop()
-
-
-def _cluster_version(endpoint: str) -> dict[str, Any]:
-    return {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
-        "metadata": {"name": "aks-fleet"},
-        "spec": {
-            "requiredAvailableCount": REQUIRED,
-            "opsEndpoint": {"endpoint": endpoint, "insecure": True},
-            "clusters": [{"id": cluster_id(n), "version": NEW} for n in NAMES],
-        },
-    }
+def _floor(emulator: AksEmulator, fleet: AksFleet) -> tuple[int, int]:
+    """Clusters available (ARM provisioningState Succeeded for the cluster and each pool) and
+    in service (the plugin's record), and clusters out of service."""
+    service = fleet.service_states()
+    serving, out = 0, 0
+    for name in NAMES:
+        props = emulator.cluster(cluster_id(name))["properties"]
+        states = {props["provisioningState"]} | {
+            p["provisioningState"] for p in props["agentPoolProfiles"]
+        }
+        in_service = service.get(cluster_id(name), True)
+        if in_service and states == {"Succeeded"}:
+            serving += 1
+        if not in_service:
+            out += 1
+    return serving, out
 
 
 def test_rollout_over_four_aks_clusters_converges_and_keeps_the_floor(
@@ -97,9 +55,16 @@ def test_rollout_over_four_aks_clusters_converges_and_keeps_the_floor(
     with AksEmulator(op_seconds=FAST) as emu:
         populate(emu, NAMES)
         config = plugin_config(emu, NAMES, state_file=tmp_path / "aks-ops.jsonl")
-        with running_plugin(emu, config) as plugin, FloorSampler(emu, plugin.plugin.fleet) as floor:
+        with (
+            running_plugin(emu, config) as plugin,
+            FloorSampler(lambda: _floor(emu, plugin.plugin.fleet)) as floor,
+        ):
             cvs = CV(control_plane, namespace)
-            cvs.create(_cluster_version(plugin.address))
+            cvs.create(
+                seed_cluster_version(
+                    "aks-fleet", plugin.address, [cluster_id(n) for n in NAMES], NEW, REQUIRED
+                )
+            )
             status = wait_for(
                 "the AKS rollout completes",
                 lambda: cvs.phase_is("aks-fleet", "Completed"),

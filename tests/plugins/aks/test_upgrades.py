@@ -12,16 +12,9 @@ import pytest
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.sdk.client import PluginCallError
 from tests.plugins.aks.conftest import NAMES, StartPlugin
-from tests.plugins.aks.support import (
-    NEW,
-    OLD,
-    cluster_id,
-    launch_plugin,
-    plugin_config,
-    wait_terminal,
-    wait_until,
-)
+from tests.plugins.aks.support import NEW, OLD, cluster_id, launch_plugin, plugin_config
 from tests.support.aks_emulator import AksEmulator, Fault
+from tests.support.plugin_harness import wait_terminal, wait_until
 
 SUCCEEDED = cluster_pb2.OPERATION_STATE_SUCCEEDED
 FAILED = cluster_pb2.OPERATION_STATE_FAILED

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from tests.plugins.eks.support import RunningPlugin, plugin_config, populate, running_plugin
+from tests.plugins.eks.support import plugin_config, populate, running_plugin
 from tests.support.eks_emulator import EksEmulator
 from tests.support.eks_emulator.route53 import Route53Emulator
+from tests.support.plugin_harness import RunningPlugin
 
 NAMES = ["c1", "c2", "c3", "c4"]
 SECRET = "fake-secret-key-never-logged"

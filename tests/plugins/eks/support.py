@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.eks import EksPlugin, EksPluginOptions, parse_config
-from plugins.sdk.client import PluginClient
 from tests.support.eks_emulator import ACCOUNT, EksEmulator
 from tests.support.eks_emulator.route53 import Route53Emulator
-
-T = TypeVar("T")
+from tests.support.plugin_harness import (  # the tests import them from here too
+    RunningPlugin,
+    serving,
+)
 
 REGION = "us-west-2"
 OTHER_REGION = "eu-west-1"
 OLD, NEW, NEXT = "1.29", "1.30", "1.31"
 POOLS = ("system", "workers")
-TERMINAL = (cluster_pb2.OPERATION_STATE_SUCCEEDED, cluster_pb2.OPERATION_STATE_FAILED)
 
 
 def cluster_id(name: str, region: str = REGION) -> str:
@@ -98,49 +94,7 @@ def plugin_config(
     return data
 
 
-@dataclass
-class RunningPlugin:
-    """An EKS plugin on loopback and a client of it."""
-
-    plugin: EksPlugin
-    client: PluginClient
-
-    @property
-    def address(self) -> str:
-        return self.plugin.address
-
-    def stop(self) -> None:
-        self.client.close()
-        self.plugin.stop(grace=0)
-
-
-@contextmanager
-def running_plugin(config: dict[str, Any]) -> Iterator[RunningPlugin]:
-    """A started plugin with the configuration data; stopped on exit."""
-    plugin = EksPlugin(EksPluginOptions(config=parse_config(config), registry=CollectorRegistry()))
-    running = RunningPlugin(plugin, PluginClient(plugin.address, caller="eks-tests"))
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
-def wait_until(predicate: Callable[[], T | None], timeout: float = 15.0, what: str = "") -> T:
-    """Polls predicate until it returns a truthy value; fails after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.05)
-
-
-def wait_terminal(client: PluginClient, op_id: str, timeout: float = 15.0) -> cluster_pb2.Operation:
-    """Polls GetOperation until the operation is SUCCEEDED or FAILED."""
-    return wait_until(
-        lambda: op if (op := client.get_operation(op_id)).state in TERMINAL else None,
-        timeout,
-        f"operation {op_id} terminal",
-    )
+def running_plugin(config: dict[str, Any]) -> AbstractContextManager[RunningPlugin[EksPlugin]]:
+    """A started plugin with the configuration data and a client of it; stopped on exit."""
+    options = EksPluginOptions(config=parse_config(config), registry=CollectorRegistry())
+    return serving(EksPlugin(options), "eks-tests")

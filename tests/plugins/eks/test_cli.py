@@ -17,9 +17,10 @@ import yaml
 
 from plugins.sdk.client import PluginClient
 from tests.plugins.eks.conftest import NAMES
-from tests.plugins.eks.support import cluster_id, plugin_config, wait_until
+from tests.plugins.eks.support import cluster_id, plugin_config
 from tests.support.eks_emulator import ACCOUNT, EksEmulator
 from tests.support.eks_emulator.sts import StsEmulator
+from tests.support.plugin_harness import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 ROLE = f"arn:aws:iam::{ACCOUNT}:role/fleet-upgrade-eks"

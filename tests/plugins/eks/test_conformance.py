@@ -3,12 +3,10 @@ its journal, and leaves the fleet as it found it."""
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-from plugins.sdk.conformance import run_conformance
 from tests.plugins.eks.conftest import NAMES, StartPlugin
 from tests.plugins.eks.support import (
     OLD,
@@ -21,22 +19,7 @@ from tests.plugins.eks.support import (
 )
 from tests.support.eks_emulator import EksEmulator
 from tests.support.eks_emulator.route53 import Route53Emulator
-
-
-def _kit(address: str, tmp_path: Path) -> dict[str, list[str]]:
-    report = tmp_path / "kit.xml"
-    code = run_conformance(address, timeout=30.0, pytest_args=["-q", f"--junitxml={report}"])
-    outcome: dict[str, list[str]] = {"passed": [], "failed": [], "skipped": []}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        name = case.get("name", "")
-        if case.find("failure") is not None or case.find("error") is not None:
-            outcome["failed"].append(name)
-        elif case.find("skipped") is not None:
-            outcome["skipped"].append(name)
-        else:
-            outcome["passed"].append(name)
-    assert code == 0, outcome["failed"]
-    return outcome
+from tests.support.plugin_harness import kit_outcome
 
 
 @pytest.mark.parametrize(("journal", "mode"), [(False, "none"), (True, "none"), (True, "route53")])
@@ -47,7 +30,7 @@ def test_the_eks_plugin_passes_the_conformance_kit_and_is_left_as_found(
     with Route53Emulator(sync_seconds=1.0) as route53:
         extra = {"traffic": route53_traffic(route53, NAMES)} if mode == "route53" else {}
         running = start_plugin(state_file=state, **extra)
-        outcome = _kit(running.address, tmp_path)
+        outcome = kit_outcome(running.address, tmp_path / "kit.xml")
         assert (
             "test_operation_is_idempotent_reaches_a_terminal_state_and_is_watched"
             in outcome["passed"]

@@ -9,8 +9,9 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.plugins.eks.support import NEW, NEXT, OLD, REGION, wait_until
+from tests.plugins.eks.support import NEW, NEXT, OLD, REGION
 from tests.support.eks_emulator import EksEmulator
+from tests.support.plugin_harness import wait_until
 
 
 def _eks(emulator: EksEmulator, region: str = REGION) -> Any:

@@ -17,8 +17,9 @@ from plugins.eks.api import EksApi
 from plugins.sdk.client import PluginCallError
 from plugins.sdk.errors import FailedPrecondition, NotFound, PluginError, Unavailable
 from tests.plugins.eks.conftest import SECRET, StartPlugin
-from tests.plugins.eks.support import NEW, OLD, REGION, cluster_id, plugin_config, wait_terminal
+from tests.plugins.eks.support import NEW, OLD, REGION, cluster_id, plugin_config
 from tests.support.eks_emulator import EksEmulator
+from tests.support.plugin_harness import wait_terminal
 
 
 @pytest.mark.parametrize(

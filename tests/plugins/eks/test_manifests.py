@@ -23,17 +23,11 @@ from plugins.eks.ids import parse_cluster_id
 from plugins.eks.server import build_parser
 from plugins.sdk.client import PluginCallError
 from tests.plugins.eks.conftest import NAMES, StartPlugin
-from tests.plugins.eks.support import (
-    NEW,
-    OLD,
-    REGION,
-    cluster_id,
-    route53_traffic,
-    wait_terminal,
-)
+from tests.plugins.eks.support import NEW, OLD, REGION, cluster_id, route53_traffic
 from tests.support.eks_emulator import EksEmulator
 from tests.support.eks_emulator.route53 import Route53Emulator
 from tests.support.kube import KubeCluster
+from tests.support.plugin_harness import wait_terminal
 
 EKS = Path(__file__).resolve().parents[3] / "manifests" / "eks"
 

@@ -11,8 +11,9 @@ import pytest
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.sdk.client import PluginCallError
 from tests.plugins.eks.conftest import StartPlugin
-from tests.plugins.eks.support import NEW, NEXT, OLD, REGION, cluster_id, wait_terminal
+from tests.plugins.eks.support import NEW, NEXT, OLD, REGION, cluster_id
 from tests.support.eks_emulator import EksEmulator
+from tests.support.plugin_harness import wait_terminal
 
 ACCEPTED = cluster_pb2.PREFLIGHT_VERDICT_ACCEPTED
 LATER = cluster_pb2.PREFLIGHT_VERDICT_REFUSED_LATER

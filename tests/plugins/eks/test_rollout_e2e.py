@@ -5,14 +5,11 @@ clusters with traffic (weight above 0) and no EKS update in progress."""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
-import pytest
 from kubernetes import client as k8s
 
 from fleetupgrade.plugin.v1 import cluster_pb2
@@ -32,7 +29,13 @@ from tests.plugins.eks.support import (
 from tests.support.eks_emulator import EksEmulator
 from tests.support.eks_emulator.route53 import Route53Emulator
 from tests.support.kube import KubeCluster, wait_for
-from tests.support.orchestrator import CV, OrchestratorProcess
+from tests.support.orchestrator import CV, OrchestratorProcess, seed_cluster_version
+from tests.support.plugin_harness import (
+    FloorSampler,
+    orchestrator_process,
+)
+
+__all__ = ["orchestrator_process"]  # the fixture `orchestrator`
 
 NAMES = ["c1", "c2", "c3", "c4"]
 REQUIRED = 3
@@ -42,65 +45,34 @@ CP = cluster_pb2.OPERATION_KIND_UPGRADE_CONTROL_PLANE
 NP = cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL
 
 
-class FloorSampler:
-    """Samples the emulated fleet every few milliseconds: how many clusters serve (Route 53
-    weight above 0) with no EKS update in progress (control plane or node group), and the most
-    clusters drained at once."""
+class TrafficSampler(FloorSampler):
+    """How many clusters serve (Route 53 weight above 0) with no EKS update in progress
+    (control plane or node group), and how many are drained (weight 0); every cluster seen
+    drained."""
 
     def __init__(self, emulator: EksEmulator, route53: Route53Emulator) -> None:
+        super().__init__()
         self._emulator = emulator
         self._route53 = route53
-        self.most_out = 0
         self.drained: set[str] = set()  # clusters seen at weight 0
-        self._stop = threading.Event()
-        self.samples: list[int] = []
-        self._thread = threading.Thread(target=self._run, name="update-sampler", daemon=True)
 
-    def _run(self) -> None:
-        while not self._stop.wait(0.01):
-            serving = out = 0
-            for name in NAMES:
-                updates = self._emulator.cluster(REGION, name)["updates"]
-                idle = all(status != "InProgress" for _, _, status in updates)
-                weight = self._route53.weight(ZONE, RECORD, name) or 0
-                serving += idle and weight > 0
-                out += weight == 0
-                if weight == 0:
-                    self.drained.add(name)
-            self.samples.append(serving)
-            self.most_out = max(self.most_out, out)
-
-    def __enter__(self) -> FloorSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
-@pytest.fixture
-def orchestrator(
-    control_plane: KubeCluster, namespace: str, tmp_path: Path
-) -> Iterator[OrchestratorProcess]:
-    proc = OrchestratorProcess(control_plane.kubeconfig, namespace, tmp_path / "orchestrator.log")
-    yield proc.start()
-    proc.stop()
+    def sample(self) -> tuple[int, int]:
+        serving = out = 0
+        for name in NAMES:
+            updates = self._emulator.cluster(REGION, name)["updates"]
+            idle = all(status != "InProgress" for _, _, status in updates)
+            weight = self._route53.weight(ZONE, RECORD, name) or 0
+            serving += idle and weight > 0
+            out += weight == 0
+            if weight == 0:
+                self.drained.add(name)
+        return serving, out
 
 
 def _cluster_version(endpoint: str) -> dict[str, Any]:
-    """Seed-shaped: the original operator's ClusterVersion (floor, endpoint, clusters), nothing
-    of ours in it."""
-    return {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
-        "metadata": {"name": "eks-fleet"},
-        "spec": {
-            "requiredAvailableCount": REQUIRED,
-            "opsEndpoint": {"endpoint": endpoint, "insecure": True},
-            "clusters": [{"id": cluster_id(n), "version": NEW} for n in NAMES],
-        },
-    }
+    return seed_cluster_version(
+        "eks-fleet", endpoint, [cluster_id(n) for n in NAMES], NEW, REQUIRED
+    )
 
 
 def _most_out_at_once(ops: list[cluster_pb2.Operation]) -> int:
@@ -129,7 +101,7 @@ def test_rollout_over_four_eks_clusters_converges_and_keeps_the_floor(
             state_file=tmp_path / "eks-ops.jsonl",
             traffic=route53_traffic(route53, NAMES, ttl=0, drainSeconds=0.2),
         )
-        with running_plugin(config) as plugin, FloorSampler(emu, route53) as sampler:
+        with running_plugin(config) as plugin, TrafficSampler(emu, route53) as sampler:
             cvs = CV(control_plane, namespace)
             cvs.create(_cluster_version(plugin.address))
             status = wait_for(
@@ -194,7 +166,7 @@ def test_an_upgrade_insight_refuses_its_cluster_before_it_is_drained(
             state_file=tmp_path / "eks-ops.jsonl",
             traffic=route53_traffic(route53, NAMES, ttl=0, drainSeconds=0.2),
         )
-        with running_plugin(config) as plugin, FloorSampler(emu, route53) as sampler:
+        with running_plugin(config) as plugin, TrafficSampler(emu, route53) as sampler:
             CV(control_plane, namespace).create(_cluster_version(plugin.address))
             blocked = wait_for(
                 "c3 refused for now with the insight's reason, the others upgraded",
@@ -241,7 +213,7 @@ def test_an_update_someone_else_runs_counts_against_the_floor_and_is_never_drain
             state_file=tmp_path / "eks-ops.jsonl",
             traffic=route53_traffic(route53, NAMES, ttl=0, drainSeconds=0.2),
         )
-        with running_plugin(config) as plugin, FloorSampler(emu, route53) as sampler:
+        with running_plugin(config) as plugin, TrafficSampler(emu, route53) as sampler:
             cvs = CV(control_plane, namespace)
             cvs.create(_cluster_version(plugin.address))
             waiting = wait_for(

@@ -21,10 +21,10 @@ from tests.plugins.eks.support import (
     plugin_config,
     route53_traffic,
     running_plugin,
-    wait_terminal,
 )
 from tests.support.eks_emulator import EksEmulator
 from tests.support.eks_emulator.route53 import Route53Emulator
+from tests.support.plugin_harness import wait_terminal
 
 SUCCEEDED = cluster_pb2.OPERATION_STATE_SUCCEEDED
 RUNNING = cluster_pb2.OPERATION_STATE_RUNNING

@@ -14,16 +14,9 @@ from fleetupgrade.plugin.v1 import cluster_pb2, identity_pb2
 from plugins.eks.ids import client_token
 from plugins.sdk.client import PluginCallError
 from tests.plugins.eks.conftest import StartPlugin
-from tests.plugins.eks.support import (
-    NEW,
-    OLD,
-    REGION,
-    cluster_id,
-    plugin_config,
-    running_plugin,
-    wait_terminal,
-)
+from tests.plugins.eks.support import NEW, OLD, REGION, cluster_id, plugin_config, running_plugin
 from tests.support.eks_emulator import EksEmulator
+from tests.support.plugin_harness import wait_terminal
 
 RUNNING = cluster_pb2.OPERATION_STATE_RUNNING
 SUCCEEDED = cluster_pb2.OPERATION_STATE_SUCCEEDED

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from tests.plugins.gke.support import FAST, RunningPlugin, plugin_config, populate, running_plugin
+from tests.plugins.gke.support import FAST, plugin_config, populate, running_plugin
 from tests.support.gke_emulator import GkeEmulator
+from tests.support.plugin_harness import RunningPlugin
 
 NAMES = ["c1", "c2", "c3", "c4"]
 

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.gke import GkePlugin, GkePluginOptions, parse_config
-from plugins.sdk.client import PluginClient
 from tests.support.gke_emulator import GkeEmulator, OpTiming
-
-T = TypeVar("T")
+from tests.support.plugin_harness import (  # the tests import them from here too
+    RunningPlugin,
+    serving,
+)
 
 PROJECT, LOCATION = "p", "l"
 OLD = "1.28.5-gke.1200"
@@ -24,7 +21,6 @@ NEW = "1.29.1-gke.1589020"
 NEWER = "1.29.3-gke.1093000"
 NEXT_MINOR = "1.30.2-gke.1587003"
 OFFERED = [OLD, NEW, NEWER, NEXT_MINOR]
-TERMINAL = (cluster_pb2.OPERATION_STATE_SUCCEEDED, cluster_pb2.OPERATION_STATE_FAILED)
 NEG = "https://www.googleapis.com/compute/v1/projects/p/zones/l-a/networkEndpointGroups/neg-{}"
 
 
@@ -117,52 +113,10 @@ def plugin_config(
     return data
 
 
-@dataclass
-class RunningPlugin:
-    """A GKE plugin on loopback and a client of it."""
-
-    plugin: GkePlugin
-    client: PluginClient
-
-    @property
-    def address(self) -> str:
-        return self.plugin.address
-
-    def stop(self) -> None:
-        self.client.close()
-        self.plugin.stop(grace=0)
-
-
-@contextmanager
-def running_plugin(config: dict[str, Any]) -> Iterator[RunningPlugin]:
-    """A started plugin with the configuration data; stopped on exit."""
-    plugin = GkePlugin(GkePluginOptions(config=parse_config(config), registry=CollectorRegistry()))
-    running = RunningPlugin(plugin, PluginClient(plugin.address, caller="gke-tests"))
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
-def wait_until(predicate: Callable[[], T | None], timeout: float = 15.0, what: str = "") -> T:
-    """Polls predicate until it returns a truthy value; fails after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.05)
-
-
-def wait_terminal(client: PluginClient, op_id: str, timeout: float = 15.0) -> cluster_pb2.Operation:
-    """Polls GetOperation until the operation is SUCCEEDED or FAILED."""
-    return wait_until(
-        lambda: op if (op := client.get_operation(op_id)).state in TERMINAL else None,
-        timeout,
-        f"operation {op_id} terminal",
-    )
+def running_plugin(config: dict[str, Any]) -> AbstractContextManager[RunningPlugin[GkePlugin]]:
+    """A started plugin with the configuration data and a client of it; stopped on exit."""
+    options = GkePluginOptions(config=parse_config(config), registry=CollectorRegistry())
+    return serving(GkePlugin(options), "gke-tests")
 
 
 FAST = OpTiming(pending=0.05, running=0.3)

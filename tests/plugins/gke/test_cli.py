@@ -18,8 +18,9 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from plugins.sdk.client import PluginClient
 from tests.plugins.gke.conftest import NAMES
-from tests.plugins.gke.support import cluster_id, plugin_config, wait_until
+from tests.plugins.gke.support import cluster_id, plugin_config
 from tests.support.gke_emulator import GkeEmulator
+from tests.support.plugin_harness import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 

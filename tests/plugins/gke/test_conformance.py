@@ -2,31 +2,14 @@
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-from plugins.sdk.conformance import run_conformance
 from tests.plugins.gke.conftest import NAMES, StartPlugin
 from tests.plugins.gke.support import NEG, PROJECT, cluster_id
 from tests.support.gke_emulator import GkeEmulator
-
-
-def _kit(address: str, tmp_path: Path) -> dict[str, list[str]]:
-    report = tmp_path / "kit.xml"
-    code = run_conformance(address, timeout=30.0, pytest_args=["-q", f"--junitxml={report}"])
-    outcome: dict[str, list[str]] = {"passed": [], "failed": [], "skipped": []}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        name = case.get("name", "")
-        if case.find("failure") is not None or case.find("error") is not None:
-            outcome["failed"].append(name)
-        elif case.find("skipped") is not None:
-            outcome["skipped"].append(name)
-        else:
-            outcome["passed"].append(name)
-    assert code == 0, outcome["failed"]
-    return outcome
+from tests.support.plugin_harness import kit_outcome
 
 
 @pytest.mark.parametrize("mode", ["backendServices", "none"])
@@ -34,7 +17,7 @@ def test_the_gke_plugin_passes_the_conformance_kit_and_is_left_as_found(
     emulator: GkeEmulator, start_plugin: StartPlugin, tmp_path: Path, mode: str
 ) -> None:
     running = start_plugin(mode=mode)
-    outcome = _kit(running.address, tmp_path)
+    outcome = kit_outcome(running.address, tmp_path / "kit.xml")
     assert (
         "test_operation_is_idempotent_reaches_a_terminal_state_and_is_watched" in outcome["passed"]
     )

@@ -12,17 +12,9 @@ from google.api_core import exceptions as gexc
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1, container_v1
 
-from tests.plugins.gke.support import (
-    NEG,
-    NEW,
-    NEWER,
-    NEXT_MINOR,
-    OLD,
-    PROJECT,
-    cluster_id,
-    wait_until,
-)
+from tests.plugins.gke.support import NEG, NEW, NEWER, NEXT_MINOR, OLD, PROJECT, cluster_id
 from tests.support.gke_emulator import GkeEmulator
+from tests.support.plugin_harness import wait_until
 
 C1 = cluster_id("c1")
 

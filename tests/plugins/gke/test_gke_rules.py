@@ -24,10 +24,9 @@ from tests.plugins.gke.support import (
     cluster_id,
     plugin_config,
     running_plugin,
-    wait_terminal,
-    wait_until,
 )
 from tests.support.gke_emulator import GkeEmulator
+from tests.support.plugin_harness import wait_terminal, wait_until
 
 C1 = cluster_id("c1")
 _S = cluster_pb2

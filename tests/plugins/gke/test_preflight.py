@@ -11,16 +11,9 @@ import pytest
 from fleetupgrade.plugin.v1 import cluster_pb2, identity_pb2
 from plugins.sdk.client import PluginCallError
 from tests.plugins.gke.conftest import NAMES, StartPlugin
-from tests.plugins.gke.support import (
-    NEW,
-    NEWER,
-    NEXT_MINOR,
-    OLD,
-    cluster_id,
-    plugin_config,
-    wait_terminal,
-)
+from tests.plugins.gke.support import NEW, NEWER, NEXT_MINOR, OLD, cluster_id, plugin_config
 from tests.support.gke_emulator import GkeEmulator
+from tests.support.plugin_harness import wait_terminal
 
 C1 = cluster_id("c1")
 PATCH = "1.28.9-gke.1000"

@@ -23,9 +23,9 @@ from tests.plugins.gke.support import (
     PROJECT,
     cluster_id,
     plugin_config,
-    wait_terminal,
 )
 from tests.support.gke_emulator import GkeEmulator
+from tests.support.plugin_harness import wait_terminal
 
 C1 = cluster_id("c1")
 PATCH = "1.28.9-gke.1000"  # a later patch of OLD's minor

@@ -3,14 +3,8 @@ emulated GKE clusters through the GKE plugin, keeping requiredAvailableCount."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import pytest
-
-from orchestrator import api
 from tests.plugins.gke.support import (
     FAST,
     NEG,
@@ -23,65 +17,30 @@ from tests.plugins.gke.support import (
 )
 from tests.support.gke_emulator import GkeEmulator
 from tests.support.kube import KubeCluster, wait_for
-from tests.support.orchestrator import CV, OrchestratorProcess
+from tests.support.orchestrator import CV, OrchestratorProcess, seed_cluster_version
+from tests.support.plugin_harness import (
+    FloorSampler,
+    orchestrator_process,
+)
+
+__all__ = ["orchestrator_process"]  # the fixture `orchestrator`
 
 NAMES = ["c1", "c2", "c3", "c4"]
 REQUIRED = 3
 
 
-class FloorSampler:
-    """Samples the emulated fleet every few milliseconds: clusters available (GKE status
-    RUNNING) and in service (backend capacity above 0)."""
-
-    def __init__(self, emulator: GkeEmulator) -> None:
-        self._emulator = emulator
-        self._stop = threading.Event()
-        self.samples: list[int] = []
-        self.most_out = 0
-        self._thread = threading.Thread(target=self._run, name="floor-sampler", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.01):
-            serving, out = 0, 0
-            for name in NAMES:
-                capacity = self._emulator.capacity(PROJECT, "web", NEG.format(name)) or 0.0
-                status = self._emulator.cluster(cluster_id(name))["status"]
-                if capacity > 0 and status == "RUNNING":
-                    serving += 1
-                if capacity == 0:
-                    out += 1
-            self.samples.append(serving)
-            self.most_out = max(self.most_out, out)
-
-    def __enter__(self) -> FloorSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
-@pytest.fixture
-def orchestrator(
-    control_plane: KubeCluster, namespace: str, tmp_path: Path
-) -> Iterator[OrchestratorProcess]:
-    proc = OrchestratorProcess(control_plane.kubeconfig, namespace, tmp_path / "orchestrator.log")
-    yield proc.start()
-    proc.stop()
-
-
-def _cluster_version(endpoint: str) -> dict[str, Any]:
-    return {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
-        "metadata": {"name": "gke-fleet"},
-        "spec": {
-            "requiredAvailableCount": REQUIRED,
-            "opsEndpoint": {"endpoint": endpoint, "insecure": True},
-            "clusters": [{"id": cluster_id(n), "version": NEW} for n in NAMES],
-        },
-    }
+def _floor(emulator: GkeEmulator) -> tuple[int, int]:
+    """Clusters available (GKE status RUNNING) and in service (backend capacity above 0), and
+    clusters out of service (capacity 0)."""
+    serving, out = 0, 0
+    for name in NAMES:
+        capacity = emulator.capacity(PROJECT, "web", NEG.format(name)) or 0.0
+        status = emulator.cluster(cluster_id(name))["status"]
+        if capacity > 0 and status == "RUNNING":
+            serving += 1
+        if capacity == 0:
+            out += 1
+    return serving, out
 
 
 def test_rollout_over_four_gke_clusters_converges_and_keeps_the_floor(
@@ -96,9 +55,13 @@ def test_rollout_over_four_gke_clusters_converges_and_keeps_the_floor(
     ) as emu:
         populate(emu, NAMES)
         config = plugin_config(emu, NAMES, state_file=tmp_path / "gke-state.json")
-        with running_plugin(config) as plugin, FloorSampler(emu) as floor:
+        with running_plugin(config) as plugin, FloorSampler(lambda: _floor(emu)) as floor:
             cvs = CV(control_plane, namespace)
-            cvs.create(_cluster_version(plugin.address))
+            cvs.create(
+                seed_cluster_version(
+                    "gke-fleet", plugin.address, [cluster_id(n) for n in NAMES], NEW, REQUIRED
+                )
+            )
             status = wait_for(
                 "the GKE rollout completes",
                 lambda: cvs.phase_is("gke-fleet", "Completed"),

@@ -20,10 +20,9 @@ from tests.plugins.gke.support import (
     plugin_config,
     populate,
     running_plugin,
-    wait_terminal,
-    wait_until,
 )
 from tests.support.gke_emulator import GkeEmulator
+from tests.support.plugin_harness import wait_terminal, wait_until
 
 C1, C2 = cluster_id("c1"), cluster_id("c2")
 _S = cluster_pb2

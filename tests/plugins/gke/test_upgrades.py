@@ -12,17 +12,9 @@ import pytest
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.sdk.client import PluginCallError
 from tests.plugins.gke.conftest import NAMES, StartPlugin
-from tests.plugins.gke.support import (
-    NEW,
-    NEWER,
-    OLD,
-    cluster_id,
-    plugin_config,
-    running_plugin,
-    wait_terminal,
-    wait_until,
-)
+from tests.plugins.gke.support import NEW, NEWER, OLD, cluster_id, plugin_config, running_plugin
 from tests.support.gke_emulator import GkeEmulator
+from tests.support.plugin_harness import wait_terminal, wait_until
 
 C1 = cluster_id("c1")
 _S = cluster_pb2

@@ -3,39 +3,23 @@ plaintext and TLS on both sides, and leaves the fleet as it found it."""
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import grpc
 import pytest
 
 from plugins.sdk.client import ClientTLS, PluginClient
-from plugins.sdk.conformance import run_conformance
 from plugins.sdk.server import ServerTLS
 from tests.plugins.legacy.conftest import IDS, OLD, POOLS, StartBridge
 from tests.support.certs import TestPKI, generate_pki
 from tests.support.legacy_server import SERVICE_IN, SERVICE_OUT, LegacyServer, legacy_fleet
 from tests.support.legacy_server import legacy_server as serve_legacy
+from tests.support.plugin_harness import kit_outcome
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPKI:
     return generate_pki(tmp_path_factory.mktemp("pki"))
-
-
-def _kit(address: str, report: Path, tls: ClientTLS | None = None) -> dict[str, list[str]]:
-    code = run_conformance(address, tls, timeout=30.0, pytest_args=["-q", f"--junitxml={report}"])
-    outcome: dict[str, list[str]] = {"passed": [], "failed": [], "skipped": []}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        name = case.get("name", "")
-        if case.find("failure") is not None or case.find("error") is not None:
-            outcome["failed"].append(name)
-        elif (skipped := case.find("skipped")) is not None:
-            outcome["skipped"].append(f"{name}: {skipped.get('message', '')}")
-        else:
-            outcome["passed"].append(name)
-    assert code == 0, outcome["failed"]
-    return outcome
 
 
 def _left_as_found(address: str, server: LegacyServer, tls: ClientTLS | None = None) -> None:
@@ -59,14 +43,14 @@ def test_the_bridge_passes_the_conformance_kit_and_is_left_as_found(
     state_dir.mkdir()
     labels = {cid: {"tier": "gold" if i % 2 else "silver"} for i, cid in enumerate(IDS)}
     bridge = start_bridge(state_file=str(state_dir / "legacy.json"), clusters=labels)
-    outcome = _kit(bridge.address, tmp_path / "kit.xml")
+    outcome = kit_outcome(bridge.address, tmp_path / "kit.xml")
     assert outcome["failed"] == []
     assert len(outcome["passed"]) >= 50
     assert any("match_labels" in name for name in outcome["passed"])
     # Skipped: only what the bridge does not declare (gates, workloads, metrics, preflight:
     # the original protocol has none of them).
     assert outcome["skipped"], "the kit checks that undeclared RPCs are refused"
-    for entry in outcome["skipped"]:
+    for entry in outcome["skipped, why"]:
         assert "is outside the declared capabilities" in entry, entry
     _left_as_found(bridge.address, upstream)
 
@@ -84,6 +68,6 @@ def test_the_bridge_passes_the_kit_over_tls_to_an_upstream_over_tls(
         client_tls = ClientTLS(
             ca_file=pki.ca_file, cert_file=pki.client.cert_file, key_file=pki.client.key_file
         )
-        outcome = _kit(bridge.address, tmp_path / "kit.xml", client_tls)
+        outcome = kit_outcome(bridge.address, tmp_path / "kit.xml", client_tls)
         assert outcome["failed"] == [] and len(outcome["passed"]) >= 45
         _left_as_found(bridge.address, server, client_tls)

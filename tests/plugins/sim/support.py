@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from fleetupgrade.plugin.v1 import cluster_pb2
 from plugins.sdk.client import PluginClient
 from plugins.sim import Simulator
+from tests.support.plugin_harness import wait_until as harness_wait_until
 
 T = TypeVar("T")
 
@@ -65,15 +65,8 @@ def admin_request(url: str, method: str, body: Any = None) -> tuple[int, Any]:
 
 
 def wait_until(predicate: Callable[[], T | None], timeout: float = 10.0, what: str = "") -> T:
-    """Polls predicate until it returns a truthy value; fails after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
-        time.sleep(0.01)
+    """tests.support.plugin_harness.wait_until, polling every 10 ms (the sim is fast)."""
+    return harness_wait_until(predicate, timeout, what, interval=0.01)
 
 
 @dataclass
