@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import pytest
+from kubernetes import client as k8s
 
 from fleetupgrade.plugin.v1 import cluster_pb2
+from orchestrator import api
 from plugins.sdk.client import ClientTLS, PluginClient
 from plugins.sdk.conformance import run_conformance
 from tests.support.kube import KubeCluster
@@ -29,6 +32,7 @@ __all__ = [
     "TERMINAL",
     "FloorSampler",
     "RunningPlugin",
+    "composed_fleet_provider",
     "kit_outcome",
     "orchestrator_process",
     "serving",
@@ -185,3 +189,53 @@ def orchestrator_process(
     proc = OrchestratorProcess(control_plane.kubeconfig, namespace, tmp_path / "orchestrator.log")
     yield proc.start()
     proc.stop()
+
+
+@contextmanager
+def composed_fleet_provider(
+    cluster: KubeCluster,
+    namespace: str,
+    hub: tuple[str, str],
+    upgrades: tuple[str, str],
+    cluster_id: str,
+) -> Iterator[str]:
+    """A platform admin's FleetProviders for a composition (README, "Composing providers"):
+    the hub plugin (inventory and traffic) and the upgrades plugin, each allowing nobody on its
+    own, and their composition allowing namespace, with the upgrades part's clusterId template;
+    deleted afterwards. hub, upgrades: (a name prefix, the plugin's endpoint). Yields the
+    composition's name."""
+    objects = k8s.CustomObjectsApi(cluster.api_client())
+    token = uuid.uuid4().hex[:6]
+    hub_name, up_name = f"{hub[0]}-{token}", f"{upgrades[0]}-{token}"
+    composed = f"{hub[0]}-{upgrades[0]}-{token}"
+    specs: dict[str, dict[str, Any]] = {
+        hub_name: {"endpoint": hub[1], "insecure": True, "allowedNamespaces": {}},
+        up_name: {"endpoint": upgrades[1], "insecure": True, "allowedNamespaces": {}},
+        composed: {
+            "parts": {
+                "inventory": {"name": hub_name},
+                "traffic": {"name": hub_name},
+                "upgrades": {"name": up_name, "clusterId": cluster_id},
+            },
+            "allowedNamespaces": {"names": [namespace]},
+        },
+    }
+    for name, spec in specs.items():
+        objects.create_cluster_custom_object(
+            api.GROUP,
+            api.VERSION,
+            api.FLEET_PROVIDER_PLURAL,
+            {
+                "apiVersion": api.API_VERSION,
+                "kind": api.FLEET_PROVIDER_KIND,
+                "metadata": {"name": name},
+                "spec": spec,
+            },
+        )
+    try:
+        yield composed
+    finally:
+        for name in specs:
+            objects.delete_cluster_custom_object(
+                api.GROUP, api.VERSION, api.FLEET_PROVIDER_PLURAL, name
+            )

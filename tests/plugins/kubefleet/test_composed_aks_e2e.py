@@ -14,13 +14,8 @@ makes each member's AKS resource id.
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-from kubernetes import client as k8s
 
 from orchestrator import api
 from tests.plugins.aks.support import GROUP, NEW, SUBSCRIPTION, cluster_id, plugin_config
@@ -38,6 +33,7 @@ from tests.support.aks_emulator import AksEmulator
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.kubefleet_emulator import KubeFleetEmulator
 from tests.support.orchestrator import CV, OrchestratorProcess
+from tests.support.plugin_harness import composed_fleet_provider
 
 NAMES = list(MEMBERS)
 REQUIRED = 2
@@ -74,48 +70,6 @@ class TaintSampler:
         self._thread.join(timeout=5)
 
 
-@contextmanager
-def fleet_providers(
-    cluster: KubeCluster, namespace: str, kubefleet: str, aks: str
-) -> Iterator[str]:
-    """The platform admin's FleetProviders: the two plugins (allowing nobody on their own) and
-    the composition (allowing namespace); deleted afterwards. Yields the composed one's name."""
-    objects = k8s.CustomObjectsApi(cluster.api_client())
-    token = uuid.uuid4().hex[:6]
-    hub, arm, composed = f"kubefleet-{token}", f"aks-{token}", f"kubefleet-aks-{token}"
-    specs: dict[str, dict[str, Any]] = {
-        hub: {"endpoint": kubefleet, "insecure": True, "allowedNamespaces": {}},
-        arm: {"endpoint": aks, "insecure": True, "allowedNamespaces": {}},
-        composed: {
-            "parts": {
-                "inventory": {"name": hub},
-                "traffic": {"name": hub},
-                "upgrades": {"name": arm, "clusterId": AKS_ID},
-            },
-            "allowedNamespaces": {"names": [namespace]},
-        },
-    }
-    for name, spec in specs.items():
-        objects.create_cluster_custom_object(
-            api.GROUP,
-            api.VERSION,
-            api.FLEET_PROVIDER_PLURAL,
-            {
-                "apiVersion": api.API_VERSION,
-                "kind": api.FLEET_PROVIDER_KIND,
-                "metadata": {"name": name},
-                "spec": spec,
-            },
-        )
-    try:
-        yield composed
-    finally:
-        for name in specs:
-            objects.delete_cluster_custom_object(
-                api.GROUP, api.VERSION, api.FLEET_PROVIDER_PLURAL, name
-            )
-
-
 def test_kubefleet_taints_and_approves_while_aks_upgrades_the_members(
     control_plane: KubeCluster,
     namespace: str,
@@ -147,8 +101,12 @@ def test_kubefleet_taints_and_approves_while_aks_upgrades_the_members(
         with running_aks_plugin(arm, config) as aks:
             kubefleet = start_plugin(plugin_kubeconfig)
             hub_identity = kubefleet.client.info()
-            with fleet_providers(
-                control_plane, namespace, kubefleet.address, aks.address
+            with composed_fleet_provider(
+                control_plane,
+                namespace,
+                ("kubefleet", kubefleet.address),
+                ("aks", aks.address),
+                AKS_ID,
             ) as provider:
                 proc = orchestrator(kubefleet)
                 start_cluster_run(emulator, staged, "staging", "prod")

@@ -11,14 +11,11 @@ reports as the label `clusterclaim/region.open-cluster-management.io`).
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client as k8s
 
 from orchestrator import api
 from tests.plugins.eks.conftest import aws_environment
@@ -31,6 +28,7 @@ from tests.support.eks_emulator import EksEmulator
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.ocm_emulator import OcmEmulator
 from tests.support.orchestrator import CV, OrchestratorProcess
+from tests.support.plugin_harness import composed_fleet_provider
 
 __all__ = ["aws_environment"]  # boto3's default chain finds the emulator's test keys
 pytestmark = pytest.mark.usefixtures("aws_environment")
@@ -48,46 +46,6 @@ def orchestrator(
     proc = OrchestratorProcess(control_plane.kubeconfig, namespace, tmp_path / "orchestrator.log")
     yield proc.start()
     proc.stop()
-
-
-@contextmanager
-def composed_provider(cluster: KubeCluster, namespace: str, ocm: str, eks: str) -> Iterator[str]:
-    """FleetProviders ocm and eks (allowing nobody) and their composition (allowing
-    namespace), deleted afterwards; yields the composition's name."""
-    objects = k8s.CustomObjectsApi(cluster.api_client())
-    token = uuid.uuid4().hex[:6]
-    hub, aws, composed = f"ocm-{token}", f"eks-{token}", f"ocm-eks-{token}"
-    specs: dict[str, dict[str, Any]] = {
-        hub: {"endpoint": ocm, "insecure": True, "allowedNamespaces": {}},
-        aws: {"endpoint": eks, "insecure": True, "allowedNamespaces": {}},
-        composed: {
-            "parts": {
-                "inventory": {"name": hub},
-                "traffic": {"name": hub},
-                "upgrades": {"name": aws, "clusterId": EKS_ARN},
-            },
-            "allowedNamespaces": {"names": [namespace]},
-        },
-    }
-    for name, spec in specs.items():
-        objects.create_cluster_custom_object(
-            api.GROUP,
-            api.VERSION,
-            api.FLEET_PROVIDER_PLURAL,
-            {
-                "apiVersion": api.API_VERSION,
-                "kind": api.FLEET_PROVIDER_KIND,
-                "metadata": {"name": name},
-                "spec": spec,
-            },
-        )
-    try:
-        yield composed
-    finally:
-        for name in specs:
-            objects.delete_cluster_custom_object(
-                api.GROUP, api.VERSION, api.FLEET_PROVIDER_PLURAL, name
-            )
 
 
 class TaintSampler:
@@ -150,7 +108,9 @@ def test_ocm_taints_while_eks_upgrades_the_managed_clusters(
         populate_eks(eks_emu, ids)
         with (
             running_eks_plugin(eks_config(eks_emu)) as eks,
-            composed_provider(control_plane, namespace, ocm.address, eks.address) as name,
+            composed_fleet_provider(
+                control_plane, namespace, ("ocm", ocm.address), ("eks", eks.address), EKS_ARN
+            ) as name,
         ):
             cvs = CV(control_plane, namespace)
             with TaintSampler(emulator, ids) as taints:
