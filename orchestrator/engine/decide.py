@@ -1186,6 +1186,11 @@ class _Run:
             self.calls.append(Call(OpKind.SERVICE_OUT, u.cluster_id, rid, u.name, reissue=True))
         else:
             self.issue(u, OpKind.SERVICE_OUT)
+            pre = self.inp.preflight.get(u.cluster_id)
+            if pre is not None and pre.verdict == Verdict.ACCEPTED and pre.reason:
+                # Accepted with a notice (e.g. GKE's BLUE_GREEN_UPGRADE: the soak the
+                # node-pool step will take): said where people look while it drains.
+                self.set(u, message=f"preflight: {pre.reason}: {pre.message}")
         return None
 
     # -- the floor ---------------------------------------------------------------------------

@@ -661,3 +661,36 @@ def test_a_run_waiting_for_a_preflight_verdict_says_so() -> None:
     assert d.preflight_needed and not d.calls
     assert d.waiting_reason == "Preflight", (d.waiting_reason, d.message)
     assert "preflight verdict on c0000" in d.message, d.message
+
+
+def test_a_preflight_accepted_with_a_notice_says_it_on_the_cluster_it_drains() -> None:
+    """A provider that accepts with a notice (the GKE plugin's BLUE_GREEN_UPGRADE: how long the
+    blue-green soak will take) is heard: the service-out step's message says it, where
+    `kubectl get cu` and `status` show it; an accepted verdict without a reason says nothing."""
+    fleet = make_fleet(4)
+    spec = spec_for(fleet, NEW, required=2, maxConcurrency=2)
+    notice = Preflight(
+        Verdict.ACCEPTED,
+        T0,
+        "BLUE_GREEN_UPGRADE",
+        "pool pool-0 upgrades blue-green: expected soak 1h5m",
+    )
+    plain = Preflight(Verdict.ACCEPTED, T0)
+    d, by_id = _decide(
+        fleet,
+        spec,
+        {},
+        1,
+        preflight_supported=True,
+        preflight={"c00000": notice, "c00001": plain},
+    )
+    assert sorted(c.cluster_id for c in d.calls if c.kind is OpKind.SERVICE_OUT) == [
+        "c00000",
+        "c00001",
+    ]
+    drained = _status(d, by_id, "c00000")
+    assert drained.phase == U.SERVICING_OUT
+    assert drained.message == (
+        "preflight: BLUE_GREEN_UPGRADE: pool pool-0 upgrades blue-green: expected soak 1h5m"
+    )
+    assert _status(d, by_id, "c00001").message is None
