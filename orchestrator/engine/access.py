@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from orchestrator import api
 from orchestrator.engine.validate import Problem
@@ -39,6 +40,9 @@ __all__ = [
     "needs_labels",
     "parse_inline_namespaces",
 ]
+
+#: What a platform admin declares in the catalog: a FleetProvider or a MetricSource.
+_S = TypeVar("_S", api.FleetProviderSpec, api.MetricSourceSpec)
 
 #: The orchestrator flag that allows inline endpoints in more namespaces.
 INLINE_FLAG = "--allow-inline-endpoints-in"
@@ -304,29 +308,40 @@ class _Rules:
             return None
         return self.members[0][1]
 
-    def _declared(self, where: str, name: str) -> Endpoint | None:
-        if name not in self.providers:
+    def _usable(
+        self, where: str, kind: str, name: str, catalog: Mapping[str, _S | None]
+    ) -> _S | None:
+        """A FleetProvider or MetricSource this namespace may name: it exists, its spec is
+        valid and its allowedNamespaces allow the namespace; else refused at where, naming the
+        fix."""
+        if name not in catalog:
             self._refuse(
                 where,
-                f"FleetProvider {name} does not exist; name one that allows namespace "
-                f"{self.namespace} (kubectl get fleetproviders) or ask a platform admin to "
+                f"{kind} {name} does not exist; name one that allows namespace "
+                f"{self.namespace} (kubectl get {kind.lower()}s) or ask a platform admin to "
                 "create it",
             )
             return None
-        declared = self.providers[name]
+        declared = catalog[name]
         if declared is None:
             self._refuse(
                 where,
-                f"FleetProvider {name} has an invalid spec; a platform admin must fix it "
-                f"(kubectl get fleetprovider {name} -o yaml)",
+                f"{kind} {name} has an invalid spec; a platform admin must fix it "
+                f"(kubectl get {kind.lower()} {name} -o yaml)",
             )
             return None
         if not declared.allowed_namespaces.allows(self.namespace, self.labels):
             self._refuse(
                 where,
-                f"FleetProvider {name} does not allow namespace {self.namespace}; a platform "
-                f"admin adds it to spec.allowedNamespaces of FleetProvider {name}",
+                f"{kind} {name} does not allow namespace {self.namespace}; a platform "
+                f"admin adds it to spec.allowedNamespaces of {kind} {name}",
             )
+            return None
+        return declared
+
+    def _declared(self, where: str, name: str) -> Endpoint | None:
+        declared = self._usable(where, "FleetProvider", name, self.providers)
+        if declared is None:
             return None
         if declared.parts is not None:
             return self._composed(where, name, declared.parts)
@@ -514,28 +529,8 @@ class _Rules:
         return None
 
     def _source(self, where: str, name: str) -> PrometheusSource | None:
-        declared = self.sources.get(name)
-        if name not in self.sources:
-            self._refuse(
-                where,
-                f"MetricSource {name} does not exist; name one that allows namespace "
-                f"{self.namespace} (kubectl get metricsources) or ask a platform admin to "
-                "create it",
-            )
-            return None
+        declared = self._usable(where, "MetricSource", name, self.sources)
         if declared is None:
-            self._refuse(
-                where,
-                f"MetricSource {name} has an invalid spec; a platform admin must fix it "
-                f"(kubectl get metricsource {name} -o yaml)",
-            )
-            return None
-        if not declared.allowed_namespaces.allows(self.namespace, self.labels):
-            self._refuse(
-                where,
-                f"MetricSource {name} does not allow namespace {self.namespace}; a platform "
-                f"admin adds it to spec.allowedNamespaces of MetricSource {name}",
-            )
             return None
         return PrometheusSource(
             declared.address,

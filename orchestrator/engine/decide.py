@@ -527,6 +527,23 @@ class _Run:
         )
         self.calls.append(Call(kind, u.cluster_id, rid, u.name, version, pool, reissue))
 
+    def start_over(self, u: Upgrade, reason: str, message: str) -> None:
+        """Pending again, as a new attempt, nothing of this one on record: its service-out
+        request id is spent (invariant 6: asked again, the plugin would answer with the old,
+        succeeded operation and the next step would run in service)."""
+        self.set(
+            u,
+            phase=U.PENDING,
+            attempt=self.status[u.name].attempt + 1,
+            health=None,
+            step=None,
+            request_id=None,
+            operation_id=None,
+            step_start_time=None,
+            reason=reason,
+            message=message,
+        )
+
     def fail(self, u: Upgrade, reason: str, message: str) -> None:
         self.set(u, phase=U.FAILED, reason=reason, message=message)
 
@@ -539,37 +556,15 @@ class _Run:
             if not obs.in_service:
                 self.verify(u, obs)
             else:
-                # A resumed run starts it over as a new attempt (invariant 6: this attempt's
-                # service-out request id is spent; asked again, the plugin would answer with
-                # the old, succeeded operation and its next step would run in service).
-                self.set(
-                    u,
-                    phase=U.PENDING,
-                    attempt=self.status[u.name].attempt + 1,
-                    health=None,
-                    step=None,
-                    request_id=None,
-                    operation_id=None,
-                    step_start_time=None,
-                    reason="RunStopped",
-                    message="run stopped; back in service",
-                )
+                # A resumed run starts it over as a new attempt.
+                self.start_over(u, "RunStopped", "run stopped; back in service")
             return
         if obs.in_service and needs_upgrade(obs, spec):
-            # Back in service yet short of target (someone serviced it in): start over, as a
-            # new attempt (invariant 6: this attempt's service-out request id is spent; asked
-            # again, the plugin would answer with the old, succeeded operation).
-            self.set(
+            # Back in service yet short of target (someone serviced it in): start over.
+            self.start_over(
                 u,
-                phase=U.PENDING,
-                attempt=self.status[u.name].attempt + 1,
-                health=None,
-                step=None,
-                request_id=None,
-                operation_id=None,
-                step_start_time=None,
-                reason="ServicedInElsewhere",
-                message="serviced in outside this run before finishing; queued again",
+                "ServicedInElsewhere",
+                "serviced in outside this run before finishing; queued again",
             )
         elif not versions.meets(obs.control_plane_version, spec.version):
             self.issue(u, OpKind.CONTROL_PLANE)
