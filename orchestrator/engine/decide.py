@@ -123,6 +123,9 @@ _ENDED_OR_BLOCKED = (U.FAILED, U.SKIPPED, U.BLOCKED)
 #: Reasons of a Pending cluster that waits for the world to let it go (held elsewhere): the
 #: run names one when nothing of it moves (invariant 4: it says what it waits for).
 _HELD_ELSEWHERE = frozenset({"HeldByAnotherRun", "ForeignOperation", "OutOfService"})
+#: What a Pending cluster can wait for that only the world ends: held elsewhere, or its
+#: provider not answering (a run over several providers); an idle run names it (invariant 4).
+_WORLD_WAITS = _HELD_ELSEWHERE | {PROVIDER_UNAVAILABLE}
 #: How long an ACCEPTED preflight verdict stands.
 PREFLIGHT_TTL = timedelta(seconds=60)
 #: How often a step in flight is looked at again even without news from the watch.
@@ -2111,9 +2114,9 @@ def _why_waiting(run: _Run, walk: _Walk, adm: _Admission) -> None:
         walk.blocked = f"waiting: the provider's preflight verdict on {asked[0]}"
         walk.blocked += f" (and {len(asked) - 1} more)" if len(asked) > 1 else ""
         walk.waiting = walk.waiting or "Preflight"
-    waiting = run.phases.waiting_for(*_HELD_ELSEWHERE)
+    waiting = run.phases.waiting_for(*_WORLD_WAITS)
     held = [(u.cluster_id, run.status[u.name]) for u in (adm.members if waiting else ())]
-    held = [(c, s) for c, s in held if s.phase == U.PENDING and s.reason in _HELD_ELSEWHERE]
+    held = [(c, s) for c, s in held if s.phase == U.PENDING and s.reason in _WORLD_WAITS]
     if held and adm.in_flight == 0 and not walk.blocked:
         # Invariant 4: nothing moves until the world lets a cluster go; the run names it
         # (a person can act on that), never only a count.

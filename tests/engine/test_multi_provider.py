@@ -163,6 +163,7 @@ class World:
             now=self.wall,
         )
         self.stages = list(result.decision.stages)
+        self.last_decision = result.decision
         self.last_down = dict(provider.down)
         self.observe()
         return result.decision.phase
@@ -318,6 +319,20 @@ def test_the_other_providers_clusters_go_on_where_the_floor_allows() -> None:
     # Never more than one gke-prod cluster out at once (3 known available - 2 required).
     out_at_once = _most_out(w.gke.fleet)
     assert out_at_once == 1
+
+
+def test_a_run_left_waiting_only_for_a_provider_says_so() -> None:
+    """Invariant 4 (simulation seed 7501): gke-prod's clusters done, eks-prod's waiting for it,
+    nothing in flight: the run names what it waits for (waitingReason ProviderUnavailable and
+    the first cluster), it is never Progressing saying nothing."""
+    w = World(required=2)
+    w.eks.down = True
+    assert w.run_for(300) == api.RunPhase.PROGRESSING
+    assert {w.status_of(c).phase for c in ("g0", "g1", "g2")} == {U.UPGRADED}
+    decision = w.last_decision
+    assert decision.waiting_reason == PROVIDER_UNAVAILABLE
+    assert decision.message is not None and "waiting: e0:" in decision.message
+    assert "FleetProvider eks-prod is unavailable" in decision.message
 
 
 def _most_out(fleet: ModelFleet) -> int:

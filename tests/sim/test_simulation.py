@@ -79,6 +79,18 @@ def test_the_seeds_that_found_engine_gaps_hold() -> None:
     assert not failures, _report(failures)
 
 
+#: Seeds of runs over several providers that found a gap: 7501, invariant 4 (a run whose only
+#: Pending clusters waited for a provider that did not answer, nothing in flight, said no
+#: waitingReason; now ProviderUnavailable, naming the first cluster).
+FOUND_GAPS_MULTI = [7501]
+
+
+def test_the_multi_provider_seeds_that_found_gaps_hold() -> None:
+    assert all(Config.draw(s, large=False).providers > 1 for s in FOUND_GAPS_MULTI)
+    failures = _sweep(FOUND_GAPS_MULTI)
+    assert not failures, _report(failures)
+
+
 @pytest.mark.parametrize("seed", [360, 136])
 def test_invariants_hold_on_large_fleets(seed: int) -> None:
     """2,000 and 500 clusters, stages by selector, checks; the history is shortened."""
