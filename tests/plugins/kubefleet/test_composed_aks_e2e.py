@@ -13,7 +13,6 @@ makes each member's AKS resource id.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from tests.support.aks_emulator import AksEmulator
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.kubefleet_emulator import KubeFleetEmulator
 from tests.support.orchestrator import CV, OrchestratorProcess
-from tests.support.plugin_harness import composed_fleet_provider
+from tests.support.plugin_harness import FloorSampler, composed_fleet_provider
 
 NAMES = list(MEMBERS)
 REQUIRED = 2
@@ -44,30 +43,16 @@ AKS_ID = (
 )
 
 
-class TaintSampler:
-    """Samples the hub every few milliseconds: how many members are tainted (out of service)."""
+def taint_sampler(emulator: KubeFleetEmulator) -> FloorSampler:
+    """Samples the hub while in its `with` block: the members tainted (out of service) and the
+    others, each time; `most_out` is the most tainted at once."""
 
-    def __init__(self, emulator: KubeFleetEmulator) -> None:
-        self._emulator = emulator
-        self._stop = threading.Event()
-        self.most_out = 0
-        self.samples = 0
-        self._thread = threading.Thread(target=self._run, name="taint-sampler", daemon=True)
+    def sample() -> tuple[int, int]:
+        members = emulator.members()
+        out = sum(1 for m in members.values() if (m.get("spec") or {}).get("taints"))
+        return len(members) - out, out
 
-    def _run(self) -> None:
-        while not self._stop.wait(0.02):
-            members = self._emulator.members()
-            out = sum(1 for m in members.values() if (m.get("spec") or {}).get("taints"))
-            self.most_out = max(self.most_out, out)
-            self.samples += 1
-
-    def __enter__(self) -> TaintSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+    return FloorSampler(sample)
 
 
 def test_kubefleet_taints_and_approves_while_aks_upgrades_the_members(
@@ -111,7 +96,7 @@ def test_kubefleet_taints_and_approves_while_aks_upgrades_the_members(
                 proc = orchestrator(kubefleet)
                 start_cluster_run(emulator, staged, "staging", "prod")
                 cvs = CV(control_plane, namespace)
-                with TaintSampler(emulator) as taints:
+                with taint_sampler(emulator) as taints:
                     cvs.create(
                         {
                             "apiVersion": api.API_VERSION,

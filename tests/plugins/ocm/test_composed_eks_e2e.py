@@ -10,7 +10,6 @@ reports as the label `clusterclaim/region.open-cluster-management.io`).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from tests.support.eks_emulator import EksEmulator
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.ocm_emulator import OcmEmulator
 from tests.support.orchestrator import CV, OrchestratorProcess
-from tests.support.plugin_harness import composed_fleet_provider
+from tests.support.plugin_harness import FloorSampler, composed_fleet_provider
 
 __all__ = ["aws_environment"]  # boto3's default chain finds the emulator's test keys
 pytestmark = pytest.mark.usefixtures("aws_environment")
@@ -48,34 +47,15 @@ def orchestrator(
     proc.stop()
 
 
-class TaintSampler:
-    """Samples the hub: how many of the clusters carry our service-out taint at once."""
+def taint_sampler(emulator: OcmEmulator, ids: list[str]) -> FloorSampler:
+    """Samples the hub while in its `with` block: the clusters carrying our service-out taint
+    and the others, each time; `most_out` is the most tainted at once."""
 
-    def __init__(self, emulator: OcmEmulator, ids: list[str]) -> None:
-        self._emulator = emulator
-        self._ids = ids
-        self._stop = threading.Event()
-        self.most_out = 0
-        self.samples = 0
-        self._thread = threading.Thread(target=self._run, name="taint-sampler", daemon=True)
+    def sample() -> tuple[int, int]:
+        out = sum(1 for c in ids if any(t["key"] == TAINT_KEY for t in emulator.taints_of(c)))
+        return len(ids) - out, out
 
-    def _run(self) -> None:
-        while not self._stop.wait(0.05):
-            out = sum(
-                1
-                for c in self._ids
-                if any(t["key"] == TAINT_KEY for t in self._emulator.taints_of(c))
-            )
-            self.most_out = max(self.most_out, out)
-            self.samples += 1
-
-    def __enter__(self) -> TaintSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+    return FloorSampler(sample)
 
 
 def waited(cvs: CV, proc: OrchestratorProcess, what: str, check: Any, **kw: Any) -> Any:
@@ -113,7 +93,7 @@ def test_ocm_taints_while_eks_upgrades_the_managed_clusters(
             ) as name,
         ):
             cvs = CV(control_plane, namespace)
-            with TaintSampler(emulator, ids) as taints:
+            with taint_sampler(emulator, ids) as taints:
                 cvs.create(
                     {
                         "apiVersion": api.API_VERSION,
