@@ -79,7 +79,7 @@ class RunPlugins:
     @property
     def identities(self) -> frozenset[str]:
         """What the reached plugins are (an operation's end wakes the runs on its provider)."""
-        return frozenset(p.identity for p in self.plugins if isinstance(p, Reached))
+        return frozenset(p.identity for p in self.reached())
 
     def reached(self) -> list[Reached]:
         """The plugins that answered."""
