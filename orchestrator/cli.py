@@ -25,8 +25,9 @@ from orchestrator.engine.access import (
     AccessPolicy,
     parse_inline_namespaces,
 )
-from orchestrator.engine.observations import OpKind
+from orchestrator.engine.observations import ClusterObs, OpKind
 from orchestrator.engine.validate import Problem, parse_spec, validate_spec
+from orchestrator.pipeline.multi import union_inventory
 from orchestrator.pipeline.simulate import ModelFleet, Rollout, simulate
 
 if TYPE_CHECKING:
@@ -197,7 +198,14 @@ def _plan_command(sub: Any) -> None:
     """`plan`: the rollout plan of a ClusterVersion file, changing nothing."""
     p = sub.add_parser("plan", help="print the rollout plan of a ClusterVersion; changes nothing")
     p.add_argument("-f", "--file", required=True, help="the ClusterVersion YAML")
-    p.add_argument("--endpoint", default=None, help="plugin HOST:PORT (default: spec.opsEndpoint)")
+    p.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="[NAME=]HOST:PORT",
+        help="plugin HOST:PORT (default: spec.opsEndpoint); for a spec over several providers, "
+        "NAME=HOST:PORT once per FleetProvider of spec.providerRefs",
+    )
     p.add_argument("--tls-ca", default=None, help="CA file for a TLS endpoint")
     p.add_argument("--tls-cert", default=None)
     p.add_argument("--tls-key", default=None)
@@ -501,8 +509,6 @@ class _WebhookSecret:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from plugins.sdk.client import ClientTLS, PluginCallError, PluginClient  # noqa: PLC0415
-
     with open(args.file, encoding="utf-8") as handle:
         doc = yaml.safe_load(handle) or {}
     parsed = parse_spec(doc.get("spec"))
@@ -512,26 +518,26 @@ def _plan(args: argparse.Namespace) -> int:
             print(f"invalid: {problem}", file=sys.stderr)
         return 2
     spec = parsed
-    if not args.endpoint and spec.ops_endpoint is None:
-        print(
-            "error: the spec names a FleetProvider (spec.providerRef); pass its endpoint with "
-            "--endpoint HOST:PORT (kubectl get fleetprovider NAME)",
-            file=sys.stderr,
-        )
+    endpoints = _plan_endpoints(spec, args.endpoint)
+    if isinstance(endpoints, str):
+        print(f"error: {endpoints}", file=sys.stderr)
         return 2
-    endpoint = args.endpoint or (spec.ops_endpoint.endpoint if spec.ops_endpoint else "")
-    insecure = bool(spec.ops_endpoint and spec.ops_endpoint.insecure)
-    tls = None
-    if args.tls_ca or args.tls_cert or not (args.endpoint or insecure):
-        tls = ClientTLS(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key)
-    client = PluginClient(endpoint, tls=tls, caller="fleet-orchestrator-plan")
-    try:
-        clusters = {c.id: cluster_from_pb(c) for c in client.list_clusters()}
-    except PluginCallError as err:
-        print(f"error: cannot list clusters from {endpoint}: {err}", file=sys.stderr)
-        return 1
-    finally:
-        client.close()
+    inventories: dict[str, dict[str, ClusterObs]] = {}
+    for name, endpoint in endpoints.items():
+        read = _plan_inventory(args, spec, endpoint)
+        if isinstance(read, str):
+            print(f"error: {read}", file=sys.stderr)
+            return 1
+        inventories[name] = read
+    if spec.provider_refs:
+        union = union_inventory(inventories)
+        if isinstance(union, list):
+            for problem in union:
+                print(f"invalid: {problem}", file=sys.stderr)
+            return 2
+        clusters = {cid: obs for cid, (_, obs) in union.items()}
+    else:
+        clusters = next(iter(inventories.values()))
     durations = {k: args.step_seconds for k in OpKind}
     durations[OpKind.SERVICE_OUT] = durations[OpKind.SERVICE_IN] = args.traffic_seconds
     fleet = ModelFleet(clusters, durations=durations)
@@ -547,6 +553,66 @@ def _plan(args: argparse.Namespace) -> int:
         return 2
     print(_render(spec, fleet, outcome))
     return 0
+
+
+def _plan_endpoints(spec: api.ClusterVersionSpec, given: list[str]) -> dict[str, str] | str:
+    """Where `plan` reads each inventory (FleetProvider name, or "" for one plugin, to HOST:PORT),
+    or what is wrong with --endpoint, naming the flag and the fix."""
+    named: dict[str, str] = {}
+    plain: list[str] = []
+    for value in given:
+        name, sep, endpoint = value.partition("=")
+        if sep:
+            named[name.strip()] = endpoint.strip()
+        else:
+            plain.append(value.strip())
+    if spec.provider_refs:
+        refs = [r.name for r in spec.provider_refs]
+        unknown = sorted(set(named) - set(refs))
+        missing = [r for r in refs if r not in named]
+        if plain or unknown or missing:
+            return (
+                "the spec runs over several providers (spec.providerRefs: "
+                f"{', '.join(refs)}); pass --endpoint NAME=HOST:PORT once for each of them"
+                + (f" (missing: {', '.join(missing)})" if missing else "")
+                + (f" (not in spec.providerRefs: {', '.join(unknown)})" if unknown else "")
+                + " (kubectl get fleetprovider NAME)"
+            )
+        return {r: named[r] for r in refs}
+    if named or len(plain) > 1:
+        return (
+            "--endpoint NAME=HOST:PORT is for a spec with spec.providerRefs; this one names one "
+            "plugin: pass --endpoint HOST:PORT once"
+        )
+    if plain:
+        return {"": plain[0]}
+    if spec.ops_endpoint is None:
+        return (
+            "the spec names a FleetProvider (spec.providerRef); pass its endpoint with "
+            "--endpoint HOST:PORT (kubectl get fleetprovider NAME)"
+        )
+    return {"": spec.ops_endpoint.endpoint}
+
+
+def _plan_inventory(
+    args: argparse.Namespace, spec: api.ClusterVersionSpec, endpoint: str
+) -> dict[str, ClusterObs] | str:
+    """One plugin's inventory for `plan`, or why it could not be read. An endpoint given on the
+    command line is plaintext unless a TLS flag is given; spec.opsEndpoint's says itself."""
+    from plugins.sdk.client import ClientTLS, PluginCallError, PluginClient  # noqa: PLC0415
+
+    from_spec = not args.endpoint
+    insecure = bool(from_spec and spec.ops_endpoint and spec.ops_endpoint.insecure)
+    tls = None
+    if args.tls_ca or args.tls_cert or (from_spec and not insecure):
+        tls = ClientTLS(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key)
+    client = PluginClient(endpoint, tls=tls, caller="fleet-orchestrator-plan")
+    try:
+        return {c.id: cluster_from_pb(c) for c in client.list_clusters()}
+    except PluginCallError as err:
+        return f"cannot list clusters from {endpoint}: {err}"
+    finally:
+        client.close()
 
 
 def _render(spec: api.ClusterVersionSpec, fleet: ModelFleet, outcome: Rollout) -> str:

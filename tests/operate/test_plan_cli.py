@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -120,3 +121,97 @@ def test_plan_rejects_an_invalid_file_naming_the_field(tmp_path: Path) -> None:
     out = run_plan(path)
     assert out.returncode == 2
     assert "spec.clusters" in out.stderr and "listed twice" in out.stderr
+
+
+def _renamed(body: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """A sim fleet file whose cluster ids start with prefix (two fleets, distinct ids)."""
+    for c in body["clusters"]:
+        c["id"] = f"{prefix}-{c['id']}"
+    return body
+
+
+def _multi_spec(ids: list[str], required: int, **spec: Any) -> dict[str, Any]:
+    body = cluster_version("fleet", "127.0.0.1:1", ids, required, **spec)
+    del body["spec"]["opsEndpoint"]
+    body["spec"]["providerRefs"] = [{"name": "gke-prod"}, {"name": "eks-prod"}]
+    return body
+
+
+def test_plan_over_several_providers_plans_one_floor_across_them(tmp_path: Path) -> None:
+    """spec.providerRefs: one inventory per FleetProvider (--endpoint NAME=HOST:PORT each),
+    one floor across both, stages selecting by the provider label the run adds."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with (
+        simulated_fleet(tmp_path / "a", _renamed(fleet(4), "gke"), NEW) as gke,
+        simulated_fleet(tmp_path / "b", _renamed(fleet(4), "eks"), NEW) as eks,
+    ):
+        ids = [f"{p}-cluster-{i:02d}" for p in ("gke", "eks") for i in range(4)]
+        body = _multi_spec(
+            ids,
+            6,
+            strategy={
+                "stages": [
+                    {
+                        "name": "gke",
+                        "selector": {"matchLabels": {"multicluster-ops.io/provider": "gke-prod"}},
+                    },
+                    {
+                        "name": "eks",
+                        "selector": {"matchLabels": {"multicluster-ops.io/provider": "eks-prod"}},
+                    },
+                ]
+            },
+        )
+        path = tmp_path / "cv.yaml"
+        path.write_text(yaml.safe_dump(body))
+        out = run_plan(
+            path,
+            "--endpoint",
+            f"gke-prod={gke.address}",
+            "--endpoint",
+            f"eks-prod={eks.address}",
+            "--step-seconds",
+            "60",
+            "--traffic-seconds",
+            "10",
+        )
+        assert out.returncode == 0, out.stderr
+        text = out.stdout
+        assert "stage gke: 4 cluster(s)" in text and "stage eks: 4 cluster(s)" in text
+        waves = re.findall(r"wave \d+ at \+\S+: (\d+) cluster\(s\): (.*)", text)
+        # Budget 2 of 8 across both providers: two waves per stage, gke's clusters first.
+        assert [int(n) for n, _ in waves] == [2, 2, 2, 2]
+        assert all("gke-" in names for _, names in waves[:2])
+        assert all("eks-" in names for _, names in waves[2:])
+        assert "lowest available in service: 6" in text
+        assert "estimated time: 0h13m20s (Succeeded)" in text
+        assert monitor(gke)["mutations_total"] == 0 and monitor(eks)["mutations_total"] == 0
+
+
+def test_plan_over_several_providers_names_the_endpoints_it_lacks(tmp_path: Path) -> None:
+    body = _multi_spec(["a", "b"], 1)
+    path = tmp_path / "cv.yaml"
+    path.write_text(yaml.safe_dump(body))
+    out = run_plan(path, "--endpoint", "gke-prod=127.0.0.1:1", "--endpoint", "aks=127.0.0.1:2")
+    assert out.returncode == 2
+    assert "spec.providerRefs" in out.stderr and "--endpoint NAME=HOST:PORT" in out.stderr
+    assert "missing: eks-prod" in out.stderr and "not in spec.providerRefs: aks" in out.stderr
+    out = run_plan(path)
+    assert out.returncode == 2 and "missing: gke-prod, eks-prod" in out.stderr
+
+
+def test_plan_over_several_providers_refuses_an_id_two_of_them_report(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with (
+        simulated_fleet(tmp_path / "a", fleet(2), NEW) as one,
+        simulated_fleet(tmp_path / "b", fleet(2), NEW) as two,
+    ):
+        path = tmp_path / "cv.yaml"
+        path.write_text(yaml.safe_dump(_multi_spec(["cluster-00", "cluster-01"], 1)))
+        out = run_plan(
+            path, "--endpoint", f"gke-prod={one.address}", "--endpoint", f"eks-prod={two.address}"
+        )
+        assert out.returncode == 2
+        assert "cluster id cluster-00 is reported by both FleetProvider" in out.stderr
