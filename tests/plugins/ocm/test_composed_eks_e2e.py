@@ -10,8 +10,7 @@ reports as the label `clusterclaim/region.open-cluster-management.io`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,24 +26,20 @@ from tests.support.eks_emulator import EksEmulator
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.ocm_emulator import OcmEmulator
 from tests.support.orchestrator import CV, OrchestratorProcess
-from tests.support.plugin_harness import FloorSampler, composed_fleet_provider
+from tests.support.plugin_harness import (
+    FloorSampler,
+    composed_fleet_provider,
+    orchestrator_process,
+)
 
-__all__ = ["aws_environment"]  # boto3's default chain finds the emulator's test keys
+# boto3's default chain finds the emulator's test keys; the fixture `orchestrator`
+__all__ = ["aws_environment", "orchestrator_process"]
 pytestmark = pytest.mark.usefixtures("aws_environment")
 
 REQUIRED = 4
 TAINT_KEY = "fleetupgrade.io/service-out"
 REGION_CLAIM = "region.open-cluster-management.io"
 EKS_ARN = f"arn:aws:eks:{{label:clusterclaim/{REGION_CLAIM}}}:{ACCOUNT}:cluster/{{id}}"
-
-
-@pytest.fixture
-def orchestrator(
-    control_plane: KubeCluster, namespace: str, tmp_path: Path
-) -> Iterator[OrchestratorProcess]:
-    proc = OrchestratorProcess(control_plane.kubeconfig, namespace, tmp_path / "orchestrator.log")
-    yield proc.start()
-    proc.stop()
 
 
 def taint_sampler(emulator: OcmEmulator, ids: list[str]) -> FloorSampler:

@@ -10,7 +10,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +20,9 @@ from tests.plugins.ocm.conftest import NEW, OLD, StartPlugin, curator_config, wo
 from tests.support.kube import KubeCluster, wait_for
 from tests.support.ocm_emulator import MC, PLACEMENT, OcmEmulator, select_clusters
 from tests.support.orchestrator import CV, OrchestratorProcess
+from tests.support.plugin_harness import orchestrator_process
+
+__all__ = ["orchestrator_process"]  # the fixture `orchestrator`
 
 TAINT_KEY = "fleetupgrade.io/service-out"
 
@@ -36,15 +38,6 @@ def cluster_version(endpoint: str, ids: list[str], required: int) -> dict[str, A
             "clusters": [{"id": c, "version": NEW} for c in ids],
         },
     }
-
-
-@pytest.fixture
-def orchestrator(
-    control_plane: KubeCluster, namespace: str, tmp_path: Path
-) -> Iterator[OrchestratorProcess]:
-    proc = OrchestratorProcess(control_plane.kubeconfig, namespace, tmp_path / "orchestrator.log")
-    yield proc.start()
-    proc.stop()
 
 
 @pytest.fixture
