@@ -336,7 +336,10 @@ class World:
         self.due: dict[str, int] = {}
         #: When the world last changed by the adversary's hand (or its going quiet), and when
         #: each run last had a pass that completed: the world is not settled before every live
-        #: run has looked at the world as it is now (seed 4197).
+        #: run has looked at the world as it is now (seed 4197). Both are positions in one
+        #: sequence of happenings, not seconds: a pass earlier in the same second as the change
+        #: (the adversary going quiet after that second's passes) did not see it.
+        self._happenings = 0
         self.world_changed_at = 0
         self.last_pass: dict[str, int] = {}
         self.owners: list[Owner] = []
@@ -845,7 +848,7 @@ class World:
                 self.log(f"{key}: {old.phase} → {status.phase}: {d.message}")
         self.api.runs[key].edited = False  # looked at (observedGeneration caught up)
         if not result.conflicts:  # a pass cut short by a conflict is looked at again
-            self.last_pass[key] = self.now
+            self.last_pass[key] = self._happened()
         if run.deleting:
             self._collect_if_released(key)
             if key not in self.api.runs:
@@ -1028,7 +1031,7 @@ class World:
             self.log(f"scenario: {what}")
             self.monitor.after_step(f"scenario: {what}", world_changed=True)
         if active and self.adversary.act():
-            self.world_changed_at = self.now
+            self.world_changed_at = self._happened()
             self.monitor.after_step("adversary acted", world_changed=True)
         self.reconcile_cvs()
         for key in list(self._due_runs()):
@@ -1091,13 +1094,18 @@ class World:
         while self.now < self.cfg.active_seconds:
             self.iterate(True, self.cfg.active_seconds)
         self.adversary.quiet()
-        self.world_changed_at = self.now
+        self.world_changed_at = self._happened()
         self.log("adversary quiet")
         self.monitor.after_step("adversary quiet")
         limit = self.now + self.cfg.quiet_cap
         while self.now < limit and not self._settled():
             self.iterate(False, limit)
         self.monitor.final(self._settled())
+
+    def _happened(self) -> int:
+        """The next position in the sequence of world changes and passes."""
+        self._happenings += 1
+        return self._happenings
 
     def _settled(self) -> bool:
         """Nothing in flight, no run due for a pass, and no cluster changed phase for a while
