@@ -527,18 +527,51 @@ class RunDriver:
         self._each(write, list(to_write))
 
     def _each(self, fn: Callable[[T], None], items: Sequence[T]) -> None:
-        """fn over items: in order, or on `parallelism` threads (the product's API latency)."""
-        if self.parallelism <= 1 or len(items) <= 1:
+        """fn over items: in order, or shared by at most `parallelism` workers (the product's
+        API latency), each taking the next item in order when it is free.
+
+        The workers are the caller and one pool task each (the controller's long-lived pool;
+        else threads for this call), not one task per item: a Future per write or call cost
+        the reconcile thread a submit, a Future and its Condition per item, and woke a worker
+        per item. Each item's outcome is fn's own, as before. The first exception fn raises
+        stops the items not yet started (as Executor.map cancelled them) and is raised here
+        once every worker has stopped.
+        """
+        workers = min(self.parallelism, len(items))
+        if workers <= 1:
             for item in items:
                 fn(item)
             return
+        taken = threading.Lock()
+        position = 0
+        failed: list[BaseException] = []
+
+        def work() -> None:
+            nonlocal position
+            while True:
+                with taken:
+                    if failed or position >= len(items):
+                        return
+                    item = items[position]
+                    position += 1
+                try:
+                    fn(item)
+                except BaseException as exc:
+                    with taken:
+                        failed.append(exc)
+                    return
+
         if self.executor is not None:  # the controller's long-lived pool: no threads per pass
-            for _ in self.executor.map(fn, items):
-                pass
-            return
-        with ThreadPoolExecutor(max_workers=min(self.parallelism, len(items))) as pool:
-            for _ in pool.map(fn, items):
-                pass
+            helpers = [self.executor.submit(work) for _ in range(workers - 1)]
+            work()
+            for helper in helpers:
+                helper.result()
+        else:
+            with ThreadPoolExecutor(max_workers=workers - 1) as pool:
+                helpers = [pool.submit(work) for _ in range(workers - 1)]
+                work()
+        if failed:
+            raise failed[0]
 
     def _observe_hooks(
         self,
