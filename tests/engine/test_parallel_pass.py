@@ -1,23 +1,26 @@
 """A pass's writes, preflights and calls shared by a few workers (RunDriver._each: one pool
-task per worker, each taking the next item, not one Future per item) keep each item's own
-outcome: one conflicting write or one failing call
+task per worker, each taking the next item, not one Future per item), or its preflights and
+calls started from the pass's thread (RunDriver._pipelined, for a provider that starts them:
+StartsRequests), keep each item's own outcome: one conflicting write or one failing call
 among many changes only its cluster."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import pytest
 
 from orchestrator import api
 from orchestrator.engine.decide import Call, Preflight, Upgrade
 from orchestrator.engine.observations import OpKind, OpObs, Snapshot
-from orchestrator.pipeline.driver import CallError, WriteConflict
+from orchestrator.pipeline.driver import CallError, StartsRequests, WriteConflict
 from orchestrator.pipeline.simulate import ModelFleet
 from tests.engine.model import Harness, U, as_run_spec, make_fleet, spec_for
 
+T = TypeVar("T")
 NEW = "1.29.1"
 CLUSTERS = 40
 WORKERS = 8
@@ -66,7 +69,42 @@ class _Refusing:
         return self.fleet.call(call)
 
 
-@pytest.fixture(params=[False], ids=["blocking-calls"])
+@dataclass
+class _Starting(_Refusing):
+    """The same provider, which also starts requests without waiting (driver.StartsRequests,
+    as the gRPC adapter does): the driver starts them from its thread and takes the answers
+    in order. Each request is made when started; its answer (or error) is handed over when
+    asked for. Records how many were started and not yet asked for at most."""
+
+    outstanding: int = 0
+    most_outstanding: int = 0
+
+    def _started(self, answer: Callable[[], T]) -> Callable[[], T]:
+        try:
+            value, error = answer(), None
+        except CallError as err:
+            error = err
+        self.outstanding += 1
+        self.most_outstanding = max(self.most_outstanding, self.outstanding)
+
+        def result() -> T:
+            self.outstanding -= 1
+            if error is not None:
+                raise error
+            return value
+
+        return result
+
+    def start_preflight(
+        self, cluster_id: str, version: str, pools: Mapping[str, str]
+    ) -> Callable[[], Preflight]:
+        return self._started(lambda: self.preflight(cluster_id, version, pools))
+
+    def start_call(self, call: Call) -> Callable[[], OpObs]:
+        return self._started(lambda: self.call(call))
+
+
+@pytest.fixture(params=[False, True], ids=["blocking-calls", "started-calls"])
 def starts(request: pytest.FixtureRequest) -> bool:
     """Whether the provider starts its requests (StartsRequests) or each blocks a worker."""
     return bool(request.param)
@@ -77,12 +115,20 @@ def _parallel(fleet: ModelFleet, starts: bool) -> tuple[_Store, _Refusing, Threa
     on WORKERS workers."""
     spec = spec_for(fleet, NEW, required=1, maxConcurrency=CLUSTERS)
     h = _Store(fleet, as_run_spec(spec))
-    provider = _Refusing(fleet)
+    provider = _Starting(fleet) if starts else _Refusing(fleet)
+    assert isinstance(provider, StartsRequests) == starts
     pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="test-write")
     h.driver.provider = provider
     h.driver.parallelism = WORKERS
     h.driver.executor = pool
     return h, provider, pool
+
+
+def _bounded(provider: _Refusing) -> None:
+    """Started requests were never more than WORKERS at once, and each answer was taken."""
+    if isinstance(provider, _Starting):
+        assert 1 < provider.most_outstanding <= WORKERS
+        assert provider.outstanding == 0
 
 
 def _name(h: Harness, cid: str) -> str:
@@ -114,6 +160,7 @@ def test_one_conflicting_write_among_many_changes_only_its_cluster(starts: bool)
     assert sorted(c.cluster_id for c in result.changes) == sorted(others)
     for change in result.changes:
         assert change.new == h.upgrades[change.name].status
+    _bounded(provider)
 
 
 def test_one_failing_call_among_many_is_recorded_on_its_cluster_alone(starts: bool) -> None:
@@ -140,6 +187,7 @@ def test_one_failing_call_among_many_is_recorded_on_its_cluster_alone(starts: bo
     mine = [c for c in result.changes if c.cluster_id == "c00023"]
     assert ["will ask again" in (c.new.message or "") for c in mine] == [False, True]
     assert len(result.changes) == CLUSTERS + 1
+    _bounded(provider)
 
 
 def test_a_write_that_errors_stops_the_pass_before_any_call(starts: bool) -> None:
