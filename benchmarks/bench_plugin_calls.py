@@ -18,8 +18,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import grpc.experimental
 
 from benchmarks.bench_plugin import _sim
+from fleetupgrade.plugin.v1 import cluster_pb2, cluster_pb2_grpc
 from plugins.sdk.client import PendingCall, PluginCallError, PluginClient
 
 __all__ = ["main"]
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         ("blocking, 8 threads", 8),
         ("started, 1 thread", 0),
     ]
-    clusters = n * (len(ways) * args.rounds + 1)
+    clusters = n * ((len(ways) + 2) * args.rounds + 1)
     with _sim(clusters) as (address, _pid):
         client = PluginClient(address)
         ids = [c.id for c in client.list_clusters(page_size=5000)]
@@ -112,8 +117,58 @@ def main(argv: list[str] | None = None) -> int:
                         f"{cpu / n * 1e6:6.0f} us CPU/call  {wall * 1e3:7.0f} ms wall"
                         + (f"  ({failures} failed)" if failures else "")
                     )
+        for round_no in range(1, args.rounds + 1):
+            for single in (False, True):
+                batch = [next(fresh) for _ in range(n)]
+                print(f"round {round_no}  " + _watch_cpu(address, single, client, batch))
         client.close()
     return 0
+
+
+def _watch_cpu(address: str, single_threaded: bool, client: PluginClient, ids: list[str]) -> str:
+    """CPU per WatchOperations message read by one thread, the stream read on that thread
+    (SingleThreadedUnaryStream, as PluginClient's channel has it) or handed over by the
+    channel's polling thread (gRPC's default): ServiceOut on every id, then the process's CPU
+    from the last call's answer until the watch saw every operation end."""
+    options: list[tuple[str, Any]] = []
+    if single_threaded:
+        options.append((grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1))
+    channel = grpc.insecure_channel(address, options=options)
+    stream = cluster_pb2_grpc.ClusterServiceStub(channel).WatchOperations(
+        cluster_pb2.WatchOperationsRequest(include_in_flight=False)
+    )
+    wanted, ended, seen = set(ids), set(), [0]
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            for message in stream:
+                seen[0] += 1
+                op = message.operation
+                if op.cluster_id in wanted and op.state == cluster_pb2.OPERATION_STATE_SUCCEEDED:
+                    ended.add(op.cluster_id)
+                    if ended == wanted:
+                        done.set()
+        except grpc.RpcError:
+            pass
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    time.sleep(0.5)
+    tag = "single" if single_threaded else "handed-over"
+    for cid in ids:
+        client.service_out(f"bench-watch-{tag}-{cid}", cid)
+    before, cpu0 = seen[0], _cpu()
+    done.wait(120)
+    cpu, messages = _cpu() - cpu0, seen[0] - before
+    stream.cancel()
+    reader.join(5)
+    channel.close()
+    label = "read on its thread" if single_threaded else "handed over (default)"
+    return (
+        f"WatchOperations, {label:<22} {messages} messages: "
+        f"{cpu / max(messages, 1) * 1e6:6.0f} us CPU/message"
+    )
 
 
 def _failed(pending: PendingCall[object]) -> int:

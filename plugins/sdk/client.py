@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeAlias, TypeVar
 
 import grpc
+import grpc.experimental
 from google.rpc import error_details_pb2  # type: ignore[import-untyped]
 from grpc_status import rpc_status
 
@@ -414,6 +415,11 @@ class PluginClient:
             ("grpc.initial_reconnect_backoff_ms", _RECONNECT_INITIAL_MS),
             ("grpc.min_reconnect_backoff_ms", _RECONNECT_INITIAL_MS),
             ("grpc.max_reconnect_backoff_ms", _RECONNECT_MAX_MS),
+            # Server streams (WatchOperations, WatchGates) are read on the thread that
+            # iterates them: each message is not handed over from the channel's polling
+            # thread (a wake-up and a lock round per message). Iteration and cancel() are
+            # all _Watch uses of the call.
+            (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
         ]
         if tls is None:
             self._channel = grpc.insecure_channel(endpoint, options=options)
