@@ -362,17 +362,26 @@ class PendingCall(Generic[T]):
         self._future = future  # a grpc.Future that is also a grpc.Call
         self._unwrap = unwrap
         self._start = start
+        self._end: float | None = None
+        future.add_done_callback(self._ended)
+
+    def _ended(self, _future: object) -> None:
+        """When the answer came (on the channel's thread): the latency on_call records."""
+        self._end = time.perf_counter()
+
+    def _seconds(self) -> float:
+        return (self._end or time.perf_counter()) - self._start
 
     def result(self) -> T:
-        """Wait for the answer (the call's deadline bounds the wait); its latency, as on_call
-        records it, runs until it is asked for."""
+        """Wait for the answer (the call's deadline bounds the wait); on_call records the
+        call's own latency (until the answer came, not until it was asked for)."""
         rpc = self._rpc
         try:
             response = self._future.result()
         except grpc.RpcError as exc:
-            self._client._record(rpc, exc.code(), time.perf_counter() - self._start)
+            self._client._record(rpc, exc.code(), self._seconds())
             raise self._client._error(rpc, exc) from None
-        self._client._record(rpc, grpc.StatusCode.OK, time.perf_counter() - self._start)
+        self._client._record(rpc, grpc.StatusCode.OK, self._seconds())
         return self._unwrap(response)
 
 
