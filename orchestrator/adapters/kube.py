@@ -1,9 +1,11 @@
 """The Kubernetes adapter: the one module that imports the kubernetes client.
 
 The hot path (our objects' reads, watches and writes, Events) does not go through the
-generated client: each request is JSON bytes over the client's own urllib3 pool (its TLS
-settings, verification included, and kept-alive connections), with an Authorization header
-built once and rebuilt only when the credential changes (`_Credentials`), and each watch event
+generated client: each request is JSON bytes straight to the apiserver's connection pool of the
+client's urllib3 manager (its TLS settings, verification included, and kept-alive
+connections; the manager's URL parsing and pool lookup done once), with its headers built
+once per content type and rebuilt only when the credential changes (`_Credentials`), a small
+body sent with its head in one TLS write (`_OneWriteHTTPSConnection`), and each watch event
 decoded once, by orjson (`watch_objects`). The generated client's `Watch` decoded every event
 twice and encoded it once more; its configuration ran the kubeconfig's refresh hook, which also
 scans the environment for proxies, on every request. Leases, Secrets, Jobs and CRDs still use
@@ -26,6 +28,7 @@ from urllib.parse import urlencode
 
 import orjson
 import urllib3
+import urllib3.connection
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -43,6 +46,10 @@ REQUEST_TIMEOUT_SECONDS = 30.0
 CREDENTIAL_CHECK_SECONDS = 10.0
 #: A watch's socket may stay silent this much longer than its server-side timeout.
 WATCH_READ_GRACE_SECONDS = 30.0
+_REQUEST_TIMEOUT = urllib3.Timeout(total=REQUEST_TIMEOUT_SECONDS)
+#: Request bodies up to this size go out with their head in one write (a status write's
+#: patch is 1-2 KiB; a TLS record holds 16 KiB).
+_ONE_WRITE_BYTES = 16 * 1024
 
 
 class KubeError(Exception):
@@ -164,6 +171,43 @@ def _event(line: bytes) -> WatchEvent:
     return WatchEvent(str(event.get("type")), obj)
 
 
+class _OneWriteHTTPSConnection(urllib3.connection.HTTPSConnection):
+    """An HTTPS connection that writes a request with a small body (a status write's JSON
+    patch) in one TLS write: urllib3 sends the head, then the body, as two (two records to
+    encrypt, two system calls, and the apiserver reads twice). Larger bodies and requests
+    without one are sent as urllib3 sends them."""
+
+    _held: bytes | None = None
+    _holding = False
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        headers: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        """urllib3's request, its head held back until the body comes."""
+        self._holding = isinstance(body, bytes) and 0 < len(body) <= _ONE_WRITE_BYTES
+        try:
+            super().request(method, url, body, headers, **kwargs)
+            held, self._held = self._held, None
+            if held is not None:  # no body came after all: the head alone
+                super().send(held)
+        finally:
+            self._holding, self._held = False, None
+
+    def send(self, data: Any) -> None:
+        """Hold the head (the first write of a held request); send it with the body."""
+        if self._holding:
+            if self._held is None:
+                self._held = bytes(data)
+                return
+            data, self._held, self._holding = self._held + bytes(data), None, False
+        super().send(data)
+
+
 class KubeClient:
     """Typed access to the few API calls the orchestrator makes."""
 
@@ -185,6 +229,18 @@ class KubeClient:
         self._headers: dict[str, str] = {**self._api.default_headers, "Accept": "application/json"}
         self._custom = client.CustomObjectsApi(self._api)
         self._lock = threading.Lock()
+        self._auth_seen: dict[str, str] | None = None
+        self._by_type: dict[str, dict[str, str]] = {}
+        # The apiserver's pool, with the manager's TLS settings (CA, client certificate,
+        # verification) and retries; a proxy keeps the manager's own path (_send).
+        manager = self._api.rest_client.pool_manager
+        self._pool: urllib3.HTTPConnectionPool | None = (
+            manager.connection_from_url(self._host)
+            if type(manager) is urllib3.PoolManager
+            else None
+        )
+        if isinstance(self._pool, urllib3.HTTPSConnectionPool):
+            self._pool.ConnectionCls = _OneWriteHTTPSConnection
 
     # The other API groups are built on first use: importing CoreV1Api alone costs about 1 s of
     # CPU (half of the process's start), and a gate loop or a run without Secrets, Jobs, leader
@@ -377,20 +433,13 @@ class KubeClient:
         REQUEST_TIMEOUT_SECONDS. Raises KubeError (or its subclasses) on errors."""
         data = None if body is None else orjson.dumps(body)
         if stream_seconds is None:
-            timeout = urllib3.Timeout(total=REQUEST_TIMEOUT_SECONDS)
+            timeout = _REQUEST_TIMEOUT
         else:
             timeout = urllib3.Timeout(connect=REQUEST_TIMEOUT_SECONDS, read=stream_seconds)
         for attempt in range(2):
-            headers = {**self._headers, **self._credentials.headers()}
-            headers["Content-Type"] = content_type
             try:
-                response = self._api.rest_client.pool_manager.request(
-                    method,
-                    self._host + path,
-                    body=data,
-                    headers=headers,
-                    timeout=timeout,
-                    preload_content=stream_seconds is None,
+                response = self._send(
+                    method, path, data, self._headers_for(content_type), timeout, stream_seconds
                 )
             except urllib3.exceptions.HTTPError as err:
                 raise KubeError(0, f"{method} {path}: {err}") from err
@@ -402,6 +451,53 @@ class KubeClient:
                 continue
             raise _error(response.status, answer, response.reason)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _headers_for(self, content_type: str) -> dict[str, str]:
+        """The request headers for a body of content_type: built once per content type and
+        credential (the same dict until the credential changes; never edited after)."""
+        auth = self._credentials.headers()
+        with self._lock:
+            if auth is not self._auth_seen:
+                self._auth_seen = auth
+                self._by_type = {}
+            headers = self._by_type.get(content_type)
+            if headers is None:
+                headers = {**self._headers, **auth, "Content-Type": content_type}
+                self._by_type[content_type] = headers
+            return headers
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        data: bytes | None,
+        headers: dict[str, str],
+        timeout: urllib3.Timeout,
+        stream_seconds: float | None,
+    ) -> urllib3.BaseHTTPResponse:
+        """One request on the apiserver's connection pool itself: what PoolManager.request
+        did per request (parse the URL, find the pool by key, merge headers) is done once.
+        Through a proxy (a ProxyManager), the manager's own path."""
+        preload = stream_seconds is None
+        if self._pool is None:
+            return self._api.rest_client.pool_manager.request(
+                method,
+                self._host + path,
+                body=data,
+                headers=headers,
+                timeout=timeout,
+                preload_content=preload,
+            )
+        return self._pool.urlopen(
+            method,
+            path,
+            body=data,
+            headers=headers,
+            timeout=timeout,
+            preload_content=preload,
+            redirect=False,
+            assert_same_host=False,
+        )
 
     def _json(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call without the client's slow model deserialisation; parse the JSON body."""

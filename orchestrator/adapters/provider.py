@@ -33,7 +33,7 @@ from orchestrator.engine.observations import (
 )
 from orchestrator.pipeline.crossrun import provider_identity
 from orchestrator.pipeline.driver import CallError
-from plugins.sdk.client import ClientTLS, PluginCallError, PluginClient
+from plugins.sdk.client import ClientTLS, PendingCall, PluginCallError, PluginClient
 from plugins.sdk.endpoint_errors import plugin_error_message
 
 __all__ = [
@@ -344,14 +344,17 @@ def call_error(err: PluginCallError) -> CallError:
     return CallError(err.code.name, message, err.retryable, retry_after)
 
 
-def _mutate(client: PluginClient, call: Call) -> cluster_pb2.Operation:
+def _mutate(client: PluginClient, call: Call) -> PendingCall[cluster_pb2.Operation]:
+    """The call's RPC, started."""
     if call.kind is OpKind.SERVICE_OUT:
-        return client.service_out(call.request_id, call.cluster_id)
+        return client.start_service_out(call.request_id, call.cluster_id)
     if call.kind is OpKind.SERVICE_IN:
-        return client.service_in(call.request_id, call.cluster_id)
+        return client.start_service_in(call.request_id, call.cluster_id)
     if call.kind is OpKind.CONTROL_PLANE:
-        return client.upgrade_control_plane(call.request_id, call.cluster_id, call.version)
-    return client.upgrade_node_pool(call.request_id, call.cluster_id, call.node_pool, call.version)
+        return client.start_upgrade_control_plane(call.request_id, call.cluster_id, call.version)
+    return client.start_upgrade_node_pool(
+        call.request_id, call.cluster_id, call.node_pool, call.version
+    )
 
 
 @dataclass
@@ -444,24 +447,46 @@ class GrpcProvider:
 
     def preflight(self, cluster_id: str, version: str, pools: Mapping[str, str]) -> Preflight:
         """PreflightUpgrade, as the engine's answer."""
-        try:
-            resp = self.client.preflight_upgrade(cluster_id, version, pools)
-        except PluginCallError as err:
-            raise call_error(err) from err
-        return Preflight(
-            _VERDICT.get(resp.verdict, Verdict.REFUSED_LATER),
-            self.clock(),
-            resp.reason_code,
-            resp.message,
-            float(resp.retry_after_seconds),
-        )
+        return self.start_preflight(cluster_id, version, pools)()
+
+    def start_preflight(
+        self, cluster_id: str, version: str, pools: Mapping[str, str]
+    ) -> Callable[[], Preflight]:
+        """PreflightUpgrade, started (driver.StartsRequests); calling the result waits for
+        the engine's answer or raises CallError."""
+        pending = self.client.start_preflight_upgrade(cluster_id, version, pools)
+
+        def answer() -> Preflight:
+            try:
+                resp = pending.result()
+            except PluginCallError as err:
+                raise call_error(err) from err
+            return Preflight(
+                _VERDICT.get(resp.verdict, Verdict.REFUSED_LATER),
+                self.clock(),
+                resp.reason_code,
+                resp.message,
+                float(resp.retry_after_seconds),
+            )
+
+        return answer
 
     def call(self, call: Call) -> OpObs:
         """One mutating call; the operation is tracked at once."""
-        try:
-            op = op_from_pb(_mutate(self.client, call))
-        except PluginCallError as err:
-            raise call_error(err) from err
-        if self.tracker.put(self.client.endpoint, op):
-            self.on_operation(op)
-        return op
+        return self.start_call(call)()
+
+    def start_call(self, call: Call) -> Callable[[], OpObs]:
+        """One mutating call, started (driver.StartsRequests); calling the result waits for
+        the operation (tracked at once) or raises CallError."""
+        pending = _mutate(self.client, call)
+
+        def operation() -> OpObs:
+            try:
+                op = op_from_pb(pending.result())
+            except PluginCallError as err:
+                raise call_error(err) from err
+            if self.tracker.put(self.client.endpoint, op):
+                self.on_operation(op)
+            return op
+
+        return operation

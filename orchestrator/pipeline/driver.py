@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 from orchestrator import api
 from orchestrator.engine.conditions import cause_first, format_time, parse_time
@@ -60,6 +61,7 @@ __all__ = [
     "HookRunner",
     "Provider",
     "RunDriver",
+    "StartsRequests",
     "StepResult",
     "UpgradeStore",
     "WriteConflict",
@@ -68,6 +70,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class WriteConflict(Exception):
@@ -109,6 +112,22 @@ class Provider(Protocol):
 
     def call(self, call: Call) -> OpObs:
         """Make one mutating call; raise CallError on failure."""
+
+
+@runtime_checkable
+class StartsRequests(Protocol):
+    """A Provider that can start a preflight or a call without a thread waiting on it (the
+    gRPC adapter): the driver starts a pass's from its own thread, at most `parallelism` at
+    once, and takes their answers in order. Calling what a start returns waits for the
+    answer, or raises CallError as the blocking method would."""
+
+    def start_preflight(
+        self, cluster_id: str, version: str, pools: Mapping[str, str]
+    ) -> Callable[[], Preflight]:
+        """Provider.preflight, started."""
+
+    def start_call(self, call: Call) -> Callable[[], OpObs]:
+        """Provider.call, started."""
 
 
 class Checker(Protocol):
@@ -409,27 +428,46 @@ class RunDriver:
             return decision
         by_cluster = {u.cluster_id: u for u in inp.upgrades.values()}
 
-        def ask(cid: str) -> None:
-            u = by_cluster[cid]
+        def question(cid: str) -> tuple[str, Mapping[str, str]] | None:
             obs = inp.snapshot.clusters.get(cid)
             if obs is None:
-                return  # gone: the next decision records it
+                return None  # gone: the next decision records it
             # Only what is still short of target (invariant 7): a control plane at or past
             # it is not asked for (that would be a downgrade), its pools are judged
             # against the version it has.
-            control_plane, pools = short_of_target(obs, u.spec)
+            control_plane, pools = short_of_target(obs, by_cluster[cid].spec)
             if not control_plane and not pools:
-                return  # at target: the next decision records it, nothing to ask
+                return None  # at target: the next decision records it, nothing to ask
+            return control_plane, pools
+
+        def answered(cid: str, answer: Callable[[], Preflight]) -> None:
             try:
-                answer = self.provider.preflight(cid, control_plane, pools)
+                found = answer()
             except CallError as err:
                 log.info("preflight of %s failed: %s", cid, err)
                 return
             with self._lock:
-                self.preflight_cache[cid] = replace(answer, version=u.spec.version)
+                self.preflight_cache[cid] = replace(found, version=by_cluster[cid].spec.version)
 
         # A wave of admissions asks about each cluster at once (bounded, like the writes).
-        self._each(ask, list(decision.preflight_needed))
+        asked = list(decision.preflight_needed)
+        starter = self._starter()
+        if starter is not None:
+
+            def start(cid: str) -> Callable[[], Preflight] | None:
+                q = question(cid)
+                return None if q is None else starter.start_preflight(cid, *q)
+
+            self._pipelined(start, answered, asked)
+        else:
+            provider = self.provider
+
+            def ask(cid: str) -> None:
+                q = question(cid)
+                if q is not None:
+                    answered(cid, lambda: provider.preflight(cid, *q))
+
+            self._each(ask, asked)
         return decide(inp)
 
     def _act(self, p: _Pass) -> None:
@@ -438,34 +476,59 @@ class RunDriver:
         decision, upgrades, now = p.decision, p.inp.upgrades, p.inp.now
         result = p.result
 
+        def failed(call: Call, err: CallError) -> None:
+            u = upgrades[call.upgrade]
+            status = decision.changed.get(call.upgrade, u.status)
+            new, wait = call_failed(status, call, err.code, err.retryable, err.message, now)
+            if err.retry_after:
+                wait = err.retry_after
+            conflicted = False
+            try:
+                self.store.write_upgrade_status(with_status(u, status), new)
+            except WriteConflict:
+                conflicted = True
+            with self._lock:
+                if not conflicted:
+                    p.took_effect(with_status(u, status), new)
+                result.conflicts += conflicted
+                result.requeue_after = _min(result.requeue_after, wait if wait is not None else 0.0)
+
+        calls = [c for c in decision.calls if p.on_record(c.upgrade)]
+        starter = self._starter()
+        if starter is not None:
+            failures: list[tuple[Call, CallError]] = []
+
+            def start(call: Call) -> Callable[[], OpObs] | None:
+                if not self.fence.held():
+                    result.fenced = True
+                    return None
+                return starter.start_call(call)
+
+            def collect(call: Call, operation: Callable[[], OpObs]) -> None:
+                try:
+                    operation()
+                    result.calls_made += 1  # only this thread counts here
+                except CallError as err:
+                    failures.append((call, err))
+
+            # The calls from this thread; the writes that record failures on the workers.
+            self._pipelined(start, collect, calls)
+            self._each(lambda f: failed(*f), failures)
+            return
+        provider = self.provider
+
         def act(call: Call) -> None:
             if not self.fence.held():
                 result.fenced = True
                 return
-            u = upgrades[call.upgrade]
-            status = decision.changed.get(call.upgrade, u.status)
             try:
-                self.provider.call(call)
+                provider.call(call)
                 with self._lock:
                     result.calls_made += 1
             except CallError as err:
-                new, wait = call_failed(status, call, err.code, err.retryable, err.message, now)
-                if err.retry_after:
-                    wait = err.retry_after
-                conflicted = False
-                try:
-                    self.store.write_upgrade_status(with_status(u, status), new)
-                except WriteConflict:
-                    conflicted = True
-                with self._lock:
-                    if not conflicted:
-                        p.took_effect(with_status(u, status), new)
-                    result.conflicts += conflicted
-                    result.requeue_after = _min(
-                        result.requeue_after, wait if wait is not None else 0.0
-                    )
+                failed(call, err)
 
-        self._each(act, [c for c in decision.calls if p.on_record(c.upgrade)])
+        self._each(act, calls)
 
     def _start_hooks(self, p: _Pass) -> None:
         """Start the decision's hooks whose intent is on record, while the Lease is held."""
@@ -526,19 +589,81 @@ class RunDriver:
 
         self._each(write, list(to_write))
 
+    def _starter(self) -> StartsRequests | None:
+        """The provider, when it starts requests itself and the pass is not made in order."""
+        provider = self.provider
+        if self.parallelism > 1 and isinstance(provider, StartsRequests):
+            return provider
+        return None
+
+    def _pipelined(
+        self,
+        start: Callable[[T], Callable[[], R] | None],
+        done: Callable[[T, Callable[[], R]], None],
+        items: Sequence[T],
+    ) -> None:
+        """Start each item's request from this thread (start: None when there is none to
+        make), at most `parallelism` in flight, and hand each to done in the order started
+        (done waits for its answer). A request started is always handed to done, even when
+        another's raised: its answer is taken before the error goes on."""
+        window: deque[tuple[T, Callable[[], R]]] = deque()
+        try:
+            for item in items:
+                if len(window) >= self.parallelism:
+                    done(*window.popleft())
+                started = start(item)
+                if started is not None:
+                    window.append((item, started))
+        finally:
+            while window:
+                done(*window.popleft())
+
     def _each(self, fn: Callable[[T], None], items: Sequence[T]) -> None:
-        """fn over items: in order, or on `parallelism` threads (the product's API latency)."""
-        if self.parallelism <= 1 or len(items) <= 1:
+        """fn over items: in order, or shared by at most `parallelism` workers (the product's
+        API latency), each taking the next item in order when it is free.
+
+        The workers are the caller and one pool task each (the controller's long-lived pool;
+        else threads for this call), not one task per item: a Future per write or call cost
+        the reconcile thread a submit, a Future and its Condition per item, and woke a worker
+        per item. Each item's outcome is fn's own, as before. The first exception fn raises
+        stops the items not yet started (as Executor.map cancelled them) and is raised here
+        once every worker has stopped.
+        """
+        workers = min(self.parallelism, len(items))
+        if workers <= 1:
             for item in items:
                 fn(item)
             return
+        taken = threading.Lock()
+        position = 0
+        failed: list[BaseException] = []
+
+        def work() -> None:
+            nonlocal position
+            while True:
+                with taken:
+                    if failed or position >= len(items):
+                        return
+                    item = items[position]
+                    position += 1
+                try:
+                    fn(item)
+                except BaseException as exc:
+                    with taken:
+                        failed.append(exc)
+                    return
+
         if self.executor is not None:  # the controller's long-lived pool: no threads per pass
-            for _ in self.executor.map(fn, items):
-                pass
-            return
-        with ThreadPoolExecutor(max_workers=min(self.parallelism, len(items))) as pool:
-            for _ in pool.map(fn, items):
-                pass
+            helpers = [self.executor.submit(work) for _ in range(workers - 1)]
+            work()
+            for helper in helpers:
+                helper.result()
+        else:
+            with ThreadPoolExecutor(max_workers=workers - 1) as pool:
+                helpers = [pool.submit(work) for _ in range(workers - 1)]
+                work()
+        if failed:
+            raise failed[0]
 
     def _observe_hooks(
         self,

@@ -8,9 +8,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar
 
 import grpc
+import grpc.experimental
 from google.rpc import error_details_pb2  # type: ignore[import-untyped]
 from grpc_status import rpc_status
 
@@ -36,6 +37,7 @@ __all__ = [
     "GateWatch",
     "OperationChangeWatch",
     "OperationWatch",
+    "PendingCall",
     "PluginCallError",
     "PluginClient",
     "error_details",
@@ -277,6 +279,8 @@ def _metadata_value(metadata: Any, key: str) -> str:
 
 T = TypeVar("T")
 R = TypeVar("R")
+#: A unary method of a stub and the request to send it.
+_Unary: TypeAlias = "tuple[grpc.UnaryUnaryMultiCallable[Any, Any], Any]"
 
 
 class _Watch(Generic[R, T]):
@@ -334,6 +338,53 @@ class GateWatch(_Watch[gate_pb2.WatchGatesResponse, gate_pb2.WatchGatesResponse]
     """The WatchGates stream: yields each WatchGatesResponse (event type + gate)."""
 
 
+class PendingCall(Generic[T]):
+    """A unary call started by one of PluginClient's `start_*` methods: `result()` waits for
+    its answer and raises PluginCallError as the blocking call would.
+
+    Started calls cost the caller less CPU than the same calls blocking on as many threads: a
+    blocking call polls a completion queue of its own and takes the channel's lock around
+    each event, so threads that wait on calls of one channel contend on that lock (the
+    measurement: benchmarks.bench_plugin_calls). A started call is completed by the channel's
+    own polling thread.
+    """
+
+    def __init__(
+        self,
+        client: PluginClient,
+        rpc: str,
+        future: Any,
+        unwrap: Callable[[Any], T],
+        start: float,
+    ) -> None:
+        self._client = client
+        self._rpc = rpc
+        self._future = future  # a grpc.Future that is also a grpc.Call
+        self._unwrap = unwrap
+        self._start = start
+        self._end: float | None = None
+        future.add_done_callback(self._ended)
+
+    def _ended(self, _future: object) -> None:
+        """When the answer came (on the channel's thread): the latency on_call records."""
+        self._end = time.perf_counter()
+
+    def _seconds(self) -> float:
+        return (self._end or time.perf_counter()) - self._start
+
+    def result(self) -> T:
+        """Wait for the answer (the call's deadline bounds the wait); on_call records the
+        call's own latency (until the answer came, not until it was asked for)."""
+        rpc = self._rpc
+        try:
+            response = self._future.result()
+        except grpc.RpcError as exc:
+            self._client._record(rpc, exc.code(), self._seconds())
+            raise self._client._error(rpc, exc) from None
+        self._client._record(rpc, grpc.StatusCode.OK, self._seconds())
+        return self._unwrap(response)
+
+
 def _identity(item: T) -> T:
     return item
 
@@ -373,6 +424,11 @@ class PluginClient:
             ("grpc.initial_reconnect_backoff_ms", _RECONNECT_INITIAL_MS),
             ("grpc.min_reconnect_backoff_ms", _RECONNECT_INITIAL_MS),
             ("grpc.max_reconnect_backoff_ms", _RECONNECT_MAX_MS),
+            # Server streams (WatchOperations, WatchGates) are read on the thread that
+            # iterates them: each message is not handed over from the channel's polling
+            # thread (a wake-up and a lock round per message). Iteration and cancel() are
+            # all _Watch uses of the call.
+            (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
         ]
         if tls is None:
             self._channel = grpc.insecure_channel(endpoint, options=options)
@@ -413,6 +469,19 @@ class PluginClient:
             metadata=details.metadata,
             retry_after=details.retry_after,
         )
+
+    def _start(
+        self,
+        rpc: str,
+        method: grpc.UnaryUnaryMultiCallable[Any, Any],
+        request: Any,
+        unwrap: Callable[[Any], R],
+    ) -> PendingCall[R]:
+        """Start a unary call without a thread waiting on it: the same deadline, channel
+        retries, metadata and error mapping as `_unary`, its answer unwrapped by `unwrap`."""
+        start = time.perf_counter()
+        future = method.future(request, timeout=self._timeouts[rpc], metadata=self._metadata)
+        return PendingCall(self, rpc, future, unwrap, start)
 
     def _unary(self, rpc: str, method: grpc.UnaryUnaryMultiCallable[Any, R], request: Any) -> R:
         start = time.perf_counter()
@@ -492,33 +561,81 @@ class PluginClient:
 
     def service_out(self, request_id: str, cluster_id: str) -> cluster_pb2.Operation:
         """Starts (or finds, by request_id) taking the cluster out of service."""
-        request = cluster_pb2.ServiceOutRequest(request_id=request_id, cluster_id=cluster_id)
-        return self._unary("ServiceOut", self._cluster.ServiceOut, request).operation
+        return _operation_of(self._unary("ServiceOut", *self._service_out(request_id, cluster_id)))
 
     def service_in(self, request_id: str, cluster_id: str) -> cluster_pb2.Operation:
         """Starts (or finds, by request_id) putting the cluster back in service."""
-        request = cluster_pb2.ServiceInRequest(request_id=request_id, cluster_id=cluster_id)
-        return self._unary("ServiceIn", self._cluster.ServiceIn, request).operation
+        return _operation_of(self._unary("ServiceIn", *self._service_in(request_id, cluster_id)))
 
     def upgrade_control_plane(
         self, request_id: str, cluster_id: str, version: str
     ) -> cluster_pb2.Operation:
         """Starts (or finds, by request_id) the control-plane upgrade to version."""
-        request = cluster_pb2.UpgradeControlPlaneRequest(
-            request_id=request_id, cluster_id=cluster_id, version=version
-        )
-        return self._unary(
-            "UpgradeControlPlane", self._cluster.UpgradeControlPlane, request
-        ).operation
+        call = self._upgrade_control_plane(request_id, cluster_id, version)
+        return _operation_of(self._unary("UpgradeControlPlane", *call))
 
     def upgrade_node_pool(
         self, request_id: str, cluster_id: str, node_pool: str, version: str
     ) -> cluster_pb2.Operation:
         """Starts (or finds, by request_id) the upgrade of one node pool to version."""
+        call = self._upgrade_node_pool(request_id, cluster_id, node_pool, version)
+        return _operation_of(self._unary("UpgradeNodePool", *call))
+
+    # The same four, started without waiting (PendingCall): a caller with many to make starts
+    # them from one thread instead of blocking a thread on each.
+
+    def start_service_out(
+        self, request_id: str, cluster_id: str
+    ) -> PendingCall[cluster_pb2.Operation]:
+        """service_out, started; result() is the Operation."""
+        call = self._service_out(request_id, cluster_id)
+        return self._start("ServiceOut", *call, _operation_of)
+
+    def start_service_in(
+        self, request_id: str, cluster_id: str
+    ) -> PendingCall[cluster_pb2.Operation]:
+        """service_in, started; result() is the Operation."""
+        return self._start("ServiceIn", *self._service_in(request_id, cluster_id), _operation_of)
+
+    def start_upgrade_control_plane(
+        self, request_id: str, cluster_id: str, version: str
+    ) -> PendingCall[cluster_pb2.Operation]:
+        """upgrade_control_plane, started; result() is the Operation."""
+        call = self._upgrade_control_plane(request_id, cluster_id, version)
+        return self._start("UpgradeControlPlane", *call, _operation_of)
+
+    def start_upgrade_node_pool(
+        self, request_id: str, cluster_id: str, node_pool: str, version: str
+    ) -> PendingCall[cluster_pb2.Operation]:
+        """upgrade_node_pool, started; result() is the Operation."""
+        call = self._upgrade_node_pool(request_id, cluster_id, node_pool, version)
+        return self._start("UpgradeNodePool", *call, _operation_of)
+
+    def _service_out(self, request_id: str, cluster_id: str) -> _Unary:
+        return (
+            self._cluster.ServiceOut,
+            cluster_pb2.ServiceOutRequest(request_id=request_id, cluster_id=cluster_id),
+        )
+
+    def _service_in(self, request_id: str, cluster_id: str) -> _Unary:
+        return (
+            self._cluster.ServiceIn,
+            cluster_pb2.ServiceInRequest(request_id=request_id, cluster_id=cluster_id),
+        )
+
+    def _upgrade_control_plane(self, request_id: str, cluster_id: str, version: str) -> _Unary:
+        request = cluster_pb2.UpgradeControlPlaneRequest(
+            request_id=request_id, cluster_id=cluster_id, version=version
+        )
+        return self._cluster.UpgradeControlPlane, request
+
+    def _upgrade_node_pool(
+        self, request_id: str, cluster_id: str, node_pool: str, version: str
+    ) -> _Unary:
         request = cluster_pb2.UpgradeNodePoolRequest(
             request_id=request_id, cluster_id=cluster_id, node_pool=node_pool, version=version
         )
-        return self._unary("UpgradeNodePool", self._cluster.UpgradeNodePool, request).operation
+        return self._cluster.UpgradeNodePool, request
 
     def get_operation(self, operation_id: str) -> cluster_pb2.Operation:
         """An operation's current state."""
@@ -568,12 +685,32 @@ class PluginClient:
         otherwise). The verdict is ACCEPTED, REFUSED_LATER (retry_after_seconds) or
         REFUSED_NEVER, with reason_code and message when refused.
         """
+        call = self._preflight(cluster_id, control_plane_version, node_pool_versions)
+        response: cluster_pb2.PreflightUpgradeResponse = self._unary("PreflightUpgrade", *call)
+        return response
+
+    def start_preflight_upgrade(
+        self,
+        cluster_id: str,
+        control_plane_version: str = "",
+        node_pool_versions: Mapping[str, str] | None = None,
+    ) -> PendingCall[cluster_pb2.PreflightUpgradeResponse]:
+        """preflight_upgrade, started; result() is the answer."""
+        call = self._preflight(cluster_id, control_plane_version, node_pool_versions)
+        return self._start("PreflightUpgrade", *call, _identity)
+
+    def _preflight(
+        self,
+        cluster_id: str,
+        control_plane_version: str,
+        node_pool_versions: Mapping[str, str] | None,
+    ) -> _Unary:
         request = cluster_pb2.PreflightUpgradeRequest(
             cluster_id=cluster_id,
             control_plane_version=control_plane_version,
             node_pool_versions=dict(node_pool_versions or {}),
         )
-        return self._unary("PreflightUpgrade", self._cluster.PreflightUpgrade, request)
+        return self._cluster.PreflightUpgrade, request
 
     # -- HealthService -------------------------------------------------------------------
 
@@ -627,5 +764,7 @@ class PluginClient:
         self.close()
 
 
-def _operation_of(response: cluster_pb2.WatchOperationsResponse) -> cluster_pb2.Operation:
-    return response.operation
+def _operation_of(response: Any) -> cluster_pb2.Operation:
+    """The operation of a WatchOperationsResponse or of a mutation's answer."""
+    operation: cluster_pb2.Operation = response.operation
+    return operation

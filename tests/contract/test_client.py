@@ -266,6 +266,80 @@ def test_every_call_reaches_the_on_call_hook(odd: tuple[_Odd, _Counting, PluginS
     assert calls == [("Probe", grpc.StatusCode.OK), ("GetCluster", grpc.StatusCode.NOT_FOUND)]
 
 
+class _Flaky(cluster_pb2_grpc.ClusterServiceServicer):
+    """ServiceOut answers UNAVAILABLE `failures` times, then an operation; PreflightUpgrade
+    answers only when released."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.service_out_calls = 0
+        self.release = threading.Event()
+
+    def ServiceOut(
+        self, request: cluster_pb2.ServiceOutRequest, context: grpc.ServicerContext
+    ) -> cluster_pb2.ServiceOutResponse:
+        self.service_out_calls += 1
+        if self.service_out_calls <= self.failures:
+            raise errors.Unavailable("provider warming up")
+        op = cluster_pb2.Operation(
+            id=f"op-{request.cluster_id}",
+            cluster_id=request.cluster_id,
+            request_id=request.request_id,
+            kind=cluster_pb2.OPERATION_KIND_SERVICE_OUT,
+            state=cluster_pb2.OPERATION_STATE_RUNNING,
+        )
+        return cluster_pb2.ServiceOutResponse(operation=op)
+
+    def PreflightUpgrade(
+        self, request: cluster_pb2.PreflightUpgradeRequest, context: grpc.ServicerContext
+    ) -> cluster_pb2.PreflightUpgradeResponse:
+        self.release.wait(5)
+        return cluster_pb2.PreflightUpgradeResponse(verdict=cluster_pb2.PREFLIGHT_VERDICT_ACCEPTED)
+
+
+def test_a_started_call_is_retried_and_answers_as_a_blocking_one(
+    start_server: StartServer,
+) -> None:
+    cluster = _Flaky(failures=2)
+    server = start_server(PluginServicers(identity=EchoIdentity(), cluster=cluster))
+    calls: list[tuple[str, grpc.StatusCode, float]] = []
+    with PluginClient(server.address, on_call=lambda *c: calls.append(c)) as client:
+        pending = client.start_service_out("r-1", "c-7")
+        op = pending.result()
+    # The channel's retries (UNAVAILABLE twice) happened under the one started call.
+    assert cluster.service_out_calls == 3
+    assert (op.id, op.cluster_id, op.request_id) == ("op-c-7", "c-7", "r-1")
+    assert [(rpc, code) for rpc, code, _ in calls] == [("ServiceOut", grpc.StatusCode.OK)]
+    assert calls[0][2] > 0
+
+
+def test_a_started_call_fails_as_the_blocking_one_does(
+    odd: tuple[_Odd, _Counting, PluginServer], start_server: StartServer
+) -> None:
+    _, _, server = odd
+    with PluginClient(server.address, plugin_name="odd") as client:
+        with pytest.raises(PluginCallError) as blocking:
+            client.service_out("r-1", "c")
+        with pytest.raises(PluginCallError) as started:
+            client.start_service_out("r-1", "c").result()
+    for err in (blocking.value, started.value):
+        assert err.code is grpc.StatusCode.ABORTED
+        assert not err.retryable
+        assert err.operation_id == "op-3"
+    assert str(started.value) == str(blocking.value)
+    # Its deadline is the RPC's own, from when it was started.
+    slow = _Flaky(failures=0)
+    server = start_server(PluginServicers(identity=EchoIdentity(), cluster=slow))
+    client = PluginClient(server.address, timeouts={"PreflightUpgrade": 0.3})
+    started_at = time.monotonic()
+    with client, pytest.raises(PluginCallError) as late:
+        client.start_preflight_upgrade("c", "1.30.0").result()
+    slow.release.set()
+    assert time.monotonic() - started_at < 3.0
+    assert late.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert late.value.retryable
+
+
 def test_unknown_timeout_names_are_refused() -> None:
     with pytest.raises(ValueError, match="GetClusterz"):
         PluginClient("127.0.0.1:1", timeouts={"GetClusterz": 1.0})

@@ -6,6 +6,7 @@ cache keeping no managedFields and freezing its objects out of the collector."""
 from __future__ import annotations
 
 import gc
+import ssl
 import sys
 import threading
 import time
@@ -117,6 +118,37 @@ def test_a_status_write_from_a_stale_resource_version_conflicts(
     assert kube.get_object(CU, namespace, "cu")["status"] == {"phase": "ServicingOut"}
     with pytest.raises(Conflict):
         kube.create_object(CU, namespace, upgrade_body("cu"))
+
+
+def test_a_status_write_goes_out_in_one_tls_write_and_lands_whatever_its_size(
+    kube: KubeClient, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    me = threading.get_ident()
+    writes: list[int] = []
+    real = ssl.SSLSocket.sendall
+
+    def counted(sock: ssl.SSLSocket, data: Any, flags: int = 0) -> None:
+        if threading.get_ident() == me:
+            writes.append(len(data))
+        real(sock, data, flags)
+
+    kube.create_object(CU, namespace, upgrade_body("cu"))
+    version = kube.get_object(CU, namespace, "cu")["metadata"]["resourceVersion"]
+    monkeypatch.setattr(ssl.SSLSocket, "sendall", counted)
+    small = {"phase": "ServicingOut", "message": "taken out of service"}
+    version = kube.write_status(CU, namespace, "cu", small, version)["metadata"]["resourceVersion"]
+    # The head and the ~200-byte patch in one TLS write (urllib3 alone makes two).
+    assert len(writes) == 1 and writes[0] > 200
+    writes.clear()
+    large = {"phase": "Verifying", "message": "x" * 40_000}
+    kube.write_status(CU, namespace, "cu", large, version)
+    assert len(writes) >= 2  # past one write's size: as urllib3 sends it
+    monkeypatch.undo()
+    # Both landed, whole, and a stale one still conflicts.
+    assert kube.get_object(CU, namespace, "cu")["status"] == large
+    with pytest.raises(Conflict):
+        kube.write_status(CU, namespace, "cu", small, version)
+    assert kube.get_object(CU, namespace, "cu")["status"] == large
 
 
 #: A client-go exec credential plugin: prints the token in TOKEN_FILE, already expired (so the

@@ -1,0 +1,203 @@
+"""A pass's writes, preflights and calls shared by a few workers (RunDriver._each: one pool
+task per worker, each taking the next item, not one Future per item), or its preflights and
+calls started from the pass's thread (RunDriver._pipelined, for a provider that starts them:
+StartsRequests), keep each item's own outcome: one conflicting write or one failing call
+among many changes only its cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import pytest
+
+from orchestrator import api
+from orchestrator.engine.decide import Call, Preflight, Upgrade
+from orchestrator.engine.observations import OpKind, OpObs, Snapshot
+from orchestrator.pipeline.driver import CallError, StartsRequests, WriteConflict
+from orchestrator.pipeline.simulate import ModelFleet
+from tests.engine.model import Harness, U, as_run_spec, make_fleet, spec_for
+
+T = TypeVar("T")
+NEW = "1.29.1"
+CLUSTERS = 40
+WORKERS = 8
+#: The cluster kept in service (requiredAvailableCount 1).
+SPARE = f"c{CLUSTERS:05d}"
+
+
+@dataclass
+class _Store(Harness):
+    """A store in which writes to the named ClusterUpgrades conflict (another writer won), or
+    fail outright (an error that is not a conflict)."""
+
+    conflicting: set[str] = field(default_factory=set)
+    broken: set[str] = field(default_factory=set)
+
+    def write_upgrade_status(self, upgrade: Upgrade, status: api.ClusterUpgradeStatus) -> None:
+        if upgrade.name in self.broken:
+            raise RuntimeError(f"{upgrade.name}: the apiserver answered 500")
+        if upgrade.name in self.conflicting:
+            raise WriteConflict(f"{upgrade.name}: the object has been modified")
+        super().write_upgrade_status(upgrade, status)
+
+
+@dataclass
+class _Refusing:
+    """The fleet as the driver's Provider, whose calls on the named clusters fail."""
+
+    fleet: ModelFleet
+    failing: set[str] = field(default_factory=set)
+    preflighted: list[str] = field(default_factory=list)
+
+    @property
+    def supports_preflight(self) -> bool:
+        return True
+
+    def snapshot(self, cluster_ids: Sequence[str]) -> Snapshot:
+        return self.fleet.snapshot(cluster_ids)
+
+    def preflight(self, cluster_id: str, version: str, pools: Mapping[str, str]) -> Preflight:
+        self.preflighted.append(cluster_id)
+        return self.fleet.preflight(cluster_id, version, pools)
+
+    def call(self, call: Call) -> OpObs:
+        if call.cluster_id in self.failing:
+            raise CallError("UNAVAILABLE", "the provider's API timed out", retryable=True)
+        return self.fleet.call(call)
+
+
+@dataclass
+class _Starting(_Refusing):
+    """The same provider, which also starts requests without waiting (driver.StartsRequests,
+    as the gRPC adapter does): the driver starts them from its thread and takes the answers
+    in order. Each request is made when started; its answer (or error) is handed over when
+    asked for. Records how many were started and not yet asked for at most."""
+
+    outstanding: int = 0
+    most_outstanding: int = 0
+
+    def _started(self, answer: Callable[[], T]) -> Callable[[], T]:
+        try:
+            value, error = answer(), None
+        except CallError as err:
+            error = err
+        self.outstanding += 1
+        self.most_outstanding = max(self.most_outstanding, self.outstanding)
+
+        def result() -> T:
+            self.outstanding -= 1
+            if error is not None:
+                raise error
+            return value
+
+        return result
+
+    def start_preflight(
+        self, cluster_id: str, version: str, pools: Mapping[str, str]
+    ) -> Callable[[], Preflight]:
+        return self._started(lambda: self.preflight(cluster_id, version, pools))
+
+    def start_call(self, call: Call) -> Callable[[], OpObs]:
+        return self._started(lambda: self.call(call))
+
+
+@pytest.fixture(params=[False, True], ids=["blocking-calls", "started-calls"])
+def starts(request: pytest.FixtureRequest) -> bool:
+    """Whether the provider starts its requests (StartsRequests) or each blocks a worker."""
+    return bool(request.param)
+
+
+def _parallel(fleet: ModelFleet, starts: bool) -> tuple[_Store, _Refusing, ThreadPoolExecutor]:
+    """The fleet plus one spare cluster (c00040, the one kept in service), all admitted at once
+    on WORKERS workers."""
+    spec = spec_for(fleet, NEW, required=1, maxConcurrency=CLUSTERS)
+    h = _Store(fleet, as_run_spec(spec))
+    provider = _Starting(fleet) if starts else _Refusing(fleet)
+    assert isinstance(provider, StartsRequests) == starts
+    pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="test-write")
+    h.driver.provider = provider
+    h.driver.parallelism = WORKERS
+    h.driver.executor = pool
+    return h, provider, pool
+
+
+def _bounded(provider: _Refusing) -> None:
+    """Started requests were never more than WORKERS at once, and each answer was taken."""
+    if isinstance(provider, _Starting):
+        assert 1 < provider.most_outstanding <= WORKERS
+        assert provider.outstanding == 0
+
+
+def _name(h: Harness, cid: str) -> str:
+    return next(n for n, u in h.upgrades.items() if u.cluster_id == cid)
+
+
+def test_one_conflicting_write_among_many_changes_only_its_cluster(starts: bool) -> None:
+    fleet = make_fleet(CLUSTERS + 1)
+    h, provider, pool = _parallel(fleet, starts)
+    with pool:
+        lost = _name(h, "c00017")
+        h.conflicting.add(lost)
+        before = dict(h.upgrades)
+        result = h.step()
+    assert result.conflicts == 1
+    others = {f"c{i:05d}" for i in range(CLUSTERS)} - {"c00017"}
+    # Every cluster admitted was asked about once (the preflights share the workers too).
+    assert sorted(provider.preflighted) == sorted(others | {"c00017"})
+    assert h.steps_of(SPARE) == []
+    # The world: every other cluster's intent is on record and its service-out was made,
+    # exactly once; the conflicting one kept its status and its cluster was never called.
+    for cid in others:
+        assert h.upgrades[_name(h, cid)].status.phase == U.SERVICING_OUT, cid
+        assert h.steps_of(cid) == [OpKind.SERVICE_OUT], cid
+    assert h.upgrades[lost].status == before[lost].status
+    assert h.steps_of("c00017") == []
+    assert result.calls_made == len(others)
+    # What the pass returns is what took effect, each change once, as stored now.
+    assert sorted(c.cluster_id for c in result.changes) == sorted(others)
+    for change in result.changes:
+        assert change.new == h.upgrades[change.name].status
+    _bounded(provider)
+
+
+def test_one_failing_call_among_many_is_recorded_on_its_cluster_alone(starts: bool) -> None:
+    fleet = make_fleet(CLUSTERS + 1)
+    h, provider, pool = _parallel(fleet, starts)
+    with pool:
+        provider.failing.add("c00023")
+        result = h.step()
+    assert result.conflicts == 0
+    assert result.calls_made == CLUSTERS - 1
+    # The failed call's cluster keeps its intent (the same request id is asked again) with
+    # the provider's words, and the pass looks again soon; nothing else carries them.
+    failed = h.upgrades[_name(h, "c00023")].status
+    assert failed.phase == U.SERVICING_OUT
+    assert failed.message.startswith("will ask again: serviceOut")
+    assert "the provider's API timed out" in failed.message
+    assert result.requeue_after is not None and result.requeue_after <= 2.0
+    assert h.steps_of("c00023") == []
+    for cid in set(fleet.clusters) - {"c00023", SPARE}:
+        status = h.upgrades[_name(h, cid)].status
+        assert status.phase == U.SERVICING_OUT and "will ask again" not in (status.message or "")
+        assert h.steps_of(cid) == [OpKind.SERVICE_OUT], cid
+    # Its failure's write is returned after its intent's: two changes for it, one for each other.
+    mine = [c for c in result.changes if c.cluster_id == "c00023"]
+    assert ["will ask again" in (c.new.message or "") for c in mine] == [False, True]
+    assert len(result.changes) == CLUSTERS + 1
+    _bounded(provider)
+
+
+def test_a_write_that_errors_stops_the_pass_before_any_call(starts: bool) -> None:
+    fleet = make_fleet(CLUSTERS + 1)
+    h, _provider, pool = _parallel(fleet, starts)
+    with pool:
+        h.broken.add(_name(h, "c00005"))
+        with pytest.raises(RuntimeError, match="answered 500"):
+            h.step()
+    # The error reached the caller once every worker stopped: no call was made (calls only
+    # follow a completed intent phase), and no write of the broken one took effect.
+    assert fleet.started_steps == []
+    assert h.upgrades[_name(h, "c00005")].status.phase == U.PENDING
