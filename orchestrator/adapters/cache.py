@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -37,7 +38,8 @@ def lean(obj: dict[str, Any]) -> dict[str, Any]:
     """obj without what the orchestrator never reads, in place: `managedFields` (server-side
     apply's field ownership, most of a ClusterUpgrade's bytes: each status writer and each
     field it set) and UNUSED_ANNOTATIONS. Writes never send a cached object back whole (status
-    is written whole, metadata by merge or JSON patch of named fields), so nothing is lost."""
+    is written whole, metadata by merge or JSON patch of named fields), so nothing is lost.
+    Its strings are `shared`."""
     meta = obj.get("metadata")
     if isinstance(meta, dict):
         meta.pop("managedFields", None)
@@ -45,7 +47,29 @@ def lean(obj: dict[str, Any]) -> dict[str, Any]:
         if annotations:
             for key in UNUSED_ANNOTATIONS:
                 annotations.pop(key, None)
+    _share(obj)
     return obj
+
+
+#: Strings longer than this are kept as decoded (messages, specs' free text: rarely repeated).
+SHARED_MAX = 128
+
+
+def _share(node: dict[str, Any] | list[Any]) -> None:
+    """Every string value in node (dicts and lists, recursively) replaced, in place, by the
+    interned string of the same value (sys.intern): the values that repeat across thousands of
+    objects (apiVersion, kind, namespace, the run's name and uid in labels and ownerReferences,
+    finalizers, versions, stage, provider, phase, timestamps) are one object, not one per
+    object; the parsed models keep the same strings (pydantic does not copy a str). About a
+    third of a cached ClusterUpgrade's bytes at 10,000 clusters (issue 21). Dict keys are
+    already shared by the JSON decoder's key cache."""
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    for key, value in items:
+        if type(value) is str:
+            if len(value) <= SHARED_MAX:
+                node[key] = sys.intern(value)  # type: ignore[index]
+        elif isinstance(value, (dict, list)):
+            _share(value)
 
 
 def settle_heap() -> None:

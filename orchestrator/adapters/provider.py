@@ -229,7 +229,7 @@ class OperationTracker:
     def __init__(self, on_terminal: Callable[[str, OpObs], None]) -> None:
         self._ops: dict[tuple[str, str], OpObs] = {}
         self._by_request: dict[str, OpObs] = {}
-        #: (plugin, op id) → monotonic time of its last update
+        #: (plugin, op id) → monotonic time of its last update, for operations in flight
         self._seen: dict[tuple[str, str], float] = {}
         self._streams: dict[int, _Stream] = {}
         self._on_terminal = on_terminal
@@ -259,7 +259,10 @@ class OperationTracker:
             if old is not None and old.state.terminal:
                 return False
             self._ops[key] = op
-            self._seen[key] = time.monotonic()
+            if op.state.terminal:
+                self._seen.pop(key, None)  # ended: its age is never asked (GrpcProvider.learn)
+            else:
+                self._seen[key] = time.monotonic()
             if op.request_id:
                 self._by_request[op.request_id] = op
             if len(self._ops) > self.MAX_OPERATIONS:
@@ -270,7 +273,8 @@ class OperationTracker:
             return op.state.terminal
 
     def age(self, plugin: str, op_id: str) -> float:
-        """Seconds since the operation's last update (infinite when unknown)."""
+        """Seconds since the last update of an operation in flight (infinite when unknown or
+        ended)."""
         with self._lock:
             seen = self._seen.get((plugin, op_id))
         return float("inf") if seen is None else time.monotonic() - seen
