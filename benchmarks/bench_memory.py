@@ -205,7 +205,7 @@ class _Store:
         from orchestrator.adapters.cache import ObjectCache  # noqa: PLC0415
 
         self.cache = ObjectCache(None, api.CLUSTER_UPGRADE_PLURAL, None, index_label=api.LABEL_RUN)  # type: ignore[arg-type]
-        self.parsed: dict[tuple[str, str], tuple[str, Any]] = {}
+        self._parsed: dict[tuple[str, str], Any] = {}
         self.rv = 1000
         owner = {
             "apiVersion": api.API_VERSION,
@@ -226,18 +226,12 @@ class _Store:
             self.cache.put(_wire(obj))
 
     def upgrades(self) -> dict[str, Any]:
-        from orchestrator.controllers.updaterun import upgrade_from_obj  # noqa: PLC0415
+        """The run's upgrades as UpdateRunController._execute parses them (its own _parse)."""
+        from orchestrator.controllers.updaterun import UpdateRunController  # noqa: PLC0415
 
-        out = {}
-        for obj in self.cache.by_label("bench", "bench-1"):
-            key = ("bench", obj["metadata"]["name"])
-            rv = obj["metadata"]["resourceVersion"]
-            known = self.parsed.get(key)
-            if known is None or known[0] != rv:
-                known = (rv, upgrade_from_obj(obj))
-                self.parsed[key] = known
-            out[key[1]] = known[1]
-        return dict(sorted(out.items()))
+        parse = UpdateRunController._parse  # the controller's own, on our _parsed
+        out = {o["metadata"]["name"]: o for o in self.cache.by_label("bench", "bench-1")}
+        return {name: parse(self, "bench", out[name]) for name in sorted(out)}  # type: ignore[arg-type]
 
     def write_upgrade_status(self, upgrade: Any, status: api.ClusterUpgradeStatus) -> None:
         old = self.cache.get("bench", upgrade.name)
@@ -328,7 +322,7 @@ def structures(count: int) -> tuple[list[tuple[str, Any]], _Store, _Plugin]:
     return (
         [
             ("ClusterUpgrade cache (ObjectCache: lean dicts)", store.cache),
-            ("parsed Upgrades (UpdateRunController._parsed)", store.parsed),
+            ("parsed Upgrades (UpdateRunController._parsed)", store._parsed),
             ("inventory rows (GrpcProvider.converted: wire + ClusterObs)", plugin.converted),
             (f"operation tracker ({len(plugin.fleet.ops)} operations)", plugin.tracker),
             ("the run's RunIndex", driver.index),

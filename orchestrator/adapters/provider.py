@@ -4,6 +4,7 @@ adapter that gives the run driver its `Provider` (inventory, preflight, mutation
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -129,20 +130,22 @@ def windows_from_pb(
 
 
 def cluster_from_pb(c: cluster_pb2.Cluster) -> ClusterObs:
-    """The planner's view of a contract Cluster."""
+    """The planner's view of a contract Cluster (its versions, pool names and labels interned:
+    the same few strings across the fleet, one object each instead of one per cluster)."""
+    intern = sys.intern
     return ClusterObs(
         id=c.id,
-        control_plane_version=c.control_plane_version,
+        control_plane_version=intern(c.control_plane_version),
         node_pools=tuple(
             PoolObs(
-                p.name,
-                p.version,
+                intern(p.name),
+                intern(p.version),
                 p.status != cluster_pb2.NODE_POOL_STATUS_ERROR,
                 max(0, p.upgrade_soak_seconds),
             )
             for p in c.node_pools
         ),
-        labels=dict(c.labels),
+        labels={intern(k): intern(v) for k, v in c.labels.items()},
         available=c.available,
         unavailable_reason=c.unavailable_reason,
         in_service=c.in_service,

@@ -1,17 +1,23 @@
 """What keeps the orchestrator's memory small at 10,000 clusters (issue 21) keeps what it holds
-the same: the cache's shared strings, the models' shared field sets, the tracker's ages."""
+the same: the cache's shared strings, the models' shared field sets, the tracker's ages, the
+parsed spec kept across status changes."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+from types import SimpleNamespace
+from typing import Any
 
 import orjson
 import pytest
 
+from fleetupgrade.plugin.v1 import cluster_pb2
 from orchestrator import api
 from orchestrator.adapters.cache import SHARED_MAX, ObjectCache, lean
-from orchestrator.adapters.provider import OperationTracker
+from orchestrator.adapters.provider import OperationTracker, cluster_from_pb
+from orchestrator.controllers.updaterun import UpdateRunController
+from orchestrator.engine.decide import Upgrade
 from orchestrator.engine.observations import ClusterObs, OpKind, OpObs, OpState, PoolObs
 
 
@@ -120,3 +126,42 @@ def test_the_tracker_ages_operations_in_flight_and_forgets_the_age_of_ended_ones
     assert tracker.get("p", "op-1") == done
     assert tracker.by_request()["r-1"] == done
     assert tracker.in_flight() == []
+
+
+def test_a_status_change_keeps_the_parsed_spec_and_a_new_spec_or_object_is_parsed_again() -> None:
+    # The controller's own parse, on a holder of its memory (the rest of it is not involved).
+    holder = SimpleNamespace(_parsed={})
+
+    def parse(obj: dict[str, object]) -> Upgrade:
+        return UpdateRunController._parse(holder, "team-a", obj)  # type: ignore[arg-type]
+
+    def version(rv: int, uid: str = "u-1", generation: int = 1, target: str = "1.29.4") -> Any:
+        obj: Any = _upgrade("a", rv)
+        obj["metadata"].update(uid=uid, generation=generation)
+        obj["spec"]["version"] = target
+        return obj
+
+    first = parse(version(1))
+    assert parse(version(1)) is first  # same resourceVersion: nothing parsed
+    moved = parse(version(2))
+    assert moved is not first and moved.spec is first.spec  # status only: the spec is kept
+    edited = parse(version(3, generation=2, target="1.30.1"))
+    assert edited.spec.version == "1.30.1"
+    again = parse(version(4, uid="u-2", generation=2, target="1.29.4"))  # deleted, made again
+    assert again.spec.version == "1.29.4" and again.spec is not edited.spec
+
+
+def test_converted_clusters_share_their_versions_pools_and_labels() -> None:
+    def answer(cid: str) -> cluster_pb2.Cluster:
+        pb = cluster_pb2.Cluster(id=cid, control_plane_version="1.28.5", labels={"stage": "main"})
+        pb.node_pools.add(name="workers", version="1.28.5")
+        # As it comes off the wire: every string a new object.
+        return cluster_pb2.Cluster.FromString(pb.SerializeToString())
+
+    a, b = cluster_from_pb(answer("c1")), cluster_from_pb(answer("c2"))
+    assert a.control_plane_version is b.control_plane_version == "1.28.5"
+    assert a.node_pools[0].name is b.node_pools[0].name == "workers"
+    assert a.node_pools[0].version is b.node_pools[0].version == "1.28.5"
+    assert a.labels == b.labels == {"stage": "main"}
+    assert next(iter(a.labels.values())) is next(iter(b.labels.values()))
+    assert (a.id, b.id) == ("c1", "c2")
