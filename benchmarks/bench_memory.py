@@ -293,32 +293,39 @@ def _first_wave(count: int) -> tuple[Any, _Store, _Plugin, api.UpdateRunSpec, di
 def structures(count: int) -> tuple[list[tuple[str, Any]], _Store, _Plugin]:
     """The long-lived structures, in the order they are charged (and what made them)."""
     driver, store, plugin, spec, preflights = _first_wave(count)
-    cv = _wire(
-        {
-            "apiVersion": api.API_VERSION,
-            "kind": api.KIND,
-            "metadata": _server_meta("bench", {}, 10, None),
-            "spec": {
-                "requiredAvailableCount": count * 4 // 5,
-                "opsEndpoint": {"endpoint": PLUGIN, "insecure": True},
-                "clusters": [{"id": c.id, "version": NEW} for c in spec.clusters],
-            },
-        }
+    from orchestrator.adapters.cache import lean  # noqa: PLC0415
+    from orchestrator.engine.initialize import run_for  # noqa: PLC0415
+
+    # The ClusterVersion as its cache keeps it, and the run made for it (run_for: without the
+    # cluster list), as the runs' cache keeps it; each parsed once (SpecCache).
+    cv = lean(
+        _wire(
+            {
+                "apiVersion": api.API_VERSION,
+                "kind": api.KIND,
+                "metadata": _server_meta("bench", {}, 10, None),
+                "spec": {
+                    "version": NEW,
+                    "requiredAvailableCount": count * 4 // 5,
+                    "opsEndpoint": {"endpoint": PLUGIN, "insecure": True},
+                    "clusters": [{"id": c.id, "version": NEW} for c in spec.clusters or []],
+                },
+            }
+        )
     )
-    run = _wire(
-        {
-            "apiVersion": api.API_VERSION,
-            "kind": api.UPDATE_RUN_KIND,
-            "metadata": _server_meta("bench-1", {}, 11, None),
-            "spec": spec.dump(),
-        }
+    cv_spec = api.ClusterVersionSpec.model_validate(cv["spec"])
+    _, run_spec = run_for("bench", 1, cv_spec, None)
+    run = lean(
+        _wire(
+            {
+                "apiVersion": api.API_VERSION,
+                "kind": api.UPDATE_RUN_KIND,
+                "metadata": _server_meta("bench-1", {}, 11, None),
+                "spec": run_spec.dump(),
+            }
+        )
     )
-    specs = [
-        cv,
-        run,
-        api.ClusterVersionSpec.model_validate(cv["spec"]),
-        api.UpdateRunSpec.model_validate(run["spec"]),
-    ]
+    specs = [cv, run, cv_spec, api.UpdateRunSpec.model_validate(run["spec"])]
     return (
         [
             ("ClusterUpgrade cache (ObjectCache: lean dicts)", store.cache),

@@ -86,16 +86,17 @@ _READ_RETRY = Retrying(
 
 
 def op_from_pb(op: cluster_pb2.Operation) -> OpObs:
-    """The planner's view of a contract Operation."""
+    """The planner's view of a contract Operation (its pool, version and error code interned:
+    a few strings across every operation the tracker keeps)."""
     return OpObs(
         id=op.id,
         kind=_KIND[op.kind],
         cluster_id=op.cluster_id,
         state=_STATE.get(op.state, OpState.PENDING),
         request_id=op.request_id,
-        node_pool=op.node_pool,
-        target_version=op.target_version,
-        error_code=op.error_code,
+        node_pool=sys.intern(op.node_pool),
+        target_version=sys.intern(op.target_version),
+        error_code=sys.intern(op.error_code),
         error_message=op.error_message,
     )
 

@@ -15,7 +15,7 @@ import pytest
 from fleetupgrade.plugin.v1 import cluster_pb2
 from orchestrator import api
 from orchestrator.adapters.cache import SHARED_MAX, ObjectCache, lean
-from orchestrator.adapters.provider import OperationTracker, cluster_from_pb
+from orchestrator.adapters.provider import OperationTracker, cluster_from_pb, op_from_pb
 from orchestrator.controllers.updaterun import UpdateRunController
 from orchestrator.engine.decide import Upgrade
 from orchestrator.engine.observations import ClusterObs, OpKind, OpObs, OpState, PoolObs
@@ -165,3 +165,23 @@ def test_converted_clusters_share_their_versions_pools_and_labels() -> None:
     assert a.labels == b.labels == {"stage": "main"}
     assert next(iter(a.labels.values())) is next(iter(b.labels.values()))
     assert (a.id, b.id) == ("c1", "c2")
+
+
+def test_operations_share_their_pool_version_and_error_code() -> None:
+    def answer(op_id: str) -> cluster_pb2.Operation:
+        pb = cluster_pb2.Operation(
+            id=op_id,
+            kind=cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL,
+            cluster_id="c1",
+            state=cluster_pb2.OPERATION_STATE_FAILED,
+            node_pool="workers",
+            target_version="1.29.4",
+            error_code="UPGRADE_FAILED",
+        )
+        return cluster_pb2.Operation.FromString(pb.SerializeToString())
+
+    a, b = op_from_pb(answer("op-1")), op_from_pb(answer("op-2"))
+    assert a.node_pool is b.node_pool == "workers"
+    assert a.target_version is b.target_version == "1.29.4"
+    assert a.error_code is b.error_code == "UPGRADE_FAILED"
+    assert (a.id, b.id, a.state, a.kind) == ("op-1", "op-2", OpState.FAILED, OpKind.NODE_POOL)
