@@ -21,7 +21,7 @@ from orchestrator.adapters.kube import Gone, KubeClient, NotFound
 from orchestrator.engine.access import Access, AccessPolicy, check_access, needs_labels
 from orchestrator.engine.validate import Problem
 
-__all__ = ["AccessCatalog", "ObjectCache", "lean", "settle_heap"]
+__all__ = ["SHARED_MAX", "AccessCatalog", "ObjectCache", "lean", "settle_heap"]
 
 M = TypeVar("M", api.FleetProviderSpec, api.MetricSourceSpec)
 
