@@ -53,23 +53,27 @@ def lean(obj: dict[str, Any]) -> dict[str, Any]:
 
 #: Strings longer than this are kept as decoded (messages, specs' free text: rarely repeated).
 SHARED_MAX = 128
+#: An object's own identity in its metadata: unique to it, so kept as decoded (an interned
+#: string costs a slot in the interpreter's table, ~40 bytes, for nothing shared).
+_OWN = frozenset({"name", "uid", "resourceVersion"})
 
 
-def _share(node: dict[str, Any] | list[Any]) -> None:
+def _share(node: dict[str, Any] | list[Any], own: frozenset[str] = frozenset()) -> None:
     """Every string value in node (dicts and lists, recursively) replaced, in place, by the
     interned string of the same value (sys.intern): the values that repeat across thousands of
     objects (apiVersion, kind, namespace, the run's name and uid in labels and ownerReferences,
     finalizers, versions, stage, provider, phase, timestamps) are one object, not one per
     object; the parsed models keep the same strings (pydantic does not copy a str). About a
     third of a cached ClusterUpgrade's bytes at 10,000 clusters (issue 21). Dict keys are
-    already shared by the JSON decoder's key cache."""
+    already shared by the JSON decoder's key cache; metadata's own name, uid and
+    resourceVersion are left as they are (_OWN)."""
     items = node.items() if isinstance(node, dict) else enumerate(node)
     for key, value in items:
         if type(value) is str:
-            if len(value) <= SHARED_MAX:
+            if len(value) <= SHARED_MAX and key not in own:
                 node[key] = sys.intern(value)  # type: ignore[index]
         elif isinstance(value, (dict, list)):
-            _share(value)
+            _share(value, _OWN if key == "metadata" else frozenset())
 
 
 def settle_heap() -> None:

@@ -34,6 +34,7 @@ def _upgrade(name: str, rv: int, message: str = "") -> dict[str, object]:
             "resourceVersion": str(rv),
             "labels": {api.LABEL_RUN: "run-1"},
             "finalizers": [api.FINALIZER],
+            "ownerReferences": [{"kind": api.UPDATE_RUN_KIND, "name": "run-1", "uid": "u-run-1"}],
             "managedFields": [{"manager": "fleet-orchestrator", "fieldsV1": {"f:status": {}}}],
         },
         "spec": {
@@ -65,6 +66,11 @@ def test_cached_objects_share_their_repeated_strings_and_keep_their_values() -> 
         assert got_a[path[0]][path[1]] is got_b[path[0]][path[1]]
     assert got_a["metadata"]["labels"][api.LABEL_RUN] is got_b["metadata"]["labels"][api.LABEL_RUN]
     assert got_a["metadata"]["finalizers"][0] is got_b["metadata"]["finalizers"][0]
+    owner_a, owner_b = (
+        got_a["metadata"]["ownerReferences"][0],
+        got_b["metadata"]["ownerReferences"][0],
+    )
+    assert owner_a["uid"] is owner_b["uid"] and owner_a["name"] is owner_b["name"]
     # A long free text is left as decoded (rarely repeated); equal all the same.
     assert got_a["status"]["message"] == got_b["status"]["message"] == long
     assert got_a["status"]["message"] is not got_b["status"]["message"]
