@@ -245,6 +245,29 @@ def main(argv: list[str] | None = None) -> int:
     return _run(args)
 
 
+#: glibc malloc arenas the controller's threads share (MALLOC_ARENA_MAX in the environment wins).
+MALLOC_ARENAS = 2
+_M_ARENA_MAX = -8  # glibc's mallopt parameter number (malloc.h)
+
+
+def _cap_malloc_arenas() -> None:
+    """At most MALLOC_ARENAS glibc malloc arenas, before the threads start. Python hands what
+    does not fit its own small-object allocator (dicts of more than a few keys, the objects'
+    JSON, protobuf buffers) to malloc, which by default gives threads up to 8 arenas per core:
+    the status writers, watches and gRPC threads each filled one with objects the caches then
+    keep, and each arena kept its own free memory. Not glibc (musl, macOS): nothing to do."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return
+    import ctypes  # noqa: PLC0415
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the C library the interpreter runs on
+    except (OSError, AttributeError):
+        mallopt = None
+    if mallopt is not None and mallopt(_M_ARENA_MAX, MALLOC_ARENAS) != 1:
+        log.debug("mallopt(M_ARENA_MAX) refused; malloc keeps its default arenas")
+
+
 def _run(args: argparse.Namespace) -> int:
     from orchestrator.adapters.kube import KubeClient  # noqa: PLC0415
     from orchestrator.adapters.leader import LeaderElector  # noqa: PLC0415
@@ -258,6 +281,7 @@ def _run(args: argparse.Namespace) -> int:
         level=logging.DEBUG if args.debug else logging.INFO,
         format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
     )
+    _cap_malloc_arenas()
     identity = args.identity or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
     try:
         plugins = [parse_plugin_flag(text) for text in args.plugin]

@@ -4,6 +4,7 @@ adapter that gives the run driver its `Provider` (inventory, preflight, mutation
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -85,16 +86,17 @@ _READ_RETRY = Retrying(
 
 
 def op_from_pb(op: cluster_pb2.Operation) -> OpObs:
-    """The planner's view of a contract Operation."""
+    """The planner's view of a contract Operation (its pool, version and error code interned:
+    a few strings across every operation the tracker keeps)."""
     return OpObs(
         id=op.id,
         kind=_KIND[op.kind],
         cluster_id=op.cluster_id,
         state=_STATE.get(op.state, OpState.PENDING),
         request_id=op.request_id,
-        node_pool=op.node_pool,
-        target_version=op.target_version,
-        error_code=op.error_code,
+        node_pool=sys.intern(op.node_pool),
+        target_version=sys.intern(op.target_version),
+        error_code=sys.intern(op.error_code),
         error_message=op.error_message,
     )
 
@@ -129,20 +131,22 @@ def windows_from_pb(
 
 
 def cluster_from_pb(c: cluster_pb2.Cluster) -> ClusterObs:
-    """The planner's view of a contract Cluster."""
+    """The planner's view of a contract Cluster (its versions, pool names and labels interned:
+    the same few strings across the fleet, one object each instead of one per cluster)."""
+    intern = sys.intern
     return ClusterObs(
         id=c.id,
-        control_plane_version=c.control_plane_version,
+        control_plane_version=intern(c.control_plane_version),
         node_pools=tuple(
             PoolObs(
-                p.name,
-                p.version,
+                intern(p.name),
+                intern(p.version),
                 p.status != cluster_pb2.NODE_POOL_STATUS_ERROR,
                 max(0, p.upgrade_soak_seconds),
             )
             for p in c.node_pools
         ),
-        labels=dict(c.labels),
+        labels={intern(k): intern(v) for k, v in c.labels.items()},
         available=c.available,
         unavailable_reason=c.unavailable_reason,
         in_service=c.in_service,
@@ -229,7 +233,7 @@ class OperationTracker:
     def __init__(self, on_terminal: Callable[[str, OpObs], None]) -> None:
         self._ops: dict[tuple[str, str], OpObs] = {}
         self._by_request: dict[str, OpObs] = {}
-        #: (plugin, op id) → monotonic time of its last update
+        #: (plugin, op id) → monotonic time of its last update, for operations in flight
         self._seen: dict[tuple[str, str], float] = {}
         self._streams: dict[int, _Stream] = {}
         self._on_terminal = on_terminal
@@ -259,7 +263,10 @@ class OperationTracker:
             if old is not None and old.state.terminal:
                 return False
             self._ops[key] = op
-            self._seen[key] = time.monotonic()
+            if op.state.terminal:
+                self._seen.pop(key, None)  # ended: its age is never asked (GrpcProvider.learn)
+            else:
+                self._seen[key] = time.monotonic()
             if op.request_id:
                 self._by_request[op.request_id] = op
             if len(self._ops) > self.MAX_OPERATIONS:
@@ -270,7 +277,8 @@ class OperationTracker:
             return op.state.terminal
 
     def age(self, plugin: str, op_id: str) -> float:
-        """Seconds since the operation's last update (infinite when unknown)."""
+        """Seconds since the last update of an operation in flight (infinite when unknown or
+        ended)."""
         with self._lock:
             seen = self._seen.get((plugin, op_id))
         return float("inf") if seen is None else time.monotonic() - seen

@@ -239,10 +239,26 @@ def parse_max_failures(value: int | str, total: int) -> int:
     return total * int(match.group(1)) // 100
 
 
+#: One `__pydantic_fields_set__` per distinct set of field names, shared by every model that set
+#: those fields (see _Model.model_post_init).
+_FIELDS_SETS: dict[frozenset[str], set[str]] = {}
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
     )
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Share the set of fields given (pydantic's `__pydantic_fields_set__`) with the models
+        that were given the same fields. Each is a set of its own otherwise, 216 to 728 bytes:
+        at 10,000 clusters the parsed ClusterUpgrades and specs held 20-30 MiB of them (issue
+        21). Safe as the models are frozen: pydantic adds to the set only on assignment, which
+        frozen refuses, and model_copy copies it before adding to it."""
+        given = self.__pydantic_fields_set__
+        shared = _FIELDS_SETS.setdefault(frozenset(given), given)
+        if shared is not given:
+            object.__setattr__(self, "__pydantic_fields_set__", shared)
 
     def dump(self) -> dict[str, Any]:
         """The object as Kubernetes JSON (camelCase, unset optional fields left out)."""

@@ -81,8 +81,9 @@ class AlwaysLeader:
         return True
 
 
-def upgrade_from_obj(obj: Mapping[str, Any]) -> Upgrade:
-    """The engine's view of a ClusterUpgrade object."""
+def upgrade_from_obj(obj: Mapping[str, Any], spec: api.ClusterUpgradeSpec | None = None) -> Upgrade:
+    """The engine's view of a ClusterUpgrade object (spec: its spec as parsed before, when it
+    has not changed since)."""
     status = obj.get("status") or {}
     try:
         st = api.ClusterUpgradeStatus.model_validate(status)
@@ -91,7 +92,7 @@ def upgrade_from_obj(obj: Mapping[str, Any]) -> Upgrade:
         st = api.ClusterUpgradeStatus()
     return Upgrade(
         name=obj["metadata"]["name"],
-        spec=api.ClusterUpgradeSpec.model_validate(obj["spec"]),
+        spec=spec if spec is not None else api.ClusterUpgradeSpec.model_validate(obj["spec"]),
         status=st,
     )
 
@@ -183,9 +184,13 @@ class UpdateRunController:
     providers: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
     uids: set[str] = field(default_factory=set)
     _preflight: dict[tuple[str, str], dict[str, Preflight]] = field(default_factory=dict)
-    #: Parsed ClusterUpgrades by (namespace, name): re-parsed only when resourceVersion moves,
-    #: so a reconcile costs work for what changed, not for the whole run.
-    _parsed: dict[tuple[str, str], tuple[str, Upgrade]] = field(default_factory=dict)
+    #: Parsed ClusterUpgrades by (namespace, name), with the resourceVersion and (uid, generation)
+    #: they were parsed at: re-parsed only when resourceVersion moves, so a reconcile costs work for
+    #: what changed, not for the whole run; the spec only when the generation moves (with the
+    #: status subresource, a spec change and nothing else), so a status change keeps the spec.
+    _parsed: dict[tuple[str, str], tuple[str, Upgrade, tuple[str, int]]] = field(
+        default_factory=dict
+    )
     #: The runs' parsed specs, per generation.
     _specs: SpecCache = field(default_factory=SpecCache)
     _memory: dict[tuple[str, str], _DriverMemory] = field(default_factory=dict)
@@ -200,11 +205,14 @@ class UpdateRunController:
     def _parse(self, namespace: str, obj: Mapping[str, Any]) -> Upgrade:
         key = (namespace, obj["metadata"]["name"])
         rv = str(obj["metadata"].get("resourceVersion", ""))
+        # The object (uid: not one deleted and made again under its name) and its spec's version.
+        stamp = (str(obj["metadata"].get("uid", "")), int(obj["metadata"].get("generation") or 0))
         known = self._parsed.get(key)
         if known is not None and known[0] == rv:
             return known[1]
-        upgrade = upgrade_from_obj(obj)
-        self._parsed[key] = (rv, upgrade)
+        same = known is not None and all(stamp) and known[2] == stamp
+        upgrade = upgrade_from_obj(obj, known[1].spec if known is not None and same else None)
+        self._parsed[key] = (rv, upgrade, stamp)
         return upgrade
 
     def reconcile(self, namespace: str, name: str) -> float | None:

@@ -1,4 +1,7 @@
-"""The fleet as the planner sees it: immutable observations of clusters and operations."""
+"""The fleet as the planner sees it: immutable observations of clusters and operations.
+
+Those kept per cluster and per operation have __slots__ (no __dict__ each: about 300 bytes
+less per object, tens of thousands of them at 10,000 clusters)."""
 
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ class OpState(StrEnum):
         return self in (OpState.SUCCEEDED, OpState.FAILED)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OpObs:
     """One plugin operation as last seen."""
 
@@ -57,7 +60,7 @@ class OpObs:
     error_message: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PoolObs:
     """One node pool as last seen."""
 
@@ -69,7 +72,7 @@ class PoolObs:
     soak_seconds: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WindowObs:
     """One maintenance window or exclusion the provider reports for a cluster (contract
     MaintenanceWindow): its first occurrence and, when it recurs, the RFC 5545 RRULE."""
@@ -82,7 +85,7 @@ class WindowObs:
     scope: str = ""  # what an exclusion excludes, e.g. GKE's "NO_MINOR_UPGRADES"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ClusterObs:
     """One cluster as last seen through ListClusters."""
 

@@ -1,0 +1,193 @@
+"""What keeps the orchestrator's memory small at 10,000 clusters (issue 21) keeps what it holds
+the same: the cache's shared strings, the models' shared field sets, the tracker's ages, the
+parsed spec kept across status changes."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+
+from fleetupgrade.plugin.v1 import cluster_pb2
+from orchestrator import api
+from orchestrator.adapters.cache import SHARED_MAX, ObjectCache, lean
+from orchestrator.adapters.provider import OperationTracker, cluster_from_pb, op_from_pb
+from orchestrator.controllers.updaterun import UpdateRunController
+from orchestrator.engine.decide import Upgrade
+from orchestrator.engine.observations import ClusterObs, OpKind, OpObs, OpState, PoolObs
+
+
+def _upgrade(name: str, rv: int, message: str = "") -> dict[str, object]:
+    status = {"phase": "ServicingOut", "step": "serviceOut", "startTime": "2026-11-26T16:00:00Z"}
+    if message:
+        status["message"] = message
+    body = {
+        "apiVersion": api.API_VERSION,
+        "kind": api.CLUSTER_UPGRADE_KIND,
+        "metadata": {
+            "name": name,
+            "namespace": "team-a",
+            "resourceVersion": str(rv),
+            "labels": {api.LABEL_RUN: "run-1"},
+            "finalizers": [api.FINALIZER],
+            "ownerReferences": [{"kind": api.UPDATE_RUN_KIND, "name": "run-1", "uid": "u-run-1"}],
+            "managedFields": [{"manager": "fleet-orchestrator", "fieldsV1": {"f:status": {}}}],
+        },
+        "spec": {
+            "clusterId": f"cluster-{name}",
+            "stage": "canary",
+            "stageIndex": 0,
+            "version": "1.29.4",
+            "nodeVersion": "1.29.4",
+            "provider": "127.0.0.1:9090",
+        },
+        "status": status,
+    }
+    # As the apiserver's answer is decoded: every string a new object.
+    return dict(orjson.loads(orjson.dumps(body)))
+
+
+def test_cached_objects_share_their_repeated_strings_and_keep_their_values() -> None:
+    long = "x" * (SHARED_MAX + 1)
+    a, b = _upgrade("a", 1, long), _upgrade("b", 2, long)
+    assert a["spec"]["version"] is not b["spec"]["version"]  # type: ignore[index]
+    want = copy.deepcopy(a)
+    del want["metadata"]["managedFields"]  # type: ignore[attr-defined]
+    cache = ObjectCache(None, api.CLUSTER_UPGRADE_PLURAL, None, index_label=api.LABEL_RUN)  # type: ignore[arg-type]
+    assert cache.put(a) and cache.put(b)
+    got_a, got_b = cache.get("team-a", "a"), cache.get("team-a", "b")
+    assert got_a == want  # the same values, managedFields dropped
+    assert got_a is not None and got_b is not None
+    for path in (("spec", "version"), ("spec", "provider"), ("status", "startTime")):
+        assert got_a[path[0]][path[1]] is got_b[path[0]][path[1]]
+    assert got_a["metadata"]["labels"][api.LABEL_RUN] is got_b["metadata"]["labels"][api.LABEL_RUN]
+    assert got_a["metadata"]["finalizers"][0] is got_b["metadata"]["finalizers"][0]
+    owner_a, owner_b = (
+        got_a["metadata"]["ownerReferences"][0],
+        got_b["metadata"]["ownerReferences"][0],
+    )
+    assert owner_a["uid"] is owner_b["uid"] and owner_a["name"] is owner_b["name"]
+    # A long free text is left as decoded (rarely repeated); equal all the same.
+    assert got_a["status"]["message"] == got_b["status"]["message"] == long
+    assert got_a["status"]["message"] is not got_b["status"]["message"]
+    # Parsed models keep the cache's strings (no second copy).
+    spec = api.ClusterUpgradeSpec.model_validate(got_b["spec"])
+    assert spec.version is got_a["spec"]["version"]
+
+
+def test_lean_drops_only_what_is_never_read() -> None:
+    obj = _upgrade("a", 1)
+    obj["metadata"]["annotations"] = {  # type: ignore[index]
+        "kubectl.kubernetes.io/last-applied-configuration": "{}",
+        api.ANNOTATION_REASON: "maintenance",
+    }
+    lean(obj)
+    assert "managedFields" not in obj["metadata"]  # type: ignore[operator]
+    assert obj["metadata"]["annotations"] == {api.ANNOTATION_REASON: "maintenance"}  # type: ignore[index]
+
+
+def test_models_given_the_same_fields_share_one_fields_set_without_changing_it() -> None:
+    a = api.ClusterUpgradeStatus.model_validate({"phase": "Pending", "step": "serviceOut"})
+    b = api.ClusterUpgradeStatus.model_validate({"phase": "Upgraded", "step": "serviceIn"})
+    c = api.ClusterUpgradeStatus.model_validate({"phase": "Upgraded"})
+    assert a.model_fields_set is b.model_fields_set
+    assert c.model_fields_set == {"phase"}
+    moved = a.model_copy(update={"request_id": "r-1"})
+    assert moved.model_fields_set == {"phase", "step", "request_id"}
+    assert a.model_fields_set == b.model_fields_set == {"phase", "step"}
+    assert moved.request_id == "r-1" and a.request_id is None
+    with pytest.raises(ValueError, match="frozen"):
+        a.step = "serviceIn"  # type: ignore[misc]
+    assert a.model_fields_set == {"phase", "step"}
+    assert b.dump() == {"phase": "Upgraded", "step": "serviceIn", "attempt": 0, "retryRound": 0}
+
+
+def test_observations_have_no_dict_each_and_still_replace() -> None:
+    pool = PoolObs("workers", "1.28.5")
+    cluster = ClusterObs("c1", "1.28.5", (pool,), {"stage": "canary"})
+    op = OpObs("op-1", OpKind.SERVICE_OUT, "c1", OpState.RUNNING, "r-1")
+    for obj in (pool, cluster, op):
+        assert not hasattr(obj, "__dict__")
+    moved = dataclasses.replace(cluster, current_operation=op)
+    assert moved.current_operation is op and cluster.current_operation is None
+    assert moved == ClusterObs("c1", "1.28.5", (pool,), {"stage": "canary"}, current_operation=op)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cluster.in_service = False  # type: ignore[misc]
+
+
+def test_the_tracker_ages_operations_in_flight_and_forgets_the_age_of_ended_ones() -> None:
+    ended: list[OpObs] = []
+    tracker = OperationTracker(lambda plugin, op: ended.append(op))
+    running = OpObs("op-1", OpKind.SERVICE_OUT, "c1", OpState.RUNNING, "r-1")
+    assert not tracker.put("p", running)
+    assert tracker.age("p", "op-1") < 5.0
+    done = dataclasses.replace(running, state=OpState.SUCCEEDED)
+    assert tracker.put("p", done)  # the first terminal state seen
+    assert not tracker.put("p", done)  # seen before: no second end
+    assert tracker.age("p", "op-1") == float("inf")
+    assert tracker.get("p", "op-1") == done
+    assert tracker.by_request()["r-1"] == done
+    assert tracker.in_flight() == []
+
+
+def test_a_status_change_keeps_the_parsed_spec_and_a_new_spec_or_object_is_parsed_again() -> None:
+    # The controller's own parse, on a holder of its memory (the rest of it is not involved).
+    holder = SimpleNamespace(_parsed={})
+
+    def parse(obj: dict[str, object]) -> Upgrade:
+        return UpdateRunController._parse(holder, "team-a", obj)  # type: ignore[arg-type]
+
+    def version(rv: int, uid: str = "u-1", generation: int = 1, target: str = "1.29.4") -> Any:
+        obj: Any = _upgrade("a", rv)
+        obj["metadata"].update(uid=uid, generation=generation)
+        obj["spec"]["version"] = target
+        return obj
+
+    first = parse(version(1))
+    assert parse(version(1)) is first  # same resourceVersion: nothing parsed
+    moved = parse(version(2))
+    assert moved is not first and moved.spec is first.spec  # status only: the spec is kept
+    edited = parse(version(3, generation=2, target="1.30.1"))
+    assert edited.spec.version == "1.30.1"
+    again = parse(version(4, uid="u-2", generation=2, target="1.29.4"))  # deleted, made again
+    assert again.spec.version == "1.29.4" and again.spec is not edited.spec
+
+
+def test_converted_clusters_share_their_versions_pools_and_labels() -> None:
+    def answer(cid: str) -> cluster_pb2.Cluster:
+        pb = cluster_pb2.Cluster(id=cid, control_plane_version="1.28.5", labels={"stage": "main"})
+        pb.node_pools.add(name="workers", version="1.28.5")
+        # As it comes off the wire: every string a new object.
+        return cluster_pb2.Cluster.FromString(pb.SerializeToString())
+
+    a, b = cluster_from_pb(answer("c1")), cluster_from_pb(answer("c2"))
+    assert a.control_plane_version is b.control_plane_version == "1.28.5"
+    assert a.node_pools[0].name is b.node_pools[0].name == "workers"
+    assert a.node_pools[0].version is b.node_pools[0].version == "1.28.5"
+    assert a.labels == b.labels == {"stage": "main"}
+    assert next(iter(a.labels.values())) is next(iter(b.labels.values()))
+    assert (a.id, b.id) == ("c1", "c2")
+
+
+def test_operations_share_their_pool_version_and_error_code() -> None:
+    def answer(op_id: str) -> cluster_pb2.Operation:
+        pb = cluster_pb2.Operation(
+            id=op_id,
+            kind=cluster_pb2.OPERATION_KIND_UPGRADE_NODE_POOL,
+            cluster_id="c1",
+            state=cluster_pb2.OPERATION_STATE_FAILED,
+            node_pool="workers",
+            target_version="1.29.4",
+            error_code="UPGRADE_FAILED",
+        )
+        return cluster_pb2.Operation.FromString(pb.SerializeToString())
+
+    a, b = op_from_pb(answer("op-1")), op_from_pb(answer("op-2"))
+    assert a.node_pool is b.node_pool == "workers"
+    assert a.target_version is b.target_version == "1.29.4"
+    assert a.error_code is b.error_code == "UPGRADE_FAILED"
+    assert (a.id, b.id, a.state, a.kind) == ("op-1", "op-2", OpState.FAILED, OpKind.NODE_POOL)
