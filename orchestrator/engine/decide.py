@@ -25,10 +25,8 @@ ships. Each safety invariant of DESIGN.md has one place here:
 from __future__ import annotations
 
 import hashlib
-import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -44,7 +42,7 @@ from orchestrator.engine.conditions import (
     set_condition,
 )
 from orchestrator.engine.health import judge
-from orchestrator.engine.index import Quiet, RunIndex, Waiting, up_by_observation
+from orchestrator.engine.index import ACTIVE, Quiet, RunIndex, Waiting, up_by_observation
 from orchestrator.engine.observations import (
     ClusterObs,
     OpKind,
@@ -95,19 +93,6 @@ __all__ = [
 ]
 
 U = api.UpgradePhase
-#: Phases in which a cluster is held by its run (out of service or about to be).
-ACTIVE = frozenset(
-    {
-        U.SERVICING_OUT,
-        U.UPGRADING_CONTROL_PLANE,
-        U.UPGRADING_NODE_POOLS,
-        U.VERIFYING,
-        U.SERVICING_IN,
-        U.PRE_HOOK,
-        U.POST_HOOK,
-    }
-)
-_status_of = operator.attrgetter("status")
 #: The step timeouts of a run that sets none (one object: a memo compares it by identity).
 _DEFAULT_TIMEOUTS = api.StepTimeouts()
 _STEP_PHASE = {
@@ -408,6 +393,18 @@ def _achieved(kind: OpKind, pool: str, version: str, obs: ClusterObs) -> bool:
     return found is None or versions.meets(found.version, version)
 
 
+class _Statuses(dict[str, api.ClusterUpgradeStatus]):
+    """The statuses as one decision changes them: those it set, else the input's (looked up
+    when asked for, not copied per pass)."""
+
+    def __init__(self, upgrades: Mapping[str, Upgrade]) -> None:
+        super().__init__()
+        self.upgrades = upgrades
+
+    def __missing__(self, name: str) -> api.ClusterUpgradeStatus:
+        return self.upgrades[name].status
+
+
 class _Run:
     """One decision in progress (private: `decide` is the public surface)."""
 
@@ -425,17 +422,21 @@ class _Run:
             self.index.observe_world(
                 inp.snapshot.clusters, inp.held_by, inp.snapshot.operations, self.timeouts
             )
-        #: The statuses by phase as this decision changes them (`set` keeps them).
-        self.phases = self.index.phases.copy()
-        self.status: dict[str, api.ClusterUpgradeStatus] = dict(
-            zip(inp.upgrades.keys(), map(_status_of, inp.upgrades.values()), strict=True)
-        )
+        #: The statuses by phase as this decision changes them (`set` keeps them): the index's
+        #: own accounts, every move journaled and undone when the decision is taken (`decide`).
+        self.phases = self.index.phases
+        self.phases.journal = []
+        #: How many were offered (Pending or Blocked) as the index last saw them (`_offer`).
+        self.offered_before = self.phases.count(U.PENDING, U.BLOCKED)
+        self.status = _Statuses(inp.upgrades)
         self.changed: dict[str, api.ClusterUpgradeStatus] = {}
         self.calls: list[Call] = []
         self.events: list[tuple[str, str, str, bool]] = []
         self.preflight_needed: list[str] = []
         self.requeue: float | None = None
-        self.effective: dict[str, ClusterObs] = dict(inp.snapshot.clusters)
+        #: The observations this pass changed (`follow`: an operation that succeeded), by
+        #: cluster id; `observed` reads them over the snapshot's.
+        self.effective: dict[str, ClusterObs] = {}
         #: Clusters whose effective observation is not the snapshot's (`follow`).
         self.effective_changed: set[str] = set()
         self.stopping = inp.spec.state == api.RunState.STOP
@@ -457,7 +458,14 @@ class _Run:
     def wake(self, seconds: float) -> None:
         self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
 
-    def set(self, u: Upgrade, **changes: object) -> api.ClusterUpgradeStatus:
+    def observed(self, cid: str) -> ClusterObs | None:
+        """The cluster as this pass sees it: the snapshot's, or what an operation that
+        succeeded in this pass made of it (None: not in the inventory)."""
+        if cid in self.effective:
+            return self.effective[cid]
+        return self.inp.snapshot.clusters.get(cid)
+
+    def set(self, u: Upgrade, **changes: object) -> None:
         old = self.status[u.name]
         phase = changes.get("phase", old.phase)
         if phase != old.phase:
@@ -468,12 +476,14 @@ class _Run:
                 changes.setdefault("start_time", old.start_time or self.stamp)
             msg = str(changes.get("message") or f"{old.phase.value} → {phase}")
             self.events.append((u.cluster_id, str(phase), msg, phase == U.FAILED))
+        # Equal unless a field changes (what the models' own equality would find of the copy,
+        # without making it): a status is built once, and only when it differs.
+        if all(getattr(old, k) == v for k, v in changes.items()):
+            return
         new = old.model_copy(update=changes)
-        if new != old:
-            self.status[u.name] = new
-            self.changed[u.name] = new
-            self.phases.move(u.name, u.spec.stage_index, old, new)
-        return new
+        self.status[u.name] = new
+        self.changed[u.name] = new
+        self.phases.move(u, old, new)
 
     def having(self, *phases: api.UpgradePhase) -> list[Upgrade]:
         """The upgrades in these phases now, in the input's order (what a walk over every
@@ -494,7 +504,7 @@ class _Run:
     def soak_of(self, u: Upgrade, step: str) -> timedelta:
         """The soak the provider reports for the pool of a node-pool step (a blue-green
         upgrade waits that long by its own settings): the step's bound grows by it."""
-        obs = self.effective.get(u.cluster_id)
+        obs = self.observed(u.cluster_id)
         pool = step.partition("/")[2]
         seconds = next(
             (p.soak_seconds for p in (obs.node_pools if obs is not None else ()) if p.name == pool),
@@ -651,7 +661,7 @@ class _Run:
     def follow(self, u: Upgrade) -> None:
         """Carry one in-flight upgrade forward from what its operation did."""
         st = self.status[u.name]
-        obs = self.effective.get(u.cluster_id)
+        obs = self.observed(u.cluster_id)
         if st.phase in (U.PRE_HOOK, U.POST_HOOK):
             self.follow_hook(u)
             return
@@ -971,7 +981,7 @@ class _Run:
 
     def after_hook(self, u: Upgrade, kind: str) -> None:
         """The step after a hook: the service-out (pre) or the service-in (post)."""
-        obs = self.effective.get(u.cluster_id)
+        obs = self.observed(u.cluster_id)
         if obs is None and u.cluster_id in self.inp.snapshot.unknown:
             self.unreachable(u, None)
             return
@@ -1196,28 +1206,44 @@ class _Run:
     def holder(self, cid: str) -> str | None:
         return self.inp.held_by.get(cid)
 
-    def up(self) -> AbstractSet[str]:
-        """Invariant 1's rule of what counts as up: in the inventory, available, in service,
-        with no other caller's operation in flight (`index.up_by_observation`, over the
-        effective observations: the snapshot's, kept by the index, and those this pass
-        changed), and held by no run on the provider (this one: its clusters in an ACTIVE
-        phase; another: `holder`). Everything else is down."""
-        up = self.index.up
-        if self.effective_changed:
-            up = up - self.effective_changed
-            up |= {
-                cid
-                for cid in self.effective_changed
-                if up_by_observation(self.effective.get(cid), self.inp.uid)
-            }
-        held = set(map(self.index.cluster_of.__getitem__, self.phases.names(*ACTIVE)))
-        return up.difference(held, self.inp.held_by)
-
     def room(self) -> list[int]:
-        """How many more clusters each floor of `floors` lets go now: its members `up`, less
-        what it requires (negative: broken already by the world)."""
-        up = self.up()
-        return [len(f.members & up) - f.required for f in self.floors]
+        """How many more clusters each floor of `floors` lets go now: its members up, less
+        what it requires (negative: broken already by the world).
+
+        Invariant 1's rule of what counts as up: in the inventory, available, in service, with
+        no other caller's operation in flight (`index.up_by_observation`, over the effective
+        observations: the snapshot's, kept by the index, and those this pass changed), and held
+        by no run on the provider (this one: its clusters in an ACTIVE phase; another:
+        `holder`). Everything else is down. Counted from this pass's accounts, never a count
+        of its own: the index's members up by observation (brought up to date from this
+        pass's snapshot), less those held now, corrected for the observations this pass
+        changed; O(clusters held), not O(fleet)."""
+        up, held_by, changed = self.index.up, self.inp.held_by, self.effective_changed
+        held = self.phases.held
+        # The held clusters among those up by the snapshot's observation.
+        held_up = held & up
+        held_up.update(c for c in held_by if c in up and c not in held)
+        # What this pass changed: up by its effective observation now, or not any more.
+        gained: set[str] = set()
+        lost: set[str] = set()
+        for cid in changed:
+            was = cid in up and cid not in held and cid not in held_by
+            now = (
+                cid not in held
+                and cid not in held_by
+                and up_by_observation(self.observed(cid), self.inp.uid)
+            )
+            if now and not was:
+                gained.add(cid)
+            elif was and not now:
+                lost.add(cid)
+        out = []
+        for i, f in enumerate(self.floors):
+            members = f.members
+            base = self.index.up_members if i == 0 else len(members & up)
+            count = base - len(held_up & members) + len(gained & members) - len(lost & members)
+            out.append(count - f.required)
+        return out
 
     def floor_allows(self, u: Upgrade, counted: list[int] | None = None) -> bool:
         """Invariant 1's rule of which floors apply and what a service-out costs: every floor
@@ -1458,7 +1484,7 @@ def _recover(run: _Run, u: Upgrade) -> None:
     stays Failed (reason kept); the message says it was serviced back in. Bounded: checks that
     fail, or readiness past timeouts.ready, leave it out (step RECOVER_GAVE_UP)."""
     st = run.status[u.name]
-    obs = run.effective.get(u.cluster_id)
+    obs = run.observed(u.cluster_id)
     if not st.step or st.step == RECOVER_GAVE_UP or obs is None:
         return
     if run.holder(u.cluster_id) is not None:
@@ -1658,7 +1684,7 @@ def _time_gate(run: _Run, stage: api.Stage | None, u: Upgrade) -> _TimeGate:
     if maintenance is None and not text:
         return _OPEN
     not_before = windows.parse_time(text) if text else None
-    obs = run.effective.get(u.cluster_id)
+    obs = run.observed(u.cluster_id)
     provider = obs.maintenance_windows if obs is not None else ()
     minor = obs is None or _minor_changes(obs.control_plane_version, u.spec.version)
     gate = windows.gate(maintenance, provider, run.now, not_before=not_before, minor=minor)
@@ -1678,23 +1704,27 @@ def decide(inp: RunInput) -> Decision:
     the manner of Cluster API's doReconcile). Pure: the caller persists `changed` before making
     `calls`."""
     run = _Run(inp)
-    by_stage = run.index.by_stage
-    names, skipped_stages = _people_first(run, by_stage)
-    _carry_in_flight(run)
-    budgets = _budgets(run, names, by_stage, skipped_stages)
-    walk = _walk_stages(run, names, by_stage, skipped_stages, budgets)
-    if _admits(run, walk):
-        _admit(run, walk, by_stage)
-    return _summarise(
-        run,
-        walk.stages,
-        walk.current,
-        walk.halted,
-        walk.blocked,
-        budgets,
-        next_start=format_time(walk.next_start) if walk.next_start is not None else None,
-        waiting=walk.waiting or None,
-    )
+    try:
+        by_stage = run.index.by_stage
+        names, skipped_stages = _people_first(run, by_stage)
+        _carry_in_flight(run)
+        budgets = _budgets(run, names, by_stage, skipped_stages)
+        walk = _walk_stages(run, names, by_stage, skipped_stages, budgets)
+        if _admits(run, walk):
+            _admit(run, walk, by_stage)
+        return _summarise(
+            run,
+            walk.stages,
+            walk.current,
+            walk.halted,
+            walk.blocked,
+            budgets,
+            next_start=format_time(walk.next_start) if walk.next_start is not None else None,
+            waiting=walk.waiting or None,
+        )
+    finally:
+        # The index keeps what was last seen, not what this decision would make of it.
+        run.phases.undo()
 
 
 def _people_first(
@@ -2000,17 +2030,29 @@ def _offer(run: _Run, adm: _Admission) -> None:
         # record while it waits for its turn, the budget or a window).
         if u.cluster_id not in run.inp.snapshot.unknown:
             run.set(u, reason=None, message=None)
-    offered = run.phases.names(U.PENDING, U.BLOCKED) & stage
     memo = run.index.waiting
-    stuck = not adm.gates and adm.room[0] < 1 and adm.in_flight + len(offered) <= adm.limit
+    per_stage = run.phases.per_stage
+    n_offered = per_stage[(adm.index, U.PENDING)] + per_stage[(adm.index, U.BLOCKED)]
+    stuck = not adm.gates and adm.room[0] < 1 and adm.in_flight + n_offered <= adm.limit
     if stuck:
         # In the engine's order (no gate reorders it), only those the memo cannot stand for.
         name_of = run.index.name_of
         moved = {name_of[c] for c in run.effective_changed | run.retried if c in name_of}
-        todo = offered.difference(memo) | (offered & (moved | run.changed.keys()))
+        touched = moved | run.changed.keys()
+        if len(memo) == run.offered_before:
+            # A memo is kept only for a cluster offered (Pending or Blocked) as the index last
+            # saw it, and dropped when that changes: here every such cluster has one, so
+            # only those this pass moved need a look (O(changed), not O(fleet)).
+            by_phase = run.phases.by_phase
+            pending, blocked = by_phase[U.PENDING], by_phase[U.BLOCKED]
+            todo = {n for n in touched if n in stage and (n in pending or n in blocked)}
+        else:
+            offered = run.phases.names(U.PENDING, U.BLOCKED) & stage
+            todo = offered.difference(memo) | (offered & touched)
         members = run.index.by_rank(todo)
-        adm.waiting_budget = len(todo) < len(offered)
+        adm.waiting_budget = len(todo) < n_offered
     else:
+        offered = run.phases.names(U.PENDING, U.BLOCKED) & stage
         members = [u for u in adm.members if u.name in offered]
     for u in members:
         st = run.status[u.name]
@@ -2024,7 +2066,7 @@ def _offer(run: _Run, adm: _Admission) -> None:
             # leave a new service-out on record beside failures it was decided without).
             run.wake(0.0)
             continue
-        obs = run.effective.get(u.cluster_id)
+        obs = run.observed(u.cluster_id)
         unknown = run.inp.snapshot.unknown.get(u.cluster_id)
         if obs is None and unknown is not None:
             # Its provider cannot be asked (a run over several providers): not gone, and
@@ -2168,7 +2210,7 @@ def _summarise(
         calls=run.calls,
         preflight_needed=run.preflight_needed,
         stages=stages,
-        counts=api.RunCounts(total=len(run.status), **counts),
+        counts=api.RunCounts(total=len(run.inp.upgrades), **counts),
         phase=phase,
         message=message,
         current_stage=current,
@@ -2210,7 +2252,7 @@ def _run_phase(
 ) -> tuple[api.RunPhase, str, str | None]:
     """The run's phase, its message and why it waits: stopping or stopped, succeeded, failed,
     halted (past the budget, or a failed cluster), else progressing."""
-    total = len(run.status)
+    total = len(run.inp.upgrades)
     in_flight = counts["in_flight"]
     # A failed cluster being serviced back in (failedClusterPolicy) keeps the run going.
     recovering = sorted(

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from orchestrator.engine.decide import Upgrade
 
 __all__ = [
+    "ACTIVE",
     "FULL_EVERY",
     "Phases",
     "Quiet",
@@ -50,12 +51,26 @@ __all__ = [
 FULL_EVERY = 50
 
 _U = api.UpgradePhase
+#: Phases in which a cluster is held by its run (out of service or about to be).
+ACTIVE = frozenset(
+    {
+        _U.SERVICING_OUT,
+        _U.UPGRADING_CONTROL_PLANE,
+        _U.UPGRADING_NODE_POOLS,
+        _U.VERIFYING,
+        _U.SERVICING_IN,
+        _U.PRE_HOOK,
+        _U.POST_HOOK,
+    }
+)
 
 
 @dataclass
 class Phases:
-    """ClusterUpgrade names by phase, with per-stage phase counts and the Blocked-Refused ones
-    (counted against failure budgets); `move` is the one place they change."""
+    """ClusterUpgrade names by phase, with per-stage phase counts, the Blocked-Refused ones
+    (counted against failure budgets) and the cluster ids the run holds (in an ACTIVE phase);
+    `move` is the one place they change, and `journal`, while kept, records every move so that
+    a decision's moves can be undone (`undo`) instead of copying every set per pass."""
 
     by_phase: dict[api.UpgradePhase, set[str]] = field(
         default_factory=lambda: {p: set() for p in api.UpgradePhase}
@@ -64,21 +79,32 @@ class Phases:
     refused: set[str] = field(default_factory=set)
     #: The Pending ones by reason (what they wait for).
     pending: dict[str | None, set[str]] = field(default_factory=dict)
+    #: The cluster ids of those in an ACTIVE phase (held by the run: down for every floor).
+    held: set[str] = field(default_factory=set)
+    #: The moves made since `journal` was set to a list (None: not recorded).
+    journal: list[tuple[Upgrade, api.ClusterUpgradeStatus, api.ClusterUpgradeStatus]] | None = (
+        field(default=None, compare=False)
+    )
 
     def move(
         self,
-        name: str,
-        stage: int,
+        u: Upgrade,
         old: api.ClusterUpgradeStatus | None,
         new: api.ClusterUpgradeStatus | None,
     ) -> None:
         """Account one ClusterUpgrade's status change (None: absent)."""
+        same_phase = old is not None and new is not None and old.phase == new.phase
+        if same_phase and old is not None and new is not None and old.reason == new.reason:
+            return  # nothing accounted here changes
+        name, stage = u.name, u.spec.stage_index
         if old is not None:
             self.by_phase[old.phase].discard(name)
             self.per_stage[(stage, old.phase)] -= 1
             self.refused.discard(name)
             if old.phase == _U.PENDING:
                 self.pending.get(old.reason, set()).discard(name)
+            if old.phase in ACTIVE:
+                self.held.discard(u.cluster_id)
         if new is not None:
             self.by_phase[new.phase].add(name)
             self.per_stage[(stage, new.phase)] += 1
@@ -86,6 +112,17 @@ class Phases:
                 self.refused.add(name)
             if new.phase == _U.PENDING:
                 self.pending.setdefault(new.reason, set()).add(name)
+            if new.phase in ACTIVE:
+                self.held.add(u.cluster_id)
+        if self.journal is not None and old is not None and new is not None:
+            self.journal.append((u, old, new))
+
+    def undo(self) -> None:
+        """Undo the moves recorded since `journal` was set, last first, and stop recording:
+        the accounts are as they were (a decision's working changes, given back)."""
+        journal, self.journal = self.journal or [], None
+        for u, old, new in reversed(journal):
+            self.move(u, new, old)
 
     def waiting_for(self, *reasons: str) -> set[str]:
         """The Pending ones waiting with any of these reasons (a new set)."""
@@ -105,15 +142,6 @@ class Phases:
         """How many are in these phases."""
         return sum(len(self.by_phase[p]) for p in phases)
 
-    def copy(self) -> Phases:
-        """A copy one pass may change."""
-        return Phases(
-            {p: set(s) for p, s in self.by_phase.items()},
-            Counter(self.per_stage),
-            set(self.refused),
-            {r: set(s) for r, s in self.pending.items()},
-        )
-
     def comparable(self) -> tuple[object, ...]:
         """What must agree between two accounts of the same statuses."""
         return (
@@ -121,6 +149,7 @@ class Phases:
             +self.per_stage,
             self.refused,
             {r: s for r, s in self.pending.items() if s},
+            self.held,
         )
 
 
@@ -187,6 +216,8 @@ class RunIndex:
     obs_seen: dict[str, ClusterObs] = field(default_factory=dict)
     holders_seen: dict[str, str] = field(default_factory=dict)
     up: set[str] = field(default_factory=set)
+    #: How many of the run's members are in `up` (its own floor's count, kept as `up` changes).
+    up_members: int = 0
     #: The memos (see `Waiting` and `Quiet`), by ClusterUpgrade name.
     waiting: dict[str, Waiting] = field(default_factory=dict)
     quiet: dict[str, Quiet] = field(default_factory=dict)
@@ -235,7 +266,7 @@ class RunIndex:
             old = seen[name]
             seen[name] = u
             if old.status is not u.status:
-                phases.move(name, u.spec.stage_index, old.status, u.status)
+                phases.move(u, old.status, u.status)
                 self.waiting.pop(name, None)
                 self.drop_quiet(name)
 
@@ -275,10 +306,13 @@ class RunIndex:
                 seen.pop(cid, None)
             else:
                 seen[cid] = obs
-            if up_by_observation(obs, uid):
+            was, now = cid in up, up_by_observation(obs, uid)
+            if now and not was:
                 up.add(cid)
-            else:
+            elif was and not now:
                 up.discard(cid)
+            if was is not now and cid in self.members:
+                self.up_members += 1 if now else -1
             self._forget(cid)
         if held_by != self.holders_seen:
             for cid, _ in set(held_by.items()) ^ set(self.holders_seen.items()):
@@ -323,7 +357,7 @@ class RunIndex:
             return
         self.seen[u.name] = u
         if old.status is not u.status:
-            self.phases.move(u.name, u.spec.stage_index, old.status, u.status)
+            self.phases.move(u, old.status, u.status)
             self.waiting.pop(u.name, None)
             self.drop_quiet(u.name)
 
@@ -352,12 +386,14 @@ class RunIndex:
             out.append("the run's members")
         if self.obs_seen and other.obs_seen and self.up != other.up:
             out.append("the clusters up by their observation")
+        if other.obs_seen and self.up_members != len(other.up & other.members):
+            out.append("the run's members up by their observation")
         if {s: [u.name for u in m] for s, m in self.by_stage.items()} != {
             s: [u.name for u in m] for s, m in other.by_stage.items()
         }:
             out.append("members by stage")
         mine, theirs = self.phases.comparable(), other.phases.comparable()
-        words = ("names by phase", "per-stage counts", "refused", "Pending by reason")
+        words = ("names by phase", "per-stage counts", "refused", "Pending by reason", "held")
         for what, a, b in zip(words, mine, theirs, strict=True):
             if a != b:
                 out.append(what)
@@ -380,8 +416,8 @@ class RunIndex:
         self.members = frozenset(self.name_of)
         self.phases = Phases()
         for u in upgrades.values():
-            self.phases.move(u.name, u.spec.stage_index, None, u.status)
+            self.phases.move(u, None, u.status)
         self.waiting = {}
         self.quiet = {}
-        self.obs_seen, self.holders_seen, self.up = {}, {}, set()
+        self.obs_seen, self.holders_seen, self.up, self.up_members = {}, {}, set(), 0
         self.quiet_rid, self.deadlines, self.ops_seen, self.timeouts_seen = {}, [], {}, None
