@@ -254,6 +254,10 @@ class RunInput:
     #: What the run's passes keep between them (engine.index; the driver's): the upgrades
     #: by phase and in order, brought up to date here. None: made from scratch (a full pass).
     index: RunIndex | None = field(default=None, compare=False)
+    #: The names of `upgrades` that are not the very objects `index` last saw (the driver's:
+    #: those whose health it recorded in this pass); only these are looked at. None: every
+    #: object is compared.
+    index_stale: frozenset[str] | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -408,7 +412,7 @@ class _Statuses(dict[str, api.ClusterUpgradeStatus]):
 class _Run:
     """One decision in progress (private: `decide` is the public surface)."""
 
-    def __init__(self, inp: RunInput) -> None:
+    def __init__(self, inp: RunInput, compare_all: bool = False) -> None:
         self.inp = inp
         self.now = inp.now
         self.stamp = format_time(inp.now)
@@ -417,10 +421,18 @@ class _Run:
         if inp.index is None:
             self.index = RunIndex.build(inp.uid, inp.upgrades, inp.snapshot.clusters, inp.held_by)
         else:
+            # compare_all: every object, whatever the callers said changed (`decide`).
+            snap = inp.snapshot
             self.index = inp.index
-            self.index.observe(inp.uid, inp.upgrades)
+            stale = None if compare_all else inp.index_stale
+            self.index.observe(inp.uid, inp.upgrades, stale, said=False)
             self.index.observe_world(
-                inp.snapshot.clusters, inp.held_by, inp.snapshot.operations, self.timeouts
+                snap.clusters,
+                inp.held_by,
+                snap.operations,
+                self.timeouts,
+                snap.token,
+                None if compare_all else snap.changes,
             )
         #: The statuses by phase as this decision changes them (`set` keeps them): the index's
         #: own accounts, every move journaled and undone when the decision is taken (`decide`).
@@ -1254,7 +1266,10 @@ class _Run:
         afresh."""
         left = self.room() if counted is None else counted
         cost = self._cost(u)
-        return all(left[i] >= cost for i in self._binding(u.cluster_id))
+        allows = all(left[i] >= cost for i in self._binding(u.cluster_id))
+        if allows and cost and self.index.told:
+            raise _CompareAll
+        return allows
 
     def _take(self, u: Upgrade, counted: list[int] | None) -> None:
         if counted is not None:
@@ -1703,7 +1718,23 @@ def decide(inp: RunInput) -> Decision:
     """One step of a run: a visible sequence of phases over one working copy of the run (in
     the manner of Cluster API's doReconcile). Pure: the caller persists `changed` before making
     `calls`."""
-    run = _Run(inp)
+    try:
+        return _decide(inp)
+    except _CompareAll:
+        # Invariant 1 never rests on what callers said changed: a floor that would let a
+        # cluster go on an index brought up to date by their word (`RunIndex.told`) is
+        # counted again after comparing every object, in a decision taken again.
+        return _decide(inp, compare_all=True)
+
+
+class _CompareAll(Exception):
+    """A floor would let a cluster go on an index that rests on what callers said changed
+    (`_Run.floor_allows`): `decide` decides again, comparing every object."""
+
+
+def _decide(inp: RunInput, compare_all: bool = False) -> Decision:
+    """One decision (`decide`); compare_all: whatever the callers said changed."""
+    run = _Run(inp, compare_all)
     try:
         by_stage = run.index.by_stage
         names, skipped_stages = _people_first(run, by_stage)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import compress
@@ -31,7 +31,7 @@ from operator import is_not
 from typing import TYPE_CHECKING, NamedTuple
 
 from orchestrator import api
-from orchestrator.engine.observations import ClusterObs, OpObs
+from orchestrator.engine.observations import Changes, ClusterObs, OpObs
 
 if TYPE_CHECKING:
     from orchestrator.engine.decide import Upgrade
@@ -228,6 +228,17 @@ class RunIndex:
     #: The operations by request id as last seen, and the run's step timeouts.
     ops_seen: dict[str, OpObs] = field(default_factory=dict)
     timeouts_seen: api.StepTimeouts | None = None
+    #: The token of the snapshot last observed whole or by its changes (None: none, or one
+    #: observed without its operations: the next is compared whole).
+    world_token: object = None
+    #: Whether what the index holds rests on callers saying what changed (a hint, a
+    #: snapshot's changes) rather than on a comparison of every object since the last one:
+    #: for the upgrades, and for the inventory's side.
+    told_upgrades: bool = False
+    told_world: bool = False
+    #: Names whose object as last seen is the driver's (its health records), not the
+    #: caller's: a caller's hint is taken with these added.
+    lent: set[str] = field(default_factory=set)
     passes: int = 0
 
     @classmethod
@@ -245,17 +256,45 @@ class RunIndex:
             index.observe_world(clusters, held_by or {})
         return index
 
-    def observe(self, uid: str, upgrades: Mapping[str, Upgrade]) -> None:
+    def observe(
+        self,
+        uid: str,
+        upgrades: Mapping[str, Upgrade],
+        hint: Collection[str] | None = None,
+        *,
+        said: bool = True,
+    ) -> None:
         """Bring the index up to date with this pass's upgrades: only those that are not the
         very objects seen last time are looked into; a change of run, of the set of upgrades
-        or of a pinned spec rebuilds the order (and drops the memo)."""
+        or of a pinned spec rebuilds the order (and drops the memo).
+
+        hint: the names whose objects may differ from those the index last saw (the caller's
+        watch knows); only these are looked at. None: unknown, every object is compared. A
+        hint that misses a change leaves the index behind until the driver's full pass
+        (FULL_EVERY) finds and repairs it; `decide` takes no service-out on a hinted index
+        without comparing every object first (`told`). said: False for a hint the driver
+        made of its own substitutions (exact by construction), which leaves `told` as it was."""
         seen = self.seen
-        if uid != self.uid or len(upgrades) != len(seen) or list(upgrades) != self.names:
+        if hint is None:
+            self.told_upgrades = False
+        elif said:
+            self.told_upgrades = True
+            hint = self.lent.union(hint)
+        if uid != self.uid or len(upgrades) != len(seen):
             self.rebuild(uid, upgrades)
             return
+        if hint is not None:
+            if any(name not in seen for name in hint):
+                self.rebuild(uid, upgrades)  # a new name: the order changes
+                return
+            names = [n for n in hint if n in upgrades and upgrades[n] is not seen[n]]
+        elif list(upgrades) != self.names:
+            self.rebuild(uid, upgrades)
+            return
+        else:
+            # The same names in the same order: compared object by object, in C.
+            names = list(compress(self.names, map(is_not, upgrades.values(), seen.values())))
         phases = self.phases
-        # The same names in the same order: compared object by object, in C.
-        names = list(compress(self.names, map(is_not, upgrades.values(), seen.values())))
         changed = [(name, upgrades[name]) for name in names]
         for name, u in changed:
             old = seen[name]
@@ -276,19 +315,44 @@ class RunIndex:
         held_by: Mapping[str, str],
         operations: Mapping[str, OpObs] | None = None,
         timeouts: api.StepTimeouts | None = None,
+        token: object = None,
+        changes: Changes | None = None,
     ) -> None:
         """Bring the inventory's side up to date (only observations that are not the objects
         seen last are looked into), the holders, the operations and the step timeouts; a memo
         of a cluster whose observation, holder or operation changed is dropped (all `quiet`
-        memos when the timeouts changed)."""
+        memos when the timeouts changed).
+
+        token, changes: the snapshot's (observations.Snapshot): when it says what changed
+        since the very snapshot this index observed last, only those clusters and operations
+        are looked at; otherwise every one is compared."""
+        if changes is not None and token is not None and token is self.world_token:
+            changes = Changes(token)  # the very snapshot observed last: nothing changed
+        told = (
+            changes is not None
+            and operations is not None
+            and self.world_token is not None
+            and changes.since is self.world_token
+        )
+        self.world_token = token if operations is not None else None
+        self.told_world = told
         if operations is not None:
             ops_seen, quiet_rid = self.ops_seen, self.quiet_rid
-            values = map(is_not, operations.values(), map(ops_seen.get, operations))
-            for rid in list(compress(operations, values)):
+            if told and changes is not None:
+                rids = [r for r in changes.operations if operations.get(r) is not ops_seen.get(r)]
+            else:
+                values = map(is_not, operations.values(), map(ops_seen.get, operations))
+                rids = list(compress(operations, values))
+            for rid in rids:
+                if rid not in operations:
+                    ops_seen.pop(rid, None)
+                    if rid in quiet_rid:
+                        self.drop_quiet(quiet_rid[rid])
+                    continue
                 ops_seen[rid] = operations[rid]
                 if rid in quiet_rid:
                     self.drop_quiet(quiet_rid[rid])
-            if len(ops_seen) != len(operations):
+            if not told and len(ops_seen) != len(operations):
                 for rid in ops_seen.keys() - operations.keys():
                     del ops_seen[rid]
                     if rid in quiet_rid:
@@ -297,9 +361,13 @@ class RunIndex:
             self.timeouts_seen = timeouts
             self.quiet, self.quiet_rid, self.deadlines = {}, {}, []
         seen, up, uid = self.obs_seen, self.up, self.uid
-        touched = list(compress(clusters, map(is_not, clusters.values(), map(seen.get, clusters))))
-        if len(seen) + sum(1 for cid in touched if cid not in seen) != len(clusters):
-            touched += list(seen.keys() - clusters.keys())
+        if told and changes is not None:
+            touched = [c for c in changes.clusters if clusters.get(c) is not seen.get(c)]
+        else:
+            values = map(is_not, clusters.values(), map(seen.get, clusters))
+            touched = list(compress(clusters, values))
+            if len(seen) + sum(1 for cid in touched if cid not in seen) != len(clusters):
+                touched += list(seen.keys() - clusters.keys())
         for cid in touched:
             obs = clusters.get(cid)
             if obs is None:
@@ -318,6 +386,12 @@ class RunIndex:
             for cid, _ in set(held_by.items()) ^ set(self.holders_seen.items()):
                 self._forget(cid)
             self.holders_seen = dict(held_by)
+
+    @property
+    def told(self) -> bool:
+        """Whether the index rests on what callers said changed since it last compared every
+        object (a decision that may take a cluster out compares first: decide)."""
+        return self.told_upgrades or self.told_world
 
     def _forget(self, cid: str) -> None:
         name = self.name_of.get(cid)
@@ -421,3 +495,4 @@ class RunIndex:
         self.quiet = {}
         self.obs_seen, self.holders_seen, self.up, self.up_members = {}, {}, set(), 0
         self.quiet_rid, self.deadlines, self.ops_seen, self.timeouts_seen = {}, [], {}, None
+        self.world_token, self.told_upgrades, self.told_world = None, False, False

@@ -8,6 +8,7 @@ from datetime import datetime
 from enum import StrEnum
 
 __all__ = [
+    "Changes",
     "ClusterObs",
     "OpKind",
     "OpObs",
@@ -99,6 +100,19 @@ class ClusterObs:
 
 
 @dataclass(frozen=True)
+class Changes:
+    """What a provider says differs between one of its snapshots and an earlier one (`since`,
+    that snapshot's `token`): only these clusters and operations were added, changed or went
+    away. engine.index looks at only these when it last saw exactly the snapshot `since`
+    (else at every observation); a provider that cannot tell says nothing (None)."""
+
+    since: object
+    clusters: frozenset[str] = frozenset()
+    #: Request ids.
+    operations: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything the planner reads about the fleet at one moment."""
 
@@ -112,6 +126,10 @@ class Snapshot:
     #: floor, and nothing is decided on them until their provider answers again; never taken
     #: for gone (orchestrator.pipeline.multi).
     unknown: Mapping[str, str] = field(default_factory=dict)
+    #: This snapshot's identity (a later snapshot's `Changes.since` names it).
+    token: object = field(default_factory=object, compare=False, repr=False)
+    #: What differs from an earlier snapshot of the same provider (None: not said).
+    changes: Changes | None = field(default=None, compare=False)
 
 
 def apply_succeeded(cluster: ClusterObs, op: OpObs) -> ClusterObs:

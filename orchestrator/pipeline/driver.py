@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -321,13 +321,18 @@ class RunDriver:
         skip_stages: frozenset[str] = frozenset(),
         requested_by: str = "",
         reason: str = "",
+        changed: Collection[str] | None = None,
     ) -> StepResult:
         """Observe, decide, persist intents, then call; returns everything the pass did.
 
         floors: the other live runs on this provider sharing clusters with this one; their
         members are observed too, and held_by must name their holders.
+        changed: the names of the upgrades whose objects may differ from those of the
+        previous pass's `upgrades` (the caller's watch knows: a new resourceVersion); only
+        these are looked at. None: unknown, every object is compared. What it misses, the
+        full pass (FULL_EVERY) finds; no floor lets a cluster go on it unchecked (decide).
         """
-        index = self._index(uid, upgrades)
+        index = self._index(uid, upgrades, changed)
         ids = list(index.name_of)
         if floors:
             ids += sorted({cid for f in floors for cid in f.members} - index.members)
@@ -356,7 +361,10 @@ class RunDriver:
             floors=floors,
             hooks=hook_obs,
             index=index,
+            index_stale=frozenset(health_changed),
         )
+        # The index sees the health records' objects in this pass: the caller's, next time.
+        index.lent = set(health_changed)
         p = _Pass(inp, self._decide(inp))
         # Record intents (and health progress) before any call: a crash after this write
         # resumes with the same request ids; a crash before it never called.
@@ -369,10 +377,12 @@ class RunDriver:
         self._start_hooks(p)
         return self._settle(p)
 
-    def _index(self, uid: str, upgrades: Mapping[str, Upgrade]) -> RunIndex:
+    def _index(
+        self, uid: str, upgrades: Mapping[str, Upgrade], changed: Collection[str] | None
+    ) -> RunIndex:
         """The run's index brought up to date with this pass's upgrades."""
         index = self.index
-        index.observe(uid, upgrades)
+        index.observe(uid, upgrades, changed)
         index.passes += 1
         return index
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from datetime import timedelta
 
 import pytest
 
@@ -23,6 +24,7 @@ from orchestrator.pipeline.driver import RunDriver
 from orchestrator.pipeline.simulate import T0, ModelFleet, simulate
 from tests.sim.world import Config
 from tests.sim.world import simulate as sim_world
+from tests.support.told import TellingFleet, TellingStore
 
 
 @dataclass
@@ -204,3 +206,92 @@ def test_a_quiet_step_still_times_out(checked: _Tally) -> None:
     assert len(timed_out) == 10
     assert all(u.status.phase == api.UpgradePhase.FAILED for u in timed_out)
     assert checked.quiet > 0
+
+
+def _told_rollout(
+    count: int,
+    floor: int,
+    untold_clusters: frozenset[str] = frozenset(),
+    untold_names: frozenset[str] = frozenset(),
+) -> tuple[RunDriver, TellingFleet, TellingStore, Decision, int]:
+    """A rollout whose callers say what changed (the fleet's snapshots their `Changes`, the
+    store what it wrote, passed as `RunDriver.step(changed=...)`), less what they are told to
+    forget; returns the driver, fleet, store, last decision and how many passes were decided
+    on an index that rested on their word (`RunIndex.told` after the pass)."""
+    clusters = _fleet(count)
+    spec = api.UpdateRunSpec(
+        required_available_count=floor,
+        ops_endpoint=api.OpsEndpoint(endpoint="127.0.0.1:9090", insecure=True),
+        clusters=[api.ClusterSpec(id=c, version="1.29.4") for c in clusters],
+        strategy=api.Strategy(max_failures="10%"),
+    )
+    pinned = pin_upgrades("t", spec, clusters)
+    assert not isinstance(pinned, list)
+    fleet = TellingFleet(
+        clusters, durations=dict.fromkeys(OpKind, 3.0), untold=set(untold_clusters)
+    )
+    store = TellingStore({u.name: u for u in pinned.upgrades}, untold=set(untold_names))
+
+    class Passing:
+        def evaluate(self, checks: object, clusters: object, stage: str) -> list[object]:
+            return []
+
+    class Leader:
+        def held(self) -> bool:
+            return True
+
+    drv = RunDriver(fleet, store, Passing(), Leader())  # type: ignore[arg-type]
+    stages: list[api.StageStatus] = []
+    told = 0
+    decision = None
+    for _ in range(2000):
+        fleet.advance_to(fleet.now)
+        result = drv.step(
+            key="t/t",
+            uid="t",
+            spec=spec,
+            upgrades=dict(store.upgrades),
+            stages=stages,
+            held_by={},
+            now=T0 + timedelta(seconds=fleet.now),
+            changed=store.take(),
+        )
+        decision = result.decision
+        stages = list(decision.stages)
+        told += drv.index.told
+        if decision.phase in api.FINISHED_PHASES:
+            break
+        fleet.now += 1.0
+    assert decision is not None
+    return drv, fleet, store, decision, told
+
+
+def test_kept_index_agrees_when_callers_say_what_changed(checked: _Tally) -> None:
+    """Callers that say what changed (the operation watch's clusters and operations, the
+    ClusterUpgrade watch's names): every decision is the decision from scratch, the kept index
+    agrees with one made from scratch after every step, and most passes looked at no more."""
+    _, fleet, _, decision, told = _told_rollout(120, 100)
+    assert decision.phase == api.RunPhase.SUCCEEDED
+    assert fleet.min_available_in_service >= 100
+    assert checked.decisions > 50
+    assert told > checked.decisions // 2, "the callers' word was never taken: no point"
+
+
+def test_a_caller_that_forgets_cannot_break_the_floor(caplog: pytest.LogCaptureFixture) -> None:
+    """A provider that never says when some clusters change (their service-outs take effect
+    unseen: they stay up by the index's count) and a watch that misses some writes: no floor
+    lets a cluster go on that word (the decision compares every object first), the periodic
+    full pass finds and repairs what was missed, and the rollout still finishes."""
+    untold = frozenset(f"c-{i:04d}" for i in range(0, 120, 3))
+    drv, fleet, store, decision, _ = _told_rollout(120, 100, untold_clusters=untold)
+    assert fleet.min_available_in_service >= 100
+    assert decision.phase == api.RunPhase.SUCCEEDED
+    forgetful = frozenset(sorted(store.upgrades)[::4])
+    drv, fleet, store, decision, _ = _told_rollout(
+        120, 100, untold_clusters=untold, untold_names=forgetful
+    )
+    assert fleet.min_available_in_service >= 100
+    assert decision.phase == api.RunPhase.SUCCEEDED
+    fresh = RunIndex.build("t", store.upgrades)
+    drv.index.observe("t", store.upgrades)  # what the next full pass compares
+    assert drv.index.differences(fresh) == []
