@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -418,6 +418,8 @@ class _Run:
         self.stamp = format_time(inp.now)
         self.strategy = inp.spec.strategy or api.Strategy()
         self.timeouts = inp.spec.timeouts or _DEFAULT_TIMEOUTS
+        #: The step bounds, parsed once per decision (`timeout_of`).
+        self._bounds: dict[OpKind | None, timedelta] | None = None
         if inp.index is None:
             self.index = RunIndex.build(inp.uid, inp.upgrades, inp.snapshot.clusters, inp.held_by)
         else:
@@ -503,15 +505,17 @@ class _Run:
         return self.index.in_order(self.phases.names(*phases))
 
     def timeout_of(self, kind: OpKind | None) -> timedelta:
-        t = self.timeouts
-        text = {
-            OpKind.SERVICE_OUT: t.service_out,
-            OpKind.CONTROL_PLANE: t.control_plane,
-            OpKind.NODE_POOL: t.node_pool,
-            OpKind.SERVICE_IN: t.service_in,
-            None: t.ready,
-        }[kind]
-        return api.parse_duration(text)
+        bounds = self._bounds
+        if bounds is None:
+            t = self.timeouts
+            bounds = self._bounds = {
+                OpKind.SERVICE_OUT: api.parse_duration(t.service_out),
+                OpKind.CONTROL_PLANE: api.parse_duration(t.control_plane),
+                OpKind.NODE_POOL: api.parse_duration(t.node_pool),
+                OpKind.SERVICE_IN: api.parse_duration(t.service_in),
+                None: api.parse_duration(t.ready),
+            }
+        return bounds[kind]
 
     def soak_of(self, u: Upgrade, step: str) -> timedelta:
         """The soak the provider reports for the pool of a node-pool step (a blue-green
@@ -841,7 +845,7 @@ class _Run:
             index.drop_quiet(due[1])  # timed out: followed, it fails
         if due is not None:
             self.wake_for_step(due[0])
-        return index.in_order(self.phases.names(*ACTIVE).difference(index.quiet))
+        return index.in_order(self.phases.active.difference(index.quiet))
 
     def gone(self, u: Upgrade, kind: OpKind | None) -> None:
         st = self.status[u.name]
@@ -1960,7 +1964,8 @@ class _Admission:
 
     index: int
     spec_stage: api.Stage | None
-    members: list[Upgrade]
+    #: The stage's members (the index's list: never changed in place).
+    members: Sequence[Upgrade]
     #: The stage's concurrency limit and the clusters in flight now (across the run).
     limit: int
     in_flight: int
@@ -1998,7 +2003,7 @@ def _admission(run: _Run, walk: _Walk, by_stage: Mapping[int, Sequence[Upgrade]]
     floor leaves, before any cluster is offered."""
     index = walk.active
     assert index is not None
-    members = list(by_stage.get(index, []))
+    members = by_stage.get(index, [])
     spec_stage = _stage_spec(run, index)
     value = (
         spec_stage.max_concurrency
@@ -2035,7 +2040,7 @@ def _time_gates(run: _Run, adm: _Admission) -> None:
         if nexts:
             adm.next_start = min(nexts)
             run.wake(max((adm.next_start - run.inp.now).total_seconds(), 1.0))
-        adm.members.sort(key=lambda x: not adm.gates.get(x.name, _OPEN).may_start)
+        adm.members = sorted(adm.members, key=lambda x: not adm.gates.get(x.name, _OPEN).may_start)
     stale = run.phases.waiting_for("NotBefore", "MaintenanceWindow")
     for u in adm.members if stale else ():  # their time came: no stale wait shown
         st = run.status[u.name]
@@ -2400,4 +2405,4 @@ def call_failed(
 
 def with_status(u: Upgrade, status: api.ClusterUpgradeStatus) -> Upgrade:
     """The upgrade with a new status (a helper for drivers and models)."""
-    return replace(u, status=status)
+    return Upgrade(u.name, u.spec, status)

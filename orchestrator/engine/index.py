@@ -79,8 +79,10 @@ class Phases:
     refused: set[str] = field(default_factory=set)
     #: The Pending ones by reason (what they wait for).
     pending: dict[str | None, set[str]] = field(default_factory=dict)
-    #: The cluster ids of those in an ACTIVE phase (held by the run: down for every floor).
+    #: The cluster ids of those in an ACTIVE phase (held by the run: down for every floor),
+    #: and their names.
     held: set[str] = field(default_factory=set)
+    active: set[str] = field(default_factory=set)
     #: The moves made since `journal` was set to a list (None: not recorded).
     journal: list[tuple[Upgrade, api.ClusterUpgradeStatus, api.ClusterUpgradeStatus]] | None = (
         field(default=None, compare=False)
@@ -105,6 +107,7 @@ class Phases:
                 self.pending.get(old.reason, set()).discard(name)
             if old.phase in ACTIVE:
                 self.held.discard(u.cluster_id)
+                self.active.discard(name)
         if new is not None:
             self.by_phase[new.phase].add(name)
             self.per_stage[(stage, new.phase)] += 1
@@ -114,6 +117,7 @@ class Phases:
                 self.pending.setdefault(new.reason, set()).add(name)
             if new.phase in ACTIVE:
                 self.held.add(u.cluster_id)
+                self.active.add(name)
         if self.journal is not None and old is not None and new is not None:
             self.journal.append((u, old, new))
 
@@ -150,6 +154,7 @@ class Phases:
             self.refused,
             {r: s for r, s in self.pending.items() if s},
             self.held,
+            self.active,
         )
 
 
@@ -467,7 +472,14 @@ class RunIndex:
         }:
             out.append("members by stage")
         mine, theirs = self.phases.comparable(), other.phases.comparable()
-        words = ("names by phase", "per-stage counts", "refused", "Pending by reason", "held")
+        words = (
+            "names by phase",
+            "per-stage counts",
+            "refused",
+            "Pending by reason",
+            "held",
+            "active",
+        )
         for what, a, b in zip(words, mine, theirs, strict=True):
             if a != b:
                 out.append(what)

@@ -243,7 +243,8 @@ class _Pass:
     def took_effect(self, upgrade: Upgrade, new: api.ClusterUpgradeStatus) -> None:
         """A write of upgrade's status took effect (call under the driver's lock); the
         decision's own write carries the phases it went through."""
-        decided = new == self.decision.changed.get(upgrade.name)
+        mine = self.decision.changed.get(upgrade.name)
+        decided = new is mine or new == mine
         self.result.changes.append(
             ClusterChange(
                 upgrade.name,
@@ -619,14 +620,13 @@ class RunDriver:
         upgrades: Mapping[str, Upgrade],
         snapshot: Snapshot,
         now: datetime,
-    ) -> tuple[dict[str, Upgrade], dict[str, api.ClusterUpgradeStatus]]:
+    ) -> tuple[Mapping[str, Upgrade], dict[str, api.ClusterUpgradeStatus]]:
         """Run the checks that are due for clusters in Verifying; health lives on the upgrade.
 
         A failing evaluation of ours that no write recorded (unrecorded_failures) breaks the
         passes on record: the next evaluation counts from zero, and a service-in that another
         replica decided on those passes gets them reset on record before it is asked again.
         """
-        out = dict(upgrades)
         changed: dict[str, api.ClusterUpgradeStatus] = {}
         # Those awaiting checks (Verifying; Failed, recovering) or with a failure unrecorded;
         # the others would be passed over below.
@@ -639,9 +639,7 @@ class RunDriver:
             if base is not None and base.passes and name in self.unrecorded_failures:
                 base = base.model_copy(update={"passes": 0})
                 if st.phase == api.UpgradePhase.SERVICING_IN:
-                    new = st.model_copy(update={"health": base})
-                    out[name] = with_status(u, new)
-                    changed[name] = new
+                    changed[name] = st.model_copy(update={"health": base})
                     continue
             checks = checks_for(spec, u.spec.stage)
             obs = snapshot.clusters.get(u.cluster_id)
@@ -657,9 +655,12 @@ class RunDriver:
             results = self.checker.evaluate(checks, [obs], u.spec.stage)
             if not all(r.passed for r in results):
                 self.unrecorded_failures.add(name)  # until the write below takes effect
-            new = st.model_copy(update={"health": record(base, results, now)})
-            out[name] = with_status(u, new)
-            changed[name] = new
+            changed[name] = st.model_copy(update={"health": record(base, results, now)})
+        if not changed:
+            return upgrades, changed  # the caller's, not a copy per pass
+        out = dict(upgrades)
+        for name, new in changed.items():
+            out[name] = with_status(upgrades[name], new)
         return out, changed
 
     def _evaluate_stages(
