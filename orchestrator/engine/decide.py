@@ -1236,9 +1236,9 @@ class _Run:
         changed; O(clusters held), not O(fleet)."""
         up, held_by, changed = self.index.up, self.inp.held_by, self.effective_changed
         held = self.phases.held
-        # The held clusters among those up by the snapshot's observation.
-        held_up = held & up
-        held_up.update(c for c in held_by if c in up and c not in held)
+        # Another run's holdings among those up by the snapshot's observation (this run's own
+        # are counted as they change: `Phases.held_up`).
+        others_up = {c for c in held_by if c in up and c not in held}
         # What this pass changed: up by its effective observation now, or not any more.
         gained: set[str] = set()
         lost: set[str] = set()
@@ -1256,9 +1256,12 @@ class _Run:
         out = []
         for i, f in enumerate(self.floors):
             members = f.members
-            base = self.index.up_members if i == 0 else len(members & up)
-            count = base - len(held_up & members) + len(gained & members) - len(lost & members)
-            out.append(count - f.required)
+            if i == 0:  # this run's floor: every cluster it holds is a member
+                base = self.index.up_members - self.phases.held_up
+            else:
+                base = len(members & up) - len(held & up & members)
+            base -= len(others_up & members)
+            out.append(base + len(gained & members) - len(lost & members) - f.required)
         return out
 
     def floor_allows(self, u: Upgrade, counted: list[int] | None = None) -> bool:

@@ -83,6 +83,11 @@ class Phases:
     #: and their names.
     held: set[str] = field(default_factory=set)
     active: set[str] = field(default_factory=set)
+    #: The clusters up by their observation (the index's `RunIndex.up`, shared), and how many
+    #: of `held` are among them: kept as either changes, so that the floor's room costs
+    #: O(1) a pass (`decide._Run.room`).
+    up: set[str] = field(default_factory=set, compare=False, repr=False)
+    held_up: int = 0
     #: The moves made since `journal` was set to a list (None: not recorded).
     journal: list[tuple[Upgrade, api.ClusterUpgradeStatus, api.ClusterUpgradeStatus]] | None = (
         field(default=None, compare=False)
@@ -106,7 +111,10 @@ class Phases:
             if old.phase == _U.PENDING:
                 self.pending.get(old.reason, set()).discard(name)
             if old.phase in ACTIVE:
-                self.held.discard(u.cluster_id)
+                cid = u.cluster_id
+                if cid in self.held:
+                    self.held.discard(cid)
+                    self.held_up -= cid in self.up
                 self.active.discard(name)
         if new is not None:
             self.by_phase[new.phase].add(name)
@@ -116,7 +124,10 @@ class Phases:
             if new.phase == _U.PENDING:
                 self.pending.setdefault(new.reason, set()).add(name)
             if new.phase in ACTIVE:
-                self.held.add(u.cluster_id)
+                cid = u.cluster_id
+                if cid not in self.held:
+                    self.held.add(cid)
+                    self.held_up += cid in self.up
                 self.active.add(name)
         if self.journal is not None and old is not None and new is not None:
             self.journal.append((u, old, new))
@@ -386,6 +397,8 @@ class RunIndex:
                 up.discard(cid)
             if was is not now and cid in self.members:
                 self.up_members += 1 if now else -1
+            if was is not now and cid in self.phases.held:
+                self.phases.held_up += 1 if now else -1
             self._forget(cid)
         if held_by != self.holders_seen:
             for cid, _ in set(held_by.items()) ^ set(self.holders_seen.items()):
@@ -467,6 +480,8 @@ class RunIndex:
             out.append("the clusters up by their observation")
         if other.obs_seen and self.up_members != len(other.up & other.members):
             out.append("the run's members up by their observation")
+        if other.obs_seen and self.phases.held_up != len(other.phases.held & other.up):
+            out.append("the held clusters up by their observation")
         if {s: [u.name for u in m] for s, m in self.by_stage.items()} != {
             s: [u.name for u in m] for s, m in other.by_stage.items()
         }:
@@ -506,5 +521,6 @@ class RunIndex:
         self.waiting = {}
         self.quiet = {}
         self.obs_seen, self.holders_seen, self.up, self.up_members = {}, {}, set(), 0
+        self.phases.up, self.phases.held_up = self.up, 0  # none is up before it is observed
         self.quiet_rid, self.deadlines, self.ops_seen, self.timeouts_seen = {}, [], {}, None
         self.world_token, self.told_upgrades, self.told_world = None, False, False
