@@ -101,6 +101,8 @@ _STEP_PHASE = {
     OpKind.NODE_POOL: U.UPGRADING_NODE_POOLS,
     OpKind.SERVICE_IN: U.SERVICING_IN,
 }
+#: The step kinds by the name a status's `step` begins with.
+_KIND_OF = {k.value: k for k in OpKind}
 #: Phases in which an attempt has ended (`end_time` set).
 ENDED = frozenset({U.UPGRADED, U.FAILED, U.SKIPPED})
 #: The phases `_released` looks at: neither active, nor Pending, nor Upgraded.
@@ -693,7 +695,7 @@ class _Run:
             self.verify(u, obs)
             return
         kind_text, _, pool = (st.step or "").partition("/")
-        kind = OpKind(kind_text)
+        kind = _KIND_OF.get(kind_text) or OpKind(kind_text)
         version = u.spec.version if kind is OpKind.CONTROL_PLANE else u.spec.pool_target(pool)
         op = self._find_op(st.request_id or "", obs)
         if obs is None:

@@ -132,16 +132,27 @@ class Snapshot:
     changes: Changes | None = field(default=None, compare=False)
 
 
+def _with(cluster: ClusterObs, **changes: object) -> ClusterObs:
+    """The observation with these fields changed: `dataclasses.replace` without its generic
+    walk and __init__ (ClusterObs is a plain frozen dataclass: no __post_init__, no slots), as
+    a pass makes one per operation that succeeded."""
+    new = object.__new__(ClusterObs)
+    values = new.__dict__
+    values.update(cluster.__dict__)
+    values.update(changes)
+    return new
+
+
 def apply_succeeded(cluster: ClusterObs, op: OpObs) -> ClusterObs:
     """The cluster as it is once op has succeeded (the inventory may lag behind the op)."""
     if op.kind is OpKind.SERVICE_OUT:
-        return replace(cluster, in_service=False)
+        return _with(cluster, in_service=False)
     if op.kind is OpKind.SERVICE_IN:
-        return replace(cluster, in_service=True)
+        return _with(cluster, in_service=True)
     if op.kind is OpKind.CONTROL_PLANE:
-        return replace(cluster, control_plane_version=op.target_version)
+        return _with(cluster, control_plane_version=op.target_version)
     pools = tuple(
         replace(p, version=op.target_version, ready=True) if p.name == op.node_pool else p
         for p in cluster.node_pools
     )
-    return replace(cluster, node_pools=pools)
+    return _with(cluster, node_pools=pools)

@@ -8,7 +8,7 @@ what-if rollouts whose clusters wait for the availability budget, by stage and c
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import FrozenInstanceError, dataclass, replace
 from datetime import timedelta
 
 import pytest
@@ -18,7 +18,14 @@ from orchestrator.engine import decide as engine
 from orchestrator.engine.decide import Decision, RunInput, with_status
 from orchestrator.engine.index import FULL_EVERY, RunIndex
 from orchestrator.engine.initialize import pin_upgrades
-from orchestrator.engine.observations import ClusterObs, OpKind, PoolObs
+from orchestrator.engine.observations import (
+    ClusterObs,
+    OpKind,
+    OpObs,
+    OpState,
+    PoolObs,
+    apply_succeeded,
+)
 from orchestrator.pipeline import driver as driver_module
 from orchestrator.pipeline.driver import RunDriver
 from orchestrator.pipeline.simulate import T0, ModelFleet, simulate
@@ -295,3 +302,32 @@ def test_a_caller_that_forgets_cannot_break_the_floor(caplog: pytest.LogCaptureF
     fresh = RunIndex.build("t", store.upgrades)
     drv.index.observe("t", store.upgrades)  # what the next full pass compares
     assert drv.index.differences(fresh) == []
+
+
+@pytest.mark.parametrize("kind", list(OpKind))
+def test_apply_succeeded_is_the_observation_replaced(kind: OpKind) -> None:
+    """A pass's effective observation of a cluster whose operation succeeded (built without
+    dataclasses.replace, as one is made per changed cluster) is exactly the replaced one, and
+    the snapshot's own observation is left as it was."""
+    before = ClusterObs(
+        "c-1",
+        "1.28.5",
+        (PoolObs("a", "1.28.5", ready=False), PoolObs("b", "1.28.5")),
+        {"stage": "main"},
+        in_service=kind is not OpKind.SERVICE_OUT,
+    )
+    op = OpObs("op-1", kind, "c-1", OpState.SUCCEEDED, "r", node_pool="a", target_version="1.29.4")
+    expected = {
+        OpKind.SERVICE_OUT: replace(before, in_service=False),
+        OpKind.SERVICE_IN: replace(before, in_service=True),
+        OpKind.CONTROL_PLANE: replace(before, control_plane_version="1.29.4"),
+        OpKind.NODE_POOL: replace(
+            before, node_pools=(PoolObs("a", "1.29.4", ready=True), PoolObs("b", "1.28.5"))
+        ),
+    }[kind]
+    after = apply_succeeded(before, op)
+    assert after == expected
+    assert type(after) is ClusterObs
+    assert (before.control_plane_version, before.node_pools[0].version) == ("1.28.5", "1.28.5")
+    with pytest.raises(FrozenInstanceError):
+        after.in_service = True  # type: ignore[misc]
