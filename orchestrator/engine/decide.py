@@ -535,7 +535,21 @@ class _Run:
 
     # -- steps -------------------------------------------------------------------------------
 
-    def issue(self, u: Upgrade, kind: OpKind, pool: str = "", reissue: bool = False) -> None:
+    def record_op(self, u: Upgrade, op_id: str | None) -> None:
+        """Record the id of the operation that just succeeded (`advance`), if any."""
+        if op_id is not None:
+            self.set(u, operation_id=op_id)
+
+    def issue(
+        self,
+        u: Upgrade,
+        kind: OpKind,
+        pool: str = "",
+        reissue: bool = False,
+        op_id: str | None = None,
+    ) -> None:
+        """Set the step of kind in flight and make its call. op_id: as for `advance` (kept
+        only when the step is asked again with the same request id)."""
         st = self.status[u.name]
         version = ""
         target = u.spec.version
@@ -546,6 +560,9 @@ class _Run:
         step = f"{kind.value}/{pool}" if pool else kind.value
         rid = request_id(self.inp.uid, u.cluster_id, step, target, st.attempt)
         same = st.request_id == rid
+        if same and op_id is not None:
+            self.record_op(u, op_id)
+            st = self.status[u.name]
         self.set(
             u,
             phase=_STEP_PHASE[kind],
@@ -578,12 +595,16 @@ class _Run:
     def fail(self, u: Upgrade, reason: str, message: str) -> None:
         self.set(u, phase=U.FAILED, reason=reason, message=message)
 
-    def advance(self, u: Upgrade, obs: ClusterObs) -> None:
+    def advance(self, u: Upgrade, obs: ClusterObs, op_id: str | None = None) -> None:
         """The next step of a cluster that has no operation in flight: only what is still short
-        of target is upgraded (a control plane at or past it has no step)."""
+        of target is upgraded (a control plane at or past it has no step). op_id: the operation
+        that just succeeded, recorded on the status before the next step is set (a new step
+        of another request id clears it: then it is not recorded at all, and no status is
+        built only to be replaced)."""
         spec = u.spec
         self.note_drift(u, obs)
         if self.stopping and (not obs.in_service or needs_upgrade(obs, spec)):
+            self.record_op(u, op_id)
             if not obs.in_service:
                 self.verify(u, obs)
             else:
@@ -592,18 +613,21 @@ class _Run:
             return
         if obs.in_service and needs_upgrade(obs, spec):
             # Back in service yet short of target (someone serviced it in): start over.
+            self.record_op(u, op_id)
             self.start_over(
                 u,
                 "ServicedInElsewhere",
                 "serviced in outside this run before finishing; queued again",
             )
         elif not versions.meets(obs.control_plane_version, spec.version):
-            self.issue(u, OpKind.CONTROL_PLANE)
+            self.issue(u, OpKind.CONTROL_PLANE, op_id=op_id)
         elif (pool := _pool_needing(obs, spec)) is not None:
-            self.issue(u, OpKind.NODE_POOL, pool)
+            self.issue(u, OpKind.NODE_POOL, pool, op_id=op_id)
         elif not obs.in_service:
+            self.record_op(u, op_id)
             self.verify(u, obs)
         else:
+            self.record_op(u, op_id)
             drift = (
                 f" (control plane found past the target {spec.version}; left there)"
                 if control_plane_past_target(obs, spec)
@@ -745,9 +769,11 @@ class _Run:
                 Call(kind, u.cluster_id, st.request_id or "", u.name, version, pool, reissue=True)
             )
             return
-        if op.id != st.operation_id and (u.name in self.changed or op.state.terminal):
+        record = op.id != st.operation_id and (u.name in self.changed or op.state.terminal)
+        if record and op.state != OpState.SUCCEEDED:
             # Recorded along with a write that happens anyway: progress alone costs no write
-            # (at most two API writes per cluster step).
+            # (at most two API writes per cluster step). One that succeeded is recorded by
+            # `advance`, with the next step's write (dropped there by a step that clears it).
             self.set(u, operation_id=op.id)
         if not op.state.terminal:
             if (
@@ -770,7 +796,7 @@ class _Run:
         obs = apply_succeeded(obs, op)
         self.effective[u.cluster_id] = obs
         self.effective_changed.add(u.cluster_id)
-        self.advance(u, obs)
+        self.advance(u, obs, op.id if record else None)
 
     def _find_op(self, rid: str, obs: ClusterObs | None) -> OpObs | None:
         op = self.inp.snapshot.operations.get(rid)
