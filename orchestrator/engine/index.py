@@ -100,37 +100,39 @@ class Phases:
         new: api.ClusterUpgradeStatus | None,
     ) -> None:
         """Account one ClusterUpgrade's status change (None: absent)."""
-        same_phase = old is not None and new is not None and old.phase == new.phase
-        if same_phase and old is not None and new is not None and old.reason == new.reason:
-            return  # nothing accounted here changes
-        name, stage = u.name, u.spec.stage_index
+        if old is not None and new is not None:
+            if old.phase == new.phase and old.reason == new.reason:
+                return  # nothing accounted here changes
+            if self.journal is not None:
+                self.journal.append((u, old, new))
+        name, stage, per_stage = u.name, u.spec.stage_index, self.per_stage
         if old is not None:
-            self.by_phase[old.phase].discard(name)
-            self.per_stage[(stage, old.phase)] -= 1
+            was = old.phase
+            self.by_phase[was].discard(name)
+            per_stage[(stage, was)] -= 1
             self.refused.discard(name)
-            if old.phase == _U.PENDING:
+            if was == _U.PENDING:
                 self.pending.get(old.reason, set()).discard(name)
-            if old.phase in ACTIVE:
+            elif was in ACTIVE:
                 cid = u.cluster_id
                 if cid in self.held:
                     self.held.discard(cid)
                     self.held_up -= cid in self.up
                 self.active.discard(name)
         if new is not None:
-            self.by_phase[new.phase].add(name)
-            self.per_stage[(stage, new.phase)] += 1
-            if new.phase == _U.BLOCKED and new.reason == "Refused":
+            now = new.phase
+            self.by_phase[now].add(name)
+            per_stage[(stage, now)] += 1
+            if now == _U.BLOCKED and new.reason == "Refused":
                 self.refused.add(name)
-            if new.phase == _U.PENDING:
+            elif now == _U.PENDING:
                 self.pending.setdefault(new.reason, set()).add(name)
-            if new.phase in ACTIVE:
+            elif now in ACTIVE:
                 cid = u.cluster_id
                 if cid not in self.held:
                     self.held.add(cid)
                     self.held_up += cid in self.up
                 self.active.add(name)
-        if self.journal is not None and old is not None and new is not None:
-            self.journal.append((u, old, new))
 
     def undo(self) -> None:
         """Undo the moves recorded since `journal` was set, last first, and stop recording:
@@ -221,6 +223,8 @@ class RunIndex:
     by_stage: dict[int, list[Upgrade]] = field(default_factory=dict)
     #: The run's cluster ids (its own floor's members), cluster id → ClusterUpgrade name and back.
     members: frozenset[str] = frozenset()
+    #: The run's cluster ids in the input's order (what the driver asks the provider about).
+    ids: tuple[str, ...] = ()
     name_of: dict[str, str] = field(default_factory=dict)
     cluster_of: dict[str, str] = field(default_factory=dict)
     phases: Phases = field(default_factory=Phases)
@@ -515,6 +519,7 @@ class RunIndex:
         self.name_of = {u.cluster_id: u.name for u in upgrades.values()}
         self.cluster_of = {u.name: u.cluster_id for u in upgrades.values()}
         self.members = frozenset(self.name_of)
+        self.ids = tuple(self.name_of)
         self.phases = Phases()
         for u in upgrades.values():
             self.phases.move(u, None, u.status)

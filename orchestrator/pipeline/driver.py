@@ -334,9 +334,9 @@ class RunDriver:
         full pass (FULL_EVERY) finds; no floor lets a cluster go on it unchecked (decide).
         """
         index = self._index(uid, upgrades, changed)
-        ids = list(index.name_of)
+        ids: Sequence[str] = index.ids
         if floors:
-            ids += sorted({cid for f in floors for cid in f.members} - index.members)
+            ids = [*ids, *sorted({cid for f in floors for cid in f.members} - index.members)]
         snapshot = self.provider.snapshot(ids)
         self._full_pass(index, uid, upgrades, snapshot, held_by)
         upgrades, health_changed = self._evaluate_clusters(spec, upgrades, snapshot, now)
