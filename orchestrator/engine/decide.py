@@ -399,6 +399,31 @@ def _achieved(kind: OpKind, pool: str, version: str, obs: ClusterObs) -> bool:
     return found is None or versions.meets(found.version, version)
 
 
+def _updated(
+    old: api.ClusterUpgradeStatus, changes: Mapping[str, object]
+) -> api.ClusterUpgradeStatus:
+    """`old.model_copy(update=changes)`, made directly: what pydantic's shallow copy does for a
+    model without private attributes or extra fields (checked below), without its generic
+    dispatch; a pass makes one per status it changes. tests/engine/test_index.py checks it
+    against model_copy."""
+    new = _new_model(api.ClusterUpgradeStatus)
+    values = old.__dict__.copy()
+    values.update(changes)
+    _set_slot(new, "__dict__", values)
+    _set_slot(new, "__pydantic_fields_set__", old.__pydantic_fields_set__ | changes.keys())
+    _set_slot(new, "__pydantic_extra__", None)
+    _set_slot(new, "__pydantic_private__", None)
+    return new
+
+
+_new_model = object.__new__
+_set_slot = object.__setattr__
+if api.ClusterUpgradeStatus.__private_attributes__ or (
+    api.ClusterUpgradeStatus.model_config.get("extra") != "forbid"
+):  # `_updated` copies what a status has: its fields, nothing else
+    raise TypeError("ClusterUpgradeStatus grew private attributes or extra fields: see _updated")
+
+
 class _Statuses(dict[str, api.ClusterUpgradeStatus]):
     """The statuses as one decision changes them: those it set, else the input's (looked up
     when asked for, not copied per pass)."""
@@ -408,7 +433,8 @@ class _Statuses(dict[str, api.ClusterUpgradeStatus]):
         self.upgrades = upgrades
 
     def __missing__(self, name: str) -> api.ClusterUpgradeStatus:
-        return self.upgrades[name].status
+        status = self[name] = self.upgrades[name].status  # looked at again: kept
+        return status
 
 
 class _Run:
@@ -496,7 +522,7 @@ class _Run:
         # without making it): a status is built once, and only when it differs.
         if all(getattr(old, k) == v for k, v in changes.items()):
             return
-        new = old.model_copy(update=changes)
+        new = _updated(old, changes)
         self.status[u.name] = new
         self.changed[u.name] = new
         self.phases.move(u, old, new)

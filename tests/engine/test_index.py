@@ -12,6 +12,7 @@ from dataclasses import FrozenInstanceError, dataclass, replace
 from datetime import timedelta
 
 import pytest
+from pydantic import ValidationError
 
 from orchestrator import api
 from orchestrator.engine import decide as engine
@@ -331,3 +332,35 @@ def test_apply_succeeded_is_the_observation_replaced(kind: OpKind) -> None:
     assert (before.control_plane_version, before.node_pools[0].version) == ("1.28.5", "1.28.5")
     with pytest.raises(FrozenInstanceError):
         after.in_service = True  # type: ignore[misc]
+
+
+def test_a_status_updated_by_a_decision_is_its_model_copy() -> None:
+    """The status a decision builds (decide._updated, made without pydantic's generic copy)
+    is what model_copy makes: the same fields, the same fields set, equal, dumped alike; the
+    old one unchanged."""
+    old = api.ClusterUpgradeStatus(
+        phase=api.UpgradePhase.SERVICING_OUT,
+        step="serviceOut",
+        request_id="t:c-1:serviceOut:1.29.4:0",
+        attempt=2,
+        conditions=[],
+    )
+    changes = {
+        "phase": api.UpgradePhase.UPGRADING_CONTROL_PLANE,
+        "step": "controlPlane",
+        "operation_id": None,
+        "message": None,
+        "last_transition_time": "2026-01-01T00:00:00Z",
+    }
+    before = old.model_dump()
+    fast, slow = engine._updated(old, changes), old.model_copy(update=changes)
+    assert type(fast) is type(slow)
+    assert fast == slow
+    assert fast.__dict__ == slow.__dict__
+    assert fast.model_fields_set == slow.model_fields_set
+    assert fast.dump() == slow.dump()
+    assert fast.__pydantic_extra__ == slow.__pydantic_extra__
+    assert fast.__pydantic_private__ == slow.__pydantic_private__
+    assert old.model_dump() == before
+    with pytest.raises(ValidationError):
+        fast.phase = api.UpgradePhase.PENDING  # frozen, as model_copy's is
