@@ -1324,7 +1324,8 @@ class _Run:
         must keep its room. A cluster this run holds is counted down already; any other costs
         one, an unavailable one too (once taken out it stays down when it recovers, and then
         the floor must still hold). counted: an admission pass's running room; else counted
-        afresh."""
+        afresh. On an index that rests on what callers said changed, a floor that would let the
+        cluster go is counted again after comparing every object (`_CompareAll`)."""
         left = self.room() if counted is None else counted
         cost = self._cost(u)
         allows = all(left[i] >= cost for i in self._binding(u.cluster_id))

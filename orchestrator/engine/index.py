@@ -3,12 +3,14 @@
 `RunIndex` holds, for one run, its ClusterUpgrades as last seen, in the engine's order (stage,
 then cluster id), grouped by phase, with per-stage phase counts: what `decide` and the driver
 used to count by walking every ClusterUpgrade of the run on every pass. `observe` brings it up
-to date from the pass's input by looking only at what changed (an object that is the same
-object as last time is not looked into); `RunIndex.build` makes one from scratch (the full
-pass). Both must agree: the driver rebuilds every `FULL_EVERY` passes and compares
-(`differences`), replacing the index and logging what differed; tests/engine/test_index.py
-asserts they agree, and that decisions taken with either are the same, after every step of
-simulated histories.
+to date from the pass's input by looking only at what changed: what its callers say changed
+when they say it (a hint of ClusterUpgrade names; a snapshot's `Changes`), else every object
+that is not the very object seen last time (`told` says which the index rests on: `decide`
+compares every object before any floor lets a cluster go on the callers' word);
+`RunIndex.build` makes one from scratch (the full pass). Both must agree: the driver
+rebuilds every `FULL_EVERY` passes and compares (`differences`), replacing the index and
+logging what differed; tests/engine/test_index.py asserts they agree, and that decisions
+taken with either are the same, after every step of simulated histories.
 
 It also keeps two memos of outcomes, each with exactly what it was decided from, which `decide`
 uses only while all of that is equal (then the outcome could not differ):
