@@ -364,3 +364,63 @@ def test_a_status_updated_by_a_decision_is_its_model_copy() -> None:
     assert old.model_dump() == before
     with pytest.raises(ValidationError):
         fast.phase = api.UpgradePhase.PENDING  # frozen, as model_copy's is
+
+
+def test_the_full_pass_finds_what_a_caller_did_not_say(caplog: pytest.LogCaptureFixture) -> None:
+    """A ClusterUpgrade changed by someone else (another replica, a person) that the caller
+    does not name in `changed`: the kept index is left behind (nothing here lets a cluster go,
+    so no decision compares every object), until the periodic full pass finds the difference,
+    logs it and rebuilds the index; the decision of that pass counts the change."""
+    clusters = _fleet(30)
+    spec = api.UpdateRunSpec(
+        required_available_count=25,
+        ops_endpoint=api.OpsEndpoint(endpoint="127.0.0.1:9090", insecure=True),
+        clusters=[api.ClusterSpec(id=c, version="1.29.4") for c in clusters],
+    )
+    pinned = pin_upgrades("t", spec, clusters)
+    assert not isinstance(pinned, list)
+    fleet = TellingFleet(clusters, durations=dict.fromkeys(OpKind, 1e9))
+    store = TellingStore({u.name: u for u in pinned.upgrades})
+
+    class Passing:
+        def evaluate(self, checks: object, clusters: object, stage: str) -> list[object]:
+            return []
+
+    class Leader:
+        def held(self) -> bool:
+            return True
+
+    drv = RunDriver(fleet, store, Passing(), Leader())  # type: ignore[arg-type]
+
+    def step() -> Decision:
+        return drv.step(
+            key="t/t",
+            uid="t",
+            spec=spec,
+            upgrades=dict(store.upgrades),
+            stages=[],
+            held_by={},
+            now=T0,
+            changed=store.take(),
+        ).decision
+
+    step()
+    step()
+    assert len(fleet.started_steps) == 5  # the floor lets five go; the rest wait
+    # Someone else skips a waiting cluster; the caller does not say so.
+    name = next(n for n, u in store.upgrades.items() if u.status.phase == api.UpgradePhase.PENDING)
+    u = store.upgrades[name]
+    store.upgrades[name] = with_status(
+        u, u.status.model_copy(update={"phase": api.UpgradePhase.SKIPPED, "reason": "Elsewhere"})
+    )
+    decision = step()
+    assert drv.index.told
+    assert drv.index.differences(RunIndex.build("t", store.upgrades)) != []
+    assert decision.counts.skipped == 0  # the kept index's word: behind
+    drv.index.passes = FULL_EVERY - 1  # the next pass is a full one
+    with caplog.at_level("ERROR"):
+        decision = step()
+    assert "disagreed with a full pass" in caplog.text
+    assert drv.index.differences(RunIndex.build("t", store.upgrades)) == []
+    assert (decision.counts.skipped, decision.counts.in_flight) == (1, 5)
+    assert len(fleet.started_steps) == 5  # and nothing more was taken out: the floor held
