@@ -257,20 +257,13 @@ class _PassCase:
     clusters: int
     changed: int
     frozen: bool
+    #: Whether the callers said what changed (the fleet's snapshot its changes, the store its
+    #: writes: `RunDriver.step(changed=...)`) or the index compared every object.
+    told: bool
     cpu_ms: float
     wall_ms: float
     full_collections: int
     gc_ms: float
-
-
-class _MemoryStore:
-    """ClusterUpgrades in memory (the driver's UpgradeStore)."""
-
-    def __init__(self, upgrades: dict[str, Any]) -> None:
-        self.upgrades = upgrades
-
-    def write_upgrade_status(self, upgrade: Any, status: api.ClusterUpgradeStatus) -> None:
-        self.upgrades[upgrade.name] = with_status(self.upgrades[upgrade.name], status)
 
 
 class _AllPass:
@@ -299,7 +292,9 @@ class _GcTimer:
             self.seconds += time.perf_counter() - self._t0
 
 
-def _pass_case(count: int, passes: int, frozen: bool, profile: Path | None = None) -> _PassCase:
+def _pass_case(
+    count: int, passes: int, frozen: bool, profile: Path | None = None, told: bool = True
+) -> _PassCase:
     """One reconcile pass of a run of count clusters (floor 80 %: a fifth in flight) in which
     1 % of the clusters' operations ended: the real RunDriver (observe, decide, persist, call)
     over the what-if's in-memory fleet (orchestrator.pipeline.simulate.ModelFleet), in this thread.
@@ -307,18 +302,22 @@ def _pass_case(count: int, passes: int, frozen: bool, profile: Path | None = Non
     (orchestrator/controllers/updaterun.py) and the ClusterVersion controller. frozen: the heap is
     frozen out of the collector after the admission, as the orchestrator's caches do once synced
     (orchestrator.adapters.cache.settle_heap), so full collections walk only what the passes
-    make."""
+    make. told: the callers say what changed, as the operation watch and the ClusterUpgrade
+    watch can (tests.support.told: the fleet's snapshots carry their `Changes`, the store names
+    what was written); else the driver's index compares every object."""
     from orchestrator.adapters.cache import settle_heap  # noqa: PLC0415
     from orchestrator.pipeline.driver import RunDriver  # noqa: PLC0415
     from orchestrator.pipeline.simulate import T0, ModelFleet  # noqa: PLC0415
+    from tests.support.told import TellingFleet, TellingStore  # noqa: PLC0415
 
     clusters = _fleet(count)
     spec = _spec(clusters, count * 4 // 5, staged=False)
     pinned = pin_upgrades("bench", spec, clusters)
     assert not isinstance(pinned, list), pinned
     # Operations end only when this benchmark says so.
-    fleet = ModelFleet(clusters, durations=dict.fromkeys(OpKind, 1e9))
-    store = _MemoryStore({u.name: u for u in pinned.upgrades})
+    durations = dict.fromkeys(OpKind, 1e9)
+    fleet = TellingFleet(clusters, durations) if told else ModelFleet(clusters, durations)
+    store = TellingStore({u.name: u for u in pinned.upgrades})
     driver = RunDriver(fleet, store, _AllPass(), _Leader())
     stages: list[api.StageStatus] = []
 
@@ -332,6 +331,7 @@ def _pass_case(count: int, passes: int, frozen: bool, profile: Path | None = Non
             stages=stages,
             held_by={},
             now=T0 + timedelta(seconds=fleet.now),
+            changed=store.take() if told else None,
         )
         stages = list(result.decision.stages)
         return bool(result.calls_made or result.decision.changed)
@@ -372,6 +372,7 @@ def _pass_case(count: int, passes: int, frozen: bool, profile: Path | None = Non
         clusters=count,
         changed=changed,
         frozen=frozen,
+        told=told,
         cpu_ms=statistics.median(cpu) * 1e3,
         wall_ms=statistics.median(wall) * 1e3,
         full_collections=timer.count,
@@ -1054,10 +1055,11 @@ def _pass_rows(case: _PassCase) -> list[_Row]:
     return [
         (
             f"CPU per pass, {case.clusters:,} clusters, {case.changed} changed"
-            + (", heap frozen" if case.frozen else ""),
+            + (", heap frozen" if case.frozen else "")
+            + ("" if case.told else ", not told what changed"),
             f"{case.cpu_ms:.1f} ms",
-            "<= 10 ms" if case.clusters >= 20_000 and case.frozen else "",
-            case.cpu_ms <= 10 if case.clusters >= 20_000 and case.frozen else None,
+            "<= 10 ms" if case.clusters >= 20_000 and case.frozen and case.told else "",
+            case.cpu_ms <= 10 if case.clusters >= 20_000 and case.frozen and case.told else None,
         ),
         (
             "  ... full collections during those passes / their time per pass",
@@ -1164,10 +1166,14 @@ def main(argv: list[str] | None = None) -> int:
     profiled = Path(args.profile).resolve() if args.profile and args.skip_rollout else None
     pass_cases = [
         _pass_case(
-            n, args.passes, frozen, profiled if frozen and sizes and n == max(sizes) else None
+            n,
+            args.passes,
+            frozen,
+            profiled if frozen and told and sizes and n == max(sizes) else None,
+            told,
         )
         for n in sizes
-        for frozen in (False, True)
+        for frozen, told in ((False, True), (True, True), (True, False))
     ]
     results["passes"] = [c.__dict__ for c in pass_cases]
     if not args.skip_rollout:

@@ -25,11 +25,9 @@ ships. Each safety invariant of DESIGN.md has one place here:
 from __future__ import annotations
 
 import hashlib
-import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -44,7 +42,7 @@ from orchestrator.engine.conditions import (
     set_condition,
 )
 from orchestrator.engine.health import judge
-from orchestrator.engine.index import Quiet, RunIndex, Waiting, up_by_observation
+from orchestrator.engine.index import ACTIVE, Quiet, RunIndex, Waiting, up_by_observation
 from orchestrator.engine.observations import (
     ClusterObs,
     OpKind,
@@ -95,19 +93,6 @@ __all__ = [
 ]
 
 U = api.UpgradePhase
-#: Phases in which a cluster is held by its run (out of service or about to be).
-ACTIVE = frozenset(
-    {
-        U.SERVICING_OUT,
-        U.UPGRADING_CONTROL_PLANE,
-        U.UPGRADING_NODE_POOLS,
-        U.VERIFYING,
-        U.SERVICING_IN,
-        U.PRE_HOOK,
-        U.POST_HOOK,
-    }
-)
-_status_of = operator.attrgetter("status")
 #: The step timeouts of a run that sets none (one object: a memo compares it by identity).
 _DEFAULT_TIMEOUTS = api.StepTimeouts()
 _STEP_PHASE = {
@@ -116,6 +101,8 @@ _STEP_PHASE = {
     OpKind.NODE_POOL: U.UPGRADING_NODE_POOLS,
     OpKind.SERVICE_IN: U.SERVICING_IN,
 }
+#: The step kinds by the name a status's `step` begins with.
+_KIND_OF = {k.value: k for k in OpKind}
 #: Phases in which an attempt has ended (`end_time` set).
 ENDED = frozenset({U.UPGRADED, U.FAILED, U.SKIPPED})
 #: The phases `_released` looks at: neither active, nor Pending, nor Upgraded.
@@ -269,6 +256,10 @@ class RunInput:
     #: What the run's passes keep between them (engine.index; the driver's): the upgrades
     #: by phase and in order, brought up to date here. None: made from scratch (a full pass).
     index: RunIndex | None = field(default=None, compare=False)
+    #: The names of `upgrades` that are not the very objects `index` last saw (the driver's:
+    #: those whose health it recorded in this pass); only these are looked at. None: every
+    #: object is compared.
+    index_stale: frozenset[str] | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -408,34 +399,86 @@ def _achieved(kind: OpKind, pool: str, version: str, obs: ClusterObs) -> bool:
     return found is None or versions.meets(found.version, version)
 
 
+def _updated(
+    old: api.ClusterUpgradeStatus, changes: Mapping[str, object]
+) -> api.ClusterUpgradeStatus:
+    """`old.model_copy(update=changes)`, made directly: what pydantic's shallow copy does for a
+    model without private attributes or extra fields (checked below), without its generic
+    dispatch; a pass makes one per status it changes. tests/engine/test_index.py checks it
+    against model_copy."""
+    new = _new_model(api.ClusterUpgradeStatus)
+    values = old.__dict__.copy()
+    values.update(changes)
+    _set_slot(new, "__dict__", values)
+    _set_slot(new, "__pydantic_fields_set__", old.__pydantic_fields_set__ | changes.keys())
+    _set_slot(new, "__pydantic_extra__", None)
+    _set_slot(new, "__pydantic_private__", None)
+    return new
+
+
+_new_model = object.__new__
+_set_slot = object.__setattr__
+if api.ClusterUpgradeStatus.__private_attributes__ or (
+    api.ClusterUpgradeStatus.model_config.get("extra") != "forbid"
+):  # `_updated` copies what a status has: its fields, nothing else
+    raise TypeError("ClusterUpgradeStatus grew private attributes or extra fields: see _updated")
+
+
+class _Statuses(dict[str, api.ClusterUpgradeStatus]):
+    """The statuses as one decision changes them: those it set, else the input's (looked up
+    when asked for, not copied per pass)."""
+
+    def __init__(self, upgrades: Mapping[str, Upgrade]) -> None:
+        super().__init__()
+        self.upgrades = upgrades
+
+    def __missing__(self, name: str) -> api.ClusterUpgradeStatus:
+        status = self[name] = self.upgrades[name].status  # looked at again: kept
+        return status
+
+
 class _Run:
     """One decision in progress (private: `decide` is the public surface)."""
 
-    def __init__(self, inp: RunInput) -> None:
+    def __init__(self, inp: RunInput, compare_all: bool = False) -> None:
         self.inp = inp
         self.now = inp.now
         self.stamp = format_time(inp.now)
         self.strategy = inp.spec.strategy or api.Strategy()
         self.timeouts = inp.spec.timeouts or _DEFAULT_TIMEOUTS
+        #: The step bounds, parsed once per decision (`timeout_of`).
+        self._bounds: dict[OpKind | None, timedelta] | None = None
         if inp.index is None:
             self.index = RunIndex.build(inp.uid, inp.upgrades, inp.snapshot.clusters, inp.held_by)
         else:
+            # compare_all: every object, whatever the callers said changed (`decide`).
+            snap = inp.snapshot
             self.index = inp.index
-            self.index.observe(inp.uid, inp.upgrades)
+            stale = None if compare_all else inp.index_stale
+            self.index.observe(inp.uid, inp.upgrades, stale, said=False)
             self.index.observe_world(
-                inp.snapshot.clusters, inp.held_by, inp.snapshot.operations, self.timeouts
+                snap.clusters,
+                inp.held_by,
+                snap.operations,
+                self.timeouts,
+                snap.token,
+                None if compare_all else snap.changes,
             )
-        #: The statuses by phase as this decision changes them (`set` keeps them).
-        self.phases = self.index.phases.copy()
-        self.status: dict[str, api.ClusterUpgradeStatus] = dict(
-            zip(inp.upgrades.keys(), map(_status_of, inp.upgrades.values()), strict=True)
-        )
+        #: The statuses by phase as this decision changes them (`set` keeps them): the index's
+        #: own accounts, every move journaled and undone when the decision is taken (`decide`).
+        self.phases = self.index.phases
+        self.phases.journal = []
+        #: How many were offered (Pending or Blocked) as the index last saw them (`_offer`).
+        self.offered_before = self.phases.count(U.PENDING, U.BLOCKED)
+        self.status = _Statuses(inp.upgrades)
         self.changed: dict[str, api.ClusterUpgradeStatus] = {}
         self.calls: list[Call] = []
         self.events: list[tuple[str, str, str, bool]] = []
         self.preflight_needed: list[str] = []
         self.requeue: float | None = None
-        self.effective: dict[str, ClusterObs] = dict(inp.snapshot.clusters)
+        #: The observations this pass changed (`follow`: an operation that succeeded), by
+        #: cluster id; `observed` reads them over the snapshot's.
+        self.effective: dict[str, ClusterObs] = {}
         #: Clusters whose effective observation is not the snapshot's (`follow`).
         self.effective_changed: set[str] = set()
         self.stopping = inp.spec.state == api.RunState.STOP
@@ -457,7 +500,14 @@ class _Run:
     def wake(self, seconds: float) -> None:
         self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
 
-    def set(self, u: Upgrade, **changes: object) -> api.ClusterUpgradeStatus:
+    def observed(self, cid: str) -> ClusterObs | None:
+        """The cluster as this pass sees it: the snapshot's, or what an operation that
+        succeeded in this pass made of it (None: not in the inventory)."""
+        if cid in self.effective:
+            return self.effective[cid]
+        return self.inp.snapshot.clusters.get(cid)
+
+    def set(self, u: Upgrade, **changes: object) -> None:
         old = self.status[u.name]
         phase = changes.get("phase", old.phase)
         if phase != old.phase:
@@ -468,12 +518,14 @@ class _Run:
                 changes.setdefault("start_time", old.start_time or self.stamp)
             msg = str(changes.get("message") or f"{old.phase.value} → {phase}")
             self.events.append((u.cluster_id, str(phase), msg, phase == U.FAILED))
-        new = old.model_copy(update=changes)
-        if new != old:
-            self.status[u.name] = new
-            self.changed[u.name] = new
-            self.phases.move(u.name, u.spec.stage_index, old, new)
-        return new
+        # Equal unless a field changes (what the models' own equality would find of the copy,
+        # without making it): a status is built once, and only when it differs.
+        if all(getattr(old, k) == v for k, v in changes.items()):
+            return
+        new = _updated(old, changes)
+        self.status[u.name] = new
+        self.changed[u.name] = new
+        self.phases.move(u, old, new)
 
     def having(self, *phases: api.UpgradePhase) -> list[Upgrade]:
         """The upgrades in these phases now, in the input's order (what a walk over every
@@ -481,20 +533,22 @@ class _Run:
         return self.index.in_order(self.phases.names(*phases))
 
     def timeout_of(self, kind: OpKind | None) -> timedelta:
-        t = self.timeouts
-        text = {
-            OpKind.SERVICE_OUT: t.service_out,
-            OpKind.CONTROL_PLANE: t.control_plane,
-            OpKind.NODE_POOL: t.node_pool,
-            OpKind.SERVICE_IN: t.service_in,
-            None: t.ready,
-        }[kind]
-        return api.parse_duration(text)
+        bounds = self._bounds
+        if bounds is None:
+            t = self.timeouts
+            bounds = self._bounds = {
+                OpKind.SERVICE_OUT: api.parse_duration(t.service_out),
+                OpKind.CONTROL_PLANE: api.parse_duration(t.control_plane),
+                OpKind.NODE_POOL: api.parse_duration(t.node_pool),
+                OpKind.SERVICE_IN: api.parse_duration(t.service_in),
+                None: api.parse_duration(t.ready),
+            }
+        return bounds[kind]
 
     def soak_of(self, u: Upgrade, step: str) -> timedelta:
         """The soak the provider reports for the pool of a node-pool step (a blue-green
         upgrade waits that long by its own settings): the step's bound grows by it."""
-        obs = self.effective.get(u.cluster_id)
+        obs = self.observed(u.cluster_id)
         pool = step.partition("/")[2]
         seconds = next(
             (p.soak_seconds for p in (obs.node_pools if obs is not None else ()) if p.name == pool),
@@ -507,7 +561,21 @@ class _Run:
 
     # -- steps -------------------------------------------------------------------------------
 
-    def issue(self, u: Upgrade, kind: OpKind, pool: str = "", reissue: bool = False) -> None:
+    def record_op(self, u: Upgrade, op_id: str | None) -> None:
+        """Record the id of the operation that just succeeded (`advance`), if any."""
+        if op_id is not None:
+            self.set(u, operation_id=op_id)
+
+    def issue(
+        self,
+        u: Upgrade,
+        kind: OpKind,
+        pool: str = "",
+        reissue: bool = False,
+        op_id: str | None = None,
+    ) -> None:
+        """Set the step of kind in flight and make its call. op_id: as for `advance` (kept
+        only when the step is asked again with the same request id)."""
         st = self.status[u.name]
         version = ""
         target = u.spec.version
@@ -518,6 +586,9 @@ class _Run:
         step = f"{kind.value}/{pool}" if pool else kind.value
         rid = request_id(self.inp.uid, u.cluster_id, step, target, st.attempt)
         same = st.request_id == rid
+        if same and op_id is not None:
+            self.record_op(u, op_id)
+            st = self.status[u.name]
         self.set(
             u,
             phase=_STEP_PHASE[kind],
@@ -550,12 +621,16 @@ class _Run:
     def fail(self, u: Upgrade, reason: str, message: str) -> None:
         self.set(u, phase=U.FAILED, reason=reason, message=message)
 
-    def advance(self, u: Upgrade, obs: ClusterObs) -> None:
+    def advance(self, u: Upgrade, obs: ClusterObs, op_id: str | None = None) -> None:
         """The next step of a cluster that has no operation in flight: only what is still short
-        of target is upgraded (a control plane at or past it has no step)."""
+        of target is upgraded (a control plane at or past it has no step). op_id: the operation
+        that just succeeded, recorded on the status before the next step is set (a new step
+        of another request id clears it: then it is not recorded at all, and no status is
+        built only to be replaced)."""
         spec = u.spec
         self.note_drift(u, obs)
         if self.stopping and (not obs.in_service or needs_upgrade(obs, spec)):
+            self.record_op(u, op_id)
             if not obs.in_service:
                 self.verify(u, obs)
             else:
@@ -564,18 +639,21 @@ class _Run:
             return
         if obs.in_service and needs_upgrade(obs, spec):
             # Back in service yet short of target (someone serviced it in): start over.
+            self.record_op(u, op_id)
             self.start_over(
                 u,
                 "ServicedInElsewhere",
                 "serviced in outside this run before finishing; queued again",
             )
         elif not versions.meets(obs.control_plane_version, spec.version):
-            self.issue(u, OpKind.CONTROL_PLANE)
+            self.issue(u, OpKind.CONTROL_PLANE, op_id=op_id)
         elif (pool := _pool_needing(obs, spec)) is not None:
-            self.issue(u, OpKind.NODE_POOL, pool)
+            self.issue(u, OpKind.NODE_POOL, pool, op_id=op_id)
         elif not obs.in_service:
+            self.record_op(u, op_id)
             self.verify(u, obs)
         else:
+            self.record_op(u, op_id)
             drift = (
                 f" (control plane found past the target {spec.version}; left there)"
                 if control_plane_past_target(obs, spec)
@@ -651,7 +729,7 @@ class _Run:
     def follow(self, u: Upgrade) -> None:
         """Carry one in-flight upgrade forward from what its operation did."""
         st = self.status[u.name]
-        obs = self.effective.get(u.cluster_id)
+        obs = self.observed(u.cluster_id)
         if st.phase in (U.PRE_HOOK, U.POST_HOOK):
             self.follow_hook(u)
             return
@@ -667,7 +745,7 @@ class _Run:
             self.verify(u, obs)
             return
         kind_text, _, pool = (st.step or "").partition("/")
-        kind = OpKind(kind_text)
+        kind = _KIND_OF.get(kind_text) or OpKind(kind_text)
         version = u.spec.version if kind is OpKind.CONTROL_PLANE else u.spec.pool_target(pool)
         op = self._find_op(st.request_id or "", obs)
         if obs is None:
@@ -717,9 +795,11 @@ class _Run:
                 Call(kind, u.cluster_id, st.request_id or "", u.name, version, pool, reissue=True)
             )
             return
-        if op.id != st.operation_id and (u.name in self.changed or op.state.terminal):
+        record = op.id != st.operation_id and (u.name in self.changed or op.state.terminal)
+        if record and op.state != OpState.SUCCEEDED:
             # Recorded along with a write that happens anyway: progress alone costs no write
-            # (at most two API writes per cluster step).
+            # (at most two API writes per cluster step). One that succeeded is recorded by
+            # `advance`, with the next step's write (dropped there by a step that clears it).
             self.set(u, operation_id=op.id)
         if not op.state.terminal:
             if (
@@ -742,7 +822,7 @@ class _Run:
         obs = apply_succeeded(obs, op)
         self.effective[u.cluster_id] = obs
         self.effective_changed.add(u.cluster_id)
-        self.advance(u, obs)
+        self.advance(u, obs, op.id if record else None)
 
     def _find_op(self, rid: str, obs: ClusterObs | None) -> OpObs | None:
         op = self.inp.snapshot.operations.get(rid)
@@ -819,7 +899,7 @@ class _Run:
             index.drop_quiet(due[1])  # timed out: followed, it fails
         if due is not None:
             self.wake_for_step(due[0])
-        return index.in_order(self.phases.names(*ACTIVE).difference(index.quiet))
+        return index.in_order(self.phases.active.difference(index.quiet))
 
     def gone(self, u: Upgrade, kind: OpKind | None) -> None:
         st = self.status[u.name]
@@ -971,7 +1051,7 @@ class _Run:
 
     def after_hook(self, u: Upgrade, kind: str) -> None:
         """The step after a hook: the service-out (pre) or the service-in (post)."""
-        obs = self.effective.get(u.cluster_id)
+        obs = self.observed(u.cluster_id)
         if obs is None and u.cluster_id in self.inp.snapshot.unknown:
             self.unreachable(u, None)
             return
@@ -1196,28 +1276,47 @@ class _Run:
     def holder(self, cid: str) -> str | None:
         return self.inp.held_by.get(cid)
 
-    def up(self) -> AbstractSet[str]:
-        """Invariant 1's rule of what counts as up: in the inventory, available, in service,
-        with no other caller's operation in flight (`index.up_by_observation`, over the
-        effective observations: the snapshot's, kept by the index, and those this pass
-        changed), and held by no run on the provider (this one: its clusters in an ACTIVE
-        phase; another: `holder`). Everything else is down."""
-        up = self.index.up
-        if self.effective_changed:
-            up = up - self.effective_changed
-            up |= {
-                cid
-                for cid in self.effective_changed
-                if up_by_observation(self.effective.get(cid), self.inp.uid)
-            }
-        held = set(map(self.index.cluster_of.__getitem__, self.phases.names(*ACTIVE)))
-        return up.difference(held, self.inp.held_by)
-
     def room(self) -> list[int]:
-        """How many more clusters each floor of `floors` lets go now: its members `up`, less
-        what it requires (negative: broken already by the world)."""
-        up = self.up()
-        return [len(f.members & up) - f.required for f in self.floors]
+        """How many more clusters each floor of `floors` lets go now: its members up, less
+        what it requires (negative: broken already by the world).
+
+        Invariant 1's rule of what counts as up: in the inventory, available, in service, with
+        no other caller's operation in flight (`index.up_by_observation`, over the effective
+        observations: the snapshot's, kept by the index, and those this pass changed), and held
+        by no run on the provider (this one: its clusters in an ACTIVE phase; another:
+        `holder`). Everything else is down. Counted from this pass's accounts, never a count
+        of its own: the index's members up by observation (brought up to date from this
+        pass's snapshot), less those held now, corrected for the observations this pass
+        changed; O(clusters held), not O(fleet)."""
+        up, held_by, changed = self.index.up, self.inp.held_by, self.effective_changed
+        held = self.phases.held
+        # Another run's holdings among those up by the snapshot's observation (this run's own
+        # are counted as they change: `Phases.held_up`).
+        others_up = {c for c in held_by if c in up and c not in held}
+        # What this pass changed: up by its effective observation now, or not any more.
+        gained: set[str] = set()
+        lost: set[str] = set()
+        for cid in changed:
+            was = cid in up and cid not in held and cid not in held_by
+            now = (
+                cid not in held
+                and cid not in held_by
+                and up_by_observation(self.observed(cid), self.inp.uid)
+            )
+            if now and not was:
+                gained.add(cid)
+            elif was and not now:
+                lost.add(cid)
+        out = []
+        for i, f in enumerate(self.floors):
+            members = f.members
+            if i == 0:  # this run's floor: every cluster it holds is a member
+                base = self.index.up_members - self.phases.held_up
+            else:
+                base = len(members & up) - len(held & up & members)
+            base -= len(others_up & members)
+            out.append(base + len(gained & members) - len(lost & members) - f.required)
+        return out
 
     def floor_allows(self, u: Upgrade, counted: list[int] | None = None) -> bool:
         """Invariant 1's rule of which floors apply and what a service-out costs: every floor
@@ -1225,10 +1324,14 @@ class _Run:
         must keep its room. A cluster this run holds is counted down already; any other costs
         one, an unavailable one too (once taken out it stays down when it recovers, and then
         the floor must still hold). counted: an admission pass's running room; else counted
-        afresh."""
+        afresh. On an index that rests on what callers said changed, a floor that would let the
+        cluster go is counted again after comparing every object (`_CompareAll`)."""
         left = self.room() if counted is None else counted
         cost = self._cost(u)
-        return all(left[i] >= cost for i in self._binding(u.cluster_id))
+        allows = all(left[i] >= cost for i in self._binding(u.cluster_id))
+        if allows and cost and self.index.told:
+            raise _CompareAll
+        return allows
 
     def _take(self, u: Upgrade, counted: list[int] | None) -> None:
         if counted is not None:
@@ -1458,7 +1561,7 @@ def _recover(run: _Run, u: Upgrade) -> None:
     stays Failed (reason kept); the message says it was serviced back in. Bounded: checks that
     fail, or readiness past timeouts.ready, leave it out (step RECOVER_GAVE_UP)."""
     st = run.status[u.name]
-    obs = run.effective.get(u.cluster_id)
+    obs = run.observed(u.cluster_id)
     if not st.step or st.step == RECOVER_GAVE_UP or obs is None:
         return
     if run.holder(u.cluster_id) is not None:
@@ -1658,7 +1761,7 @@ def _time_gate(run: _Run, stage: api.Stage | None, u: Upgrade) -> _TimeGate:
     if maintenance is None and not text:
         return _OPEN
     not_before = windows.parse_time(text) if text else None
-    obs = run.effective.get(u.cluster_id)
+    obs = run.observed(u.cluster_id)
     provider = obs.maintenance_windows if obs is not None else ()
     minor = obs is None or _minor_changes(obs.control_plane_version, u.spec.version)
     gate = windows.gate(maintenance, provider, run.now, not_before=not_before, minor=minor)
@@ -1677,24 +1780,44 @@ def decide(inp: RunInput) -> Decision:
     """One step of a run: a visible sequence of phases over one working copy of the run (in
     the manner of Cluster API's doReconcile). Pure: the caller persists `changed` before making
     `calls`."""
-    run = _Run(inp)
-    by_stage = run.index.by_stage
-    names, skipped_stages = _people_first(run, by_stage)
-    _carry_in_flight(run)
-    budgets = _budgets(run, names, by_stage, skipped_stages)
-    walk = _walk_stages(run, names, by_stage, skipped_stages, budgets)
-    if _admits(run, walk):
-        _admit(run, walk, by_stage)
-    return _summarise(
-        run,
-        walk.stages,
-        walk.current,
-        walk.halted,
-        walk.blocked,
-        budgets,
-        next_start=format_time(walk.next_start) if walk.next_start is not None else None,
-        waiting=walk.waiting or None,
-    )
+    try:
+        return _decide(inp)
+    except _CompareAll:
+        # Invariant 1 never rests on what callers said changed: a floor that would let a
+        # cluster go on an index brought up to date by their word (`RunIndex.told`) is
+        # counted again after comparing every object, in a decision taken again.
+        return _decide(inp, compare_all=True)
+
+
+class _CompareAll(Exception):
+    """A floor would let a cluster go on an index that rests on what callers said changed
+    (`_Run.floor_allows`): `decide` decides again, comparing every object."""
+
+
+def _decide(inp: RunInput, compare_all: bool = False) -> Decision:
+    """One decision (`decide`); compare_all: whatever the callers said changed."""
+    run = _Run(inp, compare_all)
+    try:
+        by_stage = run.index.by_stage
+        names, skipped_stages = _people_first(run, by_stage)
+        _carry_in_flight(run)
+        budgets = _budgets(run, names, by_stage, skipped_stages)
+        walk = _walk_stages(run, names, by_stage, skipped_stages, budgets)
+        if _admits(run, walk):
+            _admit(run, walk, by_stage)
+        return _summarise(
+            run,
+            walk.stages,
+            walk.current,
+            walk.halted,
+            walk.blocked,
+            budgets,
+            next_start=format_time(walk.next_start) if walk.next_start is not None else None,
+            waiting=walk.waiting or None,
+        )
+    finally:
+        # The index keeps what was last seen, not what this decision would make of it.
+        run.phases.undo()
 
 
 def _people_first(
@@ -1899,7 +2022,8 @@ class _Admission:
 
     index: int
     spec_stage: api.Stage | None
-    members: list[Upgrade]
+    #: The stage's members (the index's list: never changed in place).
+    members: Sequence[Upgrade]
     #: The stage's concurrency limit and the clusters in flight now (across the run).
     limit: int
     in_flight: int
@@ -1937,7 +2061,7 @@ def _admission(run: _Run, walk: _Walk, by_stage: Mapping[int, Sequence[Upgrade]]
     floor leaves, before any cluster is offered."""
     index = walk.active
     assert index is not None
-    members = list(by_stage.get(index, []))
+    members = by_stage.get(index, [])
     spec_stage = _stage_spec(run, index)
     value = (
         spec_stage.max_concurrency
@@ -1974,7 +2098,7 @@ def _time_gates(run: _Run, adm: _Admission) -> None:
         if nexts:
             adm.next_start = min(nexts)
             run.wake(max((adm.next_start - run.inp.now).total_seconds(), 1.0))
-        adm.members.sort(key=lambda x: not adm.gates.get(x.name, _OPEN).may_start)
+        adm.members = sorted(adm.members, key=lambda x: not adm.gates.get(x.name, _OPEN).may_start)
     stale = run.phases.waiting_for("NotBefore", "MaintenanceWindow")
     for u in adm.members if stale else ():  # their time came: no stale wait shown
         st = run.status[u.name]
@@ -2000,17 +2124,29 @@ def _offer(run: _Run, adm: _Admission) -> None:
         # record while it waits for its turn, the budget or a window).
         if u.cluster_id not in run.inp.snapshot.unknown:
             run.set(u, reason=None, message=None)
-    offered = run.phases.names(U.PENDING, U.BLOCKED) & stage
     memo = run.index.waiting
-    stuck = not adm.gates and adm.room[0] < 1 and adm.in_flight + len(offered) <= adm.limit
+    per_stage = run.phases.per_stage
+    n_offered = per_stage[(adm.index, U.PENDING)] + per_stage[(adm.index, U.BLOCKED)]
+    stuck = not adm.gates and adm.room[0] < 1 and adm.in_flight + n_offered <= adm.limit
     if stuck:
         # In the engine's order (no gate reorders it), only those the memo cannot stand for.
         name_of = run.index.name_of
         moved = {name_of[c] for c in run.effective_changed | run.retried if c in name_of}
-        todo = offered.difference(memo) | (offered & (moved | run.changed.keys()))
+        touched = moved | run.changed.keys()
+        if len(memo) == run.offered_before:
+            # A memo is kept only for a cluster offered (Pending or Blocked) as the index last
+            # saw it, and dropped when that changes: here every such cluster has one, so
+            # only those this pass moved need a look (O(changed), not O(fleet)).
+            by_phase = run.phases.by_phase
+            pending, blocked = by_phase[U.PENDING], by_phase[U.BLOCKED]
+            todo = {n for n in touched if n in stage and (n in pending or n in blocked)}
+        else:
+            offered = run.phases.names(U.PENDING, U.BLOCKED) & stage
+            todo = offered.difference(memo) | (offered & touched)
         members = run.index.by_rank(todo)
-        adm.waiting_budget = len(todo) < len(offered)
+        adm.waiting_budget = len(todo) < n_offered
     else:
+        offered = run.phases.names(U.PENDING, U.BLOCKED) & stage
         members = [u for u in adm.members if u.name in offered]
     for u in members:
         st = run.status[u.name]
@@ -2024,7 +2160,7 @@ def _offer(run: _Run, adm: _Admission) -> None:
             # leave a new service-out on record beside failures it was decided without).
             run.wake(0.0)
             continue
-        obs = run.effective.get(u.cluster_id)
+        obs = run.observed(u.cluster_id)
         unknown = run.inp.snapshot.unknown.get(u.cluster_id)
         if obs is None and unknown is not None:
             # Its provider cannot be asked (a run over several providers): not gone, and
@@ -2168,7 +2304,7 @@ def _summarise(
         calls=run.calls,
         preflight_needed=run.preflight_needed,
         stages=stages,
-        counts=api.RunCounts(total=len(run.status), **counts),
+        counts=api.RunCounts(total=len(run.inp.upgrades), **counts),
         phase=phase,
         message=message,
         current_stage=current,
@@ -2210,7 +2346,7 @@ def _run_phase(
 ) -> tuple[api.RunPhase, str, str | None]:
     """The run's phase, its message and why it waits: stopping or stopped, succeeded, failed,
     halted (past the budget, or a failed cluster), else progressing."""
-    total = len(run.status)
+    total = len(run.inp.upgrades)
     in_flight = counts["in_flight"]
     # A failed cluster being serviced back in (failedClusterPolicy) keeps the run going.
     recovering = sorted(
@@ -2327,4 +2463,4 @@ def call_failed(
 
 def with_status(u: Upgrade, status: api.ClusterUpgradeStatus) -> Upgrade:
     """The upgrade with a new status (a helper for drivers and models)."""
-    return replace(u, status=status)
+    return Upgrade(u.name, u.spec, status)

@@ -3,12 +3,14 @@
 `RunIndex` holds, for one run, its ClusterUpgrades as last seen, in the engine's order (stage,
 then cluster id), grouped by phase, with per-stage phase counts: what `decide` and the driver
 used to count by walking every ClusterUpgrade of the run on every pass. `observe` brings it up
-to date from the pass's input by looking only at what changed (an object that is the same
-object as last time is not looked into); `RunIndex.build` makes one from scratch (the full
-pass). Both must agree: the driver rebuilds every `FULL_EVERY` passes and compares
-(`differences`), replacing the index and logging what differed; tests/engine/test_index.py
-asserts they agree, and that decisions taken with either are the same, after every step of
-simulated histories.
+to date from the pass's input by looking only at what changed: what its callers say changed
+when they say it (a hint of ClusterUpgrade names; a snapshot's `Changes`), else every object
+that is not the very object seen last time (`told` says which the index rests on: `decide`
+compares every object before any floor lets a cluster go on the callers' word);
+`RunIndex.build` makes one from scratch (the full pass). Both must agree: the driver
+rebuilds every `FULL_EVERY` passes and compares (`differences`), replacing the index and
+logging what differed; tests/engine/test_index.py asserts they agree, and that decisions
+taken with either are the same, after every step of simulated histories.
 
 It also keeps two memos of outcomes, each with exactly what it was decided from, which `decide`
 uses only while all of that is equal (then the outcome could not differ):
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import compress
@@ -31,12 +33,13 @@ from operator import is_not
 from typing import TYPE_CHECKING, NamedTuple
 
 from orchestrator import api
-from orchestrator.engine.observations import ClusterObs, OpObs
+from orchestrator.engine.observations import Changes, ClusterObs, OpObs
 
 if TYPE_CHECKING:
     from orchestrator.engine.decide import Upgrade
 
 __all__ = [
+    "ACTIVE",
     "FULL_EVERY",
     "Phases",
     "Quiet",
@@ -50,12 +53,26 @@ __all__ = [
 FULL_EVERY = 50
 
 _U = api.UpgradePhase
+#: Phases in which a cluster is held by its run (out of service or about to be).
+ACTIVE = frozenset(
+    {
+        _U.SERVICING_OUT,
+        _U.UPGRADING_CONTROL_PLANE,
+        _U.UPGRADING_NODE_POOLS,
+        _U.VERIFYING,
+        _U.SERVICING_IN,
+        _U.PRE_HOOK,
+        _U.POST_HOOK,
+    }
+)
 
 
 @dataclass
 class Phases:
-    """ClusterUpgrade names by phase, with per-stage phase counts and the Blocked-Refused ones
-    (counted against failure budgets); `move` is the one place they change."""
+    """ClusterUpgrade names by phase, with per-stage phase counts, the Blocked-Refused ones
+    (counted against failure budgets) and the cluster ids the run holds (in an ACTIVE phase);
+    `move` is the one place they change, and `journal`, while kept, records every move so that
+    a decision's moves can be undone (`undo`) instead of copying every set per pass."""
 
     by_phase: dict[api.UpgradePhase, set[str]] = field(
         default_factory=lambda: {p: set() for p in api.UpgradePhase}
@@ -64,28 +81,67 @@ class Phases:
     refused: set[str] = field(default_factory=set)
     #: The Pending ones by reason (what they wait for).
     pending: dict[str | None, set[str]] = field(default_factory=dict)
+    #: The cluster ids of those in an ACTIVE phase (held by the run: down for every floor),
+    #: and their names.
+    held: set[str] = field(default_factory=set)
+    active: set[str] = field(default_factory=set)
+    #: The clusters up by their observation (the index's `RunIndex.up`, shared), and how many
+    #: of `held` are among them: kept as either changes, so that the floor's room costs
+    #: O(1) a pass (`decide._Run.room`).
+    up: set[str] = field(default_factory=set, compare=False, repr=False)
+    held_up: int = 0
+    #: The moves made since `journal` was set to a list (None: not recorded).
+    journal: list[tuple[Upgrade, api.ClusterUpgradeStatus, api.ClusterUpgradeStatus]] | None = (
+        field(default=None, compare=False)
+    )
 
     def move(
         self,
-        name: str,
-        stage: int,
+        u: Upgrade,
         old: api.ClusterUpgradeStatus | None,
         new: api.ClusterUpgradeStatus | None,
     ) -> None:
         """Account one ClusterUpgrade's status change (None: absent)."""
+        if old is not None and new is not None:
+            if old.phase == new.phase and old.reason == new.reason:
+                return  # nothing accounted here changes
+            if self.journal is not None:
+                self.journal.append((u, old, new))
+        name, stage, per_stage = u.name, u.spec.stage_index, self.per_stage
         if old is not None:
-            self.by_phase[old.phase].discard(name)
-            self.per_stage[(stage, old.phase)] -= 1
+            was = old.phase
+            self.by_phase[was].discard(name)
+            per_stage[(stage, was)] -= 1
             self.refused.discard(name)
-            if old.phase == _U.PENDING:
+            if was == _U.PENDING:
                 self.pending.get(old.reason, set()).discard(name)
+            elif was in ACTIVE:
+                cid = u.cluster_id
+                if cid in self.held:
+                    self.held.discard(cid)
+                    self.held_up -= cid in self.up
+                self.active.discard(name)
         if new is not None:
-            self.by_phase[new.phase].add(name)
-            self.per_stage[(stage, new.phase)] += 1
-            if new.phase == _U.BLOCKED and new.reason == "Refused":
+            now = new.phase
+            self.by_phase[now].add(name)
+            per_stage[(stage, now)] += 1
+            if now == _U.BLOCKED and new.reason == "Refused":
                 self.refused.add(name)
-            if new.phase == _U.PENDING:
+            elif now == _U.PENDING:
                 self.pending.setdefault(new.reason, set()).add(name)
+            elif now in ACTIVE:
+                cid = u.cluster_id
+                if cid not in self.held:
+                    self.held.add(cid)
+                    self.held_up += cid in self.up
+                self.active.add(name)
+
+    def undo(self) -> None:
+        """Undo the moves recorded since `journal` was set, last first, and stop recording:
+        the accounts are as they were (a decision's working changes, given back)."""
+        journal, self.journal = self.journal or [], None
+        for u, old, new in reversed(journal):
+            self.move(u, new, old)
 
     def waiting_for(self, *reasons: str) -> set[str]:
         """The Pending ones waiting with any of these reasons (a new set)."""
@@ -105,15 +161,6 @@ class Phases:
         """How many are in these phases."""
         return sum(len(self.by_phase[p]) for p in phases)
 
-    def copy(self) -> Phases:
-        """A copy one pass may change."""
-        return Phases(
-            {p: set(s) for p, s in self.by_phase.items()},
-            Counter(self.per_stage),
-            set(self.refused),
-            {r: set(s) for r, s in self.pending.items()},
-        )
-
     def comparable(self) -> tuple[object, ...]:
         """What must agree between two accounts of the same statuses."""
         return (
@@ -121,6 +168,8 @@ class Phases:
             +self.per_stage,
             self.refused,
             {r: s for r, s in self.pending.items() if s},
+            self.held,
+            self.active,
         )
 
 
@@ -176,6 +225,8 @@ class RunIndex:
     by_stage: dict[int, list[Upgrade]] = field(default_factory=dict)
     #: The run's cluster ids (its own floor's members), cluster id → ClusterUpgrade name and back.
     members: frozenset[str] = frozenset()
+    #: The run's cluster ids in the input's order (what the driver asks the provider about).
+    ids: tuple[str, ...] = ()
     name_of: dict[str, str] = field(default_factory=dict)
     cluster_of: dict[str, str] = field(default_factory=dict)
     phases: Phases = field(default_factory=Phases)
@@ -187,6 +238,8 @@ class RunIndex:
     obs_seen: dict[str, ClusterObs] = field(default_factory=dict)
     holders_seen: dict[str, str] = field(default_factory=dict)
     up: set[str] = field(default_factory=set)
+    #: How many of the run's members are in `up` (its own floor's count, kept as `up` changes).
+    up_members: int = 0
     #: The memos (see `Waiting` and `Quiet`), by ClusterUpgrade name.
     waiting: dict[str, Waiting] = field(default_factory=dict)
     quiet: dict[str, Quiet] = field(default_factory=dict)
@@ -197,6 +250,17 @@ class RunIndex:
     #: The operations by request id as last seen, and the run's step timeouts.
     ops_seen: dict[str, OpObs] = field(default_factory=dict)
     timeouts_seen: api.StepTimeouts | None = None
+    #: The token of the snapshot last observed whole or by its changes (None: none, or one
+    #: observed without its operations: the next is compared whole).
+    world_token: object = None
+    #: Whether what the index holds rests on callers saying what changed (a hint, a
+    #: snapshot's changes) rather than on a comparison of every object since the last one:
+    #: for the upgrades, and for the inventory's side.
+    told_upgrades: bool = False
+    told_world: bool = False
+    #: Names whose object as last seen is the driver's (its health records), not the
+    #: caller's: a caller's hint is taken with these added.
+    lent: set[str] = field(default_factory=set)
     passes: int = 0
 
     @classmethod
@@ -214,17 +278,45 @@ class RunIndex:
             index.observe_world(clusters, held_by or {})
         return index
 
-    def observe(self, uid: str, upgrades: Mapping[str, Upgrade]) -> None:
+    def observe(
+        self,
+        uid: str,
+        upgrades: Mapping[str, Upgrade],
+        hint: Collection[str] | None = None,
+        *,
+        said: bool = True,
+    ) -> None:
         """Bring the index up to date with this pass's upgrades: only those that are not the
         very objects seen last time are looked into; a change of run, of the set of upgrades
-        or of a pinned spec rebuilds the order (and drops the memo)."""
+        or of a pinned spec rebuilds the order (and drops the memo).
+
+        hint: the names whose objects may differ from those the index last saw (the caller's
+        watch knows); only these are looked at. None: unknown, every object is compared. A
+        hint that misses a change leaves the index behind until the driver's full pass
+        (FULL_EVERY) finds and repairs it; `decide` takes no service-out on a hinted index
+        without comparing every object first (`told`). said: False for a hint the driver
+        made of its own substitutions (exact by construction), which leaves `told` as it was."""
         seen = self.seen
-        if uid != self.uid or len(upgrades) != len(seen) or list(upgrades) != self.names:
+        if hint is None:
+            self.told_upgrades = False
+        elif said:
+            self.told_upgrades = True
+            hint = self.lent.union(hint)
+        if uid != self.uid or len(upgrades) != len(seen):
             self.rebuild(uid, upgrades)
             return
+        if hint is not None:
+            if any(name not in seen for name in hint):
+                self.rebuild(uid, upgrades)  # a new name: the order changes
+                return
+            names = [n for n in hint if n in upgrades and upgrades[n] is not seen[n]]
+        elif list(upgrades) != self.names:
+            self.rebuild(uid, upgrades)
+            return
+        else:
+            # The same names in the same order: compared object by object, in C.
+            names = list(compress(self.names, map(is_not, upgrades.values(), seen.values())))
         phases = self.phases
-        # The same names in the same order: compared object by object, in C.
-        names = list(compress(self.names, map(is_not, upgrades.values(), seen.values())))
         changed = [(name, upgrades[name]) for name in names]
         for name, u in changed:
             old = seen[name]
@@ -235,7 +327,7 @@ class RunIndex:
             old = seen[name]
             seen[name] = u
             if old.status is not u.status:
-                phases.move(name, u.spec.stage_index, old.status, u.status)
+                phases.move(u, old.status, u.status)
                 self.waiting.pop(name, None)
                 self.drop_quiet(name)
 
@@ -245,19 +337,44 @@ class RunIndex:
         held_by: Mapping[str, str],
         operations: Mapping[str, OpObs] | None = None,
         timeouts: api.StepTimeouts | None = None,
+        token: object = None,
+        changes: Changes | None = None,
     ) -> None:
         """Bring the inventory's side up to date (only observations that are not the objects
         seen last are looked into), the holders, the operations and the step timeouts; a memo
         of a cluster whose observation, holder or operation changed is dropped (all `quiet`
-        memos when the timeouts changed)."""
+        memos when the timeouts changed).
+
+        token, changes: the snapshot's (observations.Snapshot): when it says what changed
+        since the very snapshot this index observed last, only those clusters and operations
+        are looked at; otherwise every one is compared."""
+        if changes is not None and token is not None and token is self.world_token:
+            changes = Changes(token)  # the very snapshot observed last: nothing changed
+        told = (
+            changes is not None
+            and operations is not None
+            and self.world_token is not None
+            and changes.since is self.world_token
+        )
+        self.world_token = token if operations is not None else None
+        self.told_world = told
         if operations is not None:
             ops_seen, quiet_rid = self.ops_seen, self.quiet_rid
-            values = map(is_not, operations.values(), map(ops_seen.get, operations))
-            for rid in list(compress(operations, values)):
+            if told and changes is not None:
+                rids = [r for r in changes.operations if operations.get(r) is not ops_seen.get(r)]
+            else:
+                values = map(is_not, operations.values(), map(ops_seen.get, operations))
+                rids = list(compress(operations, values))
+            for rid in rids:
+                if rid not in operations:
+                    ops_seen.pop(rid, None)
+                    if rid in quiet_rid:
+                        self.drop_quiet(quiet_rid[rid])
+                    continue
                 ops_seen[rid] = operations[rid]
                 if rid in quiet_rid:
                     self.drop_quiet(quiet_rid[rid])
-            if len(ops_seen) != len(operations):
+            if not told and len(ops_seen) != len(operations):
                 for rid in ops_seen.keys() - operations.keys():
                     del ops_seen[rid]
                     if rid in quiet_rid:
@@ -266,24 +383,39 @@ class RunIndex:
             self.timeouts_seen = timeouts
             self.quiet, self.quiet_rid, self.deadlines = {}, {}, []
         seen, up, uid = self.obs_seen, self.up, self.uid
-        touched = list(compress(clusters, map(is_not, clusters.values(), map(seen.get, clusters))))
-        if len(seen) + sum(1 for cid in touched if cid not in seen) != len(clusters):
-            touched += list(seen.keys() - clusters.keys())
+        if told and changes is not None:
+            touched = [c for c in changes.clusters if clusters.get(c) is not seen.get(c)]
+        else:
+            values = map(is_not, clusters.values(), map(seen.get, clusters))
+            touched = list(compress(clusters, values))
+            if len(seen) + sum(1 for cid in touched if cid not in seen) != len(clusters):
+                touched += list(seen.keys() - clusters.keys())
         for cid in touched:
             obs = clusters.get(cid)
             if obs is None:
                 seen.pop(cid, None)
             else:
                 seen[cid] = obs
-            if up_by_observation(obs, uid):
+            was, now = cid in up, up_by_observation(obs, uid)
+            if now and not was:
                 up.add(cid)
-            else:
+            elif was and not now:
                 up.discard(cid)
+            if was is not now and cid in self.members:
+                self.up_members += 1 if now else -1
+            if was is not now and cid in self.phases.held:
+                self.phases.held_up += 1 if now else -1
             self._forget(cid)
         if held_by != self.holders_seen:
             for cid, _ in set(held_by.items()) ^ set(self.holders_seen.items()):
                 self._forget(cid)
             self.holders_seen = dict(held_by)
+
+    @property
+    def told(self) -> bool:
+        """Whether the index rests on what callers said changed since it last compared every
+        object (a decision that may take a cluster out compares first: decide)."""
+        return self.told_upgrades or self.told_world
 
     def _forget(self, cid: str) -> None:
         name = self.name_of.get(cid)
@@ -323,7 +455,7 @@ class RunIndex:
             return
         self.seen[u.name] = u
         if old.status is not u.status:
-            self.phases.move(u.name, u.spec.stage_index, old.status, u.status)
+            self.phases.move(u, old.status, u.status)
             self.waiting.pop(u.name, None)
             self.drop_quiet(u.name)
 
@@ -352,12 +484,23 @@ class RunIndex:
             out.append("the run's members")
         if self.obs_seen and other.obs_seen and self.up != other.up:
             out.append("the clusters up by their observation")
+        if other.obs_seen and self.up_members != len(other.up & other.members):
+            out.append("the run's members up by their observation")
+        if other.obs_seen and self.phases.held_up != len(other.phases.held & other.up):
+            out.append("the held clusters up by their observation")
         if {s: [u.name for u in m] for s, m in self.by_stage.items()} != {
             s: [u.name for u in m] for s, m in other.by_stage.items()
         }:
             out.append("members by stage")
         mine, theirs = self.phases.comparable(), other.phases.comparable()
-        words = ("names by phase", "per-stage counts", "refused", "Pending by reason")
+        words = (
+            "names by phase",
+            "per-stage counts",
+            "refused",
+            "Pending by reason",
+            "held",
+            "active",
+        )
         for what, a, b in zip(words, mine, theirs, strict=True):
             if a != b:
                 out.append(what)
@@ -378,10 +521,13 @@ class RunIndex:
         self.name_of = {u.cluster_id: u.name for u in upgrades.values()}
         self.cluster_of = {u.name: u.cluster_id for u in upgrades.values()}
         self.members = frozenset(self.name_of)
+        self.ids = tuple(self.name_of)
         self.phases = Phases()
         for u in upgrades.values():
-            self.phases.move(u.name, u.spec.stage_index, None, u.status)
+            self.phases.move(u, None, u.status)
         self.waiting = {}
         self.quiet = {}
-        self.obs_seen, self.holders_seen, self.up = {}, {}, set()
+        self.obs_seen, self.holders_seen, self.up, self.up_members = {}, {}, set(), 0
+        self.phases.up, self.phases.held_up = self.up, 0  # none is up before it is observed
         self.quiet_rid, self.deadlines, self.ops_seen, self.timeouts_seen = {}, [], {}, None
+        self.world_token, self.told_upgrades, self.told_world = None, False, False

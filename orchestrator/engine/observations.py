@@ -11,6 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 
 __all__ = [
+    "Changes",
     "ClusterObs",
     "OpKind",
     "OpObs",
@@ -102,6 +103,19 @@ class ClusterObs:
 
 
 @dataclass(frozen=True)
+class Changes:
+    """What a provider says differs between one of its snapshots and an earlier one (`since`,
+    that snapshot's `token`): only these clusters and operations were added, changed or went
+    away. engine.index looks at only these when it last saw exactly the snapshot `since`
+    (else at every observation); a provider that cannot tell says nothing (None)."""
+
+    since: object
+    clusters: frozenset[str] = frozenset()
+    #: Request ids.
+    operations: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything the planner reads about the fleet at one moment."""
 
@@ -115,18 +129,33 @@ class Snapshot:
     #: floor, and nothing is decided on them until their provider answers again; never taken
     #: for gone (orchestrator.pipeline.multi).
     unknown: Mapping[str, str] = field(default_factory=dict)
+    #: This snapshot's identity (a later snapshot's `Changes.since` names it).
+    token: object = field(default_factory=object, compare=False, repr=False)
+    #: What differs from an earlier snapshot of the same provider (None: not said).
+    changes: Changes | None = field(default=None, compare=False)
+
+
+def _with(cluster: ClusterObs, **changes: object) -> ClusterObs:
+    """The observation with these fields changed: `dataclasses.replace` without its generic
+    walk and __init__ (ClusterObs is a plain frozen dataclass: no __post_init__, no slots), as
+    a pass makes one per operation that succeeded."""
+    new = object.__new__(ClusterObs)
+    values = new.__dict__
+    values.update(cluster.__dict__)
+    values.update(changes)
+    return new
 
 
 def apply_succeeded(cluster: ClusterObs, op: OpObs) -> ClusterObs:
     """The cluster as it is once op has succeeded (the inventory may lag behind the op)."""
     if op.kind is OpKind.SERVICE_OUT:
-        return replace(cluster, in_service=False)
+        return _with(cluster, in_service=False)
     if op.kind is OpKind.SERVICE_IN:
-        return replace(cluster, in_service=True)
+        return _with(cluster, in_service=True)
     if op.kind is OpKind.CONTROL_PLANE:
-        return replace(cluster, control_plane_version=op.target_version)
+        return _with(cluster, control_plane_version=op.target_version)
     pools = tuple(
         replace(p, version=op.target_version, ready=True) if p.name == op.node_pool else p
         for p in cluster.node_pools
     )
-    return replace(cluster, node_pools=pools)
+    return _with(cluster, node_pools=pools)

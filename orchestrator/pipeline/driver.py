@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -262,7 +262,8 @@ class _Pass:
     def took_effect(self, upgrade: Upgrade, new: api.ClusterUpgradeStatus) -> None:
         """A write of upgrade's status took effect (call under the driver's lock); the
         decision's own write carries the phases it went through."""
-        decided = new == self.decision.changed.get(upgrade.name)
+        mine = self.decision.changed.get(upgrade.name)
+        decided = new is mine or new == mine
         self.result.changes.append(
             ClusterChange(
                 upgrade.name,
@@ -340,16 +341,21 @@ class RunDriver:
         skip_stages: frozenset[str] = frozenset(),
         requested_by: str = "",
         reason: str = "",
+        changed: Collection[str] | None = None,
     ) -> StepResult:
         """Observe, decide, persist intents, then call; returns everything the pass did.
 
         floors: the other live runs on this provider sharing clusters with this one; their
         members are observed too, and held_by must name their holders.
+        changed: the names of the upgrades whose objects may differ from those of the
+        previous pass's `upgrades` (the caller's watch knows: a new resourceVersion); only
+        these are looked at. None: unknown, every object is compared. What it misses, the
+        full pass (FULL_EVERY) finds; no floor lets a cluster go on it unchecked (decide).
         """
-        index = self._index(uid, upgrades)
-        ids = list(index.name_of)
+        index = self._index(uid, upgrades, changed)
+        ids: Sequence[str] = index.ids
         if floors:
-            ids += sorted({cid for f in floors for cid in f.members} - index.members)
+            ids = [*ids, *sorted({cid for f in floors for cid in f.members} - index.members)]
         snapshot = self.provider.snapshot(ids)
         self._full_pass(index, uid, upgrades, snapshot, held_by)
         upgrades, health_changed = self._evaluate_clusters(spec, upgrades, snapshot, now)
@@ -375,7 +381,10 @@ class RunDriver:
             floors=floors,
             hooks=hook_obs,
             index=index,
+            index_stale=frozenset(health_changed),
         )
+        # The index sees the health records' objects in this pass: the caller's, next time.
+        index.lent = set(health_changed)
         p = _Pass(inp, self._decide(inp))
         # Record intents (and health progress) before any call: a crash after this write
         # resumes with the same request ids; a crash before it never called.
@@ -388,10 +397,12 @@ class RunDriver:
         self._start_hooks(p)
         return self._settle(p)
 
-    def _index(self, uid: str, upgrades: Mapping[str, Upgrade]) -> RunIndex:
+    def _index(
+        self, uid: str, upgrades: Mapping[str, Upgrade], changed: Collection[str] | None
+    ) -> RunIndex:
         """The run's index brought up to date with this pass's upgrades."""
         index = self.index
-        index.observe(uid, upgrades)
+        index.observe(uid, upgrades, changed)
         index.passes += 1
         return index
 
@@ -734,14 +745,13 @@ class RunDriver:
         upgrades: Mapping[str, Upgrade],
         snapshot: Snapshot,
         now: datetime,
-    ) -> tuple[dict[str, Upgrade], dict[str, api.ClusterUpgradeStatus]]:
+    ) -> tuple[Mapping[str, Upgrade], dict[str, api.ClusterUpgradeStatus]]:
         """Run the checks that are due for clusters in Verifying; health lives on the upgrade.
 
         A failing evaluation of ours that no write recorded (unrecorded_failures) breaks the
         passes on record: the next evaluation counts from zero, and a service-in that another
         replica decided on those passes gets them reset on record before it is asked again.
         """
-        out = dict(upgrades)
         changed: dict[str, api.ClusterUpgradeStatus] = {}
         # Those awaiting checks (Verifying; Failed, recovering) or with a failure unrecorded;
         # the others would be passed over below.
@@ -754,9 +764,7 @@ class RunDriver:
             if base is not None and base.passes and name in self.unrecorded_failures:
                 base = base.model_copy(update={"passes": 0})
                 if st.phase == api.UpgradePhase.SERVICING_IN:
-                    new = st.model_copy(update={"health": base})
-                    out[name] = with_status(u, new)
-                    changed[name] = new
+                    changed[name] = st.model_copy(update={"health": base})
                     continue
             checks = checks_for(spec, u.spec.stage)
             obs = snapshot.clusters.get(u.cluster_id)
@@ -772,9 +780,12 @@ class RunDriver:
             results = self.checker.evaluate(checks, [obs], u.spec.stage)
             if not all(r.passed for r in results):
                 self.unrecorded_failures.add(name)  # until the write below takes effect
-            new = st.model_copy(update={"health": record(base, results, now)})
-            out[name] = with_status(u, new)
-            changed[name] = new
+            changed[name] = st.model_copy(update={"health": record(base, results, now)})
+        if not changed:
+            return upgrades, changed  # the caller's, not a copy per pass
+        out = dict(upgrades)
+        for name, new in changed.items():
+            out[name] = with_status(upgrades[name], new)
         return out, changed
 
     def _evaluate_stages(

@@ -8,21 +8,31 @@ what-if rollouts whose clusters wait for the availability budget, by stage and c
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import FrozenInstanceError, dataclass, replace
+from datetime import timedelta
 
 import pytest
+from pydantic import ValidationError
 
 from orchestrator import api
 from orchestrator.engine import decide as engine
 from orchestrator.engine.decide import Decision, RunInput, with_status
 from orchestrator.engine.index import FULL_EVERY, RunIndex
 from orchestrator.engine.initialize import pin_upgrades
-from orchestrator.engine.observations import ClusterObs, OpKind, PoolObs
+from orchestrator.engine.observations import (
+    ClusterObs,
+    OpKind,
+    OpObs,
+    OpState,
+    PoolObs,
+    apply_succeeded,
+)
 from orchestrator.pipeline import driver as driver_module
 from orchestrator.pipeline.driver import RunDriver
 from orchestrator.pipeline.simulate import T0, ModelFleet, simulate
 from tests.sim.world import Config
 from tests.sim.world import simulate as sim_world
+from tests.support.told import TellingFleet, TellingStore
 
 
 @dataclass
@@ -204,3 +214,213 @@ def test_a_quiet_step_still_times_out(checked: _Tally) -> None:
     assert len(timed_out) == 10
     assert all(u.status.phase == api.UpgradePhase.FAILED for u in timed_out)
     assert checked.quiet > 0
+
+
+def _told_rollout(
+    count: int,
+    floor: int,
+    untold_clusters: frozenset[str] = frozenset(),
+    untold_names: frozenset[str] = frozenset(),
+) -> tuple[RunDriver, TellingFleet, TellingStore, Decision, int]:
+    """A rollout whose callers say what changed (the fleet's snapshots their `Changes`, the
+    store what it wrote, passed as `RunDriver.step(changed=...)`), less what they are told to
+    forget; returns the driver, fleet, store, last decision and how many passes were decided
+    on an index that rested on their word (`RunIndex.told` after the pass)."""
+    clusters = _fleet(count)
+    spec = api.UpdateRunSpec(
+        required_available_count=floor,
+        ops_endpoint=api.OpsEndpoint(endpoint="127.0.0.1:9090", insecure=True),
+        clusters=[api.ClusterSpec(id=c, version="1.29.4") for c in clusters],
+        strategy=api.Strategy(max_failures="10%"),
+    )
+    pinned = pin_upgrades("t", spec, clusters)
+    assert not isinstance(pinned, list)
+    fleet = TellingFleet(
+        clusters, durations=dict.fromkeys(OpKind, 3.0), untold=set(untold_clusters)
+    )
+    store = TellingStore({u.name: u for u in pinned.upgrades}, untold=set(untold_names))
+
+    class Passing:
+        def evaluate(self, checks: object, clusters: object, stage: str) -> list[object]:
+            return []
+
+    class Leader:
+        def held(self) -> bool:
+            return True
+
+    drv = RunDriver(fleet, store, Passing(), Leader())  # type: ignore[arg-type]
+    stages: list[api.StageStatus] = []
+    told = 0
+    decision = None
+    for _ in range(2000):
+        fleet.advance_to(fleet.now)
+        result = drv.step(
+            key="t/t",
+            uid="t",
+            spec=spec,
+            upgrades=dict(store.upgrades),
+            stages=stages,
+            held_by={},
+            now=T0 + timedelta(seconds=fleet.now),
+            changed=store.take(),
+        )
+        decision = result.decision
+        stages = list(decision.stages)
+        told += drv.index.told
+        if decision.phase in api.FINISHED_PHASES:
+            break
+        fleet.now += 1.0
+    assert decision is not None
+    return drv, fleet, store, decision, told
+
+
+def test_kept_index_agrees_when_callers_say_what_changed(checked: _Tally) -> None:
+    """Callers that say what changed (the operation watch's clusters and operations, the
+    ClusterUpgrade watch's names): every decision is the decision from scratch, the kept index
+    agrees with one made from scratch after every step, and most passes looked at no more."""
+    _, fleet, _, decision, told = _told_rollout(120, 100)
+    assert decision.phase == api.RunPhase.SUCCEEDED
+    assert fleet.min_available_in_service >= 100
+    assert checked.decisions > 50
+    assert told > checked.decisions // 2, "the callers' word was never taken: no point"
+
+
+def test_a_caller_that_forgets_cannot_break_the_floor(caplog: pytest.LogCaptureFixture) -> None:
+    """A provider that never says when some clusters change (their service-outs take effect
+    unseen: they stay up by the index's count) and a watch that misses some writes: no floor
+    lets a cluster go on that word (the decision compares every object first), the periodic
+    full pass finds and repairs what was missed, and the rollout still finishes."""
+    untold = frozenset(f"c-{i:04d}" for i in range(0, 120, 3))
+    drv, fleet, store, decision, _ = _told_rollout(120, 100, untold_clusters=untold)
+    assert fleet.min_available_in_service >= 100
+    assert decision.phase == api.RunPhase.SUCCEEDED
+    forgetful = frozenset(sorted(store.upgrades)[::4])
+    drv, fleet, store, decision, _ = _told_rollout(
+        120, 100, untold_clusters=untold, untold_names=forgetful
+    )
+    assert fleet.min_available_in_service >= 100
+    assert decision.phase == api.RunPhase.SUCCEEDED
+    fresh = RunIndex.build("t", store.upgrades)
+    drv.index.observe("t", store.upgrades)  # what the next full pass compares
+    assert drv.index.differences(fresh) == []
+
+
+@pytest.mark.parametrize("kind", list(OpKind))
+def test_apply_succeeded_is_the_observation_replaced(kind: OpKind) -> None:
+    """A pass's effective observation of a cluster whose operation succeeded (built without
+    dataclasses.replace, as one is made per changed cluster) is exactly the replaced one, and
+    the snapshot's own observation is left as it was."""
+    before = ClusterObs(
+        "c-1",
+        "1.28.5",
+        (PoolObs("a", "1.28.5", ready=False), PoolObs("b", "1.28.5")),
+        {"stage": "main"},
+        in_service=kind is not OpKind.SERVICE_OUT,
+    )
+    op = OpObs("op-1", kind, "c-1", OpState.SUCCEEDED, "r", node_pool="a", target_version="1.29.4")
+    expected = {
+        OpKind.SERVICE_OUT: replace(before, in_service=False),
+        OpKind.SERVICE_IN: replace(before, in_service=True),
+        OpKind.CONTROL_PLANE: replace(before, control_plane_version="1.29.4"),
+        OpKind.NODE_POOL: replace(
+            before, node_pools=(PoolObs("a", "1.29.4", ready=True), PoolObs("b", "1.28.5"))
+        ),
+    }[kind]
+    after = apply_succeeded(before, op)
+    assert after == expected
+    assert type(after) is ClusterObs
+    assert (before.control_plane_version, before.node_pools[0].version) == ("1.28.5", "1.28.5")
+    with pytest.raises(FrozenInstanceError):
+        after.in_service = True  # type: ignore[misc]
+
+
+def test_a_status_updated_by_a_decision_is_its_model_copy() -> None:
+    """The status a decision builds (decide._updated, made without pydantic's generic copy)
+    is what model_copy makes: the same fields, the same fields set, equal, dumped alike; the
+    old one unchanged."""
+    old = api.ClusterUpgradeStatus(
+        phase=api.UpgradePhase.SERVICING_OUT,
+        step="serviceOut",
+        request_id="t:c-1:serviceOut:1.29.4:0",
+        attempt=2,
+        conditions=[],
+    )
+    changes = {
+        "phase": api.UpgradePhase.UPGRADING_CONTROL_PLANE,
+        "step": "controlPlane",
+        "operation_id": None,
+        "message": None,
+        "last_transition_time": "2026-01-01T00:00:00Z",
+    }
+    before = old.model_dump()
+    fast, slow = engine._updated(old, changes), old.model_copy(update=changes)
+    assert type(fast) is type(slow)
+    assert fast == slow
+    assert fast.__dict__ == slow.__dict__
+    assert fast.model_fields_set == slow.model_fields_set
+    assert fast.dump() == slow.dump()
+    assert fast.__pydantic_extra__ == slow.__pydantic_extra__
+    assert fast.__pydantic_private__ == slow.__pydantic_private__
+    assert old.model_dump() == before
+    with pytest.raises(ValidationError):
+        fast.phase = api.UpgradePhase.PENDING  # frozen, as model_copy's is
+
+
+def test_the_full_pass_finds_what_a_caller_did_not_say(caplog: pytest.LogCaptureFixture) -> None:
+    """A ClusterUpgrade changed by someone else (another replica, a person) that the caller
+    does not name in `changed`: the kept index is left behind (nothing here lets a cluster go,
+    so no decision compares every object), until the periodic full pass finds the difference,
+    logs it and rebuilds the index; the decision of that pass counts the change."""
+    clusters = _fleet(30)
+    spec = api.UpdateRunSpec(
+        required_available_count=25,
+        ops_endpoint=api.OpsEndpoint(endpoint="127.0.0.1:9090", insecure=True),
+        clusters=[api.ClusterSpec(id=c, version="1.29.4") for c in clusters],
+    )
+    pinned = pin_upgrades("t", spec, clusters)
+    assert not isinstance(pinned, list)
+    fleet = TellingFleet(clusters, durations=dict.fromkeys(OpKind, 1e9))
+    store = TellingStore({u.name: u for u in pinned.upgrades})
+
+    class Passing:
+        def evaluate(self, checks: object, clusters: object, stage: str) -> list[object]:
+            return []
+
+    class Leader:
+        def held(self) -> bool:
+            return True
+
+    drv = RunDriver(fleet, store, Passing(), Leader())  # type: ignore[arg-type]
+
+    def step() -> Decision:
+        return drv.step(
+            key="t/t",
+            uid="t",
+            spec=spec,
+            upgrades=dict(store.upgrades),
+            stages=[],
+            held_by={},
+            now=T0,
+            changed=store.take(),
+        ).decision
+
+    step()
+    step()
+    assert len(fleet.started_steps) == 5  # the floor lets five go; the rest wait
+    # Someone else skips a waiting cluster; the caller does not say so.
+    name = next(n for n, u in store.upgrades.items() if u.status.phase == api.UpgradePhase.PENDING)
+    u = store.upgrades[name]
+    store.upgrades[name] = with_status(
+        u, u.status.model_copy(update={"phase": api.UpgradePhase.SKIPPED, "reason": "Elsewhere"})
+    )
+    decision = step()
+    assert drv.index.told
+    assert drv.index.differences(RunIndex.build("t", store.upgrades)) != []
+    assert decision.counts.skipped == 0  # the kept index's word: behind
+    drv.index.passes = FULL_EVERY - 1  # the next pass is a full one
+    with caplog.at_level("ERROR"):
+        decision = step()
+    assert "disagreed with a full pass" in caplog.text
+    assert drv.index.differences(RunIndex.build("t", store.upgrades)) == []
+    assert (decision.counts.skipped, decision.counts.in_flight) == (1, 5)
+    assert len(fleet.started_steps) == 5  # and nothing more was taken out: the floor held
