@@ -6,7 +6,7 @@ less per object, tens of thousands of them at 10,000 clusters)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from enum import StrEnum
 
@@ -135,14 +135,18 @@ class Snapshot:
     changes: Changes | None = field(default=None, compare=False)
 
 
+#: ClusterObs's fields, in order (for `_with`).
+_CLUSTER_FIELDS = tuple(f.name for f in fields(ClusterObs))
+
+
 def _with(cluster: ClusterObs, **changes: object) -> ClusterObs:
     """The observation with these fields changed: `dataclasses.replace` without its generic
-    walk and __init__ (ClusterObs is a plain frozen dataclass: no __post_init__, no slots), as
-    a pass makes one per operation that succeeded."""
+    walk and __init__ (ClusterObs is a frozen dataclass with slots and no __post_init__), as a
+    pass makes one per operation that succeeded."""
     new = object.__new__(ClusterObs)
-    values = new.__dict__
-    values.update(cluster.__dict__)
-    values.update(changes)
+    put = object.__setattr__
+    for name in _CLUSTER_FIELDS:
+        put(new, name, changes[name] if name in changes else getattr(cluster, name))
     return new
 
 
