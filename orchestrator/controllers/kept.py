@@ -195,8 +195,12 @@ class KeptUpgrades:
         if kept is None:
             kept = self._runs[at] = Children()
             for obj in self._cache.by_label(namespace, run):
-                kept.put(obj["metadata"]["name"], obj, self._parse)
-                self._where[_key(obj)] = at
+                key = _key(obj)
+                was = self._where.get(key)
+                if was is not None:  # relabelled since the last sync: here now, not there
+                    self._runs[was].drop(key[1])
+                kept.put(key[1], obj, self._parse)
+                self._where[key] = at
         return kept
 
     def forget(self, namespace: str, run: str) -> None:

@@ -283,16 +283,19 @@ def test_a_kept_state_that_went_wrong_is_found_and_replaced_by_the_fresh_one() -
     assert set(children.steps) == {"alpha-c1"}
     # A change keeps the names' order (the driver's RunIndex rebuilds when it moves).
     order = list(children.upgrades)
-    cache.put(_cu("team-a", "alpha", order[0].removeprefix("alpha-"), 5, phase="Verifying"))
+    first = order[0].removeprefix("alpha-")
+    cache.put(_cu("team-a", "alpha", first, 5, phase="Verifying", request=f"r-{first}"))
     kept.sync()
     assert list(children.upgrades) == list(children.objects) == order
+    steps = set(children.steps)
+    assert steps == {"alpha-c1", f"alpha-{first}"}
     # A bug's doing: c2 dropped from the holdings and c1's step forgotten.
     kept.holdings.put(("team-a", "alpha-c2"), None)
     children.steps.clear()
     found = kept.check()
     assert any(f.startswith("holdings") for f in found)
     assert "run team-a/alpha: steps" in found
-    assert set(kept.children("team-a", "alpha").steps) == {"alpha-c1"}
+    assert set(kept.children("team-a", "alpha").steps) == steps
     assert kept.holdings.get(("team-a", "alpha-c2")) is not None
     assert kept.check() == []
 
@@ -379,3 +382,25 @@ def test_the_controller_refuses_a_moved_provider_and_respects_other_runs() -> No
     ctl._children("team-a", "mine")
     problem = ctl._moved(spec, _access("sim:9000"), SIM, "team-a/mine")
     assert problem is not None and f"pinned on provider {OTHER}" in problem.message
+
+
+def test_a_run_first_asked_about_after_a_relabel_not_yet_synced_takes_the_object_over() -> None:
+    cache = ObjectCache(cast(KubeClient, None), api.CLUSTER_UPGRADE_PLURAL, None, api.LABEL_RUN)
+    kept = KeptUpgrades(cache, dict, upgrade_from_obj)
+    moving = _cu("team-a", "alpha", "c1", 2)
+    cache.put(moving)
+    kept.sync()
+    assert list(kept.children("team-a", "alpha").objects) == ["alpha-c1"]
+    # Relabelled to beta by hand; beta is asked about before the change is synced (the watch
+    # thread stores it between the controller's sync and its look at beta).
+    moved = deepcopy(moving)
+    moved["metadata"]["labels"][api.LABEL_RUN] = "beta"
+    moved["metadata"]["resourceVersion"] = "3"
+    cache.put(moved)
+    assert list(kept.children("team-a", "beta").objects) == ["alpha-c1"]
+    assert not kept.children("team-a", "alpha").objects
+    kept.sync()
+    assert not kept.children("team-a", "alpha").objects
+    assert kept.holdings.providers_of("team-a/beta") == {SIM}
+    assert not kept.holdings.providers_of("team-a/alpha")
+    assert kept.check() == []
