@@ -122,6 +122,9 @@ class ObjectCache:
         self.synced = threading.Event()
         #: Objects stored since the heap was last frozen.
         self._stored = 0
+        #: Per reader of changes (`follow`): the keys stored or dropped since it last looked
+        #: (None: everything, as after a re-list).
+        self._followers: list[list[set[Key] | None]] = []
 
     def _index_key(self, obj: dict[str, Any]) -> tuple[str, str] | None:
         if self._label is None:
@@ -145,6 +148,9 @@ class ObjectCache:
                 ik = self._index_key(old)
                 if ik is not None:
                     self._index.get(ik, set()).discard(key)
+            for changed in self._followers:
+                if changed[0] is not None:
+                    changed[0].add(key)
             if deleted:
                 return self._objs.pop(key, None) is not None
             self._objs[key] = obj
@@ -169,6 +175,21 @@ class ObjectCache:
         with self._lock:
             return list(self._objs.values())
 
+    def follow(self) -> Callable[[], set[Key] | None]:
+        """A reader of what changes here: each call of the function returned gives the keys
+        stored or dropped since its previous call; None (the first call, and after a re-list)
+        means everything, to be read again whole."""
+        changed: list[set[Key] | None] = [None]
+        with self._lock:
+            self._followers.append(changed)
+
+        def take() -> set[Key] | None:
+            with self._lock:
+                keys, changed[0] = changed[0], set()
+            return keys
+
+        return take
+
     def _settle(self) -> None:
         """Freeze the heap (settle_heap) once as many objects as the cache holds were stored
         since the last time: the frozen copies were mostly replaced by then."""
@@ -186,6 +207,8 @@ class ObjectCache:
                     with self._lock:
                         self._objs.clear()
                         self._index.clear()
+                        for changed in self._followers:
+                            changed[0] = None
                     for obj in items:
                         self.put(obj)
                     del items

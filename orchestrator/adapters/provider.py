@@ -398,7 +398,10 @@ class GrpcProvider:
             inventory: dict[str, ClusterObs] = {}
             converted = self.converted
             for c in pbs:
-                wire = c.SerializeToString(deterministic=True)
+                # Equal bytes are an equal cluster, whichever order a map was written in (a
+                # different order only converts it again): the plain serialization costs half
+                # the deterministic one (5,000 rows: 1.4 against 2.5 ms here).
+                wire = c.SerializeToString()
                 known = converted.get(c.id)
                 if known is None or known[0] != wire:
                     known = (wire, cluster_from_pb(c))

@@ -260,9 +260,10 @@ class _Model(BaseModel):
         if shared is not given:
             object.__setattr__(self, "__pydantic_fields_set__", shared)
 
-    def dump(self) -> dict[str, Any]:
-        """The object as Kubernetes JSON (camelCase, unset optional fields left out)."""
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+    def dump(self, only: set[str] | None = None) -> dict[str, Any]:
+        """The object as Kubernetes JSON (camelCase, unset optional fields left out); only:
+        these fields alone (by Python name)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json", include=only)
 
 
 Version = Annotated[str, Field(pattern=VERSION_PATTERN, max_length=64)]

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -28,6 +27,7 @@ from orchestrator.adapters.metrics import Metrics
 from orchestrator.adapters.notify import Notifier
 from orchestrator.adapters.provider import OperationTracker, PluginPool
 from orchestrator.adapters.secrets import SecretError, TLSResolver
+from orchestrator.controllers.kept import Children, KeptUpgrades
 from orchestrator.controllers.reach import Reached, RunPlugins, Unreached
 from orchestrator.engine.access import Access
 from orchestrator.engine.conditions import (
@@ -37,7 +37,7 @@ from orchestrator.engine.conditions import (
     set_condition,
     with_fix,
 )
-from orchestrator.engine.decide import ACTIVE, Floor, Preflight, Upgrade
+from orchestrator.engine.decide import Floor, Preflight, Upgrade
 from orchestrator.engine.index import RunIndex
 from orchestrator.engine.initialize import Pinned, run_name
 from orchestrator.engine.observations import ClusterObs, OpObs, OpState
@@ -51,7 +51,7 @@ from orchestrator.engine.transitions import (
 )
 from orchestrator.engine.validate import Problem, SpecCache, parse_model
 from orchestrator.pipeline import deletion
-from orchestrator.pipeline.crossrun import UNSEEN, RunNotSeen, holding_of, neighbours
+from orchestrator.pipeline.crossrun import UNSEEN, RunNotSeen
 from orchestrator.pipeline.driver import (
     CallError,
     Fence,
@@ -83,7 +83,7 @@ class AlwaysLeader:
 
 def upgrade_from_obj(obj: Mapping[str, Any], spec: api.ClusterUpgradeSpec | None = None) -> Upgrade:
     """The engine's view of a ClusterUpgrade object (spec: its spec as parsed before, when it
-    has not changed since)."""
+    has not changed since: kept.Children.put)."""
     status = obj.get("status") or {}
     try:
         st = api.ClusterUpgradeStatus.model_validate(status)
@@ -184,13 +184,9 @@ class UpdateRunController:
     providers: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
     uids: set[str] = field(default_factory=set)
     _preflight: dict[tuple[str, str], dict[str, Preflight]] = field(default_factory=dict)
-    #: Parsed ClusterUpgrades by (namespace, name), with the resourceVersion and (uid, generation)
-    #: they were parsed at: re-parsed only when resourceVersion moves, so a reconcile costs work for
-    #: what changed, not for the whole run; the spec only when the generation moves (with the
-    #: status subresource, a spec change and nothing else), so a status change keeps the spec.
-    _parsed: dict[tuple[str, str], tuple[str, Upgrade, tuple[str, int]]] = field(
-        default_factory=dict
-    )
+    #: The ClusterUpgrade cache as read here (every one's holding, each run's parsed children),
+    #: kept per change so that a reconcile costs work for what changed, not for every object.
+    _kept: KeptUpgrades = field(init=False)
     #: The runs' parsed specs, per generation.
     _specs: SpecCache = field(default_factory=SpecCache)
     _memory: dict[tuple[str, str], _DriverMemory] = field(default_factory=dict)
@@ -202,18 +198,13 @@ class UpdateRunController:
         default_factory=lambda: ThreadPoolExecutor(WRITE_PARALLELISM, thread_name_prefix="write")
     )
 
-    def _parse(self, namespace: str, obj: Mapping[str, Any]) -> Upgrade:
-        key = (namespace, obj["metadata"]["name"])
-        rv = str(obj["metadata"].get("resourceVersion", ""))
-        # The object (uid: not one deleted and made again under its name) and its spec's version.
-        stamp = (str(obj["metadata"].get("uid", "")), int(obj["metadata"].get("generation") or 0))
-        known = self._parsed.get(key)
-        if known is not None and known[0] == rv:
-            return known[1]
-        same = known is not None and all(stamp) and known[2] == stamp
-        upgrade = upgrade_from_obj(obj, known[1].spec if known is not None and same else None)
-        self._parsed[key] = (rv, upgrade, stamp)
-        return upgrade
+    def __post_init__(self) -> None:
+        self._kept = KeptUpgrades(self.upgrades, self.pool.identities, upgrade_from_obj)
+
+    def _children(self, namespace: str, run: str) -> Children:
+        """The run's ClusterUpgrades as cached now (what changed since the last look synced)."""
+        self._kept.sync()
+        return self._kept.children(namespace, run)
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """One step of one run; returns seconds to requeue after (None: wait for a change)."""
@@ -245,7 +236,7 @@ class UpdateRunController:
         ):
             # Finished and nothing new: a spec edit (resume after a stop, spec.retry,
             # spec.skip) bumps the generation and is looked at once.
-            self._export_clusters(namespace, name, self.upgrades.by_label(namespace, name))
+            self._export_clusters(namespace, name)
             return None
         # Who may do what: before any plugin is called or URL fetched (orchestrator.access).
         access = self.catalog.check(namespace, spec)
@@ -301,12 +292,7 @@ class UpdateRunController:
         self.providers.pop((namespace, name), None)
         self._preflight.pop((namespace, name), None)
         self._memory.pop((namespace, name), None)
-        prefix = f"{name}-"
-        self._parsed = {
-            k: v
-            for k, v in self._parsed.items()
-            if not (k[0] == namespace and k[1].startswith(prefix))
-        }
+        self._kept.forget(namespace, name)
 
     # -- initialize -------------------------------------------------------------------------
 
@@ -439,47 +425,37 @@ class UpdateRunController:
         recorded once (`_record`): observe, decide, act in the driver; record here."""
         meta = obj["metadata"]
         ns, name = meta["namespace"], meta["name"]
-        children = {o["metadata"]["name"]: o for o in self.upgrades.by_label(ns, name)}
+        kept = self._children(ns, name)
         total = status.counts.total if status.counts else 0
-        if len(children) < total and status.phase not in FINISHED:
+        if len(kept.objects) < total and status.phase not in FINISHED:
             # The cache has not caught up with our own creations yet. (A run that ended may
             # have fewer: a ClusterUpgrade deleted alone goes when its run ends; resumed, the
             # run counts what is left.)
             return 1.0
-        upgrades = {n: self._parse(ns, o) for n, o in children.items()}
+        upgrades = dict(kept.upgrades)
         if plugins.several:
             routes = plugins.routes(upgrades.values())
             moved = routes if isinstance(routes, Problem) else None
         else:
             routes = {}
-            moved = self._moved(spec, access, plugins.one.identity, children.values())
+            moved = self._moved(spec, access, plugins.one.identity, f"{ns}/{name}")
         if moved is not None:
             return self._invalid(obj, status, [moved], gen, now)
         assert not isinstance(routes, Problem)
-        own = {
-            u.cluster_id: u.spec.provider_id
-            or (plugins.one.identity if not plugins.several else "")
-            for u in upgrades.values()
-        }
         try:
-            held_by, floors, extra = self._neighbours(plugins, f"{ns}/{name}", own)
+            # kept.own: cluster id → its pinned providerId (a run over several: how its
+            # clusters meet others'; one provider: only the ids are read).
+            held_by, floors, extra = self._neighbours(plugins, f"{ns}/{name}", kept.own)
         except RunNotSeen as err:
             log.info("UpdateRun %s/%s waits for the cache: %s", ns, name, err)
             return 1.0
         by_identity = {p.identity: p.name for p in plugins.reached()}
         routes.update({cid: by_identity[i] for cid, i in extra.items() if i in by_identity})
         try:
-            plugins.learn(
-                [
-                    (u.status.request_id, u.status.operation_id or "", u.cluster_id)
-                    for u in upgrades.values()
-                    if u.status.phase in ACTIVE and u.status.request_id
-                ],
-                routes,
-            )
+            plugins.learn(list(kept.steps.values()), routes)
         except CallError as err:
             return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
-        store = _KubeStore(self.kube, self.upgrades, ns, dict(children))
+        store = _KubeStore(self.kube, self.upgrades, ns, dict(kept.objects))
         driver = self._driver(obj, plugins.provider(routes), access, store)
         annotations = meta.get("annotations") or {}
         try:
@@ -496,7 +472,7 @@ class UpdateRunController:
                 # A ClusterUpgrade deleted alone: its cluster is skipped (or finishes its
                 # step); the object goes when its run ends (_hold).
                 skip=_csv(annotations.get(api.ANNOTATION_SKIP_CLUSTERS))
-                | {u.cluster_id for n, u in upgrades.items() if deletion.deleting(children[n])},
+                | frozenset(kept.deleting.values()),
                 floors=floors,
                 skip_stages=_csv(annotations.get(api.ANNOTATION_SKIP_STAGES)),
                 requested_by=requester(annotations, obj.get("spec")),
@@ -511,17 +487,12 @@ class UpdateRunController:
         return self._record(obj, spec, status, result, store.objects, gen, now, degraded)
 
     def _moved(
-        self,
-        spec: api.UpdateRunSpec,
-        access: Access,
-        identity: str,
-        children: Iterable[Mapping[str, Any]],
+        self, spec: api.UpdateRunSpec, access: Access, identity: str, run: str
     ) -> Problem | None:
         """The run's clusters belong to the provider it was allowed to use when it started
         (another address of the same plugin is the same provider): a Problem when the spec
-        now points elsewhere."""
-        identities = self.pool.identities()
-        moved = sorted({holding_of(o, identities).provider for o in children} - {identity})
+        now points elsewhere. run: "namespace/name" (its holdings, crossrun.holding_of)."""
+        moved = sorted(self._kept.holdings.providers_of(run) - {identity})
         if not moved:
             return None
         where = "spec.providerRef" if spec.provider_ref else "spec.opsEndpoint"
@@ -603,7 +574,7 @@ class UpdateRunController:
         self._write_run(obj, new, spec=spec, changes=result.changes, upgrades=upgrades)
         self._consume(obj, api.ANNOTATION_RETRY_CLUSTERS)
         self._consume(obj, api.ANNOTATION_SKIP_CLUSTERS)
-        self._export_clusters(ns, name, upgrades.values())
+        self._export_clusters(ns, name)
         if deletion.deleting(obj) and self._finalize(obj, _failed_cluster_policy(spec)):
             return None
         if result.decision.phase in FINISHED:
@@ -653,12 +624,11 @@ class UpdateRunController:
             update={"message": message, "conditions": conds, "observed_generation": gen}
         )
 
-    def _export_clusters(
-        self, namespace: str, run: str, upgrades: Iterable[Mapping[str, Any]]
-    ) -> None:
-        """The run's `multicluster_controller_clusters` series: its ClusterUpgrades per phase,
-        every phase present (0 when none), so that the phases sum to the run's clusters."""
-        by_phase = Counter((u.get("status") or {}).get("phase", "Pending") for u in upgrades)
+    def _export_clusters(self, namespace: str, run: str) -> None:
+        """The run's `multicluster_controller_clusters` series: its ClusterUpgrades per phase
+        (as cached, the pass's writes included), every phase present (0 when none), so that
+        the phases sum to the run's clusters."""
+        by_phase = self._children(namespace, run).phases
         self.metrics.clusters.put(
             namespace, run, {p.value: by_phase.get(p.value, 0) for p in api.UpgradePhase}
         )
@@ -670,8 +640,8 @@ class UpdateRunController:
         and the floors of the other live runs that share clusters with this one
         (orchestrator.crossrun, orchestrator.pipeline.multi for a run over several providers,
         which the simulation calls too), and the other runs' clusters to observe beyond own
-        (cluster id → identity; only for several). own: cluster id → identity."""
-        identities = self.pool.identities()
+        (cluster id → identity; only for several). own: cluster id → identity (only its
+        keys are read for a run on one provider)."""
 
         def floor_of(key: str) -> int | None:
             rns, _, rname = key.partition("/")
@@ -692,10 +662,10 @@ class UpdateRunController:
                 return None
             return int((obj.get("spec") or {}).get("requiredAvailableCount", 1))
 
-        holdings = [holding_of(o, identities) for o in self.upgrades.items()]
+        holdings = self._kept.holdings  # kept per change (orchestrator.controllers.kept)
         if plugins.several:
-            return neighbours_across(holdings, floor_of, own, run)
-        held, floors = neighbours(holdings, floor_of, plugins.one.identity, run, set(own))
+            return neighbours_across(holdings.holdings(), floor_of, own, run)
+        held, floors = holdings.neighbours(floor_of, plugins.one.identity, run, own.keys())
         return held, floors, {}
 
     # -- deletion (orchestrator.deletion; docs/operations.md "What deleting a rollout does") --
@@ -710,9 +680,8 @@ class UpdateRunController:
                 obj = self.kube.add_finalizer(api.UPDATE_RUN_PLURAL, obj)
             except KubeError as err:  # deleted meanwhile: the next reconcile sees it
                 log.info("no finalizer on UpdateRun %s: %s", meta["name"], err)
-        for child in self.upgrades.by_label(meta["namespace"], meta["name"]):
-            if deletion.has_finalizer(child) or deletion.deleting(child):
-                continue
+        kept = self._children(meta["namespace"], meta["name"])
+        for child in [kept.objects[n] for n in kept.unfinalized]:
             try:
                 self.upgrades.put(self.kube.add_finalizer(api.CLUSTER_UPGRADE_PLURAL, child))
             except KubeError as err:  # deleted meanwhile: no finalizer may be added then
@@ -724,8 +693,7 @@ class UpdateRunController:
     def _held(self, obj: Mapping[str, Any]) -> deletion.Holds:
         """What of the run's clusters (its ClusterUpgrades as cached) holds its deletion."""
         meta = obj["metadata"]
-        ns = meta["namespace"]
-        upgrades = [self._parse(ns, c) for c in self.upgrades.by_label(ns, meta["name"])]
+        upgrades = self._children(meta["namespace"], meta["name"]).upgrades.values()
         return deletion.holds((u.cluster_id, u.status) for u in upgrades)
 
     def _deleting_message(self, obj: Mapping[str, Any]) -> str:

@@ -191,7 +191,8 @@ def live_fields(run_spec: Mapping[str, Any], cv: api.ClusterVersionSpec) -> dict
     paused = bool(cv.strategy and cv.strategy.paused)
     if bool((run_spec.get("strategy") or {}).get("paused")) != paused:
         out["strategy"] = {"paused": paused}
-    wanted = cv.dump()
+    # Only these (a ClusterVersion's whole spec lists its clusters: 0.9 ms to dump at 5,000).
+    wanted = cv.dump({"skip", "retry", "notifications"})
     for key in ("skip", "retry", "notifications"):
         if run_spec.get(key) != wanted.get(key):
             out[key] = wanted.get(key)

@@ -11,9 +11,9 @@ spelled.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from orchestrator import api
 from orchestrator.engine.decide import ACTIVE, Floor
@@ -21,6 +21,7 @@ from orchestrator.engine.decide import ACTIVE, Floor
 __all__ = [
     "UNSEEN",
     "Holding",
+    "HoldingIndex",
     "RunNotSeen",
     "endpoint_identity",
     "holding_of",
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 _ACTIVE = frozenset(p.value for p in ACTIVE)
+K = TypeVar("K", bound=Hashable)
 #: Prefix of the fallback identity of a plugin that reports no fleet_id.
 ENDPOINT_PREFIX = "endpoint/"
 #: floor_of's answer for a run whose ClusterUpgrades the reader has but whose UpdateRun its
@@ -117,32 +119,150 @@ def neighbours(
 ) -> tuple[dict[str, str], list[Floor]]:
     """For run (on provider, with clusters own): the clusters other runs on the same provider
     hold (cluster id → "ns/run"; the least such run where several do), and the floors of the
-    other live runs that share clusters with it.
+    other live runs that share clusters with it (`HoldingIndex.neighbours`, over holdings).
 
     floor_of(run) is that run's requiredAvailableCount while it is live (api.run_is_live),
     None when it is finished or gone (a finished run's floor binds no one), UNSEEN when the
     reader has not seen the run yet: then RunNotSeen is raised, as nothing may be decided.
     """
-    held: dict[str, str] = {}
-    members: dict[str, set[str]] = {}
-    for h in holdings:
-        if h.run == run or h.provider != provider:
-            continue
+    return HoldingIndex.on(provider, holdings).neighbours(floor_of, provider, run, own)
+
+
+def _count(counts: dict[str, int], key: str, by: int) -> bool:
+    """Add by to counts[key] (dropped at 0); True when key appeared or disappeared."""
+    n = counts.get(key, 0) + by
+    if n:
+        counts[key] = n
+    else:
+        del counts[key]
+    return n in (by, 0)
+
+
+class HoldingIndex(Generic[K]):
+    """Holdings by key (one per ClusterUpgrade: the reader's key for it), with what
+    `neighbours` reads of them kept beside, per change: a run's neighbours then cost what
+    other runs hold and share with it, not a look at every ClusterUpgrade of every run. The
+    rule is `neighbours` here, whether the index is kept (the UpdateRun controller, per cache
+    change) or made at once from a list of holdings (the module function, the simulation)."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[K, Holding] = {}
+        #: provider → cluster id → run → how many of its ClusterUpgrades hold it (active).
+        self._active: dict[str, dict[str, dict[str, int]]] = {}
+        #: provider → run → cluster id → how many of its owned ClusterUpgrades name it.
+        self._members: dict[str, dict[str, dict[str, int]]] = {}
+        #: run → provider → how many of its ClusterUpgrades belong to it (owned or not).
+        self._providers: dict[str, dict[str, int]] = {}
+        #: (provider, run) → its members as a Floor takes them, until they change.
+        self._frozen: dict[tuple[str, str], frozenset[str]] = {}
+
+    @staticmethod
+    def on(provider: str, holdings: Iterable[Holding]) -> HoldingIndex[int]:
+        """What `neighbours` reads of holdings on provider, at once (no key is recorded: for
+        one question, as the module function and the simulation ask it)."""
+        index: HoldingIndex[int] = HoldingIndex()
+        active: dict[str, dict[str, int]] = {}
+        members: dict[str, dict[str, int]] = {}
+        for h in holdings:
+            if h.provider != provider:
+                continue
+            if h.owned:
+                cids = members.setdefault(h.run, {})
+                cids[h.cluster_id] = cids.get(h.cluster_id, 0) + 1
+            if h.active:
+                holders = active.setdefault(h.cluster_id, {})
+                holders[h.run] = holders.get(h.run, 0) + 1
+        index._active[provider] = active
+        index._members[provider] = members
+        return index
+
+    def get(self, key: K) -> Holding | None:
+        """The holding recorded under key."""
+        return self._by_key.get(key)
+
+    def keys(self) -> set[K]:
+        """The keys of the holdings recorded."""
+        return set(self._by_key)
+
+    def holdings(self) -> list[Holding]:
+        """Every holding recorded."""
+        return list(self._by_key.values())
+
+    def providers_of(self, run: str) -> frozenset[str]:
+        """The providers run's ClusterUpgrades belong to (`Holding.provider`)."""
+        return frozenset(self._providers.get(run, ()))
+
+    def put(self, key: K, holding: Holding | None) -> None:
+        """Record the holding of key (None: key is gone)."""
+        old = self._by_key.get(key)
+        if old == holding:
+            return
+        if old is not None:
+            self._add(old, -1)
+            del self._by_key[key]
+        if holding is not None:
+            self._add(holding, 1)
+            self._by_key[key] = holding
+
+    def _add(self, h: Holding, by: int) -> None:
+        providers = self._providers.setdefault(h.run, {})
+        _count(providers, h.provider, by)
+        if not providers:
+            del self._providers[h.run]
         if h.owned:
-            members.setdefault(h.run, set()).add(h.cluster_id)
+            runs = self._members.setdefault(h.provider, {})
+            cids = runs.setdefault(h.run, {})
+            if _count(cids, h.cluster_id, by):
+                self._frozen.pop((h.provider, h.run), None)
+            if not cids:
+                del runs[h.run]
+            if not runs:
+                del self._members[h.provider]
         if h.active:
-            known = held.get(h.cluster_id)
-            if known is None or h.run < known:
-                held[h.cluster_id] = h.run
-    floors: list[Floor] = []
-    mine = set(own)
-    for other, cids in sorted(members.items()):
-        if cids.isdisjoint(mine):
-            continue
-        required = floor_of(other)
-        if required == UNSEEN:
-            raise RunNotSeen(other)
-        if required is None:
-            continue
-        floors.append(Floor(other, frozenset(cids), required))
-    return held, floors
+            held = self._active.setdefault(h.provider, {})
+            holders = held.setdefault(h.cluster_id, {})
+            _count(holders, h.run, by)
+            if not holders:
+                del held[h.cluster_id]
+            if not held:
+                del self._active[h.provider]
+
+    def neighbours(
+        self,
+        floor_of: Callable[[str], int | None],
+        provider: str,
+        run: str,
+        own: Collection[str],
+    ) -> tuple[dict[str, str], list[Floor]]:
+        """`neighbours` (the module function) over the holdings recorded here."""
+        held: dict[str, str] = {}
+        for cid, holders in self._active.get(provider, {}).items():
+            others = [r for r in holders if r != run]
+            if others:
+                held[cid] = min(others)
+        floors: list[Floor] = []
+        runs = self._members.get(provider, {})
+        for other in sorted(runs):
+            if other == run:
+                continue
+            cids = self._frozen.get((provider, other))
+            if cids is None:
+                cids = self._frozen[(provider, other)] = frozenset(runs[other])
+            if cids.isdisjoint(own):
+                continue
+            required = floor_of(other)
+            if required == UNSEEN:
+                raise RunNotSeen(other)
+            if required is None:
+                continue
+            floors.append(Floor(other, cids, required))
+        return held, floors
+
+    def differences(self, other: HoldingIndex[K]) -> list[str]:
+        """What of this index differs from other (empty: they agree), by part."""
+        parts = ("_by_key", "_active", "_members", "_providers")
+        found = [p.strip("_") for p in parts if getattr(self, p) != getattr(other, p)]
+        for (provider, run), cids in self._frozen.items():
+            if set(cids) != set(self._members.get(provider, {}).get(run, {})):
+                found.append(f"members of {run} on {provider}")
+        return found

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -16,7 +15,8 @@ from fleetupgrade.plugin.v1 import cluster_pb2
 from orchestrator import api
 from orchestrator.adapters.cache import SHARED_MAX, ObjectCache, lean
 from orchestrator.adapters.provider import OperationTracker, cluster_from_pb, op_from_pb
-from orchestrator.controllers.updaterun import UpdateRunController
+from orchestrator.controllers.kept import Children
+from orchestrator.controllers.updaterun import upgrade_from_obj
 from orchestrator.engine.decide import Upgrade
 from orchestrator.engine.observations import ClusterObs, OpKind, OpObs, OpState, PoolObs
 
@@ -135,11 +135,12 @@ def test_the_tracker_ages_operations_in_flight_and_forgets_the_age_of_ended_ones
 
 
 def test_a_status_change_keeps_the_parsed_spec_and_a_new_spec_or_object_is_parsed_again() -> None:
-    # The controller's own parse, on a holder of its memory (the rest of it is not involved).
-    holder = SimpleNamespace(_parsed={})
+    # What the controller keeps of a run's ClusterUpgrades (kept.Children), with its own parse.
+    children = Children()
 
-    def parse(obj: dict[str, object]) -> Upgrade:
-        return UpdateRunController._parse(holder, "team-a", obj)  # type: ignore[arg-type]
+    def parse(obj: dict[str, Any]) -> Upgrade:
+        children.put("a", obj, upgrade_from_obj)
+        return children.upgrades["a"]
 
     def version(rv: int, uid: str = "u-1", generation: int = 1, target: str = "1.29.4") -> Any:
         obj: Any = _upgrade("a", rv)

@@ -1,0 +1,285 @@
+"""The UpdateRun controller's view of the ClusterUpgrade cache, kept per change, not per pass.
+
+A reconcile used to look at every ClusterUpgrade it had: each of its run's (parsed, finalizer,
+being deleted, in flight, the phases the metrics count) and every run's (the holdings and the
+members other runs' floors read, orchestrator.pipeline.crossrun). Here all of that is kept per
+ClusterUpgrade and brought up to date for those the cache says changed (`ObjectCache.follow`):
+a reconcile costs what changed since the last one. Every FULL_EVERY syncs it is also made from
+scratch and compared: a difference is a bug, logged as one, and the fresh state is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator import api
+from orchestrator.adapters.cache import ObjectCache
+from orchestrator.engine.decide import ACTIVE, Upgrade
+from orchestrator.pipeline import deletion
+from orchestrator.pipeline.crossrun import HoldingIndex, holding_of
+
+__all__ = ["FULL_EVERY", "Children", "KeptUpgrades"]
+
+log = logging.getLogger(__name__)
+#: Every this many syncs, the kept state is also made from scratch and compared.
+FULL_EVERY = 200
+Key = tuple[str, str]
+
+
+#: A ClusterUpgrade object as the engine's Upgrade, given its spec as parsed before when that
+#: has not changed (None: parse it too).
+Parse = Callable[[Mapping[str, Any], api.ClusterUpgradeSpec | None], Upgrade]
+
+
+def _rv(obj: Mapping[str, Any]) -> str:
+    return str(obj["metadata"].get("resourceVersion", ""))
+
+
+def _same_spec(before: Mapping[str, Any] | None, obj: Mapping[str, Any]) -> bool:
+    """obj is the object before was (its uid: not one deleted and made again under its name)
+    at the same spec (its generation: with the status subresource, only a spec change moves
+    it)."""
+    if before is None:
+        return False
+    old, new = before["metadata"], obj["metadata"]
+    uid, gen = new.get("uid"), new.get("generation")
+    return bool(uid and gen) and old.get("uid") == uid and old.get("generation") == gen
+
+
+@dataclass
+class Children:
+    """One run's ClusterUpgrades as the cache has them (by name), with what a pass reads of
+    each kept beside it."""
+
+    objects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Parsed, again only when the object's resourceVersion moves.
+    upgrades: dict[str, Upgrade] = field(default_factory=dict)
+    #: The resourceVersion each of upgrades was parsed from.
+    parsed_at: dict[str, str] = field(default_factory=dict)
+    #: Cluster id → its pinned spec.providerId ("" where none is pinned).
+    own: dict[str, str] = field(default_factory=dict)
+    #: Cluster id → the names of the ClusterUpgrades naming it (one, unless made by hand) with
+    #: each one's providerId; `own` has the least name's.
+    own_by: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: The steps in flight (an ACTIVE phase with a request id): (request id, operation id,
+    #: cluster id) by name, as GrpcProvider.learn takes them.
+    steps: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    #: Those being deleted (a ClusterUpgrade deleted alone): name → cluster id.
+    deleting: dict[str, str] = field(default_factory=dict)
+    #: Those without the finalizer and not being deleted (it is added: UpdateRunController._hold).
+    unfinalized: set[str] = field(default_factory=set)
+    #: status.phase as stored ("Pending" where none): the metrics' count per phase.
+    phases: Counter[str | None] = field(default_factory=Counter)
+
+    def put(
+        self,
+        name: str,
+        obj: dict[str, Any],
+        parse: Parse,
+        known: Children | None = None,
+    ) -> None:
+        """Record obj as name's object, in its place (the order of names stays, as the driver's
+        RunIndex reads it); parsed again only when its resourceVersion is not the one known's
+        parse came from (known: self by default), and then with the spec parsed before when
+        the object's spec has not changed since (`_same_spec`: issue 21's memory, one spec
+        model per ClusterUpgrade across its status changes)."""
+        known = self if known is None else known
+        rv = _rv(obj)
+        if known.parsed_at.get(name) == rv:
+            upgrade = known.upgrades[name]
+        else:
+            before = known.objects.get(name)
+            spec = known.upgrades[name].spec if _same_spec(before, obj) else None
+            upgrade = parse(obj, spec)
+        if name in self.objects:
+            self._unindex(name)
+        self.objects[name] = obj
+        self.upgrades[name] = upgrade
+        self.parsed_at[name] = rv
+        cid = upgrade.cluster_id
+        names = self.own_by.setdefault(cid, {})
+        names[name] = upgrade.spec.provider_id or ""
+        self.own[cid] = names[min(names)]
+        st = upgrade.status
+        if st.phase in ACTIVE and st.request_id:
+            self.steps[name] = (st.request_id, st.operation_id or "", cid)
+        if deletion.deleting(obj):
+            self.deleting[name] = cid
+        elif not deletion.has_finalizer(obj):
+            self.unfinalized.add(name)
+        self.phases[(obj.get("status") or {}).get("phase", "Pending")] += 1
+
+    def drop(self, name: str) -> None:
+        """Forget name's object (no-op when it is not here)."""
+        if name not in self.objects:
+            return
+        self._unindex(name)
+        del self.objects[name], self.upgrades[name], self.parsed_at[name]
+
+    def _unindex(self, name: str) -> None:
+        """Take name's object out of everything kept beside it."""
+        obj, upgrade = self.objects[name], self.upgrades[name]
+        cid = upgrade.cluster_id
+        names = self.own_by[cid]
+        del names[name]
+        if names:
+            self.own[cid] = names[min(names)]
+        else:
+            del self.own_by[cid], self.own[cid]
+        self.steps.pop(name, None)
+        self.deleting.pop(name, None)
+        self.unfinalized.discard(name)
+        phase = (obj.get("status") or {}).get("phase", "Pending")
+        self.phases[phase] -= 1
+        if not self.phases[phase]:
+            del self.phases[phase]
+
+    def differences(self, other: Children) -> list[str]:
+        """What of this differs from other (empty: they agree), by part."""
+        found = [
+            part
+            for part in ("parsed_at", "own", "own_by", "steps", "deleting", "unfinalized")
+            if getattr(self, part) != getattr(other, part)
+        ]
+        if self.phases != other.phases:
+            found.append("phases")
+        if self.objects.keys() != other.objects.keys() or any(
+            o is not other.objects[n] for n, o in self.objects.items()
+        ):
+            found.append("objects")
+        if self.upgrades.keys() != other.upgrades.keys():
+            found.append("upgrades")
+        return found
+
+
+class KeptUpgrades:
+    """The ClusterUpgrade cache as the UpdateRun controller reads it: every ClusterUpgrade's
+    crossrun Holding (`holdings`) and, for each run asked about, its `Children`; brought up to
+    date by `sync` from the keys the cache says changed. One reader at a time (the reconcile
+    loop)."""
+
+    def __init__(
+        self,
+        cache: ObjectCache,
+        identities: Callable[[], dict[str, str]],
+        parse: Parse,
+    ) -> None:
+        """identities: endpoint → provider identity, as learned (crossrun.holding_of reads
+        it); parse: a ClusterUpgrade object as the engine's Upgrade."""
+        self._cache = cache
+        self._take = cache.follow()
+        self._identities_of = identities
+        self._parse = parse
+        self._identities: dict[str, str] = {}
+        self.holdings: HoldingIndex[Key] = HoldingIndex()
+        #: "namespace/run" → its Children, for the runs asked about.
+        self._runs: dict[str, Children] = {}
+        #: Key of a ClusterUpgrade → the run whose Children have it.
+        self._where: dict[Key, str] = {}
+        self.syncs = 0
+
+    def sync(self) -> None:
+        """Bring everything up to date with the cache; every FULL_EVERY calls, also compare
+        with a state made from scratch."""
+        identities = self._identities_of()
+        keys = self._take()
+        if keys is None or identities != self._identities:
+            # Everything: a re-list, or a plugin's identity learned (holdings spell it).
+            self._identities = identities
+            keys = self._everything()
+        for key in keys:
+            self._update(key)
+        self.syncs += 1
+        if self.syncs % FULL_EVERY == 0:
+            self.check()
+
+    def _update(self, key: Key) -> None:
+        obj = self._cache.get(*key)
+        holding = holding_of(obj, self._identities) if obj is not None else None
+        self.holdings.put(key, holding)
+        was = self._where.get(key)
+        now = holding.run if holding is not None else None
+        if was is not None and was != now:
+            self._runs[was].drop(key[1])
+            del self._where[key]
+        if obj is not None and now is not None:
+            kept = self._runs.get(now)
+            if kept is not None:
+                kept.put(key[1], obj, self._parse)
+                self._where[key] = now
+
+    def children(self, namespace: str, run: str) -> Children:
+        """The run's Children (made from the cache the first time it is asked about)."""
+        at = f"{namespace}/{run}"
+        kept = self._runs.get(at)
+        if kept is None:
+            kept = self._runs[at] = Children()
+            for obj in self._cache.by_label(namespace, run):
+                key = _key(obj)
+                was = self._where.get(key)
+                if was is not None:  # relabelled since the last sync: here now, not there
+                    self._runs[was].drop(key[1])
+                kept.put(key[1], obj, self._parse)
+                self._where[key] = at
+        return kept
+
+    def forget(self, namespace: str, run: str) -> None:
+        """Drop a run's Children (the run is gone); its holdings stay while its objects do."""
+        at = f"{namespace}/{run}"
+        kept = self._runs.pop(at, None)
+        if kept is not None:
+            for name in kept.objects:
+                self._where.pop((namespace, name), None)
+
+    def check(self) -> list[str]:
+        """Make the state from scratch and compare; where it differs (a bug), log it and keep
+        the fresh state. Returns the differences (none when the cache moved meanwhile: the
+        comparison is left to the next time)."""
+        objs = self._cache.items()
+        fresh: HoldingIndex[Key] = HoldingIndex()
+        runs = {at: Children() for at in self._runs}
+        where: dict[Key, str] = {}
+        for obj in objs:
+            key = _key(obj)
+            holding = holding_of(obj, self._identities)
+            fresh.put(key, holding)
+            kept = runs.get(holding.run)
+            if kept is not None:
+                kept.put(key[1], obj, self._parse, self._runs[holding.run])
+                where[key] = holding.run
+        moved = self._take()
+        if moved is None or moved:
+            # The cache changed while it was read: not one state to compare against.
+            self._take_back(moved)
+            return []
+        found = [f"holdings: {d}" for d in self.holdings.differences(fresh)]
+        for at, kept in self._runs.items():
+            found += [f"run {at}: {d}" for d in kept.differences(runs[at])]
+        if where != self._where:
+            found.append("where")
+        if found:
+            log.error(
+                "the kept ClusterUpgrade state disagreed with one made from scratch (%s); "
+                "the fresh one is kept",
+                ", ".join(found),
+            )
+            self.holdings, self._runs, self._where = fresh, runs, where
+        return found
+
+    def _everything(self) -> set[Key]:
+        """Every key known here or cached."""
+        return self.holdings.keys() | set(self._where) | {_key(o) for o in self._cache.items()}
+
+    def _take_back(self, keys: set[Key] | None) -> None:
+        """Apply changes taken out of turn (check's look at the cache)."""
+        for key in self._everything() if keys is None else keys:
+            self._update(key)
+
+
+def _key(obj: Mapping[str, Any]) -> Key:
+    meta = obj["metadata"]
+    return (meta.get("namespace", ""), meta["name"])
