@@ -74,6 +74,9 @@ class Children:
     unfinalized: set[str] = field(default_factory=set)
     #: status.phase as stored ("Pending" where none): the metrics' count per phase.
     phases: Counter[str | None] = field(default_factory=Counter)
+    #: The names put or dropped since the driver last took them (`take_changed`); None until
+    #: then (made afresh: every object is new to the driver's index).
+    touched: set[str] | None = None
 
     def put(
         self,
@@ -88,6 +91,8 @@ class Children:
         the object's spec has not changed since (`_same_spec`: issue 21's memory, one spec
         model per ClusterUpgrade across its status changes)."""
         known = self if known is None else known
+        if self.touched is not None:
+            self.touched.add(name)
         rv = _rv(obj)
         if known.parsed_at.get(name) == rv:
             upgrade = known.upgrades[name]
@@ -117,6 +122,8 @@ class Children:
         """Forget name's object (no-op when it is not here)."""
         if name not in self.objects:
             return
+        if self.touched is not None:
+            self.touched.add(name)
         self._unindex(name)
         del self.objects[name], self.upgrades[name], self.parsed_at[name]
 
@@ -137,6 +144,14 @@ class Children:
         self.phases[phase] -= 1
         if not self.phases[phase]:
             del self.phases[phase]
+
+    def take_changed(self) -> frozenset[str] | None:
+        """The names whose objects may differ from those the driver was handed last time
+        (RunDriver.step's `changed`), and from now on a fresh account; None: not known (these
+        Children were made afresh since), so the driver's index compares every object."""
+        out = None if self.touched is None else frozenset(self.touched)
+        self.touched = set()
+        return out
 
     def differences(self, other: Children) -> list[str]:
         """What of this differs from other (empty: they agree), by part."""

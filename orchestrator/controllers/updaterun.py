@@ -432,9 +432,8 @@ class UpdateRunController:
             # have fewer: a ClusterUpgrade deleted alone goes when its run ends; resumed, the
             # run counts what is left.)
             return 1.0
-        upgrades = dict(kept.upgrades)
         if plugins.several:
-            routes = plugins.routes(upgrades.values())
+            routes = plugins.routes(kept.upgrades.values())
             moved = routes if isinstance(routes, Problem) else None
         else:
             routes = {}
@@ -458,6 +457,11 @@ class UpdateRunController:
         store = _KubeStore(self.kube, self.upgrades, ns, dict(kept.objects))
         driver = self._driver(obj, plugins.provider(routes), access, store)
         annotations = meta.get("annotations") or {}
+        # The run's upgrades as kept now, and the names the cache says changed since the last
+        # step, taken together (a later sync counts toward the next step). Issue 21: a pass
+        # looks at those; what it might miss, the driver's full pass finds, and no floor lets a
+        # cluster go on it unchecked.
+        upgrades, changed = dict(kept.upgrades), kept.take_changed()
         try:
             result = driver.step(
                 key=f"{ns}/{name}",
@@ -477,6 +481,7 @@ class UpdateRunController:
                 skip_stages=_csv(annotations.get(api.ANNOTATION_SKIP_STAGES)),
                 requested_by=requester(annotations, obj.get("spec")),
                 reason=annotations.get(api.ANNOTATION_REASON) or "",
+                changed=changed,
             )
         except CallError as err:
             return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)

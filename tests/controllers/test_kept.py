@@ -25,7 +25,7 @@ from orchestrator.controllers.kept import Children, KeptUpgrades
 from orchestrator.controllers.reach import Reached, RunPlugins
 from orchestrator.controllers.updaterun import UpdateRunController, upgrade_from_obj
 from orchestrator.engine.access import Access, Endpoint
-from orchestrator.engine.decide import ACTIVE, Floor
+from orchestrator.engine.decide import ACTIVE, Floor, Upgrade
 from orchestrator.pipeline import deletion
 from orchestrator.pipeline.crossrun import (
     Holding,
@@ -201,6 +201,26 @@ def _assert_agree(
     assert kept.check() == []
 
 
+def _assert_told(
+    kept: KeptUpgrades, asked: list[str], handed: dict[str, dict[str, Upgrade]]
+) -> int:
+    """Hand each asked run's upgrades to its driver as the controller does (with
+    `take_changed`): every name whose upgrade is not the very one handed last time, or that
+    came or went, must be among the names said changed (RunDriver.step's `changed`: the
+    driver's index looks at those alone). Returns how many handings said something."""
+    told = 0
+    for at in asked:
+        children = kept.children(*at.split("/"))
+        now, changed = dict(children.upgrades), children.take_changed()
+        before = handed.get(at)
+        if changed is not None and before is not None:
+            differ = {n for n in now.keys() | before.keys() if now.get(n) is not before.get(n)}
+            assert differ <= changed, (at, sorted(differ - changed))
+            told += 1
+        handed[at] = now
+    return told
+
+
 def test_the_kept_state_equals_the_state_made_from_scratch_after_every_change() -> None:
     rnd = random.Random(21)
     stop = threading.Event()
@@ -211,6 +231,9 @@ def test_the_kept_state_equals_the_state_made_from_scratch_after_every_change() 
     asked: list[str] = []
     rv = 1
     live: dict[tuple[str, str], dict[str, Any]] = {}
+    # Each run's upgrades as last handed to its driver, and how many handings were told.
+    handed: dict[str, dict[str, Upgrade]] = {}
+    checked = 0
     for step in range(1500):
         rv += 1
         ns, run = rnd.choice(RUNS)
@@ -269,7 +292,9 @@ def test_the_kept_state_equals_the_state_made_from_scratch_after_every_change() 
                     asked.append(at)
                 kept.children(*at.split("/"))
             _assert_agree(kept, cache, identities, asked)
+            checked += _assert_told(kept, asked, handed)
     assert len(asked) >= 3 and len(live) > 10
+    assert checked > 200  # the driver was told what changed, not left to compare everything
 
 
 def test_a_kept_state_that_went_wrong_is_found_and_replaced_by_the_fresh_one() -> None:
