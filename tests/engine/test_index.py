@@ -32,7 +32,7 @@ from orchestrator.pipeline.driver import RunDriver
 from orchestrator.pipeline.simulate import T0, ModelFleet, simulate
 from tests.sim.world import Config
 from tests.sim.world import simulate as sim_world
-from tests.support.told import TellingFleet, TellingStore
+from tests.support.told import Held, NoChecks, TellingFleet, TellingStore
 
 
 @dataclass
@@ -157,16 +157,8 @@ def test_the_driver_rebuilds_a_kept_index_that_disagrees() -> None:
         def write_upgrade_status(self, u: engine.Upgrade, st: api.ClusterUpgradeStatus) -> None:
             upgrades[u.name] = with_status(upgrades[u.name], st)
 
-    class Passing:
-        def evaluate(self, checks: object, clusters: object, stage: str) -> list[object]:
-            return []
-
-    class Leader:
-        def held(self) -> bool:
-            return True
-
     fleet = ModelFleet(clusters, durations=dict.fromkeys(OpKind, 1e9))
-    drv = RunDriver(fleet, Store(), Passing(), Leader())  # type: ignore[arg-type]
+    drv = RunDriver(fleet, Store(), NoChecks(), Held())  # type: ignore[arg-type]
 
     def step() -> Decision:
         return drv.step(
@@ -240,15 +232,7 @@ def _told_rollout(
     )
     store = TellingStore({u.name: u for u in pinned.upgrades}, untold=set(untold_names))
 
-    class Passing:
-        def evaluate(self, checks: object, clusters: object, stage: str) -> list[object]:
-            return []
-
-    class Leader:
-        def held(self) -> bool:
-            return True
-
-    drv = RunDriver(fleet, store, Passing(), Leader())  # type: ignore[arg-type]
+    drv = RunDriver(fleet, store, NoChecks(), Held())  # type: ignore[arg-type]
     stages: list[api.StageStatus] = []
     told = 0
     decision = None
@@ -382,15 +366,7 @@ def test_the_full_pass_finds_what_a_caller_did_not_say(caplog: pytest.LogCapture
     fleet = TellingFleet(clusters, durations=dict.fromkeys(OpKind, 1e9))
     store = TellingStore({u.name: u for u in pinned.upgrades})
 
-    class Passing:
-        def evaluate(self, checks: object, clusters: object, stage: str) -> list[object]:
-            return []
-
-    class Leader:
-        def held(self) -> bool:
-            return True
-
-    drv = RunDriver(fleet, store, Passing(), Leader())  # type: ignore[arg-type]
+    drv = RunDriver(fleet, store, NoChecks(), Held())  # type: ignore[arg-type]
 
     def step() -> Decision:
         return drv.step(

@@ -15,7 +15,7 @@ from orchestrator.engine.decide import Call, Upgrade, with_status
 from orchestrator.engine.observations import Changes, OpObs, Snapshot
 from orchestrator.pipeline.simulate import ModelFleet
 
-__all__ = ["TellingFleet", "TellingStore"]
+__all__ = ["Held", "NoChecks", "TellingFleet", "TellingStore"]
 
 
 @dataclass
@@ -79,3 +79,17 @@ class TellingStore:
         """The names written since the last take (less the untold)."""
         out, self._written = self._written - self.untold, set()
         return out
+
+
+class NoChecks:
+    """The driver's Checker for a run without health checks."""
+
+    def evaluate(self, checks: object, clusters: object, stage: str) -> list[object]:
+        return []
+
+
+class Held:
+    """The driver's Fence: the Lease always held."""
+
+    def held(self) -> bool:
+        return True
