@@ -51,6 +51,11 @@ __all__ = [
 
 #: The driver's full pass: every this many passes, the index is rebuilt and compared.
 FULL_EVERY = 50
+#: ... and, while the index rests on what callers said changed (`RunIndex.told`), at least
+#: this often by the run's clock: a change a caller failed to say (a bug: a watch event
+#: dropped) then holds a run back for seconds, not for FULL_EVERY passes (which can outlast a
+#: step's timeout: simulation seeds with a forgetful watch, cfg.told "forgetful").
+FULL_SECONDS = 30.0
 
 _U = api.UpgradePhase
 #: Phases in which a cluster is held by its run (out of service or about to be).
@@ -262,6 +267,8 @@ class RunIndex:
     #: caller's: a caller's hint is taken with these added.
     lent: set[str] = field(default_factory=set)
     passes: int = 0
+    #: When the driver's full pass last ran (the run's clock; None: not yet).
+    full_at: datetime | None = None
 
     @classmethod
     def build(

@@ -49,7 +49,7 @@ from orchestrator.engine.decide import (
     with_status,
 )
 from orchestrator.engine.health import due_in, record
-from orchestrator.engine.index import FULL_EVERY, RunIndex
+from orchestrator.engine.index import FULL_EVERY, FULL_SECONDS, RunIndex
 from orchestrator.engine.observations import ClusterObs, OpObs, Snapshot
 from orchestrator.engine.transitions import ClusterChange
 
@@ -357,7 +357,7 @@ class RunDriver:
         if floors:
             ids = [*ids, *sorted({cid for f in floors for cid in f.members} - index.members)]
         snapshot = self.provider.snapshot(ids)
-        self._full_pass(index, uid, upgrades, snapshot, held_by)
+        self._full_pass(index, uid, upgrades, snapshot, held_by, now)
         upgrades, health_changed = self._evaluate_clusters(spec, upgrades, snapshot, now)
         stages = self._evaluate_stages(key, spec, upgrades, stages, snapshot, now)
         hook_obs = self._observe_hooks(key, uid, spec, upgrades, snapshot)
@@ -413,12 +413,18 @@ class RunDriver:
         upgrades: Mapping[str, Upgrade],
         snapshot: Snapshot,
         held_by: Mapping[str, str],
+        now: datetime,
     ) -> None:
-        """Every FULL_EVERY passes, the index is also made from scratch: the two must agree (if
-        they do not, it is rebuilt and the difference logged: a bug, never a decision on a
+        """Every FULL_EVERY passes, and at least every FULL_SECONDS while the index rests on
+        what callers said changed, the index is also made from scratch: the two must agree
+        (if they do not, it is rebuilt and the difference logged: a bug, never a decision on a
         stale count)."""
-        if index.passes % FULL_EVERY:
+        overdue = index.told and (
+            index.full_at is None or (now - index.full_at).total_seconds() >= FULL_SECONDS
+        )
+        if index.passes % FULL_EVERY and not overdue:
             return
+        index.full_at = now
         index.observe_world(snapshot.clusters, held_by)
         fresh = RunIndex.build(uid, upgrades, snapshot.clusters, held_by)
         differences = index.differences(fresh)

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from orchestrator import api
 from orchestrator.engine import decide as engine
 from orchestrator.engine.decide import Decision, RunInput, with_status
-from orchestrator.engine.index import FULL_EVERY, RunIndex
+from orchestrator.engine.index import FULL_EVERY, FULL_SECONDS, RunIndex
 from orchestrator.engine.initialize import pin_upgrades
 from orchestrator.engine.observations import (
     ClusterObs,
@@ -348,6 +348,53 @@ def test_a_status_updated_by_a_decision_is_its_model_copy() -> None:
     assert old.model_dump() == before
     with pytest.raises(ValidationError):
         fast.phase = api.UpgradePhase.PENDING  # frozen, as model_copy's is
+
+
+def test_a_change_not_said_is_found_within_full_seconds_of_the_runs_clock(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While the index rests on what the caller said, the full pass also runs FULL_SECONDS
+    after the last one by the run's clock, however few passes there were: a change the caller
+    did not say holds the run back for seconds, not for FULL_EVERY passes (which, a pass every
+    30 s, outlast a step's timeout)."""
+    clusters = _fleet(30)
+    spec = api.UpdateRunSpec(
+        required_available_count=25,
+        ops_endpoint=api.OpsEndpoint(endpoint="127.0.0.1:9090", insecure=True),
+        clusters=[api.ClusterSpec(id=c, version="1.29.4") for c in clusters],
+    )
+    pinned = pin_upgrades("t", spec, clusters)
+    assert not isinstance(pinned, list)
+    fleet = TellingFleet(clusters, durations=dict.fromkeys(OpKind, 1e9))
+    store = TellingStore({u.name: u for u in pinned.upgrades})
+    drv = RunDriver(fleet, store, NoChecks(), Held())  # type: ignore[arg-type]
+
+    def step(seconds: float) -> Decision:
+        return drv.step(
+            key="t/t",
+            uid="t",
+            spec=spec,
+            upgrades=dict(store.upgrades),
+            stages=[],
+            held_by={},
+            now=T0 + timedelta(seconds=seconds),
+            changed=store.take(),
+        ).decision
+
+    step(0)
+    step(1)  # told: the index's clock of full passes starts here
+    name = next(n for n, u in store.upgrades.items() if u.status.phase == api.UpgradePhase.PENDING)
+    u = store.upgrades[name]
+    store.upgrades[name] = with_status(
+        u, u.status.model_copy(update={"phase": api.UpgradePhase.SKIPPED, "reason": "Elsewhere"})
+    )
+    assert step(1 + FULL_SECONDS / 2).counts.skipped == 0  # behind, within FULL_SECONDS
+    assert drv.index.passes < FULL_EVERY
+    with caplog.at_level("ERROR"):
+        decision = step(1 + FULL_SECONDS)
+    assert "disagreed with a full pass" in caplog.text
+    assert drv.index.differences(RunIndex.build("t", store.upgrades)) == []
+    assert decision.counts.skipped == 1
 
 
 def test_the_full_pass_finds_what_a_caller_did_not_say(caplog: pytest.LogCaptureFixture) -> None:

@@ -458,6 +458,29 @@ def test_the_sweep_covers_runs_over_several_providers() -> None:
         assert seen[what] > 0, (what, seen)
 
 
+def test_the_sweep_covers_drivers_told_what_changed() -> None:
+    """Half the histories tell the driver which ClusterUpgrades changed (RunDriver.step's
+    `changed`, as the UpdateRun controller does from its kept cache: issue 21), so the
+    invariants are checked over passes that look at those alone; in such histories the
+    drivers are told, pass after pass (else the told path went untried)."""
+    told = [s for s in range(60) if Config.draw(s, large=False).told == "exact"]
+    assert 15 <= len(told) <= 45, told
+    rested = 0
+    for seed in told[:6]:
+        world = World(Config.draw(seed, large=False))
+        real = world.told
+
+        def counting(*args: object, real: Callable[..., object] = real) -> object:
+            nonlocal rested
+            said = real(*args)
+            rested += said is not None
+            return said
+
+        world.told = counting  # type: ignore[method-assign]
+        world.run()
+    assert rested > 100, rested
+
+
 # -- who asked (issue 24) -----------------------------------------------------------------------
 
 
