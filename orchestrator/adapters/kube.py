@@ -263,8 +263,13 @@ class KubeClient:
         return client.BatchV1Api(self._api)
 
     def close(self) -> None:
-        """Release connections."""
+        """Release connections: the generated client's thread pool, and every pooled
+        connection to the apiserver (ApiClient.close leaves those to the garbage collector,
+        which closes their sockets whenever it runs, with a ResourceWarning)."""
         self._api.close()
+        if self._pool is not None:
+            self._pool.close()
+        self._api.rest_client.pool_manager.clear()
 
     # ClusterVersions
 

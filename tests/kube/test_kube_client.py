@@ -275,3 +275,19 @@ def test_the_cache_keeps_no_managed_fields_and_freezes_what_it_listed(
         kube.create_object(CU, namespace, upgrade_body("wake"))  # the watch looks at stop
         watcher.join(timeout=70)
     assert not watcher.is_alive()
+
+
+def test_close_closes_every_pooled_connection(control_plane: KubeCluster) -> None:
+    """close() releases the apiserver connections it pooled, not only the generated client's
+    threads: their sockets are closed now, not by the garbage collector whenever it runs (a
+    ResourceWarning in whichever test's teardown that happens to be)."""
+    kube = KubeClient(str(control_plane.kubeconfig))
+    kube.list_objects(api.PLURAL, "default")
+    pool = kube._pool
+    assert pool is not None and pool.num_connections >= 1
+    idle = list(pool.pool.queue) if pool.pool is not None else []
+    opened = [c for c in idle if c is not None and c.sock is not None]
+    assert opened, "a connection was pooled"
+    kube.close()
+    assert pool.pool is None
+    assert all(c.sock is None for c in opened)
