@@ -7,7 +7,7 @@ what-if rollouts whose clusters wait for the availability budget, by stage and c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import FrozenInstanceError, dataclass, replace
 from datetime import timedelta
 
@@ -18,7 +18,7 @@ from orchestrator import api
 from orchestrator.engine import decide as engine
 from orchestrator.engine.decide import Decision, RunInput, with_status
 from orchestrator.engine.index import FULL_EVERY, FULL_SECONDS, RunIndex
-from orchestrator.engine.initialize import pin_upgrades
+from orchestrator.engine.initialize import Pinned, pin_upgrades
 from orchestrator.engine.observations import (
     ClusterObs,
     OpKind,
@@ -140,9 +140,8 @@ def test_kept_index_agrees_while_clusters_wait_for_budget(
     assert checked.quiet > 0, "the in-flight memo was never used: the test lost its point"
 
 
-def test_the_driver_rebuilds_a_kept_index_that_disagrees() -> None:
-    """The periodic full pass: an index whose counts went wrong (here, corrupted on purpose)
-    is found out within FULL_EVERY passes and rebuilt, and decisions go on from the truth."""
+def _thirty() -> tuple[dict[str, ClusterObs], api.UpdateRunSpec, Pinned]:
+    """30 clusters, a run of them all with floor 25, and its pinned ClusterUpgrades."""
     clusters = _fleet(30)
     spec = api.UpdateRunSpec(
         required_available_count=25,
@@ -151,6 +150,13 @@ def test_the_driver_rebuilds_a_kept_index_that_disagrees() -> None:
     )
     pinned = pin_upgrades("t", spec, clusters)
     assert not isinstance(pinned, list)
+    return clusters, spec, pinned
+
+
+def test_the_driver_rebuilds_a_kept_index_that_disagrees() -> None:
+    """The periodic full pass: an index whose counts went wrong (here, corrupted on purpose)
+    is found out within FULL_EVERY passes and rebuilt, and decisions go on from the truth."""
+    clusters, spec, pinned = _thirty()
     upgrades = {u.name: u for u in pinned.upgrades}
 
     class Store:
@@ -350,26 +356,15 @@ def test_a_status_updated_by_a_decision_is_its_model_copy() -> None:
         fast.phase = api.UpgradePhase.PENDING  # frozen, as model_copy's is
 
 
-def test_a_change_not_said_is_found_within_full_seconds_of_the_runs_clock(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """While the index rests on what the caller said, the full pass also runs FULL_SECONDS
-    after the last one by the run's clock, however few passes there were: a change the caller
-    did not say holds the run back for seconds, not for FULL_EVERY passes (which, a pass every
-    30 s, outlast a step's timeout)."""
-    clusters = _fleet(30)
-    spec = api.UpdateRunSpec(
-        required_available_count=25,
-        ops_endpoint=api.OpsEndpoint(endpoint="127.0.0.1:9090", insecure=True),
-        clusters=[api.ClusterSpec(id=c, version="1.29.4") for c in clusters],
-    )
-    pinned = pin_upgrades("t", spec, clusters)
-    assert not isinstance(pinned, list)
+def _told_run() -> tuple[TellingFleet, TellingStore, RunDriver, Callable[..., Decision]]:
+    """A 30-cluster run (floor 25) whose driver is told what changed, and its step at a
+    second of the run's clock."""
+    clusters, spec, pinned = _thirty()
     fleet = TellingFleet(clusters, durations=dict.fromkeys(OpKind, 1e9))
     store = TellingStore({u.name: u for u in pinned.upgrades})
     drv = RunDriver(fleet, store, NoChecks(), Held())  # type: ignore[arg-type]
 
-    def step(seconds: float) -> Decision:
+    def step(seconds: float = 0.0) -> Decision:
         return drv.step(
             key="t/t",
             uid="t",
@@ -381,13 +376,29 @@ def test_a_change_not_said_is_found_within_full_seconds_of_the_runs_clock(
             changed=store.take(),
         ).decision
 
-    step(0)
-    step(1)  # told: the index's clock of full passes starts here
+    return fleet, store, drv, step
+
+
+def _skip_unsaid(store: TellingStore) -> None:
+    """Someone else skips a waiting cluster; the caller does not say so."""
     name = next(n for n, u in store.upgrades.items() if u.status.phase == api.UpgradePhase.PENDING)
     u = store.upgrades[name]
     store.upgrades[name] = with_status(
         u, u.status.model_copy(update={"phase": api.UpgradePhase.SKIPPED, "reason": "Elsewhere"})
     )
+
+
+def test_a_change_not_said_is_found_within_full_seconds_of_the_runs_clock(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While the index rests on what the caller said, the full pass also runs FULL_SECONDS
+    after the last one by the run's clock, however few passes there were: a change the caller
+    did not say holds the run back for seconds, not for FULL_EVERY passes (which, a pass every
+    30 s, outlast a step's timeout)."""
+    _, store, drv, step = _told_run()
+    step(0)
+    step(1)  # told: the index's clock of full passes starts here
+    _skip_unsaid(store)
     assert step(1 + FULL_SECONDS / 2).counts.skipped == 0  # behind, within FULL_SECONDS
     assert drv.index.passes < FULL_EVERY
     with caplog.at_level("ERROR"):
@@ -402,40 +413,11 @@ def test_the_full_pass_finds_what_a_caller_did_not_say(caplog: pytest.LogCapture
     does not name in `changed`: the kept index is left behind (nothing here lets a cluster go,
     so no decision compares every object), until the periodic full pass finds the difference,
     logs it and rebuilds the index; the decision of that pass counts the change."""
-    clusters = _fleet(30)
-    spec = api.UpdateRunSpec(
-        required_available_count=25,
-        ops_endpoint=api.OpsEndpoint(endpoint="127.0.0.1:9090", insecure=True),
-        clusters=[api.ClusterSpec(id=c, version="1.29.4") for c in clusters],
-    )
-    pinned = pin_upgrades("t", spec, clusters)
-    assert not isinstance(pinned, list)
-    fleet = TellingFleet(clusters, durations=dict.fromkeys(OpKind, 1e9))
-    store = TellingStore({u.name: u for u in pinned.upgrades})
-
-    drv = RunDriver(fleet, store, NoChecks(), Held())  # type: ignore[arg-type]
-
-    def step() -> Decision:
-        return drv.step(
-            key="t/t",
-            uid="t",
-            spec=spec,
-            upgrades=dict(store.upgrades),
-            stages=[],
-            held_by={},
-            now=T0,
-            changed=store.take(),
-        ).decision
-
+    fleet, store, drv, step = _told_run()
     step()
     step()
     assert len(fleet.started_steps) == 5  # the floor lets five go; the rest wait
-    # Someone else skips a waiting cluster; the caller does not say so.
-    name = next(n for n, u in store.upgrades.items() if u.status.phase == api.UpgradePhase.PENDING)
-    u = store.upgrades[name]
-    store.upgrades[name] = with_status(
-        u, u.status.model_copy(update={"phase": api.UpgradePhase.SKIPPED, "reason": "Elsewhere"})
-    )
+    _skip_unsaid(store)
     decision = step()
     assert drv.index.told
     assert drv.index.differences(RunIndex.build("t", store.upgrades)) != []
