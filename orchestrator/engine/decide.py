@@ -2124,30 +2124,7 @@ def _offer(run: _Run, adm: _Admission) -> None:
         # record while it waits for its turn, the budget or a window).
         if u.cluster_id not in run.inp.snapshot.unknown:
             run.set(u, reason=None, message=None)
-    memo = run.index.waiting
-    per_stage = run.phases.per_stage
-    n_offered = per_stage[(adm.index, U.PENDING)] + per_stage[(adm.index, U.BLOCKED)]
-    stuck = not adm.gates and adm.room[0] < 1 and adm.in_flight + n_offered <= adm.limit
-    if stuck:
-        # In the engine's order (no gate reorders it), only those the memo cannot stand for.
-        name_of = run.index.name_of
-        moved = {name_of[c] for c in run.effective_changed | run.retried if c in name_of}
-        touched = moved | run.changed.keys()
-        if len(memo) == run.offered_before:
-            # A memo is kept only for a cluster offered (Pending or Blocked) as the index last
-            # saw it, and dropped when that changes: here every such cluster has one, so
-            # only those this pass moved need a look (O(changed), not O(fleet)).
-            by_phase = run.phases.by_phase
-            pending, blocked = by_phase[U.PENDING], by_phase[U.BLOCKED]
-            todo = {n for n in touched if n in stage and (n in pending or n in blocked)}
-        else:
-            offered = run.phases.names(U.PENDING, U.BLOCKED) & stage
-            todo = offered.difference(memo) | (offered & touched)
-        members = run.index.by_rank(todo)
-        adm.waiting_budget = len(todo) < n_offered
-    else:
-        offered = run.phases.names(U.PENDING, U.BLOCKED) & stage
-        members = [u for u in adm.members if u.name in offered]
+    members = _to_offer(run, adm, stage)
     for u in members:
         st = run.status[u.name]
         if st.phase not in (U.PENDING, U.BLOCKED):
@@ -2209,9 +2186,41 @@ def _offer(run: _Run, adm: _Admission) -> None:
         elif why.reason == WAITING_FOR_BUDGET:
             adm.waiting_budget = True
             if not _moved(run, u):
-                memo[u.name] = Waiting(run.status[u.name], obs, run.holder(u.cluster_id))
+                run.index.waiting[u.name] = Waiting(
+                    run.status[u.name], obs, run.holder(u.cluster_id)
+                )
         elif why.reason == PREFLIGHT_ASKED:
             adm.in_flight += 1
+
+
+def _to_offer(run: _Run, adm: _Admission, stage: frozenset[str]) -> Sequence[Upgrade]:
+    """The stage's members to offer in this pass, in order: all those Pending or Blocked; or,
+    when no member can start at all (`_offer`: no gate, no room, the limit out of reach),
+    only those the budget memo cannot stand for (then adm.waiting_budget says the others
+    wait)."""
+    memo = run.index.waiting
+    per_stage = run.phases.per_stage
+    n_offered = per_stage[(adm.index, U.PENDING)] + per_stage[(adm.index, U.BLOCKED)]
+    stuck = not adm.gates and adm.room[0] < 1 and adm.in_flight + n_offered <= adm.limit
+    if stuck:
+        # In the engine's order (no gate reorders it), only those the memo cannot stand for.
+        name_of = run.index.name_of
+        moved = {name_of[c] for c in run.effective_changed | run.retried if c in name_of}
+        touched = moved | run.changed.keys()
+        if len(memo) == run.offered_before:
+            # A memo is kept only for a cluster offered (Pending or Blocked) as the index last
+            # saw it, and dropped when that changes: here every such cluster has one, so
+            # only those this pass moved need a look (O(changed), not O(fleet)).
+            by_phase = run.phases.by_phase
+            pending, blocked = by_phase[U.PENDING], by_phase[U.BLOCKED]
+            todo = {n for n in touched if n in stage and (n in pending or n in blocked)}
+        else:
+            offered = run.phases.names(U.PENDING, U.BLOCKED) & stage
+            todo = offered.difference(memo) | (offered & touched)
+        adm.waiting_budget = len(todo) < n_offered
+        return run.index.by_rank(todo)
+    offered = run.phases.names(U.PENDING, U.BLOCKED) & stage
+    return [u for u in adm.members if u.name in offered]
 
 
 def _moved(run: _Run, u: Upgrade) -> bool:
