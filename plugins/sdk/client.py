@@ -375,13 +375,7 @@ class PendingCall(Generic[T]):
     def result(self) -> T:
         """Wait for the answer (the call's deadline bounds the wait); on_call records the
         call's own latency (until the answer came, not until it was asked for)."""
-        rpc = self._rpc
-        try:
-            response = self._future.result()
-        except grpc.RpcError as exc:
-            self._client._record(rpc, exc.code(), self._seconds())
-            raise self._client._error(rpc, exc) from None
-        self._client._record(rpc, grpc.StatusCode.OK, self._seconds())
+        response = self._client._answered(self._rpc, self._future.result, self._seconds)
         return self._unwrap(response)
 
 
@@ -485,12 +479,21 @@ class PluginClient:
 
     def _unary(self, rpc: str, method: grpc.UnaryUnaryMultiCallable[Any, R], request: Any) -> R:
         start = time.perf_counter()
+        return self._answered(
+            rpc,
+            lambda: method(request, timeout=self._timeouts[rpc], metadata=self._metadata),
+            lambda: time.perf_counter() - start,
+        )
+
+    def _answered(self, rpc: str, wait: Callable[[], T], seconds: Callable[[], float]) -> T:
+        """wait's answer to a unary call, recorded (on_call: its code and seconds' latency);
+        a gRPC error raised as PluginCallError. One place for blocking and started calls."""
         try:
-            response = method(request, timeout=self._timeouts[rpc], metadata=self._metadata)
+            response = wait()
         except grpc.RpcError as exc:
-            self._record(rpc, exc.code(), time.perf_counter() - start)
+            self._record(rpc, exc.code(), seconds())
             raise self._error(rpc, exc) from None
-        self._record(rpc, grpc.StatusCode.OK, time.perf_counter() - start)
+        self._record(rpc, grpc.StatusCode.OK, seconds())
         return response
 
     # -- IdentityService -----------------------------------------------------------------
