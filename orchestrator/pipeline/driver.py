@@ -24,6 +24,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol, TypeVar, runtime_checkable
@@ -670,15 +671,13 @@ class RunDriver:
                         failed.append(exc)
                     return
 
-        if self.executor is not None:  # the controller's long-lived pool: no threads per pass
-            helpers = [self.executor.submit(work) for _ in range(workers - 1)]
+        with ExitStack() as scope:
+            # The controller's long-lived pool (no threads per pass), else threads for this call.
+            pool = self.executor or scope.enter_context(ThreadPoolExecutor(workers - 1))
+            helpers = [pool.submit(work) for _ in range(workers - 1)]
             work()
             for helper in helpers:
                 helper.result()
-        else:
-            with ThreadPoolExecutor(max_workers=workers - 1) as pool:
-                helpers = [pool.submit(work) for _ in range(workers - 1)]
-                work()
         if failed:
             raise failed[0]
 
