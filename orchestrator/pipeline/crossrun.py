@@ -161,19 +161,9 @@ class HoldingIndex(Generic[K]):
         """What `neighbours` reads of holdings on provider, at once (no key is recorded: for
         one question, as the module function and the simulation ask it)."""
         index: HoldingIndex[int] = HoldingIndex()
-        active: dict[str, dict[str, int]] = {}
-        members: dict[str, dict[str, int]] = {}
         for h in holdings:
-            if h.provider != provider:
-                continue
-            if h.owned:
-                cids = members.setdefault(h.run, {})
-                cids[h.cluster_id] = cids.get(h.cluster_id, 0) + 1
-            if h.active:
-                holders = active.setdefault(h.cluster_id, {})
-                holders[h.run] = holders.get(h.run, 0) + 1
-        index._active[provider] = active
-        index._members[provider] = members
+            if h.provider == provider:
+                index._add(h, 1)
         return index
 
     def get(self, key: K) -> Holding | None:
