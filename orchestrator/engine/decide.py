@@ -1446,7 +1446,16 @@ def _people(run: _Run) -> None:
         else:
             who = _said(inp.requested_by, inp.reason)
         if (due or cid in inp.retry_clusters) and _retriable(st):
-            _retry(run, u, st, who)
+            _retry(run, u, st, f"{PEOPLES_WORDS[0]}{who} (attempt {st.attempt + 2})")
+
+
+def _retry_at_rest(run: _Run) -> None:
+    """A retry that waited (RETRY_WAITING) applies once its cluster is seen at rest: in the
+    inventory, with no operation of this run in flight on it."""
+    for u in run.having(*_ENDED_OR_BLOCKED):
+        st = run.status[u.name]
+        if st.reason == RETRY_WAITING:
+            _retry(run, u, st, st.message.split(_WAITS, 1)[0] if st.message else "")
 
 
 def _returned(run: _Run) -> None:
@@ -1463,6 +1472,8 @@ def _returned(run: _Run) -> None:
         cur = obs.current_operation
         if cur is not None and not cur.state.terminal and not run._ours(cur):
             continue  # someone else is acting on it: wait for them
+        if run.busy_ours(obs, st):
+            continue  # this run's operation still acts on it: carried on once it ends
         _retry(run, u, st, "the cluster's return")
         run.set(
             u,
@@ -1502,9 +1513,31 @@ def _released(run: _Run) -> None:
         )
 
 
-def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, who: str) -> None:
-    """A fresh attempt with the run's pinned targets: new request ids, fresh health."""
+#: Reason of an ended attempt a person retried while its cluster was not at rest (not in the
+#: inventory, or an operation of this run still in flight on it) and which holds the cluster
+#: (`step`): the retry waits, the cluster stays where it is, counted as it was.
+RETRY_WAITING = "RetryWaiting"
+#: Between a waiting retry's words and what it waits for (no ": ", so who asked still reads
+#: as the words' own).
+_WAITS = "; waits until "
+
+
+def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, said: str) -> bool:
+    """A fresh attempt with the run's pinned targets: new request ids, fresh health. Whether
+    it began now: an attempt that holds its cluster (`step`) begins only once the cluster is
+    at rest, since where it stands decides how the new attempt goes on (out of service: ours
+    to carry on, no new service-out; in service: a new one, through the gates and the floor).
+    Until then the retry waits (RETRY_WAITING; `_retry_at_rest`): a claim re-made on a
+    cluster not seen would ask for a service-out no gate or floor admitted (seed 40704)."""
     inp = run.inp
+    obs = inp.snapshot.clusters.get(u.cluster_id)
+    adopts = st.step == RECOVER_STEP and st.request_id is not None and obs is not None
+    if st.step and not adopts and (obs is None or run.busy_ours(obs, st)):
+        why = "the cluster is seen again" if obs is None else "this run's operation on it ends"
+        message = f"{said}{_WAITS}{why}"
+        if st.reason != RETRY_WAITING or st.message != message:
+            run.set(u, reason=RETRY_WAITING, message=message)
+        return False
     run.set(
         u,
         phase=U.PENDING,
@@ -1515,11 +1548,10 @@ def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, who: str) -> Non
         health=None,
         step_start_time=None,
         reason="Retry",
-        message=f"{PEOPLES_WORDS[0]}{who} (attempt {st.attempt + 2})",
+        message=said,
     )
     run.retried.add(u.cluster_id)
-    obs = inp.snapshot.clusters.get(u.cluster_id)
-    if st.step == RECOVER_STEP and st.request_id is not None and obs is not None:
+    if adopts:
         # Its service-in back (failedClusterPolicy) was asked for: the new attempt adopts
         # that operation (the same request id) and goes on from its outcome, so no other
         # step of ours can run on the cluster while it is in flight.
@@ -1530,15 +1562,13 @@ def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, who: str) -> Non
             request_id=st.request_id,
             step_start_time=run.stamp,
         )
-        return
-    out = obs is None or not obs.in_service
-    if st.step and out and not run.holder(u.cluster_id):
+        return True
+    if st.step and obs is not None and not obs.in_service and not run.holder(u.cluster_id):
         # Invariant 4: the failed attempt took it out; the retry keeps it (no new
-        # service-out, no budget) and `follow` carries it on from where it stands. Also while
-        # the cluster is away from the inventory: it may come back out of service, ours to
-        # bring back (`follow` waits for it, then records ClusterGone, which `_returned`
-        # carries on); a retry that dropped the claim left it out for ever (simulation seed
-        # 577).
+        # service-out, no budget) and `follow` carries it on from where it stands. (A
+        # cluster away from the inventory waited above: it may come back out of service,
+        # ours to bring back; a retry that dropped the claim left it out for ever,
+        # simulation seed 577.)
         run.set(
             u,
             phase=U.SERVICING_OUT,
@@ -1552,6 +1582,7 @@ def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, who: str) -> Non
             ),
             step_start_time=run.stamp,
         )
+    return True
 
 
 def _recover(run: _Run, u: Upgrade) -> None:
@@ -1826,6 +1857,7 @@ def _people_first(
     """Phase 1, people first: skips, then retries (annotations are consumed by the
     controller; spec fields are level-triggered, a retry round applies once per cluster), and
     stages a person skipped. Returns the stage names and the skipped ones."""
+    _retry_at_rest(run)
     _released(run)
     _people(run)
     stages_spec = run.strategy.stages or []

@@ -11,6 +11,7 @@ from orchestrator import api
 from orchestrator.engine.decide import (
     ACTIVE,
     RECOVER_STEP,
+    RETRY_WAITING,
     Call,
     Decision,
     Floor,
@@ -639,15 +640,74 @@ def test_a_retry_of_a_failed_cluster_gone_from_the_inventory_keeps_it_and_carrie
         fleet, spec, {"c00000": kept_out}, 60, retry_clusters=frozenset({"c00000"}), snapshot=gone
     )
     retried = _status(d, by_id, "c00000")
-    assert retried.attempt == 1 and retried.step is not None, retried
-    assert retried.phase in ACTIVE or (
-        retried.phase == U.SKIPPED and retried.reason == "ClusterGone"
-    ), retried
+    # Away, it is not at rest: the retry waits with the claim kept (seed 40704, below).
+    assert retried.phase == U.FAILED and retried.reason == RETRY_WAITING, retried
+    assert retried.step == OpKind.CONTROL_PLANE.value and d.calls == [], (retried, d.calls)
     # Back, still out of service (the failed attempt took it out): the run carries it on.
     fleet.clusters["c00000"] = replace(away, in_service=False)
     d, by_id = _decide(fleet, spec, {"c00000": retried}, 120)
     back = _status(d, by_id, "c00000")
     assert back.phase in ACTIVE and back.reason != "OutOfService", back
+
+
+def test_a_retry_of_a_cluster_not_seen_waits_and_never_decides_a_service_out_no_gate_admitted() -> (
+    None
+):
+    """The time invariant (simulation seed 40704): a service-out whose operation hung failed at
+    its step timeout, the run halted, and its provider became unavailable. A person retried the
+    cluster. The retry kept a claim on it as if the cluster were out of service: a new
+    service-out's intent (a new request id) outside the maintenance window, through no gate
+    and no floor, while the cluster was in service. A retry now begins only once its cluster is
+    seen at rest: not while away, not while this run's operation still acts on it; then, in
+    service, it is a fresh attempt that waits for the window like any other."""
+    fleet = make_fleet(4)
+    # T0 is 2026-01-01T00:00Z; the window opens at 01:00 UTC.
+    window = {"windows": [{"start": "01:00", "duration": "1h", "timeZone": "UTC"}]}
+    spec = spec_for(fleet, NEW, required=1, maintenance=window)
+    rid = request_id(UID, "c00000", OpKind.SERVICE_OUT.value, NEW, 0)
+    timed_out = api.ClusterUpgradeStatus(
+        phase=U.FAILED,
+        step=OpKind.SERVICE_OUT.value,
+        request_id=rid,
+        reason="StepTimedOut",
+        message="serviceOut did not finish within 0:02:00",
+        start_time="2026-01-01T00:00:00Z",
+        end_time="2026-01-01T00:02:00Z",
+    )
+    hung = OpObs("op-1", OpKind.SERVICE_OUT, "c00000", OpState.RUNNING, rid)
+    unseen = fleet.snapshot()
+    del unseen.clusters["c00000"]
+    d, by_id = _decide(
+        fleet,
+        spec,
+        {"c00000": timed_out},
+        600,
+        retry_clusters=frozenset({"c00000"}),
+        snapshot=unseen,
+    )
+    waiting = _status(d, by_id, "c00000")
+    assert waiting.phase == U.FAILED and waiting.reason == RETRY_WAITING, waiting
+    assert (waiting.step, waiting.request_id, waiting.attempt) == (timed_out.step, rid, 0)
+    assert waiting.message is not None
+    assert waiting.message.startswith("retry requested by "), waiting.message
+    assert waiting.message.endswith("waits until the cluster is seen again"), waiting.message
+    assert d.calls == []
+    # Seen in service, the hung service-out still running: still waiting, nothing asked.
+    in_flight = replace(fleet.clusters["c00000"], current_operation=hung)
+    fleet.clusters["c00000"] = in_flight
+    d, by_id = _decide(fleet, spec, {"c00000": waiting}, 660)
+    still = _status(d, by_id, "c00000")
+    assert still.phase == U.FAILED and still.reason == RETRY_WAITING, still
+    assert still.message is not None and still.message.endswith("this run's operation on it ends")
+    assert d.calls == []
+    # It failed; the cluster is in service and at rest: a fresh attempt, held by the window.
+    ended = replace(hung, state=OpState.FAILED)
+    fleet.clusters["c00000"] = replace(in_flight, current_operation=ended)
+    d, by_id = _decide(fleet, spec, {"c00000": still}, 720)
+    fresh = _status(d, by_id, "c00000")
+    assert fresh.phase == U.PENDING and fresh.attempt == 1 and fresh.step is None, fresh
+    assert fresh.message == waiting.message.split("; waits until ")[0], fresh.message
+    assert d.calls == [] and d.waiting_reason == "MaintenanceWindow", (d.calls, d.waiting_reason)
 
 
 def test_a_run_waiting_for_a_preflight_verdict_says_so() -> None:
