@@ -1450,12 +1450,11 @@ def _people(run: _Run) -> None:
 
 
 def _retry_at_rest(run: _Run) -> None:
-    """A retry that waited (RETRY_WAITING) applies once its cluster is seen at rest: in the
-    inventory, with no operation of this run in flight on it."""
+    """A retry that waited (`retry_waits`) applies once its cluster is at rest."""
     for u in run.having(*_ENDED_OR_BLOCKED):
         st = run.status[u.name]
-        if st.reason == RETRY_WAITING:
-            _retry(run, u, st, st.message.split(_WAITS, 1)[0] if st.message else "")
+        if st.message is not None and retry_waits(st):
+            _retry(run, u, st, st.message.split(_WAITS, 1)[0])
 
 
 def _returned(run: _Run) -> None:
@@ -1513,13 +1512,15 @@ def _released(run: _Run) -> None:
         )
 
 
-#: Reason of an ended attempt a person retried while its cluster was not at rest (not in the
-#: inventory, or an operation of this run still in flight on it) and which holds the cluster
-#: (`step`): the retry waits, the cluster stays where it is, counted as it was.
-RETRY_WAITING = "RetryWaiting"
-#: Between a waiting retry's words and what it waits for (no ": ", so who asked still reads
-#: as the words' own).
+#: Between a waiting retry's words and what it waits for, in the message of an ended attempt
+#: a person retried while it held a cluster not at rest (`_retry`); its phase and reason stay
+#: (no ": ", so who asked still reads as the words' own).
 _WAITS = "; waits until "
+
+
+def retry_waits(st: api.ClusterUpgradeStatus) -> bool:
+    """Whether a person's retry of this ended attempt waits for its cluster to be at rest."""
+    return st.phase in _ENDED_OR_BLOCKED and _WAITS in (st.message or "")
 
 
 def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, said: str) -> bool:
@@ -1527,16 +1528,19 @@ def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, said: str) -> bo
     it began now: an attempt that holds its cluster (`step`) begins only once the cluster is
     at rest, since where it stands decides how the new attempt goes on (out of service: ours
     to carry on, no new service-out; in service: a new one, through the gates and the floor).
-    Until then the retry waits (RETRY_WAITING; `_retry_at_rest`): a claim re-made on a
-    cluster not seen would ask for a service-out no gate or floor admitted (seed 40704)."""
+    Not at rest: not in the inventory, or in service with an operation of this run still in
+    flight on it (a service-out that may yet take it out). Until then the retry waits, its
+    phase and reason kept, its message saying so (`retry_waits`, `_retry_at_rest`): a claim
+    re-made on a cluster not seen asked for a service-out no gate or floor admitted (seed
+    40704)."""
     inp = run.inp
     obs = inp.snapshot.clusters.get(u.cluster_id)
     adopts = st.step == RECOVER_STEP and st.request_id is not None and obs is not None
-    if st.step and not adopts and (obs is None or run.busy_ours(obs, st)):
+    if st.step and not adopts and (obs is None or (obs.in_service and run.busy_ours(obs, st))):
         why = "the cluster is seen again" if obs is None else "this run's operation on it ends"
         message = f"{said}{_WAITS}{why}"
-        if st.reason != RETRY_WAITING or st.message != message:
-            run.set(u, reason=RETRY_WAITING, message=message)
+        if st.message != message:
+            run.set(u, message=message)
         return False
     run.set(
         u,

@@ -11,7 +11,6 @@ from orchestrator import api
 from orchestrator.engine.decide import (
     ACTIVE,
     RECOVER_STEP,
-    RETRY_WAITING,
     Call,
     Decision,
     Floor,
@@ -21,6 +20,7 @@ from orchestrator.engine.decide import (
     call_failed,
     decide,
     request_id,
+    retry_waits,
     with_status,
 )
 from orchestrator.engine.initialize import pin_upgrades
@@ -641,7 +641,8 @@ def test_a_retry_of_a_failed_cluster_gone_from_the_inventory_keeps_it_and_carrie
     )
     retried = _status(d, by_id, "c00000")
     # Away, it is not at rest: the retry waits with the claim kept (seed 40704, below).
-    assert retried.phase == U.FAILED and retried.reason == RETRY_WAITING, retried
+    assert retried.phase == U.FAILED and retried.reason == "OperationFailed", retried
+    assert retry_waits(retried), retried
     assert retried.step == OpKind.CONTROL_PLANE.value and d.calls == [], (retried, d.calls)
     # Back, still out of service (the failed attempt took it out): the run carries it on.
     fleet.clusters["c00000"] = replace(away, in_service=False)
@@ -686,7 +687,8 @@ def test_a_retry_of_a_cluster_not_seen_waits_and_never_decides_a_service_out_no_
         snapshot=unseen,
     )
     waiting = _status(d, by_id, "c00000")
-    assert waiting.phase == U.FAILED and waiting.reason == RETRY_WAITING, waiting
+    assert waiting.phase == U.FAILED and waiting.reason == "StepTimedOut", waiting
+    assert retry_waits(waiting), waiting
     assert (waiting.step, waiting.request_id, waiting.attempt) == (timed_out.step, rid, 0)
     assert waiting.message is not None
     assert waiting.message.startswith("retry requested by "), waiting.message
@@ -697,7 +699,7 @@ def test_a_retry_of_a_cluster_not_seen_waits_and_never_decides_a_service_out_no_
     fleet.clusters["c00000"] = in_flight
     d, by_id = _decide(fleet, spec, {"c00000": waiting}, 660)
     still = _status(d, by_id, "c00000")
-    assert still.phase == U.FAILED and still.reason == RETRY_WAITING, still
+    assert still.phase == U.FAILED and retry_waits(still), still
     assert still.message is not None and still.message.endswith("this run's operation on it ends")
     assert d.calls == []
     # It failed; the cluster is in service and at rest: a fresh attempt, held by the window.

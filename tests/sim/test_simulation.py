@@ -70,11 +70,11 @@ def test_invariants_hold_over_seeded_histories(chunk: int) -> None:
 #: 62021 and 63809: invariant 4, a gap of the harness (a run pinned as the adversary fell quiet
 #: was judged before its first pass; see World._settled), and then of the engine with 60927 and
 #: 60970 (a run waiting only for the world, or for a failed cluster's way back in, said a count,
-#: no waitingReason); 40704: the time invariant (a retry of a cluster its provider hid re-made
-#: the failed attempt's claim as a new service-out, outside the maintenance window).
+#: no waitingReason); 71670: invariant 4 (a retry made to wait while this run's operation was in
+#: flight on a cluster it had out of service left a Skipped cluster out with no claim).
 FOUND_GAPS = [
     *(9225, 12521, 12831, 13378, 14569, 18657, 25351, 26309),
-    *(62021, 63809, 60927, 60970, 40704),
+    *(62021, 63809, 60927, 60970, 71670),
 ]
 
 
@@ -85,8 +85,10 @@ def test_the_seeds_that_found_engine_gaps_hold() -> None:
 
 #: Seeds of runs over several providers that found a gap: 7501, invariant 4 (a run whose only
 #: Pending clusters waited for a provider that did not answer, nothing in flight, said no
-#: waitingReason; now ProviderUnavailable, naming the first cluster).
-FOUND_GAPS_MULTI = [7501]
+#: waitingReason; now ProviderUnavailable, naming the first cluster); 40704, the time invariant
+#: (a retry of a cluster its provider hid re-made the failed attempt's claim as a new
+#: service-out, outside the maintenance window).
+FOUND_GAPS_MULTI = [7501, 40704]
 
 
 def test_the_multi_provider_seeds_that_found_gaps_hold() -> None:
