@@ -191,7 +191,7 @@ class UpdateRunController:
     _specs: SpecCache = field(default_factory=SpecCache)
     _memory: dict[tuple[str, str], _DriverMemory] = field(default_factory=dict)
     #: Per plugin endpoint, the clusters converted from its inventory (GrpcProvider.converted).
-    _inventories: dict[str, dict[str, tuple[bytes, ClusterObs]]] = field(default_factory=dict)
+    _inventories: dict[str, dict[bytes, ClusterObs]] = field(default_factory=dict)
     #: Writes, calls and preflights of a pass run on these (threads live as long as we do:
     #: starting WRITE_PARALLELISM threads per pass was a tenth of a pass at 500 clusters).
     _workers: ThreadPoolExecutor = field(
