@@ -209,7 +209,7 @@ class UpdateRunController:
     def reconcile(self, namespace: str, name: str) -> float | None:
         """One step of one run; returns seconds to requeue after (None: wait for a change)."""
         try:
-            obj = self.kube.get_object(api.UPDATE_RUN_PLURAL, namespace, name)
+            obj = self._read_run(namespace, name)
         except NotFound:
             self._forget(namespace, name)
             return None
@@ -252,6 +252,25 @@ class UpdateRunController:
         if initialized is None or initialized.status != "True":
             return self._initialize(obj, spec, status, plugins, gen, now)
         return self._execute(obj, spec, status, plugins, access, gen, now)
+
+    def _read_run(self, namespace: str, name: str) -> dict[str, Any]:
+        """The run as the runs watch has it, else (not there, or no watch) as the apiserver
+        does (NotFound: gone). Issue 21: a GET per reconcile was a request of the apiserver's
+        and a decode of ours each pass. What this replica writes of a run goes through the
+        cache (`_write_run`, `_hold`, `_consume`, the ClusterVersion controller), so a pass
+        never reads its own writes stale; what others write reaches the cache within moments
+        and wakes the run again, as a GET made a moment earlier would have missed it; and
+        every write of the run's status is conditional on the resourceVersion read."""
+        cached = self.runs.get(namespace, name) if self.runs is not None else None
+        if cached is None:
+            return self.kube.get_object(api.UPDATE_RUN_PLURAL, namespace, name)
+        # The reconcile's own copy: `_write_run` replaces its status and metadata.
+        return {**cached, "metadata": dict(cached["metadata"])}
+
+    def _put_run(self, written: dict[str, Any] | None) -> None:
+        """A write's answer of the run, into the runs cache (write-through: `_read_run`)."""
+        if written is not None and self.runs is not None:
+            self.runs.put(written)
 
     def _providers(self, access: Access) -> RunPlugins | tuple[str, str, float]:
         """The run's plugins, reached: the one of spec.providerRef / opsEndpoint, or one per
@@ -683,6 +702,7 @@ class UpdateRunController:
         if not deletion.has_finalizer(obj):
             try:
                 obj = self.kube.add_finalizer(api.UPDATE_RUN_PLURAL, obj)
+                self._put_run(obj)
             except KubeError as err:  # deleted meanwhile: the next reconcile sees it
                 log.info("no finalizer on UpdateRun %s: %s", meta["name"], err)
         kept = self._children(meta["namespace"], meta["name"])
@@ -732,7 +752,10 @@ class UpdateRunController:
                 event = event_name(name, f"{meta['uid']}/{reason}")
                 self.emit_event(obj, reason, message, True, event)
         self._release(ns, name, only_deleting=False)
-        if self.kube.remove_finalizer(api.UPDATE_RUN_PLURAL, obj) is not None:
+        released = self.kube.remove_finalizer(api.UPDATE_RUN_PLURAL, obj)
+        if released is not None:
+            if self.runs is not None:
+                self.runs.put(released, deleted=deletion.released(released))
             log.info("UpdateRun %s/%s: nothing left to bring back; finalizer removed", ns, name)
         return True
 
@@ -759,11 +782,14 @@ class UpdateRunController:
             return
         meta = obj["metadata"]
         try:
-            self.kube.merge_patch(
-                api.UPDATE_RUN_PLURAL,
-                meta["namespace"],
-                meta["name"],
-                {"metadata": {"annotations": {key: None}}},
+            # Into the cache at once: the next pass must not act on what was consumed.
+            self._put_run(
+                self.kube.merge_patch(
+                    api.UPDATE_RUN_PLURAL,
+                    meta["namespace"],
+                    meta["name"],
+                    {"metadata": {"annotations": {key: None}}},
+                )
             )
         except KubeError as err:
             log.info("could not consume %s on %s: %s", key, meta["name"], err)
@@ -805,11 +831,11 @@ class UpdateRunController:
                 obj["status"] = updated.get("status", body)
                 obj["metadata"] = updated["metadata"]
                 written = status
-                if self.runs is not None:
-                    # Write-through, as for ClusterUpgrades: the next run reconciled here reads
-                    # this run's phase (is its floor live?) as written, not as the watch last
-                    # brought it (a run resumed a moment ago binds its floor at once).
-                    self.runs.put(updated)
+                # Write-through, as for ClusterUpgrades: the next run reconciled here reads
+                # this run's phase (is its floor live?) as written, not as the watch last
+                # brought it (a run resumed a moment ago binds its floor at once); the next
+                # pass of this run reads it there (`_read_run`).
+                self._put_run(updated)
         if written is not None or changes:
             self._announce(obj, before, written, spec, changes, upgrades or {})
         return requeue
