@@ -440,7 +440,10 @@ def _process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
 def _py_spy(pid: int, output: Path, log: Path) -> Iterator[None]:
     """py-spy records the process (every thread, idle included) until the block ends."""
     binary = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    # --nonblocking: samples without stopping the process (stopping its ~40 threads 250 times
+    # a second halved its reconcile rate, and so changed what a pass carries).
     argv = [binary, "record", "--pid", str(pid), "--rate", "250", "--idle", "--threads"]
+    argv += ["--nonblocking"]
     argv += ["--format", "raw", "--output", str(output)]
     with log.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)

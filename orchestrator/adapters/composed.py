@@ -72,7 +72,7 @@ class PluginBuilder:
     tracker: OperationTracker
     clock: Callable[[], datetime]
     count_operation: Callable[[str, OpObs], None]
-    inventories: dict[str, dict[str, tuple[bytes, ClusterObs]]]
+    inventories: dict[str, dict[bytes, ClusterObs]]
 
     def plugin(self, target: Endpoint) -> tuple[GrpcProvider, str] | NoProvider:
         """The GrpcProvider of one endpoint, and its identity."""
@@ -158,7 +158,7 @@ def build_provider(
     tracker: OperationTracker,
     clock: Callable[[], datetime],
     count_operation: Callable[[str, OpObs], None],
-    inventories: dict[str, dict[str, tuple[bytes, ClusterObs]]],
+    inventories: dict[str, dict[bytes, ClusterObs]],
 ) -> BuiltProvider | NoProvider:
     """The run's provider from what access allowed (its plugins' operations followed).
 

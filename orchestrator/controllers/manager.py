@@ -22,7 +22,11 @@ from orchestrator.adapters.probes import Probes
 from orchestrator.adapters.provider import OperationTracker, PluginPool
 from orchestrator.adapters.secrets import TLSResolver
 from orchestrator.controllers.clusterversion import DEFAULT_HISTORY, ClusterVersionController
-from orchestrator.controllers.updaterun import AlwaysLeader, UpdateRunController
+from orchestrator.controllers.updaterun import (
+    OPERATION_WAKE,
+    AlwaysLeader,
+    UpdateRunController,
+)
 from orchestrator.engine.access import AccessPolicy
 from orchestrator.engine.observations import OpObs
 from orchestrator.pipeline.crossrun import endpoint_identity
@@ -237,7 +241,7 @@ class Controller:
             provider = endpoint_identity(endpoint)
         for (ns, name), used in list(self.run_controller.providers.items()):
             if provider in used:
-                self.queue.add(("ur", ns, name))
+                self.queue.add(("ur", ns, name), OPERATION_WAKE)
 
     def _wake_run(self, run: str) -> None:
         ns, _, name = run.partition("/")

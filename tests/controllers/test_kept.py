@@ -429,3 +429,37 @@ def test_a_run_first_asked_about_after_a_relabel_not_yet_synced_takes_the_object
     assert kept.holdings.providers_of("team-a/beta") == {SIM}
     assert not kept.holdings.providers_of("team-a/alpha")
     assert kept.check() == []
+
+
+class _Counted(_Apiserver):
+    """The apiserver that cannot be asked, counting the reads of runs asked of it."""
+
+    def __init__(self) -> None:
+        super().__init__([], threading.Event())
+        self.gets: list[str] = []
+
+    def get_object(self, plural: str, namespace: str, name: str) -> dict[str, Any]:
+        self.gets.append(f"{plural} {namespace}/{name}")
+        return super().get_object(plural, namespace, name)
+
+
+def test_a_pass_reads_its_run_from_the_runs_watch_and_asks_only_for_one_it_lacks() -> None:
+    cache = ObjectCache(cast(KubeClient, None), api.CLUSTER_UPGRADE_PLURAL, None, api.LABEL_RUN)
+    runs = ObjectCache(cast(KubeClient, None), api.UPDATE_RUN_PLURAL, None)
+    ctl = _controller(cache, runs)
+    kube = _Counted()
+    ctl.kube = cast(KubeClient, kube)
+    done = _run("team-a", "done", "Succeeded", 1)
+    done["metadata"].update(generation=1, finalizers=[api.FINALIZER], uid="u-done")
+    done["spec"]["providerRef"] = {"name": "sim"}
+    done["status"]["observedGeneration"] = 1
+    runs.put(deepcopy(done))
+    # Finished, nothing new: the pass ends on what the watch holds, the apiserver not asked
+    # (it could not answer: a GET here would fail the reconcile).
+    assert ctl.reconcile("team-a", "done") is None
+    assert kube.gets == []
+    assert runs.get("team-a", "done") == done  # the cached run left as it was
+    # A run the watch has not brought: asked of the apiserver (unavailable: the pass fails).
+    with pytest.raises(KubeError):
+        ctl.reconcile("team-a", "new")
+    assert kube.gets == [f"{api.UPDATE_RUN_PLURAL} team-a/new"]
