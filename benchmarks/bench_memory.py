@@ -199,13 +199,16 @@ class _Plugin:
 
 class _Store:
     """The UpdateRun controller's side: the ClusterUpgrade cache fed by write answers (as
-    _KubeStore), the objects parsed per resourceVersion (as UpdateRunController._parse)."""
+    _KubeStore), the objects parsed per resourceVersion (as kept.Children)."""
 
     def __init__(self, upgrades: Iterable[Any]) -> None:
         from orchestrator.adapters.cache import ObjectCache  # noqa: PLC0415
 
         self.cache = ObjectCache(None, api.CLUSTER_UPGRADE_PLURAL, None, index_label=api.LABEL_RUN)  # type: ignore[arg-type]
-        self._parsed: dict[tuple[str, str], Any] = {}
+        from orchestrator.controllers.kept import Children  # noqa: PLC0415
+
+        #: The run's ClusterUpgrades as the controller keeps them (kept.KeptUpgrades.children).
+        self.children = Children()
         self.rv = 1000
         owner = {
             "apiVersion": api.API_VERSION,
@@ -226,12 +229,14 @@ class _Store:
             self.cache.put(_wire(obj))
 
     def upgrades(self) -> dict[str, Any]:
-        """The run's upgrades as UpdateRunController._execute parses them (its own _parse)."""
-        from orchestrator.controllers.updaterun import UpdateRunController  # noqa: PLC0415
+        """The run's upgrades as the UpdateRun controller parses them: kept.Children.put with
+        the controller's upgrade_from_obj (again only when an object's resourceVersion moved)."""
+        from orchestrator.controllers.updaterun import upgrade_from_obj  # noqa: PLC0415
 
-        parse = UpdateRunController._parse  # the controller's own, on our _parsed
         out = {o["metadata"]["name"]: o for o in self.cache.by_label("bench", "bench-1")}
-        return {name: parse(self, "bench", out[name]) for name in sorted(out)}  # type: ignore[arg-type]
+        for name in sorted(out):
+            self.children.put(name, out[name], upgrade_from_obj)
+        return {name: self.children.upgrades[name] for name in sorted(out)}
 
     def write_upgrade_status(self, upgrade: Any, status: api.ClusterUpgradeStatus) -> None:
         old = self.cache.get("bench", upgrade.name)
@@ -329,7 +334,7 @@ def structures(count: int) -> tuple[list[tuple[str, Any]], _Store, _Plugin]:
     return (
         [
             ("ClusterUpgrade cache (ObjectCache: lean dicts)", store.cache),
-            ("parsed Upgrades (UpdateRunController._parsed)", store._parsed),
+            ("parsed Upgrades (kept.Children of the run)", store.children),
             ("inventory rows (GrpcProvider.converted: wire + ClusterObs)", plugin.converted),
             (f"operation tracker ({len(plugin.fleet.ops)} operations)", plugin.tracker),
             ("the run's RunIndex", driver.index),

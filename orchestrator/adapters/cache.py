@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import orjson
 from pydantic import ValidationError
 
 from orchestrator import api
@@ -39,7 +40,8 @@ def lean(obj: dict[str, Any]) -> dict[str, Any]:
     apply's field ownership, most of a ClusterUpgrade's bytes: each status writer and each
     field it set) and UNUSED_ANNOTATIONS. Writes never send a cached object back whole (status
     is written whole, metadata by merge or JSON patch of named fields), so nothing is lost.
-    Its strings are `shared`."""
+    Its strings are `shared`, and so are its metadata's labels, annotations, finalizers and
+    ownerReferences when another object has them equal (`_shared_parts`)."""
     meta = obj.get("metadata")
     if isinstance(meta, dict):
         meta.pop("managedFields", None)
@@ -48,7 +50,37 @@ def lean(obj: dict[str, Any]) -> dict[str, Any]:
             for key in UNUSED_ANNOTATIONS:
                 annotations.pop(key, None)
     _share(obj)
+    if isinstance(meta, dict):
+        _share_parts(meta)
     return obj
+
+
+#: Metadata fields whose values repeat whole across many objects (every ClusterUpgrade of a run
+#: has the same run label, finalizer and owner): one equal value, one object.
+_PARTS = ("labels", "annotations", "finalizers", "ownerReferences")
+#: The shared values by their JSON (with the field's name); emptied when it grows past
+#: _PARTS_MAX (values no longer cached stay alive only while objects hold them).
+_shared_parts: dict[bytes, Any] = {}
+_PARTS_MAX = 4096
+
+
+def _share_parts(meta: dict[str, Any]) -> None:
+    """meta's _PARTS replaced, in place, by an equal value another object already holds (at
+    10,000 ClusterUpgrades of one run, ~600 bytes each: a labels dict, a finalizers list and an
+    ownerReferences list with its dict). Cached objects are never edited in place (writes send
+    patches; `lean` edits only the object it is given, before it is cached), so sharing the
+    values is safe."""
+    for part in _PARTS:
+        value = meta.get(part)
+        if not value:
+            continue
+        key = part.encode() + orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        known = _shared_parts.get(key)
+        if known is None:
+            if len(_shared_parts) >= _PARTS_MAX:
+                _shared_parts.clear()
+            known = _shared_parts.setdefault(key, value)
+        meta[part] = known
 
 
 #: Strings longer than this are kept as decoded (messages, specs' free text: rarely repeated).

@@ -1,38 +1,33 @@
-"""The Kubernetes adapter: the one module that imports the kubernetes client.
+"""The Kubernetes adapter: every request the orchestrator makes to the apiserver.
 
-The hot path (our objects' reads, watches and writes, Events) does not go through the
-generated client: each request is JSON bytes straight to the apiserver's connection pool of the
-client's urllib3 manager (its TLS settings, verification included, and kept-alive
-connections; the manager's URL parsing and pool lookup done once), with its headers built
-once per content type and rebuilt only when the credential changes (`_Credentials`), a small
-body sent with its head in one TLS write (`_OneWriteHTTPSConnection`), and each watch event
-decoded once, by orjson (`watch_objects`). The generated client's `Watch` decoded every event
-twice and encoded it once more; its configuration ran the kubeconfig's refresh hook, which also
-scans the environment for proxies, on every request. Leases, Secrets, Jobs and CRDs still use
-the generated client (with the same throttled refresh hook).
+No generated client: each request is JSON bytes straight to the apiserver's urllib3 connection
+pool (kept-alive connections, the TLS settings of `kubeconfig.connection`: CA, client
+certificate, verification, tls-server-name), with its headers built once per content type and
+rebuilt only when the credential changes (`kubeconfig.Credentials`), a small body sent with its
+head in one TLS write (`_OneWriteHTTPSConnection`), and each watch event decoded once, by orjson
+(`watch_objects`). Leases, Secrets, Events, Jobs, Namespaces, webhook configurations and CRDs
+go the same way. The `kubernetes` package is not imported (its kubeconfig loader alone brings
+oauthlib, requests, google.auth and cryptography, about 19 MiB), except by
+`kubeconfig` for a user that needs an exec credential plugin or an auth-provider.
 """
-# mypy: disable-error-code="no-untyped-call,no-any-return"
-# (the kubernetes client is untyped; this adapter is the one place that touches it)
 
 from __future__ import annotations
 
+import base64
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import cached_property
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import orjson
 import urllib3
 import urllib3.connection
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
 
 from orchestrator import api
+from orchestrator.adapters import kubeconfig
 from orchestrator.pipeline.lease import LeaseRecord
 
 __all__ = ["Conflict", "Gone", "KubeClient", "KubeError", "LeaseRecord", "NotFound", "WatchEvent"]
@@ -40,10 +35,9 @@ __all__ = ["Conflict", "Gone", "KubeClient", "KubeError", "LeaseRecord", "NotFou
 log = logging.getLogger(__name__)
 #: Deadline of one API request (watches have their own server-side timeout).
 REQUEST_TIMEOUT_SECONDS = 30.0
-#: How often the configuration's credential refresh hook is asked at most (a kubeconfig's
-#: expiring token or exec plugin, the in-cluster token file; the in-cluster loader itself
-#: re-reads its file once a minute). A 401 asks at once.
-CREDENTIAL_CHECK_SECONDS = 10.0
+#: How often a credential that can change is looked at again at most (a token file, an exec
+#: plugin's expiring token); a 401 looks at once.
+CREDENTIAL_CHECK_SECONDS = kubeconfig.CREDENTIAL_CHECK_SECONDS
 #: A watch's socket may stay silent this much longer than its server-side timeout.
 WATCH_READ_GRACE_SECONDS = 30.0
 _REQUEST_TIMEOUT = urllib3.Timeout(total=REQUEST_TIMEOUT_SECONDS)
@@ -72,10 +66,6 @@ class Gone(KubeError):
     """410: the watch's resourceVersion expired; list again."""
 
 
-def _wrap(exc: ApiException) -> KubeError:
-    return _error(int(exc.status or 0), exc.body, exc.reason)
-
-
 def _error(status: int, body: Any, reason: Any) -> KubeError:
     try:
         message = orjson.loads(body or b"{}").get("message", reason)
@@ -86,70 +76,19 @@ def _error(status: int, body: Any, reason: Any) -> KubeError:
     return cls(status, text if len(text) <= 400 else text[:400] + "…")
 
 
+def _core_path(plural: str, namespace: str | None, name: str = "", group: str = "") -> str:
+    """The REST path of a built-in kind: core/v1 (group ""), or v1 of group."""
+    where = f"namespaces/{quote(namespace, safe='')}/" if namespace else ""
+    base = f"/apis/{group}/v1/" if group else "/api/v1/"
+    return f"{base}{where}{plural}" + (f"/{quote(name, safe='')}" if name else "")
+
+
 def _path(plural: str, namespace: str | None, name: str = "") -> str:
     """The REST path of our objects of plural in namespace, or in every namespace (None), or
     one object when name is given."""
     where = f"namespaces/{namespace}/" if namespace else ""
     base = f"/apis/{api.GROUP}/{api.VERSION}/{where}{plural}"
     return f"{base}/{name}" if name else base
-
-
-class _Credentials:
-    """The Authorization header of every request, built once.
-
-    The configuration's refresh hook (set by the kubeconfig and in-cluster loaders: reload an
-    expired token, re-read the service account's token file) is asked at most every
-    CREDENTIAL_CHECK_SECONDS, or at once after a 401, and the header is rebuilt only when the
-    credential it leaves in the configuration changed. The hook is replaced by the throttled one
-    on the configuration too, so the generated client's calls share it: each of them ran it,
-    and with it a scan of the environment for proxies (the hook sets `host`). Client
-    certificates are not headers: they are in the pool's TLS settings.
-    """
-
-    def __init__(self, cfg: Any) -> None:
-        self._cfg = cfg  # a client.Configuration (typed loosely: its hook is typed None)
-        self._lock = threading.RLock()
-        self._hook: Callable[[Any], None] | None = cfg.refresh_api_key_hook
-        self._checked = -float("inf")
-        self._key: object = object()  # no credential seen yet
-        self._headers: dict[str, str] = {}
-        cfg.refresh_api_key_hook = self._throttled
-
-    def _throttled(self, cfg: Any, force: bool = False) -> None:
-        """The hook as the configuration calls it: the loader's, at most every
-        CREDENTIAL_CHECK_SECONDS; the headers rebuilt when the credential changed."""
-        with self._lock:
-            now = time.monotonic()
-            if not force and now - self._checked < CREDENTIAL_CHECK_SECONDS:
-                return
-            self._checked = now  # first: auth_settings() below calls this hook again
-            if self._hook is not None:
-                self._hook(cfg)
-                # The loaders' hooks install themselves again each time they run.
-                if cfg.refresh_api_key_hook is not self._throttled:
-                    self._hook = cfg.refresh_api_key_hook
-                    cfg.refresh_api_key_hook = self._throttled
-            key = (cfg.api_key.get("BearerToken"), cfg.api_key.get("authorization"))
-            if key != self._key:
-                self._key = key
-                settings: dict[str, dict[str, Any]] = cfg.auth_settings()  # hook: throttled
-                self._headers = {
-                    str(s["key"]): str(s["value"])
-                    for s in settings.values()
-                    if s["in"] == "header" and s["value"]
-                }
-
-    def headers(self) -> dict[str, str]:
-        """The auth headers (possibly none): the same dict until the credential changes."""
-        if time.monotonic() - self._checked >= CREDENTIAL_CHECK_SECONDS:
-            self._throttled(self._cfg)
-        return self._headers
-
-    def refreshed(self) -> bool:
-        """Ask the hook now (after a 401); True when that changed the credential."""
-        before = self._headers
-        self._throttled(self._cfg, force=True)
-        return self._headers is not before
 
 
 @dataclass(frozen=True)
@@ -211,80 +150,54 @@ class _OneWriteHTTPSConnection(urllib3.connection.HTTPSConnection):
 class KubeClient:
     """Typed access to the few API calls the orchestrator makes."""
 
-    def __init__(self, kubeconfig: str | None = None) -> None:
-        if kubeconfig:
-            cfg = client.Configuration()
-            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        else:
-            try:
-                cfg = client.Configuration()
-                config.load_incluster_config(client_configuration=cfg)
-            except config.ConfigException:
-                cfg = client.Configuration()
-                config.load_kube_config(client_configuration=cfg)
-        cfg.connection_pool_maxsize = 64  # parallel writes of one reconcile (32) + watches
-        self._credentials = _Credentials(cfg)
-        self._api = client.ApiClient(cfg)
-        self._host = cfg.host.rstrip("/")
-        self._headers: dict[str, str] = {**self._api.default_headers, "Accept": "application/json"}
-        self._custom = client.CustomObjectsApi(self._api)
+    def __init__(self, kubeconfig_path: str | None = None, context: str | None = None) -> None:
+        """kubeconfig_path: a kubeconfig (or several joined by the path separator); None:
+        in-cluster, else KUBECONFIG or ~/.kube/config (`kubeconfig.connection`). Raises
+        kubeconfig.KubeConfigError when it cannot be read."""
+        conn = kubeconfig.connection(kubeconfig_path, context)
+        self._credentials = conn.credentials
+        url = urllib3.util.parse_url(conn.host)
+        if not url.host:
+            raise kubeconfig.KubeConfigError("server: no host in the apiserver's URL")
+        #: The server's URL without its path; every request's path starts with _base (a
+        #: server URL may carry a path prefix, as behind a proxy to several clusters).
+        self._host = f"{url.scheme}://{url.netloc}"
+        self._base = (url.path or "").rstrip("/")
+        self._headers: dict[str, str] = {
+            "Accept": "application/json",
+            "User-Agent": "fleet-orchestrator",
+        }
         self._lock = threading.Lock()
         self._auth_seen: dict[str, str] | None = None
         self._by_type: dict[str, dict[str, str]] = {}
-        # The apiserver's pool, with the manager's TLS settings (CA, client certificate,
-        # verification) and retries; a proxy keeps the manager's own path (_send).
-        manager = self._api.rest_client.pool_manager
-        self._pool: urllib3.HTTPConnectionPool | None = (
-            manager.connection_from_url(self._host)
-            if type(manager) is urllib3.PoolManager
-            else None
-        )
-        if isinstance(self._pool, urllib3.HTTPSConnectionPool):
+        tls: dict[str, Any] = {}
+        if conn.tls is not None:
+            tls = {"ssl_context": conn.tls, "server_hostname": conn.server_hostname}
+        # Parallel writes of one reconcile (32) and the watches.
+        self._manager: urllib3.PoolManager | None = None
+        self._pool: urllib3.HTTPConnectionPool | None = None
+        if conn.proxy:
+            self._manager = urllib3.ProxyManager(conn.proxy, maxsize=64, **tls)
+        elif conn.tls is not None:
+            self._pool = urllib3.HTTPSConnectionPool(url.host, url.port or 443, maxsize=64, **tls)
             self._pool.ConnectionCls = _OneWriteHTTPSConnection
-
-    # The other API groups are built on first use: importing CoreV1Api alone costs about 1 s of
-    # CPU (half of the process's start), and a gate loop or a run without Secrets, Jobs, leader
-    # election or CRD installs never needs them. Under load that is tens of seconds of start.
-
-    @cached_property
-    def _core(self) -> Any:
-        return client.CoreV1Api(self._api)
-
-    @cached_property
-    def _coord(self) -> Any:
-        return client.CoordinationV1Api(self._api)
-
-    @cached_property
-    def _ext(self) -> Any:
-        return client.ApiextensionsV1Api(self._api)
-
-    @cached_property
-    def _batch(self) -> Any:
-        return client.BatchV1Api(self._api)
+        else:
+            self._pool = urllib3.HTTPConnectionPool(url.host, url.port or 80, maxsize=64)
 
     def close(self) -> None:
-        """Release connections: the generated client's thread pool, and every pooled
-        connection to the apiserver (ApiClient.close leaves those to the garbage collector,
-        which closes their sockets whenever it runs, with a ResourceWarning)."""
-        self._api.close()
+        """Release connections: every pooled connection to the apiserver is closed now (the
+        garbage collector would close their sockets whenever it runs, with a
+        ResourceWarning)."""
         if self._pool is not None:
             self._pool.close()
-        self._api.rest_client.pool_manager.clear()
+        if self._manager is not None:
+            self._manager.clear()
 
     # ClusterVersions
 
     def set_annotation(self, namespace: str, name: str, key: str, value: str | None) -> None:
         """Set one annotation, or delete it with None (merge patch)."""
-        body = {"metadata": {"annotations": {key: value}}}
-        self._call(
-            self._custom.patch_namespaced_custom_object,
-            api.GROUP,
-            api.VERSION,
-            namespace,
-            api.PLURAL,
-            name,
-            body,
-        )
+        self.merge_patch(api.PLURAL, namespace, name, {"metadata": {"annotations": {key: value}}})
 
     # Any kind of ours (UpdateRuns, ClusterUpgrades, ClusterVersions), as plain JSON
 
@@ -347,8 +260,8 @@ class KubeClient:
     ) -> dict[str, Any]:
         """Set .status whole, only if the object is still at resource_version (else Conflict).
 
-        The hot path of a rollout (one write per cluster step): sent as bytes over the client's
-        connection pool, without the generated client's per-call validation and models.
+        The hot path of a rollout (one write per cluster step): one JSON patch, as bytes over
+        the client's connection pool.
         """
         body = [
             {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
@@ -413,32 +326,43 @@ class KubeClient:
 
     def delete_object(self, plural: str, namespace: str, name: str) -> None:
         """DELETE an object of ours (its children go with it: ownerReferences)."""
-        self._call(
-            self._custom.delete_namespaced_custom_object,
-            api.GROUP,
-            api.VERSION,
-            namespace,
-            plural,
-            name,
-            body=client.V1DeleteOptions(propagation_policy="Background"),
-        )
+        options = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        self._raw("DELETE", _path(plural, namespace, name), options, "application/json")
 
-    def _raw(self, method: str, path: str, body: Any, content_type: str) -> Any:
-        """One JSON request; the parsed answer."""
-        response = self._request(method, path, body, content_type, None)
-        return orjson.loads(response.data)
+    def _raw(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        content_type: str = "application/json",
+        timeout: float = REQUEST_TIMEOUT_SECONDS,
+    ) -> dict[str, Any]:
+        """One JSON request; the parsed answer (a JSON object)."""
+        response = self._request(method, path, body, content_type, None, timeout)
+        answer: dict[str, Any] = orjson.loads(response.data)
+        return answer
 
     def _request(
-        self, method: str, path: str, body: Any, content_type: str, stream_seconds: float | None
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        content_type: str,
+        stream_seconds: float | None,
+        timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
     ) -> urllib3.BaseHTTPResponse:
         """One request over the client's pool (its TLS settings and kept-alive connections)
-        with the cached credentials; a 401 asks the credential hook at once and, when that
+        with the cached credentials; a 401 asks for the credential again at once and, when that
         changed the credential, is sent once more. stream_seconds: the answer is a stream read
         by the caller, whose socket may be silent that long; otherwise it is read whole within
-        REQUEST_TIMEOUT_SECONDS. Raises KubeError (or its subclasses) on errors."""
+        timeout_seconds. Raises KubeError (or its subclasses) on errors."""
         data = None if body is None else orjson.dumps(body)
         if stream_seconds is None:
-            timeout = _REQUEST_TIMEOUT
+            timeout = (
+                _REQUEST_TIMEOUT
+                if timeout_seconds == REQUEST_TIMEOUT_SECONDS
+                else urllib3.Timeout(total=timeout_seconds)
+            )
         else:
             timeout = urllib3.Timeout(connect=REQUEST_TIMEOUT_SECONDS, read=stream_seconds)
         for attempt in range(2):
@@ -484,8 +408,10 @@ class KubeClient:
         did per request (parse the URL, find the pool by key, merge headers) is done once.
         Through a proxy (a ProxyManager), the manager's own path."""
         preload = stream_seconds is None
+        path = self._base + path
         if self._pool is None:
-            return self._api.rest_client.pool_manager.request(
+            assert self._manager is not None
+            return self._manager.request(
                 method,
                 self._host + path,
                 body=data,
@@ -504,34 +430,27 @@ class KubeClient:
             assert_same_host=False,
         )
 
-    def _json(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Call without the client's slow model deserialisation; parse the JSON body."""
-        response = self._call(fn, *args, _preload_content=False, **kwargs)
-        return orjson.loads(response.data)
-
     # batch/v1 Jobs (pre/post-upgrade hooks, orchestrator.hooks)
 
     def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST a Job; Conflict when one of that name exists."""
-        return self._json(self._batch.create_namespaced_job, namespace, body)
+        return self._raw("POST", _core_path("jobs", namespace, group="batch"), body)
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any]:
         """GET a Job as plain JSON; NotFound when there is none."""
-        return self._json(self._batch.read_namespaced_job, name, namespace)
+        return self._raw("GET", _core_path("jobs", namespace, name, group="batch"), None)
 
     # Secrets, events
 
     def read_secret(self, namespace: str, name: str) -> dict[str, bytes]:
         """The decoded data of a Secret."""
-        import base64  # noqa: PLC0415  (only this method needs it)
-
-        secret = self._call(self._core.read_namespaced_secret, name, namespace)
-        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+        secret = self._raw("GET", _core_path("secrets", namespace, name), None)
+        return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
 
     def namespace_labels(self, name: str) -> dict[str, str]:
         """The labels of a Namespace (for FleetProvider allowedNamespaces.selector)."""
-        namespace = self._call(self._core.read_namespace, name)
-        return dict(namespace.metadata.labels or {})
+        namespace = self._raw("GET", _core_path("namespaces", None, name), None)
+        return dict(namespace["metadata"].get("labels") or {})
 
     # The admission webhook's self-managed certificate (one Secret) and CA bundle
 
@@ -539,10 +458,8 @@ class KubeClient:
         self, namespace: str, name: str
     ) -> tuple[dict[str, bytes], str] | None:
         """The decoded data of a Secret and its resourceVersion; None when it does not exist."""
-        import base64  # noqa: PLC0415  (only the Secret methods need it)
-
         try:
-            secret = self._json(self._core.read_namespaced_secret, name, namespace)
+            secret = self._raw("GET", _core_path("secrets", namespace, name), None)
         except NotFound:
             return None
         data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
@@ -558,21 +475,20 @@ class KubeClient:
     ) -> bool:
         """Create a kubernetes.io/tls Secret (resource_version None) or replace it if still at
         resource_version; False when it already exists or changed meanwhile (409)."""
-        import base64  # noqa: PLC0415
-
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels or {}}
         body = {
             "apiVersion": "v1",
             "kind": "Secret",
             "type": "kubernetes.io/tls",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+            "metadata": metadata,
             "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
         }
         try:
             if resource_version is None:
-                self._call(self._core.create_namespaced_secret, namespace, body)
+                self._raw("POST", _core_path("secrets", namespace), body)
             else:
-                body["metadata"]["resourceVersion"] = resource_version  # type: ignore[index]
-                self._call(self._core.replace_namespaced_secret, name, namespace, body)
+                metadata["resourceVersion"] = resource_version
+                self._raw("PUT", _core_path("secrets", namespace, name), body)
         except Conflict:
             return False
         return True
@@ -581,23 +497,11 @@ class KubeClient:
         """Put ca_bundle in every webhook of one ValidatingWebhookConfiguration (mutating: the
         MutatingWebhookConfiguration of that name), conditional on its resourceVersion, retried
         on 409; True when it changed something."""
-        import base64  # noqa: PLC0415
-
-        admission = client.AdmissionregistrationV1Api(self._api)
-        read, patch = (
-            (
-                admission.read_mutating_webhook_configuration,
-                admission.patch_mutating_webhook_configuration,
-            )
-            if mutating
-            else (
-                admission.read_validating_webhook_configuration,
-                admission.patch_validating_webhook_configuration,
-            )
-        )
+        kind = "MutatingWebhookConfiguration" if mutating else "ValidatingWebhookConfiguration"
+        path = _core_path(f"{kind.lower()}s", None, name, group="admissionregistration.k8s.io")
         encoded = base64.b64encode(ca_bundle).decode()
         for _ in range(3):
-            config = self._json(read, name)
+            config = self._raw("GET", path, None)
             ops: list[dict[str, Any]] = [
                 {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": encoded}
                 for i, hook in enumerate(config.get("webhooks") or [])
@@ -608,16 +512,10 @@ class KubeClient:
             version = config["metadata"]["resourceVersion"]
             ops.insert(0, {"op": "replace", "path": "/metadata/resourceVersion", "value": version})
             try:
-                self._call(
-                    patch,
-                    name,
-                    ops,
-                    _content_type="application/json-patch+json",
-                )
+                self._raw("PATCH", path, ops, "application/json-patch+json")
             except Conflict:
                 continue
             return True
-        kind = "MutatingWebhookConfiguration" if mutating else "ValidatingWebhookConfiguration"
         raise Conflict(409, f"{kind} {name} kept changing")
 
     def create_event(
@@ -668,19 +566,19 @@ class KubeClient:
         self, namespace: str, name: str, timeout: float = REQUEST_TIMEOUT_SECONDS
     ) -> LeaseRecord | None:
         """Read a Lease, or None when absent."""
+        path = _core_path("leases", namespace, name, group="coordination.k8s.io")
         try:
-            lease = self._call(
-                self._coord.read_namespaced_lease, name, namespace, _request_timeout=timeout
-            )
+            lease = self._raw("GET", path, None, timeout=timeout)
         except NotFound:
             return None
-        spec = lease.spec
+        spec = lease.get("spec") or {}
+        renewed = spec.get("renewTime")
         return LeaseRecord(
-            holder=spec.holder_identity,
-            renew_time=spec.renew_time,
-            duration_seconds=int(spec.lease_duration_seconds or 15),
-            transitions=int(spec.lease_transitions or 0),
-            resource_version=lease.metadata.resource_version,
+            holder=spec.get("holderIdentity"),
+            renew_time=datetime.fromisoformat(renewed) if renewed else None,
+            duration_seconds=int(spec.get("leaseDurationSeconds") or 15),
+            transitions=int(spec.get("leaseTransitions") or 0),
+            resource_version=lease["metadata"].get("resourceVersion"),
         )
 
     def write_lease(
@@ -696,50 +594,41 @@ class KubeClient:
         timeout: float = REQUEST_TIMEOUT_SECONDS,
     ) -> None:
         """Create the Lease (resource_version None) or replace it; Conflict when stale."""
-        body = client.V1Lease(
-            metadata=client.V1ObjectMeta(
-                name=name, namespace=namespace, resource_version=resource_version
-            ),
-            spec=client.V1LeaseSpec(
-                holder_identity=holder,
-                lease_duration_seconds=duration,
-                lease_transitions=transitions,
-                acquire_time=acquire_time,
-                renew_time=renew_time,
-            ),
-        )
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+        if resource_version is not None:
+            metadata["resourceVersion"] = resource_version
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": metadata,
+            "spec": {
+                "holderIdentity": holder,
+                "leaseDurationSeconds": duration,
+                "leaseTransitions": transitions,
+                # MicroTime: RFC 3339 with microseconds, as the generated client wrote it.
+                "acquireTime": acquire_time.isoformat(),
+                "renewTime": renew_time.isoformat(),
+            },
+        }
+        group = "coordination.k8s.io"
         if resource_version is None:
-            self._call(
-                self._coord.create_namespaced_lease, namespace, body, _request_timeout=timeout
-            )
+            self._raw("POST", _core_path("leases", namespace, group=group), body, timeout=timeout)
         else:
-            self._call(
-                self._coord.replace_namespaced_lease,
-                name,
-                namespace,
-                body,
-                _request_timeout=timeout,
-            )
+            path = _core_path("leases", namespace, name, group=group)
+            self._raw("PUT", path, body, timeout=timeout)
 
     # CRDs (used by the demo and tests to install ours)
 
     def apply_crd(self, crd: dict[str, Any]) -> None:
         """Create or replace a CustomResourceDefinition."""
         name = crd["metadata"]["name"]
+        group = "apiextensions.k8s.io"
+        path = _core_path("customresourcedefinitions", None, name, group=group)
         try:
-            current = self._call(self._ext.read_custom_resource_definition, name)
+            current = self._raw("GET", path, None)
         except NotFound:
-            self._call(self._ext.create_custom_resource_definition, crd)
+            self._raw("POST", _core_path("customresourcedefinitions", None, group=group), crd)
             return
-        body = {
-            **crd,
-            "metadata": {**crd["metadata"], "resourceVersion": current.metadata.resource_version},
-        }
-        self._call(self._ext.replace_custom_resource_definition, name, body)
-
-    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT_SECONDS)  # never hang a reconcile
-        try:
-            return fn(*args, **kwargs)
-        except ApiException as exc:
-            raise _wrap(exc) from exc
+        version = current["metadata"]["resourceVersion"]
+        body = {**crd, "metadata": {**crd["metadata"], "resourceVersion": version}}
+        self._raw("PUT", path, body)

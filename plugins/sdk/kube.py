@@ -10,12 +10,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import urllib3
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
+
+if TYPE_CHECKING:
+    from kubernetes.client.exceptions import ApiException
 
 __all__ = [
     "Kube",
@@ -104,6 +104,10 @@ def _configuration(
     fix: str,
 ) -> Any:
     """The client configuration from a URL and token file, or from a kubeconfig."""
+    # Imported here, not with the module: the orchestrator imports plugins.sdk without
+    # building a Kube, and the kubernetes package costs it ~19 MiB (issue 21).
+    from kubernetes import client, config  # noqa: PLC0415
+
     cfg = client.Configuration()
     if url:
         if not token_file:
@@ -158,6 +162,8 @@ class Kube:
     ) -> None:
         cfg = _configuration(kubeconfig, url, token_file, ca_file, what, flag, fix)
         cfg.connection_pool_maxsize = 16
+        from kubernetes import client  # noqa: PLC0415  (loaded by _configuration)
+
         self.server = str(cfg.host)
         self._label = label
         self._api = client.ApiClient(cfg)
@@ -233,6 +239,9 @@ class Kube:
 
         The stream's connection is tracked, so close() interrupts a blocked read at once.
         """
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+        from kubernetes.watch.watch import iter_resp_lines  # noqa: PLC0415
+
         self._count("watch")
         fn, args = self._lister(res, namespace)
         try:
@@ -384,6 +393,8 @@ class Kube:
         """Records a core/v1 Event (body in the Event's JSON shape)."""
         self._count("create")
         if self._core is None:
+            from kubernetes import client  # noqa: PLC0415
+
             self._core = client.CoreV1Api(self._api)
         self._call(self._core.create_namespaced_event, namespace, body)
 
@@ -416,6 +427,8 @@ class Kube:
         return self._call(cluster, res.group, res.version, res.plural, name, *rest, **kwargs)
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
         if self.closed:
             raise KubeError(0, f"{self._label}: client closed")
         try:
