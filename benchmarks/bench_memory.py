@@ -154,7 +154,7 @@ class _Plugin:
 
         self.fleet = fleet
         self.tracker = OperationTracker(lambda plugin, op: None)
-        self.converted: dict[str, tuple[bytes, ClusterObs]] = {}
+        self.converted: dict[bytes, ClusterObs] = {}
         self._pbs: dict[str, tuple[ClusterObs, cluster_pb2.Cluster]] = {}
         self._ops: dict[str, OpObs] = {}
 
@@ -335,7 +335,7 @@ def structures(count: int) -> tuple[list[tuple[str, Any]], _Store, _Plugin]:
         [
             ("ClusterUpgrade cache (ObjectCache: lean dicts)", store.cache),
             ("parsed Upgrades (kept.Children of the run)", store.children),
-            ("inventory rows (GrpcProvider.converted: wire + ClusterObs)", plugin.converted),
+            ("inventory rows (GrpcProvider.converted: ClusterObs by wire bytes)", plugin.converted),
             (f"operation tracker ({len(plugin.fleet.ops)} operations)", plugin.tracker),
             ("the run's RunIndex", driver.index),
             ("preflight answers (RunDriver.preflight_cache)", preflights),
@@ -373,7 +373,7 @@ def _rebuild(store: _Store, plugin: _Plugin) -> list[Any]:
     for obj in store.cache.items():
         again.cache.put(_wire(obj))
     upgrades = again.upgrades()
-    converted: dict[str, tuple[bytes, ClusterObs]] = {}
+    converted: dict[bytes, ClusterObs] = {}
     clusters = GrpcProvider(plugin, plugin.tracker, lambda: T0, converted=converted).inventory()  # type: ignore[arg-type]
     tracker = OperationTracker(lambda plugin, op: None)
     for op in plugin.fleet.ops.values():
