@@ -507,11 +507,12 @@ class Adversary:
         key = self.rng.choice(cvs)
         return key, self.world.api.cvs[key]
 
-    def _edit_cv(self, what: str, spec: api.ClusterVersionSpec) -> None:
-        found = self._cv()
-        if found is None:
-            return
-        key, _ = found
+    def _edit_cv(self, key: str, what: str, spec: api.ClusterVersionSpec) -> None:
+        """A person writes `spec`, made from ClusterVersion `key`'s own, back to `key`. (It
+        wrote it to a ClusterVersion drawn again, so with two or more one's spec, skip and
+        requestedBy included, landed on another: seed 72370. The draw is still made, so that
+        the histories of worlds with one ClusterVersion stay what they were.)"""
+        self._cv()
         person = self.world.people.pick()
         self.world.write_cv(key, person, spec)
         self.world.log(f"adversary: {person.name} edits {key}: {what}")
@@ -520,7 +521,7 @@ class Adversary:
         found = self._cv()
         if found is None:
             return
-        _, cv = found
+        key, cv = found
         spec: api.ClusterVersionSpec = cv.spec  # type: ignore[attr-defined]
         new = self.rng.choice(("1.29.3", "1.29.5", "1.30.1"))
         clusters = [c.model_copy(update={"version": new}) for c in spec.clusters or []]
@@ -530,13 +531,13 @@ class Adversary:
         for c in self.world.fleet.clusters.values():
             if self.world.fleet.refusal(c.id, new, {}) is not None:
                 self.touch(c.id, "refused")  # the new target is refused there: not drift
-        self._edit_cv(f"version → {new}", spec.model_copy(update=body))
+        self._edit_cv(key, f"version → {new}", spec.model_copy(update=body))
 
     def _do_spec_stage(self) -> None:
         found = self._cv()
         if found is None:
             return
-        _, cv = found
+        key, cv = found
         spec: api.ClusterVersionSpec = cv.spec  # type: ignore[attr-defined]
         stages = list((spec.strategy.stages if spec.strategy else None) or [])
         if not stages or spec.strategy is None:
@@ -554,13 +555,13 @@ class Adversary:
                 clusters = [c for c in clusters if c.id not in gone] or None
                 spec = spec.model_copy(update={"clusters": clusters})
         strategy = spec.strategy.model_copy(update={"stages": stages})  # type: ignore[union-attr]
-        self._edit_cv(what, spec.model_copy(update={"strategy": strategy}))
+        self._edit_cv(key, what, spec.model_copy(update={"strategy": strategy}))
 
     def _do_spec_remove(self) -> None:
         found = self._cv()
         if found is None:
             return
-        _, cv = found
+        key, cv = found
         spec: api.ClusterVersionSpec = cv.spec  # type: ignore[attr-defined]
         if not spec.clusters or len(spec.clusters) < 3:
             return
@@ -578,6 +579,7 @@ class Adversary:
             strategy = strategy.model_copy(update={"stages": stages or None})
         required = min(spec.required_available_count, max(1, len(clusters) - 1))
         self._edit_cv(
+            key,
             f"remove cluster {gone}",
             spec.model_copy(
                 update={
@@ -605,12 +607,12 @@ class Adversary:
             self.world.monitor.floor_changed(run)
             self.world.log(f"adversary: floor of {run} → {floor}")
             return
-        _, cv = found
+        key, cv = found
         spec = cv.spec  # type: ignore[attr-defined]
         n = len(spec.clusters or []) or 4
         floor = self.rng.randint(1, max(1, n - 1))
         self._edit_cv(
-            f"floor → {floor}", spec.model_copy(update={"required_available_count": floor})
+            key, f"floor → {floor}", spec.model_copy(update={"required_available_count": floor})
         )
 
     def _direct_run(self) -> str | None:
