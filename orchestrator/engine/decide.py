@@ -1471,8 +1471,6 @@ def _returned(run: _Run) -> None:
         cur = obs.current_operation
         if cur is not None and not cur.state.terminal and not run._ours(cur):
             continue  # someone else is acting on it: wait for them
-        if run.busy_ours(obs, st):
-            continue  # this run's operation still acts on it: carried on once it ends
         _retry(run, u, st, "the cluster's return")
         run.set(
             u,
@@ -1523,11 +1521,11 @@ def retry_waits(st: api.ClusterUpgradeStatus) -> bool:
     return st.phase in _ENDED_OR_BLOCKED and _WAITS in (st.message or "")
 
 
-def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, said: str) -> bool:
-    """A fresh attempt with the run's pinned targets: new request ids, fresh health. Whether
-    it began now: an attempt that holds its cluster (`step`) begins only once the cluster is
-    at rest, since where it stands decides how the new attempt goes on (out of service: ours
-    to carry on, no new service-out; in service: a new one, through the gates and the floor).
+def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, said: str) -> None:
+    """A fresh attempt with the run's pinned targets: new request ids, fresh health. An
+    attempt that holds its cluster (`step`) begins only once the cluster is at rest, since
+    where it stands decides how the new attempt goes on (out of service: ours to carry on, no
+    new service-out; in service: a new one, through the gates and the floor).
     Not at rest: not in the inventory, or in service with an operation of this run still in
     flight on it (a service-out that may yet take it out). Until then the retry waits, its
     phase and reason kept, its message saying so (`retry_waits`, `_retry_at_rest`): a claim
@@ -1541,7 +1539,7 @@ def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, said: str) -> bo
         message = f"{said}{_WAITS}{why}"
         if st.message != message:
             run.set(u, message=message)
-        return False
+        return
     run.set(
         u,
         phase=U.PENDING,
@@ -1566,7 +1564,7 @@ def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, said: str) -> bo
             request_id=st.request_id,
             step_start_time=run.stamp,
         )
-        return True
+        return
     if st.step and obs is not None and not obs.in_service and not run.holder(u.cluster_id):
         # Invariant 4: the failed attempt took it out; the retry keeps it (no new
         # service-out, no budget) and `follow` carries it on from where it stands. (A
@@ -1586,7 +1584,6 @@ def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, said: str) -> bo
             ),
             step_start_time=run.stamp,
         )
-    return True
 
 
 def _recover(run: _Run, u: Upgrade) -> None:
