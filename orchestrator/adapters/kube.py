@@ -76,19 +76,26 @@ def _error(status: int, body: Any, reason: Any) -> KubeError:
     return cls(status, text if len(text) <= 400 else text[:400] + "…")
 
 
+def _rest_path(base: str, plural: str, namespace: str | None, name: str) -> str:
+    """The REST path of plural under base (an API group's version) in namespace, or in every
+    namespace / cluster-scoped (None), or of one object when name is given."""
+    where = f"namespaces/{quote(namespace, safe='')}/" if namespace else ""
+    return f"{base}/{where}{plural}" + (f"/{quote(name, safe='')}" if name else "")
+
+
 def _core_path(plural: str, namespace: str | None, name: str = "", group: str = "") -> str:
     """The REST path of a built-in kind: core/v1 (group ""), or v1 of group."""
-    where = f"namespaces/{quote(namespace, safe='')}/" if namespace else ""
-    base = f"/apis/{group}/v1/" if group else "/api/v1/"
-    return f"{base}{where}{plural}" + (f"/{quote(name, safe='')}" if name else "")
+    return _rest_path(f"/apis/{group}/v1" if group else "/api/v1", plural, namespace, name)
+
+
+#: The API group version of our kinds, under which `_path` builds.
+_OURS = f"/apis/{api.GROUP}/{api.VERSION}"
 
 
 def _path(plural: str, namespace: str | None, name: str = "") -> str:
     """The REST path of our objects of plural in namespace, or in every namespace (None), or
     one object when name is given."""
-    where = f"namespaces/{namespace}/" if namespace else ""
-    base = f"/apis/{api.GROUP}/{api.VERSION}/{where}{plural}"
-    return f"{base}/{name}" if name else base
+    return _rest_path(_OURS, plural, namespace, name)
 
 
 @dataclass(frozen=True)
