@@ -1454,7 +1454,7 @@ def _retry_at_rest(run: _Run) -> None:
     for u in run.having(*_ENDED_OR_BLOCKED):
         st = run.status[u.name]
         if st.message is not None and retry_waits(st):
-            _retry(run, u, st, st.message.split(_WAITS, 1)[0])
+            _retry(run, u, st, retry_words(st.message))
 
 
 def _returned(run: _Run) -> None:
@@ -1519,6 +1519,12 @@ _WAITS = "; waits until "
 def retry_waits(st: api.ClusterUpgradeStatus) -> bool:
     """Whether a person's retry of this ended attempt waits for its cluster to be at rest."""
     return st.phase in _ENDED_OR_BLOCKED and _WAITS in (st.message or "")
+
+
+def retry_words(message: str) -> str:
+    """A message's own words: for a waiting retry, the asker's words it was recorded with
+    (who asked stays theirs while it waits and when it applies), without what it waits for."""
+    return message.split(_WAITS, 1)[0]
 
 
 def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, said: str) -> None:

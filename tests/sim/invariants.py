@@ -19,6 +19,7 @@ from orchestrator.engine.decide import (
     SKIPPED_BY_PEOPLE,
     Call,
     checks_for,
+    retry_words,
     short_of_target,
 )
 from orchestrator.engine.observations import OpKind
@@ -136,7 +137,10 @@ class Monitor:
 
     def on_write(self, obj: UpObj, old: api.ClusterUpgradeStatus) -> None:
         new = obj.upgrade.status
-        if new.message != old.message:
+        if retry_words(new.message or "") != retry_words(old.message or ""):
+            # A retry that waited keeps the words it was asked with, checked when they were
+            # first written (the request on record then): saying what it waits for, or
+            # applying, is not a new request (seeds 84303, 84469).
             self._who_asked(obj.run, obj.upgrade.cluster_id, new.message or "")
         if new.phase != old.phase:
             self.last_change = self.w.now

@@ -73,10 +73,12 @@ def test_invariants_hold_over_seeded_histories(chunk: int) -> None:
 #: no waitingReason); 71670: invariant 4 (a retry made to wait while this run's operation was in
 #: flight on a cluster it had out of service left a Skipped cluster out with no claim); 72370:
 #: who asked, a gap of the harness (an adversary's edit wrote one ClusterVersion's spec, skip
-#: and its requestedBy included, to another; see Adversary._edit_cv).
+#: and its requestedBy included, to another; see Adversary._edit_cv); 84303: who asked, a gap
+#: of the harness (a retry that waited and then applied keeps its asker's words, checked when
+#: first written; the checker took the applying write for a new request).
 FOUND_GAPS = [
     *(9225, 12521, 12831, 13378, 14569, 18657, 25351, 26309),
-    *(62021, 63809, 60927, 60970, 71670, 72370),
+    *(62021, 63809, 60927, 60970, 71670, 72370, 84303),
 ]
 
 
@@ -89,8 +91,9 @@ def test_the_seeds_that_found_engine_gaps_hold() -> None:
 #: Pending clusters waited for a provider that did not answer, nothing in flight, said no
 #: waitingReason; now ProviderUnavailable, naming the first cluster); 40704, the time invariant
 #: (a retry of a cluster its provider hid re-made the failed attempt's claim as a new
-#: service-out, outside the maintenance window).
-FOUND_GAPS_MULTI = [7501, 40704]
+#: service-out, outside the maintenance window); 84469, who asked, as 84303 (a waiting retry's
+#: message re-written for what it waits for kept its asker's words).
+FOUND_GAPS_MULTI = [7501, 40704, 84469]
 
 
 def test_the_multi_provider_seeds_that_found_gaps_hold() -> None:
