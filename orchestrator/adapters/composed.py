@@ -45,8 +45,9 @@ class NoProvider:
     reason: str
     message: str
     retry: float
-    #: The plugin's answer when it did not answer what it is (None: TLS, capabilities): a run
-    #: over several FleetProviders goes on without that one (orchestrator.controllers.reach).
+    #: The plugin's answer when it did not answer what it is or what it can do (None: TLS, a
+    #: part lacking a capability): a run over several FleetProviders goes on without that one,
+    #: a run in flight with its clusters unknown (orchestrator.controllers.reach).
     error: CallError | None = None
 
 
@@ -122,12 +123,14 @@ class PluginBuilder:
                     f"FleetProvider {composition.name}: part {part.role} (FleetProvider "
                     f"{part.name}): {built.message}",
                     built.retry,
+                    built.error,
                 )
             plugins[part.name] = built
             try:
                 declared[part.name] = capability_names(built[0].client.capabilities())
             except PluginCallError as err:
-                return NoProvider("PluginUnavailable", str(call_error(err)), 5.0)
+                error = call_error(err)
+                return NoProvider("PluginUnavailable", str(error), 5.0, error)
         roles = {p.role: (p.name, p.named) for p in composition.parts.values()}
         missing = missing_capabilities(composition.name, roles, declared)
         if missing:

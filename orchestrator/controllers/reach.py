@@ -69,12 +69,23 @@ class RunPlugins:
     #: The multi-provider view built by `provider` (its `down` names who did not answer).
     multi: MultiProvider | None = field(default=None, init=False)
 
+    #: FleetProvider name ("" for a run's one plugin) → why it failed to catch up this pass
+    #: (`learn`): the driver's view of it is down for the pass (`provider`).
+    failed: dict[str, CallError] = field(default_factory=dict, init=False)
+
     @property
-    def one(self) -> Reached:
-        """The plugin of a one-provider run."""
-        p = self.plugins[0]
-        assert isinstance(p, Reached) and not self.several
-        return p
+    def one(self) -> Reached | Unreached:
+        """The plugin of a one-provider run (Unreached: it did not say what it is)."""
+        assert not self.several
+        return self.plugins[0]
+
+    def identity_of_one(self, pinned: Iterable[str]) -> str:
+        """What the one plugin is: as it says, or when it did not answer, what its clusters
+        were pinned with (pinned: their providerIds), unverified: they are unknown anyway."""
+        one = self.one
+        if isinstance(one, Reached):
+            return one.identity
+        return next(iter(pinned), "")
 
     @property
     def identities(self) -> frozenset[str]:
@@ -91,7 +102,9 @@ class RunPlugins:
         out = []
         for p in self.plugins:
             if isinstance(p, Reached):
-                out.append(Member(p.name, p.endpoint, p.identity, p.provider))
+                failed = self.failed.get(p.name)
+                provider: Provider = p.provider if failed is None else _Down(failed)
+                out.append(Member(p.name, p.endpoint, p.identity, provider))
             else:
                 identity = pinned.get(p.name, "")
                 out.append(Member(p.name, p.endpoint, identity, _Down(p.error)))
@@ -104,6 +117,8 @@ class RunPlugins:
         CallError (naming the FleetProvider) when a plugin does not answer."""
         if not self.several:
             one = self.one
+            if isinstance(one, Unreached):
+                raise one.error
             return pin_upgrades(
                 run,
                 spec,
@@ -137,24 +152,31 @@ class RunPlugins:
         return checked
 
     def provider(self, routes: Mapping[str, str]) -> Provider:
-        """The driver's Provider: the one plugin, or every member over routes."""
+        """The driver's Provider: the one plugin, or every member over routes. A plugin that
+        did not answer (Unreached, or failed to catch up in `learn`) is down for the pass:
+        every question to it fails, so its clusters are unknown (driver.step, multi)."""
         if not self.several:
-            return self.one.provider
+            one = self.one
+            if isinstance(one, Unreached):
+                return _Down(one.error)
+            failed = self.failed.get(one.name)
+            return one.provider if failed is None else _Down(failed)
         self.multi = MultiProvider(self._members({}), routes, self.clock)
         return self.multi
 
     def learn(self, steps: Sequence[tuple[str, str, str]], routes: Mapping[str, str]) -> None:
-        """GrpcProvider.learn on each reached plugin, for the steps of its clusters; a member
-        that fails here is left to the snapshot (its clusters unknown), one alone raises."""
+        """GrpcProvider.learn on each reached plugin, for the steps of its clusters. One that
+        fails here is down for the pass (`failed`): what it did is unknown, and an operation
+        it could not tell about must not read as one it forgot (OperationLost)."""
+        self.failed = {}
         for p in self.reached():
             mine = [s for s in steps if not self.several or routes.get(s[2]) == p.name]
             if not mine:
                 continue
             try:
                 p.provider.learn(mine)
-            except CallError:
-                if not self.several:
-                    raise
+            except CallError as err:
+                self.failed[p.name] = err
 
     @property
     def down(self) -> dict[str, str]:

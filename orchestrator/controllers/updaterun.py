@@ -291,12 +291,17 @@ class UpdateRunController:
             # One FleetProvider (plain or composed, orchestrator.adapters.composed) or
             # spec.opsEndpoint.
             built = builder.provider(access)
-            if isinstance(built, NoProvider):
-                return built.reason, built.message, built.retry
             via = access.provider.via
             name = access.composition.name if access.composition is not None else ""
             if not name and via.startswith("FleetProvider "):
                 name = via.removeprefix("FleetProvider ")
+            if isinstance(built, NoProvider):
+                if built.error is None:
+                    return built.reason, built.message, built.retry
+                # It did not answer: a run in flight goes on with its clusters unknown, so
+                # that its steps meet their bounds (invariant 4); one not started yet waits.
+                down = Unreached(name, access.provider.endpoint, built.error)
+                return RunPlugins([down], False, self.clock)
             one = Reached(name, built.endpoint, built.identity, built.provider)
             return RunPlugins([one], False, self.clock)
         plugins: list[Reached | Unreached] = []
@@ -461,9 +466,11 @@ class UpdateRunController:
         if plugins.several:
             routes = plugins.routes(kept.upgrades.values())
             moved = routes if isinstance(routes, Problem) else None
-        else:
+        elif isinstance(plugins.one, Reached):
             routes = {}
             moved = self._moved(spec, access, plugins.one.identity, f"{ns}/{name}")
+        else:
+            routes, moved = {}, None  # what it is cannot be asked: its clusters are unknown
         if moved is not None:
             return self._invalid(obj, status, [moved], gen, now)
         assert not isinstance(routes, Problem)
@@ -476,10 +483,7 @@ class UpdateRunController:
             return 1.0
         by_identity = {p.identity: p.name for p in plugins.reached()}
         routes.update({cid: by_identity[i] for cid, i in extra.items() if i in by_identity})
-        try:
-            plugins.learn(list(kept.steps.values()), routes)
-        except CallError as err:
-            return self._degraded(obj, status, "PluginUnavailable", str(err), gen, now, 5.0)
+        plugins.learn(list(kept.steps.values()), routes)
         store = _KubeStore(self.kube, self.upgrades, ns, dict(kept.objects))
         driver = self._driver(obj, plugins.provider(routes), access, store)
         annotations = meta.get("annotations") or {}
@@ -514,7 +518,14 @@ class UpdateRunController:
         except SecretError as err:
             return self._degraded(obj, status, "SecretError", str(err), gen, now, 30.0)
         down = plugins.down
-        degraded = degraded_message(down) if down else None
+        degraded: tuple[str, str] | None = None
+        if result.unreachable is not None and not plugins.several:
+            # The run's one plugin did not answer: its clusters were unknown this pass
+            # (driver.step), and the pass went on so that steps in flight meet their bound.
+            reason = "PluginUnavailable"
+            degraded = reason, with_fix(reason, str(result.unreachable))
+        elif down:
+            degraded = PROVIDER_UNAVAILABLE, degraded_message(down)
         return self._record(obj, spec, status, result, store.objects, gen, now, degraded)
 
     def _moved(
@@ -593,7 +604,7 @@ class UpdateRunController:
         upgrades: Mapping[str, dict[str, Any]],
         gen: int,
         now: datetime,
-        degraded: str | None = None,
+        degraded: tuple[str, str] | None = None,
     ) -> float | None:
         """What the pass did, recorded once: the run's status (`_status_after`) with the Events
         and notifications of what took effect, the people-annotations it acted on consumed,
@@ -611,7 +622,7 @@ class UpdateRunController:
         if result.decision.phase in FINISHED:
             return None
         if degraded is not None:
-            # A member of several did not answer: look again soon (its clusters wait).
+            # A plugin did not answer: look again soon (its clusters wait).
             return min(5.0, result.requeue_after if result.requeue_after is not None else 5.0)
         if result.writes and not result.calls_made:
             # What the echo of these writes used to do (the cache keeps it quiet now): a pass
@@ -627,7 +638,7 @@ class UpdateRunController:
         result: StepResult,
         gen: int,
         now: datetime,
-        degraded: str | None = None,
+        degraded: tuple[str, str] | None = None,
     ) -> api.UpdateRunStatus:
         """The run's status after a pass, the one place it is built: the decision's
         (StepResult.run_status, as the simulation writes it), with the conditions and
@@ -643,8 +654,8 @@ class UpdateRunController:
             conds = set_condition(
                 conds, "Degraded", False, "AsExpected", "plugin reachable", gen, now
             )
-        else:  # degraded: multi.degraded_message, naming the FleetProviders that did not answer
-            conds = set_condition(conds, "Degraded", True, PROVIDER_UNAVAILABLE, degraded, gen, now)
+        else:  # the run's plugin, or FleetProviders of several, did not answer (_execute)
+            conds = set_condition(conds, "Degraded", True, *degraded, gen, now)
         message = d.message
         if deletion.deleting(obj):
             message = self._deleting_message(obj)
@@ -696,7 +707,8 @@ class UpdateRunController:
         holdings = self._kept.holdings  # kept per change (orchestrator.controllers.kept)
         if plugins.several:
             return neighbours_across(holdings.holdings(), floor_of, own, run)
-        held, floors = holdings.neighbours(floor_of, plugins.one.identity, run, own.keys())
+        identity = plugins.identity_of_one(own.values())
+        held, floors = holdings.neighbours(floor_of, identity, run, own.keys())
         return held, floors, {}
 
     # -- deletion (orchestrator.deletion; docs/operations.md "What deleting a rollout does") --

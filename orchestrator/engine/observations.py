@@ -5,7 +5,7 @@ less per object, tens of thousands of them at 10,000 clusters)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from enum import StrEnum
@@ -20,6 +20,7 @@ __all__ = [
     "Snapshot",
     "WindowObs",
     "apply_succeeded",
+    "unreachable_snapshot",
 ]
 
 
@@ -133,6 +134,12 @@ class Snapshot:
     token: object = field(default_factory=object, compare=False, repr=False)
     #: What differs from an earlier snapshot of the same provider (None: not said).
     changes: Changes | None = field(default=None, compare=False)
+
+
+def unreachable_snapshot(cluster_ids: Iterable[str], why: str) -> Snapshot:
+    """The snapshot of clusters whose provider cannot be asked now: every one unknown, with
+    why (a run's one plugin down, or a member of several: orchestrator.pipeline.multi)."""
+    return Snapshot({}, unknown=dict.fromkeys(cluster_ids, why))
 
 
 #: ClusterObs's fields, in order (for `_with`).

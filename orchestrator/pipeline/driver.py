@@ -51,7 +51,7 @@ from orchestrator.engine.decide import (
 )
 from orchestrator.engine.health import due_in, record
 from orchestrator.engine.index import FULL_EVERY, FULL_SECONDS, RunIndex
-from orchestrator.engine.observations import ClusterObs, OpObs, Snapshot
+from orchestrator.engine.observations import ClusterObs, OpObs, Snapshot, unreachable_snapshot
 from orchestrator.engine.transitions import ClusterChange
 
 __all__ = [
@@ -205,6 +205,9 @@ class StepResult:
     requeue_after: float | None = None
     #: The ClusterUpgrade status writes that took effect, in the order they did.
     changes: list[ClusterChange] = field(default_factory=list)
+    #: Why the provider could not be asked for the inventory this pass (None: it answered).
+    #: Its clusters were unknown (`unreachable_snapshot`): the run is Degraded meanwhile.
+    unreachable: CallError | None = None
 
     @property
     def writes(self) -> int:
@@ -357,7 +360,17 @@ class RunDriver:
         ids: Sequence[str] = index.ids
         if floors:
             ids = [*ids, *sorted({cid for f in floors for cid in f.members} - index.members)]
-        snapshot = self.provider.snapshot(ids)
+        unreachable: CallError | None = None
+        try:
+            snapshot = self.provider.snapshot(ids)
+        except CallError as err:
+            # A provider that cannot be asked (a run's one plugin; a member of several is
+            # answered for by orchestrator.pipeline.multi the same way) leaves the pass to go
+            # on with its clusters unknown: nothing is decided on them, and a step in flight
+            # fails at its bound (invariant 4; simulation seeds 81718, 85618: an aborted pass
+            # left a cluster out of service past it for as long as the plugin was down).
+            unreachable = err
+            snapshot = unreachable_snapshot(ids, f"its plugin is unavailable ({err.code})")
         self._full_pass(index, uid, upgrades, snapshot, held_by, now)
         upgrades, health_changed = self._evaluate_clusters(spec, upgrades, snapshot, now)
         stages = self._evaluate_stages(key, spec, upgrades, stages, snapshot, now)
@@ -396,6 +409,7 @@ class RunDriver:
         self.unrecorded_failures -= p.written & health_changed.keys()
         self._act(p)
         self._start_hooks(p)
+        p.result.unreachable = unreachable
         return self._settle(p)
 
     def _index(

@@ -253,6 +253,62 @@ def test_unreachable_plugin_marks_degraded_then_recovers(
         assert run_cond["status"] == "False"
 
 
+def test_a_plugin_down_mid_run_fails_the_step_in_flight_at_its_bound(
+    control_plane: KubeCluster,
+    namespace: str,
+    tmp_path: Path,
+    orchestrator: OrchestratorProcess,
+) -> None:
+    """Invariant 4 with the run's one plugin gone while a cluster is out of service
+    (simulation seeds 81718, 85618): the run is Degraded, nothing else is started, and the
+    cluster's step fails at its bound, saying why; it is not left in its step for as long as
+    the plugin stays down."""
+    port = free_port()
+    slow = fleet(3)
+    slow["defaults"]["stepSeconds"]["controlPlane"] = 8.0
+    cvs = CV(control_plane, namespace)
+    ids = ["cluster-00", "cluster-01", "cluster-02"]
+    body = cluster_version("fleet", f"127.0.0.1:{port}", ids, 2, timeouts={"controlPlane": "20s"})
+    with simulated_fleet(tmp_path, slow, NEW, listen=f"127.0.0.1:{port}"):
+        cvs.create(body)
+
+        def upgrading() -> str | None:
+            for cid, o in cvs.upgrades("fleet").items():
+                if (o.get("status") or {}).get("phase") == "UpgradingControlPlane":
+                    return cid
+            return None
+
+        cid = wait_for("a control plane upgrading", upgrading, timeout=60, interval=0.1)
+    # The plugin is gone, its operation with it.
+    gone_at = time.monotonic()
+
+    def run_degraded() -> dict[str, Any] | None:
+        run = cvs.current_run("fleet") or {}
+        conds = (run.get("status") or {}).get("conditions") or []
+        found = next((c for c in conds if c["type"] == "Degraded"), None)
+        return found if found and found["status"] == "True" else None
+
+    cond = wait_for("the run Degraded", run_degraded, timeout=30, interval=0.2)
+    assert cond["reason"] == "PluginUnavailable"
+    assert f"127.0.0.1:{port}" in cond["message"] and "UNAVAILABLE" in cond["message"]
+
+    def failed() -> dict[str, Any] | None:
+        st = cvs.upgrade("fleet", cid).get("status") or {}
+        return st if st.get("phase") == "Failed" else None
+
+    st = wait_for("the step failed at its bound", failed, timeout=60, interval=0.5)
+    assert st["reason"] == "ProviderUnavailable"
+    assert "did not answer within the step's bound" in st["message"]
+    assert st["step"] == "controlPlane"  # still ours to bring back: a retry carries it on
+    assert time.monotonic() - gone_at < 45
+    others = {
+        c: (o.get("status") or {}).get("phase", "Pending")
+        for c, o in cvs.upgrades("fleet").items()
+        if c != cid
+    }
+    assert set(others.values()) <= {"Pending"}, others
+
+
 def test_events_record_each_clusters_start_and_end(
     control_plane: KubeCluster,
     namespace: str,

@@ -854,6 +854,9 @@ class World:
         if multi is not None and multi.down:
             # The product's run is Degraded, naming them (multi.degraded_message).
             self.log(f"{rep.name} {key}: degraded: {', '.join(sorted(multi.down))} unavailable")
+        if result.unreachable is not None:
+            # The product's run is Degraded (PluginUnavailable); its clusters were unknown.
+            self.log(f"{rep.name} {key}: degraded: {result.unreachable}")
         if d.calls or d.changed:
             self.log(
                 f"{rep.name} {key}: {len(d.changed)} written, "

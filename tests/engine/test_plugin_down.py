@@ -1,0 +1,95 @@
+"""A run's one plugin down (simulation seeds 81718, 85618): the pass goes on with the run's
+clusters unknown, so nothing is decided on them and a step in flight fails at its bound
+(invariant 4), as a member of several does (tests/engine/test_multi_provider.py). Before, a
+failed inventory read aborted the whole pass, and a cluster stayed out of service past its
+bound for as long as the plugin was down."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from orchestrator import api
+from orchestrator.engine.decide import PROVIDER_UNAVAILABLE, Call, Preflight
+from orchestrator.engine.observations import OpKind, OpObs, Snapshot
+from orchestrator.pipeline.driver import CallError
+from orchestrator.pipeline.simulate import ModelFleet
+from tests.engine.model import Harness, as_run_spec, make_fleet, spec_for
+
+U = api.UpgradePhase
+DOWN = CallError("UNAVAILABLE", "connection refused", True)
+
+
+@dataclass
+class Down:
+    """The plugin, unreachable: every question fails."""
+
+    fleet: ModelFleet
+
+    @property
+    def supports_preflight(self) -> bool:
+        return False
+
+    def snapshot(self, cluster_ids: Sequence[str]) -> Snapshot:
+        raise DOWN
+
+    def preflight(self, cluster_id: str, version: str, pools: Mapping[str, str]) -> Preflight:
+        raise DOWN
+
+    def call(self, call: Call) -> OpObs:
+        raise DOWN
+
+
+def _upgrading(required: int = 3) -> tuple[Harness, str]:
+    """A run of 4 clusters, one at a time, stopped with a cluster upgrading its control plane
+    (bound 5 minutes)."""
+    fleet = make_fleet(4)
+    spec = spec_for(fleet, "1.29.1", required, _timeouts={"controlPlane": "5m"})
+    h = Harness(fleet, as_run_spec(spec))
+    assert h.run(until=lambda h: U.UPGRADING_CONTROL_PLANE in h.phases().values())
+    cid = next(c for c, p in h.phases().items() if p == U.UPGRADING_CONTROL_PLANE)
+    return h, cid
+
+
+def _advance(h: Harness, seconds: float) -> None:
+    """Step every 10 simulated seconds (the plugin's operations do not end while it is down:
+    the fleet is not advanced)."""
+    end = h.fleet.now + seconds
+    while h.fleet.now < end:
+        h.fleet.now += 10.0
+        h.step()
+
+
+def test_a_step_in_flight_waits_for_the_plugin_then_fails_within_its_bound() -> None:
+    h, cid = _upgrading()
+    started = list(h.fleet.started_steps)
+    h.driver.provider = Down(h.fleet)
+    _advance(h, 60)
+    st = h.by_cluster()[cid]
+    # Within its bound: neither failed nor taken for gone; it says what it waits for.
+    assert st.phase == U.UPGRADING_CONTROL_PLANE
+    assert "waiting for its provider (counted as unavailable)" in (st.message or "")
+    assert "its plugin is unavailable (UNAVAILABLE)" in (st.message or "")
+    assert h.last is not None and h.last.unreachable is DOWN
+    _advance(h, 300)
+    st = h.by_cluster()[cid]
+    assert (st.phase, st.reason) == (U.FAILED, PROVIDER_UNAVAILABLE)
+    assert "did not answer within the step's bound" in (st.message or "")
+    # Nothing was asked of it meanwhile, and no other cluster was taken out.
+    assert h.fleet.started_steps == started
+    assert [c for c, p in h.phases().items() if p in (U.PENDING,)] == [
+        c for c in sorted(h.fleet.clusters) if c != cid and not h.steps_of(c)
+    ]
+
+
+def test_pending_clusters_are_not_started_while_the_plugin_is_down_and_go_on_after() -> None:
+    h, cid = _upgrading(required=3)
+    h.driver.provider = Down(h.fleet)
+    _advance(h, 30)
+    # The one in flight finishes its steps once the plugin answers; nothing new began before.
+    assert {c for c, *_ in h.fleet.started_steps} == {cid}
+    h.driver.provider = h.fleet
+    assert h.run()
+    assert h.phase == api.RunPhase.SUCCEEDED
+    assert set(h.phases().values()) == {U.UPGRADED}
+    assert all(OpKind.SERVICE_IN in h.steps_of(c) for c in h.fleet.clusters)
