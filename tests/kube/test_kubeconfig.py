@@ -10,6 +10,8 @@ import base64
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,16 @@ print(json.dumps({
 """
 
 
+@contextmanager
+def _client(path: str | None, context: str | None = None) -> Iterator[KubeClient]:
+    """A client of the adapter from a kubeconfig (None: in-cluster), closed after."""
+    kube = KubeClient(path, context=context)
+    try:
+        yield kube
+    finally:
+        kube.close()
+
+
 def test_run_reaches_the_apiserver_without_the_kubernetes_package(
     control_plane: KubeCluster, namespace: str
 ) -> None:
@@ -67,11 +79,8 @@ def test_run_reaches_the_apiserver_without_the_kubernetes_package(
     ).stdout
     result = json.loads(out)
     assert result == {"listed": ["probe"], "lease": None, "loaded": []}
-    kube = KubeClient(str(control_plane.kubeconfig))
-    try:
+    with _client(str(control_plane.kubeconfig)) as kube:
         assert kube.get_object(CU, namespace, "probe")["status"] == {"phase": "Verifying"}
-    finally:
-        kube.close()
 
 
 def _admin(control_plane: KubeCluster) -> tuple[str, str, str]:
@@ -112,8 +121,7 @@ def test_a_named_context_with_an_inline_ca_and_a_token_file_read_again_when_it_r
     doc["contexts"].append({"name": "bad", "context": {"cluster": "bad", "user": "bad"}})
     doc["current-context"] = "bad"
     path = _write(tmp_path / "kubeconfig", doc)
-    kube = KubeClient(path, context="good")
-    try:
+    with _client(path, context="good") as kube:
         with pytest.raises(KubeError) as refused:
             kube.list_objects(CU, namespace)
         assert refused.value.status == 401
@@ -122,8 +130,6 @@ def test_a_named_context_with_an_inline_ca_and_a_token_file_read_again_when_it_r
         (tmp_path / "token").write_text(token + "\n")
         kube.create_object(CU, namespace, upgrade_body("rotated"))
         assert [o["metadata"]["name"] for o in kube.list_objects(CU, namespace)[0]] == ["rotated"]
-    finally:
-        kube.close()
 
 
 def test_tls_server_name_is_the_name_the_certificate_is_checked_for(
@@ -135,45 +141,36 @@ def test_tls_server_name_is_the_name_the_certificate_is_checked_for(
         {"certificate-authority": ca, "tls-server-name": "kubernetes.default.svc"},
         {"token": token},
     )
-    kube = KubeClient(_write(tmp_path / "good", good))
-    try:
+    with _client(_write(tmp_path / "good", good)) as kube:
         assert kube.list_objects(CU, namespace)[0] == []
-    finally:
-        kube.close()
     wrong = _one(
         server,
         {"certificate-authority": ca, "tls-server-name": "not-the-apiserver.example"},
         {"token": token},
     )
-    kube = KubeClient(_write(tmp_path / "wrong", wrong))
-    try:
+    with _client(_write(tmp_path / "wrong", wrong)) as kube:
         with pytest.raises(KubeError) as refused:
             kube.list_objects(CU, namespace)
         assert refused.value.status == 0 and "not-the-apiserver.example" in str(refused.value)
         assert token not in str(refused.value)
-    finally:
-        kube.close()
 
 
 def test_without_its_ca_the_server_is_refused_unless_verification_is_skipped(
     control_plane: KubeCluster, namespace: str, tmp_path: Path
 ) -> None:
     token, server, _ = _admin(control_plane)
-    unverified = KubeClient(_write(tmp_path / "no-ca", _one(server, {}, {"token": token})))
-    try:
+    with _client(_write(tmp_path / "no-ca", _one(server, {}, {"token": token}))) as unverified:
         with pytest.raises(KubeError) as refused:
             unverified.list_objects(CU, namespace)
         assert refused.value.status == 0 and "CERTIFICATE_VERIFY_FAILED" in str(refused.value)
-    finally:
-        unverified.close()
     doc = _one(server, {"insecure-skip-tls-verify": True}, {"token": token})
-    skipping = KubeClient(_write(tmp_path / "insecure", doc))
-    try:
-        with pytest.warns(InsecureRequestWarning):  # urllib3 says so, as it did before
-            skipping.create_object(CU, namespace, upgrade_body("unverified"))
-            assert skipping.get_object(CU, namespace, "unverified")["spec"]["clusterId"]
-    finally:
-        skipping.close()
+    # urllib3 warns of the unverified request, as it did before.
+    with (
+        _client(_write(tmp_path / "insecure", doc)) as skipping,
+        pytest.warns(InsecureRequestWarning),
+    ):
+        skipping.create_object(CU, namespace, upgrade_body("unverified"))
+        assert skipping.get_object(CU, namespace, "unverified")["spec"]["clusterId"]
 
 
 def test_in_cluster_the_service_account_token_and_ca_are_used_and_the_token_reread(
@@ -189,16 +186,13 @@ def test_in_cluster_the_service_account_token_and_ca_are_used_and_the_token_rere
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
-    kube = KubeClient(None)
-    try:
+    with _client(None) as kube:
         with pytest.raises(KubeError) as refused:
             kube.list_objects(CU, namespace)
         assert refused.value.status == 401
         (mounted / "token").write_text(token)
         kube.create_object(CU, namespace, upgrade_body("in-cluster"))
         assert kube.get_object(CU, namespace, "in-cluster")["metadata"]["name"] == "in-cluster"
-    finally:
-        kube.close()
 
 
 @pytest.mark.parametrize(
@@ -245,8 +239,5 @@ def test_files_listed_in_kubeconfig_merge_the_first_naming_an_entry_wins(
     second = _one("https://127.0.0.1:1", {}, {"token": "other"})
     second["current-context"] = "other"
     paths = [_write(tmp_path / "first", first), _write(tmp_path / "second", second)]
-    kube = KubeClient(":".join([*paths, str(tmp_path / "absent")]))
-    try:
+    with _client(":".join([*paths, str(tmp_path / "absent")])) as kube:
         assert kube.list_objects(api.CLUSTER_UPGRADE_PLURAL, namespace)[0] == []
-    finally:
-        kube.close()
