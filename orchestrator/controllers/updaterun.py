@@ -735,10 +735,12 @@ class UpdateRunController:
         return obj
 
     def _held(self, obj: Mapping[str, Any]) -> deletion.Holds:
-        """What of the run's clusters (its ClusterUpgrades as cached) holds its deletion."""
+        """What of the run's clusters (its ClusterUpgrades as cached) holds its deletion, under
+        its failedClusterPolicy."""
         meta = obj["metadata"]
         upgrades = self._children(meta["namespace"], meta["name"]).upgrades.values()
-        return deletion.holds((u.cluster_id, u.status) for u in upgrades)
+        policy = _failed_cluster_policy(self._specs.parse(api.UpdateRunSpec, obj))
+        return deletion.holds(((u.cluster_id, u.status) for u in upgrades), policy)
 
     def _deleting_message(self, obj: Mapping[str, Any]) -> str:
         waiting = self._held(obj).waiting

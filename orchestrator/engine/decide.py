@@ -78,6 +78,7 @@ __all__ = [
     "Upgrade",
     "Verdict",
     "awaits_checks",
+    "brought_back",
     "call_failed",
     "checks_for",
     "cluster_set_digest",
@@ -1401,6 +1402,20 @@ def awaits_checks(st: api.ClusterUpgradeStatus) -> bool:
     )
 
 
+def brought_back(st: api.ClusterUpgradeStatus, policy: api.FailedClusterPolicy) -> bool:
+    """Whether failedClusterPolicy still brings this Failed cluster back into service: it is
+    being serviced back in (step RECOVER_STEP), or, under ServiceInIfHealthy, it keeps the
+    step of the attempt that may have left it out and its recovery has not given up (it
+    failed this pass, its provider does not answer, or another run holds it: `_recover` acts
+    once it can). The run is not finished and its deletion waits while any is (a run that
+    ended, or went, with one left it out for good: simulation seed 86310)."""
+    if st.phase != U.FAILED or not st.step:
+        return False
+    if st.step == RECOVER_STEP:
+        return True
+    return policy == api.FailedClusterPolicy.SERVICE_IN_IF_HEALTHY and st.step != RECOVER_GAVE_UP
+
+
 def _retriable(st: api.ClusterUpgradeStatus) -> bool:
     return st.phase in (U.FAILED, U.BLOCKED) or (
         st.phase == U.SKIPPED and st.reason in SKIPPED_BY_PEOPLE
@@ -2397,8 +2412,9 @@ def _run_phase(
     total = len(run.inp.upgrades)
     in_flight = counts["in_flight"]
     # A failed cluster being serviced back in (failedClusterPolicy) keeps the run going.
+    policy = run.strategy.failed_cluster_policy
     recovering = sorted(
-        u.cluster_id for u in run.having(U.FAILED) if run.status[u.name].step == RECOVER_STEP
+        u.cluster_id for u in run.having(U.FAILED) if brought_back(run.status[u.name], policy)
     )
     finished = (
         all(s.phase in (api.StagePhase.COMPLETED, api.StagePhase.SKIPPED) for s in stages)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator import api
-from orchestrator.engine.decide import ACTIVE, RECOVER_STEP
+from orchestrator.engine.decide import ACTIVE, brought_back
 
 __all__ = [
     "ORPHAN",
@@ -44,7 +44,7 @@ class Holds:
     waiting: tuple[str, ...]
     #: Cluster ids recorded Failed (or Skipped, Blocked) that their attempt may have left out
     #: of service and that nothing of this run will bring back (failedClusterPolicy KeepOut, a
-    #: recovery that gave up): the run may go, and says so (Event, log).
+    #: recovery that gave up, a cluster gone): the run may go, and says so (Event, log).
     kept_out: tuple[str, ...]
 
 
@@ -84,20 +84,23 @@ def stopping(spec: api.UpdateRunSpec) -> api.UpdateRunSpec:
     return spec.model_copy(update={"state": api.RunState.STOP})
 
 
-def holds(clusters: Iterable[tuple[str, api.ClusterUpgradeStatus]]) -> Holds:
-    """What of a run's clusters (cluster id, ClusterUpgrade status) holds its deletion.
+def holds(
+    clusters: Iterable[tuple[str, api.ClusterUpgradeStatus]], policy: api.FailedClusterPolicy
+) -> Holds:
+    """What of a run's clusters (cluster id, ClusterUpgrade status) holds its deletion, under
+    the run's failedClusterPolicy.
 
     Waiting: every cluster in flight (engine.ACTIVE: out of service or about to be), and every
-    Failed cluster that failedClusterPolicy ServiceInIfHealthy is servicing back in (step
-    RECOVER_STEP; the run counts these as not finished either). Kept out: any other ended
-    attempt that still keeps its `step` (the engine clears it once the cluster is seen back in
-    service): failedClusterPolicy KeepOut, a recovery that gave up, a cluster gone from the
-    inventory or held by another run.
+    Failed cluster that failedClusterPolicy ServiceInIfHealthy is servicing back in or will
+    once it can (engine.decide.brought_back; the run counts these as not finished either).
+    Kept out: any other ended attempt that still keeps its `step` (the engine clears it once
+    the cluster is seen back in service): failedClusterPolicy KeepOut, a recovery that gave up,
+    a cluster gone from the inventory.
     """
     waiting: list[str] = []
     kept_out: list[str] = []
     for cid, st in clusters:
-        if st.phase in ACTIVE or (st.phase == U.FAILED and st.step == RECOVER_STEP):
+        if st.phase in ACTIVE or brought_back(st, policy):
             waiting.append(cid)
         elif st.phase in (U.FAILED, U.SKIPPED, U.BLOCKED) and st.step:
             kept_out.append(cid)

@@ -10,6 +10,8 @@ from orchestrator.engine.decide import ACTIVE, RECOVER_GAVE_UP, RECOVER_STEP
 from orchestrator.pipeline import deletion
 
 U = api.UpgradePhase
+KEEP_OUT = api.FailedClusterPolicy.KEEP_OUT
+SERVICE_IN = api.FailedClusterPolicy.SERVICE_IN_IF_HEALTHY
 
 
 def _st(phase: U, step: str | None = None) -> api.ClusterUpgradeStatus:
@@ -18,25 +20,39 @@ def _st(phase: U, step: str | None = None) -> api.ClusterUpgradeStatus:
 
 @pytest.mark.parametrize("phase", sorted(ACTIVE))
 def test_every_cluster_in_flight_holds_the_deletion(phase: U) -> None:
-    held = deletion.holds([("a", _st(phase, "controlPlane")), ("b", _st(U.UPGRADED))])
+    held = deletion.holds([("a", _st(phase, "controlPlane")), ("b", _st(U.UPGRADED))], KEEP_OUT)
     assert held == deletion.Holds(waiting=("a",), kept_out=())
 
 
 def test_a_failed_cluster_being_serviced_back_in_holds_it() -> None:
-    held = deletion.holds([("a", _st(U.FAILED, RECOVER_STEP))])
+    held = deletion.holds([("a", _st(U.FAILED, RECOVER_STEP))], SERVICE_IN)
     assert held == deletion.Holds(waiting=("a",), kept_out=())
 
 
+@pytest.mark.parametrize("step", ["serviceIn", "controlPlane", "nodePool/workers"])
+def test_a_failed_cluster_the_policy_will_still_bring_back_holds_it(step: str) -> None:
+    """Simulation seed 86310: a service-in refused while the run was being deleted left the
+    cluster Failed with its step; ServiceInIfHealthy services it back in on the next pass (or
+    once its provider answers), so the run waits for it instead of letting it go out of
+    service. Under KeepOut the same record is kept out, as the policy says."""
+    failed = [("a", _st(U.FAILED, step)), ("b", _st(U.UPGRADED))]
+    assert deletion.holds(failed, SERVICE_IN) == deletion.Holds(waiting=("a",), kept_out=())
+    assert deletion.holds(failed, KEEP_OUT) == deletion.Holds(waiting=(), kept_out=("a",))
+
+
 @pytest.mark.parametrize(
-    ("phase", "step"),
+    ("phase", "step", "policy"),
     [
-        (U.FAILED, "controlPlane"),  # failedClusterPolicy KeepOut
-        (U.FAILED, RECOVER_GAVE_UP),  # ServiceInIfHealthy gave up
-        (U.SKIPPED, "nodePool/workers"),  # left the inventory mid-upgrade
+        (U.FAILED, "controlPlane", KEEP_OUT),
+        (U.FAILED, RECOVER_GAVE_UP, SERVICE_IN),  # ServiceInIfHealthy gave up
+        (U.SKIPPED, "nodePool/workers", SERVICE_IN),  # left the inventory mid-upgrade
+        (U.SKIPPED, "nodePool/workers", KEEP_OUT),
     ],
 )
-def test_an_ended_attempt_that_may_keep_its_cluster_out_is_kept_out(phase: U, step: str) -> None:
-    held = deletion.holds([("a", _st(phase, step)), ("b", _st(U.PENDING))])
+def test_an_ended_attempt_that_may_keep_its_cluster_out_is_kept_out(
+    phase: U, step: str, policy: api.FailedClusterPolicy
+) -> None:
+    held = deletion.holds([("a", _st(phase, step)), ("b", _st(U.PENDING))], policy)
     assert held == deletion.Holds(waiting=(), kept_out=("a",))
 
 
@@ -51,7 +67,8 @@ def test_an_ended_attempt_that_may_keep_its_cluster_out_is_kept_out(phase: U, st
     ],
 )
 def test_clusters_in_service_hold_nothing(status: api.ClusterUpgradeStatus) -> None:
-    assert deletion.holds([("a", status)]) == deletion.Holds(waiting=(), kept_out=())
+    for policy in api.FailedClusterPolicy:
+        assert deletion.holds([("a", status)], policy) == deletion.Holds(waiting=(), kept_out=())
 
 
 def test_a_run_being_deleted_is_driven_as_stopped() -> None:

@@ -93,3 +93,35 @@ def test_pending_clusters_are_not_started_while_the_plugin_is_down_and_go_on_aft
     assert h.phase == api.RunPhase.SUCCEEDED
     assert set(h.phases().values()) == {U.UPGRADED}
     assert all(OpKind.SERVICE_IN in h.steps_of(c) for c in h.fleet.clusters)
+
+
+def test_under_service_in_if_healthy_a_failure_while_down_is_brought_back_once_it_answers() -> None:
+    """The last cluster's step fails at its bound while the plugin is down, the other one done:
+    within the failure budget the run would end Failed and never be looked at again, leaving
+    the cluster out. failedClusterPolicy ServiceInIfHealthy brings it back once the plugin
+    answers, so the run does not end before (engine.decide.brought_back)."""
+    fleet = make_fleet(2)
+    spec = spec_for(
+        fleet,
+        "1.29.1",
+        1,
+        failedClusterPolicy="ServiceInIfHealthy",
+        maxFailures=1,
+        _timeouts={"controlPlane": "5m"},
+    )
+    h = Harness(fleet, as_run_spec(spec))
+    assert h.run(
+        until=lambda h: sorted(h.phases().values()) == [U.UPGRADED, U.UPGRADING_CONTROL_PLANE]
+    )
+    cid = next(c for c, p in h.phases().items() if p == U.UPGRADING_CONTROL_PLANE)
+    h.driver.provider = Down(h.fleet)
+    _advance(h, 400)
+    st = h.by_cluster()[cid]
+    assert (st.phase, st.reason) == (U.FAILED, PROVIDER_UNAVAILABLE)
+    assert not fleet.clusters[cid].in_service
+    assert h.phase not in api.FINISHED_PHASES  # still the run's to bring back
+    h.driver.provider = h.fleet
+    assert h.run()
+    assert fleet.clusters[cid].in_service
+    assert h.by_cluster()[cid].phase == U.FAILED  # it stays Failed; it is back in service
+    assert h.phase == api.RunPhase.FAILED

@@ -15,6 +15,7 @@ from orchestrator import api
 from orchestrator.engine import windows
 from orchestrator.engine.decide import (
     ACTIVE,
+    RECOVER_GAVE_UP,
     RECOVER_STEP,
     SKIPPED_BY_PEOPLE,
     Call,
@@ -102,10 +103,19 @@ class Monitor:
 
     def _grant_grace(self, run: str) -> None:
         """Precondition of the floor: what was out (or on its way out) because of us when a run
-        was pinned or its floor raised was decided before that floor bound anyone; it counts
-        against the floor once it is back and free."""
-        active = self.w.api.active
-        grace = {c for c in self.members[run] if self._cause(c) == "ours" or active.get(c)}
+        was pinned or its floor raised was decided before that floor bound anyone, a cluster
+        away from the inventory then included; it counts against the floor once it is back and
+        free."""
+        active, clusters = self.w.api.active, self.w.fleet.clusters
+        grace = {
+            c
+            for c in self.members[run]
+            if self._cause(c) == "ours"
+            or active.get(c)
+            # Out of service because of a run, though away from the inventory now: taken
+            # out before this floor bound anyone, it counts once back and free (seed 87178).
+            or (not clusters[c].in_service and clusters[c].out_by not in (None, ADVERSARY))
+        }
         if grace:
             self.grace[run] = grace
 
@@ -194,7 +204,29 @@ class Monitor:
         failedClusterPolicy KeepOut, a recovery that gave up), which the controller names in a
         Warning Event. Those are let go; any other cluster still out because of it is stranded."""
         w = self.w
+        obj = w.api.runs[run]
+        policy = (obj.spec.strategy or api.Strategy()).failed_cluster_policy
         for cid in kept_out:
+            c = w.fleet.clusters.get(cid)
+            key = self.up_key.get((run, cid))
+            up = w.api.upgrades.get(key) if key is not None else None
+            out = c is not None and not c.in_service and not c.deleted and c.out_by == run
+            if (
+                out
+                and up is not None
+                and policy == api.FailedClusterPolicy.SERVICE_IN_IF_HEALTHY
+                and up.upgrade.status.phase == U.FAILED
+                and up.upgrade.status.step != RECOVER_GAVE_UP
+            ):
+                # The policy brings a Failed cluster back once it can (unless its recovery
+                # gave up): nothing explicit keeps this one out, so letting it go strands it.
+                raise Violation(
+                    "4 never stranded",
+                    f"{cid} is out of service because of {run}, which was deleted and let it "
+                    f"go as kept out ({up.upgrade.status.reason}, step "
+                    f"{up.upgrade.status.step}), though failedClusterPolicy "
+                    "ServiceInIfHealthy brings it back",
+                )
             self.let_go.add((run, cid))
         for cid in sorted(w.fleet.out_set):
             c = w.fleet.clusters[cid]

@@ -771,8 +771,9 @@ class World:
         """A run being deleted goes, its ClusterUpgrades with it (garbage collector), once
         nothing of it holds its finalizer (orchestrator.pipeline.deletion.holds, as the controller
         asks)."""
+        policy = (self.api.runs[key].spec.strategy or api.Strategy()).failed_cluster_policy
         held = deletion.holds(
-            (o.upgrade.cluster_id, o.upgrade.status) for o in self.api.upgrades_of(key)
+            ((o.upgrade.cluster_id, o.upgrade.status) for o in self.api.upgrades_of(key)), policy
         )
         if held.waiting:
             return
