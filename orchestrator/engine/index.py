@@ -232,12 +232,11 @@ class RunIndex:
     rank: dict[str, int] = field(default_factory=dict)
     by_stage: dict[int, list[Upgrade]] = field(default_factory=dict)
     stage_start: dict[int, int] = field(default_factory=dict)
-    #: The run's cluster ids (its own floor's members), cluster id → ClusterUpgrade name and back.
+    #: The run's cluster ids (its own floor's members), and cluster id → ClusterUpgrade name.
     members: frozenset[str] = frozenset()
     #: The run's cluster ids in the input's order (what the driver asks the provider about).
     ids: tuple[str, ...] = ()
     name_of: dict[str, str] = field(default_factory=dict)
-    cluster_of: dict[str, str] = field(default_factory=dict)
     phases: Phases = field(default_factory=Phases)
     #: The members by stage index, as sets of names.
     stage_names: dict[int, frozenset[str]] = field(default_factory=dict)
@@ -541,7 +540,6 @@ class RunIndex:
         self.stage_names = {i: frozenset(u.name for u in m) for i, m in self.by_stage.items()}
         self.stage_start = {i: self.rank[m[0].name] for i, m in self.by_stage.items()}
         self.name_of = {u.cluster_id: u.name for u in upgrades.values()}
-        self.cluster_of = {u.name: u.cluster_id for u in upgrades.values()}
         self.members = frozenset(self.name_of)
         self.ids = tuple(self.name_of)
         self.phases = Phases()

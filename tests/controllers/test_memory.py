@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 from typing import Any
 
 import orjson
@@ -14,12 +15,14 @@ from pydantic import ValidationError
 
 from fleetupgrade.plugin.v1 import cluster_pb2
 from orchestrator import api
-from orchestrator.adapters.cache import SHARED_MAX, ObjectCache, lean
+from orchestrator.adapters import cache as cache_module
+from orchestrator.adapters.cache import SHARED_MAX, ObjectCache, lean, settle_heap
 from orchestrator.adapters.provider import OperationTracker, cluster_from_pb, op_from_pb
 from orchestrator.controllers.kept import NOT_STARTED, Children, parse_status
 from orchestrator.controllers.updaterun import upgrade_from_obj
 from orchestrator.engine.decide import Upgrade
 from orchestrator.engine.observations import ClusterObs, OpKind, OpObs, OpState, PoolObs
+from orchestrator.pipeline.crossrun import holding_of
 
 
 def _upgrade(name: str, rv: int, message: str = "") -> dict[str, object]:
@@ -240,3 +243,39 @@ def test_a_cluster_named_by_one_clusterupgrade_keeps_a_name_and_by_several_each_
     assert children.differences(fresh) == []
     children.drop("c")
     assert children.own_by == {} and children.own == {}
+
+
+def test_holdings_of_one_run_and_provider_share_their_strings() -> None:
+    a, b = _upgrade("a", 1), _upgrade("b", 2)
+    for obj in (a, b):
+        obj["spec"]["providerId"] = "".join(["sim/", "fleet-1"])  # type: ignore[index]
+    ha, hb = holding_of(a, {}), holding_of(b, {})
+    assert ha.run == "team-a/run-1" and ha.provider == "sim/fleet-1"
+    assert ha.run is hb.run and ha.provider is hb.provider
+    assert (ha.cluster_id, hb.cluster_id) == ("cluster-a", "cluster-b")
+    # The endpoint fallback (no providerId pinned) is shared alike.
+    del a["spec"]["providerId"], b["spec"]["providerId"]  # type: ignore[attr-defined]
+    fa, fb = holding_of(a, {}), holding_of(b, {})
+    assert fa.provider == "endpoint/127.0.0.1:9090" and fa.provider is fb.provider
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status", encoding="ascii") as status:
+        line = next(x for x in status if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+@pytest.mark.skipif(cache_module._MALLOC_TRIM is None, reason="not glibc: no malloc_trim")
+def test_settling_the_heap_gives_mallocs_free_memory_back_and_keeps_what_lives() -> None:
+    # 2 KB objects go to malloc, not Python's small-object allocator; one in 16 kept alive
+    # scatters the freed space through malloc's heap, where it used to stay resident.
+    blocks = [bytes(2000) + bytes([i % 251]) for i in range(20_000)]
+    kept = blocks[::16]
+    del blocks
+    gc.collect()
+    before = _rss_mib()
+    settle_heap()
+    after = _rss_mib()
+    assert before - after >= 16, (before, after)  # ~37 MB were freed
+    assert [b[-1] for b in kept] == [(i * 16) % 251 for i in range(len(kept))]
+    assert gc.get_freeze_count() > 0
