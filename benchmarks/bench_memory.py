@@ -14,7 +14,8 @@ Two parts:
   long-lived structures the orchestrator keeps for such a run are built as the controllers
   build them, from wire-shaped input (JSON bytes decoded by orjson as adapters.kube does,
   contract protobufs as the plugin sends them): the ClusterUpgrade cache (ObjectCache, lean),
-  the UpdateRun controller's parsed Upgrades, the inventory's converted rows
+  the UpdateRun controller's kept state (the run's parsed Upgrades, every ClusterUpgrade's
+  holding), the inventory's converted rows
   (GrpcProvider.converted), the operation tracker, the run's RunIndex, and the ClusterVersion
   and UpdateRun objects with their parsed specs. Each structure is charged the objects it
   reaches that no structure before it reached (a shared string is charged once), and
@@ -199,16 +200,17 @@ class _Plugin:
 
 class _Store:
     """The UpdateRun controller's side: the ClusterUpgrade cache fed by write answers (as
-    _KubeStore), the objects parsed per resourceVersion (as kept.Children)."""
+    _KubeStore), kept as the controller keeps it (kept.KeptUpgrades: every ClusterUpgrade's
+    holding, the run's Children with the objects parsed per resourceVersion)."""
 
     def __init__(self, upgrades: Iterable[Any]) -> None:
         from orchestrator.adapters.cache import ObjectCache  # noqa: PLC0415
+        from orchestrator.controllers.kept import KeptUpgrades  # noqa: PLC0415
+        from orchestrator.controllers.updaterun import upgrade_from_obj  # noqa: PLC0415
 
         self.cache = ObjectCache(None, api.CLUSTER_UPGRADE_PLURAL, None, index_label=api.LABEL_RUN)  # type: ignore[arg-type]
-        from orchestrator.controllers.kept import Children  # noqa: PLC0415
-
-        #: The run's ClusterUpgrades as the controller keeps them (kept.KeptUpgrades.children).
-        self.children = Children()
+        #: No plugin identity learned (the ClusterUpgrades pin theirs).
+        self.kept = KeptUpgrades(self.cache, dict, upgrade_from_obj)
         self.rv = 1000
         owner = {
             "apiVersion": api.API_VERSION,
@@ -228,15 +230,17 @@ class _Store:
             }
             self.cache.put(_wire(obj))
 
-    def upgrades(self) -> dict[str, Any]:
-        """The run's upgrades as the UpdateRun controller parses them: kept.Children.put with
-        the controller's upgrade_from_obj (again only when an object's resourceVersion moved)."""
-        from orchestrator.controllers.updaterun import upgrade_from_obj  # noqa: PLC0415
+    @property
+    def children(self) -> Any:
+        """The run's kept.Children."""
+        return self.kept.children("bench", "bench-1")
 
-        out = {o["metadata"]["name"]: o for o in self.cache.by_label("bench", "bench-1")}
-        for name in sorted(out):
-            self.children.put(name, out[name], upgrade_from_obj)
-        return {name: self.children.upgrades[name] for name in sorted(out)}
+    def upgrades(self) -> dict[str, Any]:
+        """The run's upgrades as the UpdateRun controller has them: the kept state synced with
+        the cache (parsed again only where an object's resourceVersion moved), by name."""
+        self.kept.sync()
+        upgrades = self.children.upgrades
+        return {name: upgrades[name] for name in sorted(upgrades)}
 
     def write_upgrade_status(self, upgrade: Any, status: api.ClusterUpgradeStatus) -> None:
         old = self.cache.get("bench", upgrade.name)
@@ -335,6 +339,7 @@ def structures(count: int) -> tuple[list[tuple[str, Any]], _Store, _Plugin]:
         [
             ("ClusterUpgrade cache (ObjectCache: lean dicts)", store.cache),
             ("parsed Upgrades (kept.Children of the run)", store.children),
+            ("holdings (kept.KeptUpgrades.holdings: crossrun.HoldingIndex)", store.kept.holdings),
             ("inventory rows (GrpcProvider.converted: ClusterObs by wire bytes)", plugin.converted),
             (f"operation tracker ({len(plugin.fleet.ops)} operations)", plugin.tracker),
             ("the run's RunIndex", driver.index),

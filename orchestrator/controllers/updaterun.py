@@ -27,7 +27,7 @@ from orchestrator.adapters.metrics import Metrics
 from orchestrator.adapters.notify import Notifier
 from orchestrator.adapters.provider import OperationTracker, PluginPool
 from orchestrator.adapters.secrets import SecretError, TLSResolver
-from orchestrator.controllers.kept import Children, KeptUpgrades
+from orchestrator.controllers.kept import Children, KeptUpgrades, parse_status
 from orchestrator.controllers.reach import Reached, RunPlugins, Unreached
 from orchestrator.engine.access import Access
 from orchestrator.engine.conditions import (
@@ -93,7 +93,7 @@ def upgrade_from_obj(obj: Mapping[str, Any], spec: api.ClusterUpgradeSpec | None
     has not changed since: kept.Children.put)."""
     status = obj.get("status") or {}
     try:
-        st = api.ClusterUpgradeStatus.model_validate(status)
+        st = parse_status(status)
     except ValidationError:
         log.warning("status of ClusterUpgrade %s does not parse; starting over", obj["metadata"])
         st = api.ClusterUpgradeStatus()

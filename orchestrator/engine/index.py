@@ -84,8 +84,9 @@ class Phases:
     )
     per_stage: Counter[tuple[int, api.UpgradePhase]] = field(default_factory=Counter)
     refused: set[str] = field(default_factory=set)
-    #: The Pending ones by reason (what they wait for).
-    pending: dict[str | None, set[str]] = field(default_factory=dict)
+    #: The Pending ones by reason (what they wait for; those with none are not kept apart:
+    #: no one asks for them, and at 10,000 clusters they are most of the run).
+    pending: dict[str, set[str]] = field(default_factory=dict)
     #: The cluster ids of those in an ACTIVE phase (held by the run: down for every floor),
     #: and their names.
     held: set[str] = field(default_factory=set)
@@ -118,7 +119,7 @@ class Phases:
             self.by_phase[was].discard(name)
             per_stage[(stage, was)] -= 1
             self.refused.discard(name)
-            if was == _U.PENDING:
+            if was == _U.PENDING and old.reason is not None:
                 self.pending.get(old.reason, set()).discard(name)
             elif was in ACTIVE:
                 cid = u.cluster_id
@@ -132,7 +133,7 @@ class Phases:
             per_stage[(stage, now)] += 1
             if now == _U.BLOCKED and new.reason == "Refused":
                 self.refused.add(name)
-            elif now == _U.PENDING:
+            elif now == _U.PENDING and new.reason is not None:
                 self.pending.setdefault(new.reason, set()).add(name)
             elif now in ACTIVE:
                 cid = u.cluster_id
@@ -225,15 +226,17 @@ class RunIndex:
     #: names, and name → rank.
     names: list[str] = field(default_factory=list)
     in_rank: dict[str, int] = field(default_factory=dict)
-    #: The engine's order (stage index, cluster id): name → rank; and members by stage index.
+    #: The engine's order (stage index, cluster id): name → rank; and members by stage index,
+    #: the very objects of `seen` (`_keep`: no older copy outlives a status change, issue 21's
+    #: memory), each stage's members a run of ranks starting at `stage_start`.
     rank: dict[str, int] = field(default_factory=dict)
     by_stage: dict[int, list[Upgrade]] = field(default_factory=dict)
-    #: The run's cluster ids (its own floor's members), cluster id → ClusterUpgrade name and back.
+    stage_start: dict[int, int] = field(default_factory=dict)
+    #: The run's cluster ids (its own floor's members), and cluster id → ClusterUpgrade name.
     members: frozenset[str] = frozenset()
     #: The run's cluster ids in the input's order (what the driver asks the provider about).
     ids: tuple[str, ...] = ()
     name_of: dict[str, str] = field(default_factory=dict)
-    cluster_of: dict[str, str] = field(default_factory=dict)
     phases: Phases = field(default_factory=Phases)
     #: The members by stage index, as sets of names.
     stage_names: dict[int, frozenset[str]] = field(default_factory=dict)
@@ -332,7 +335,7 @@ class RunIndex:
                 return
         for name, u in changed:
             old = seen[name]
-            seen[name] = u
+            self._keep(old, u)
             if old.status is not u.status:
                 phases.move(u, old.status, u.status)
                 self.waiting.pop(name, None)
@@ -460,11 +463,18 @@ class RunIndex:
         old = self.seen.get(u.name)
         if old is None or old is u:
             return
-        self.seen[u.name] = u
+        self._keep(old, u)
         if old.status is not u.status:
             self.phases.move(u, old.status, u.status)
             self.waiting.pop(u.name, None)
             self.drop_quiet(u.name)
+
+    def _keep(self, old: Upgrade, u: Upgrade) -> None:
+        """u in old's place (the same name and spec: a status change), in `seen` and in
+        `by_stage`, so that the index holds one object per ClusterUpgrade, the newest."""
+        stage = old.spec.stage_index
+        self.seen[u.name] = u
+        self.by_stage[stage][self.rank[u.name] - self.stage_start[stage]] = u
 
     def names_in(self, *phases: api.UpgradePhase) -> list[str]:
         """The names of the upgrades in these phases as last seen, in the input's order."""
@@ -499,6 +509,9 @@ class RunIndex:
             s: [u.name for u in m] for s, m in other.by_stage.items()
         }:
             out.append("members by stage")
+        seen = self.seen
+        if any(u is not seen.get(u.name) for m in self.by_stage.values() for u in m):
+            out.append("members by stage that are not the upgrades seen")
         mine, theirs = self.phases.comparable(), other.phases.comparable()
         words = (
             "names by phase",
@@ -525,8 +538,8 @@ class RunIndex:
         for u in ordered:
             self.by_stage.setdefault(u.spec.stage_index, []).append(u)
         self.stage_names = {i: frozenset(u.name for u in m) for i, m in self.by_stage.items()}
+        self.stage_start = {i: self.rank[m[0].name] for i, m in self.by_stage.items()}
         self.name_of = {u.cluster_id: u.name for u in upgrades.values()}
-        self.cluster_of = {u.name: u.cluster_id for u in upgrades.values()}
         self.members = frozenset(self.name_of)
         self.ids = tuple(self.name_of)
         self.phases = Phases()

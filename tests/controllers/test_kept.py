@@ -6,8 +6,10 @@ provider moved and respects the clusters other runs hold and the floors of other
 
 from __future__ import annotations
 
+import gc
 import random
 import threading
+import tracemalloc
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from copy import deepcopy
@@ -463,3 +465,42 @@ def test_a_pass_reads_its_run_from_the_runs_watch_and_asks_only_for_one_it_lacks
     with pytest.raises(KubeError):
         ctl.reconcile("team-a", "new")
     assert kube.gets == [f"{api.UPDATE_RUN_PLURAL} team-a/new"]
+
+
+def test_a_wrong_where_is_found_and_the_comparison_holds_one_parts_fresh_copy_at_a_time() -> None:
+    cache = ObjectCache(cast(KubeClient, None), api.CLUSTER_UPGRADE_PLURAL, None, api.LABEL_RUN)
+    for i in range(3000):
+        active = i % 5 == 0
+        phase, request = ("Verifying", f"r{i}") if active else ("Pending", None)
+        cache.put(_cu("team-a", "alpha", f"c{i}", i + 2, phase=phase, request=request))
+    cache.put(_cu("team-a", "beta", "c1", 9000))
+    kept = KeptUpgrades(cache, dict, upgrade_from_obj)
+    kept.sync()
+    alpha, beta = kept.children("team-a", "alpha"), kept.children("team-a", "beta")
+    assert (len(alpha.objects), len(beta.objects)) == (3000, 1)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        assert kept.check() == []
+        peak = tracemalloc.get_traced_memory()[1] - base
+        gc.collect()
+        base = tracemalloc.get_traced_memory()[0]
+        whole = kept._fresh(cache.items())
+        size = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert whole[0].differences(kept.holdings) == [] and set(whole[1]) == set(kept._runs)
+    # The comparison never held the whole fresh state (holdings, every run's Children).
+    assert peak < 0.8 * size, (peak, size)
+    # A bug's doing: one object's run forgotten, another's put under the wrong run.
+    kept._where.pop(("team-a", "alpha-c7"))
+    kept._where[("team-a", "beta-c1")] = "team-a/alpha"
+    assert kept.check() == ["where"]
+    assert kept._where[("team-a", "alpha-c7")] == "team-a/alpha"
+    assert kept._where[("team-a", "beta-c1")] == "team-a/beta"
+    assert kept.check() == []
+    # An object the cache no longer has, still placed here.
+    kept._where[("team-a", "alpha-gone")] = "team-a/alpha"
+    assert kept.check() == ["where"] and ("team-a", "alpha-gone") not in kept._where

@@ -6,19 +6,23 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 from typing import Any
 
 import orjson
 import pytest
+from pydantic import ValidationError
 
 from fleetupgrade.plugin.v1 import cluster_pb2
 from orchestrator import api
-from orchestrator.adapters.cache import SHARED_MAX, ObjectCache, lean
+from orchestrator.adapters import cache as cache_module
+from orchestrator.adapters.cache import SHARED_MAX, ObjectCache, lean, settle_heap
 from orchestrator.adapters.provider import OperationTracker, cluster_from_pb, op_from_pb
-from orchestrator.controllers.kept import Children
+from orchestrator.controllers.kept import NOT_STARTED, Children, parse_status
 from orchestrator.controllers.updaterun import upgrade_from_obj
 from orchestrator.engine.decide import Upgrade
 from orchestrator.engine.observations import ClusterObs, OpKind, OpObs, OpState, PoolObs
+from orchestrator.pipeline.crossrun import holding_of
 
 
 def _upgrade(name: str, rv: int, message: str = "") -> dict[str, object]:
@@ -192,3 +196,86 @@ def test_operations_share_their_pool_version_and_error_code() -> None:
     assert a.target_version is b.target_version == "1.29.4"
     assert a.error_code is b.error_code == "UPGRADE_FAILED"
     assert (a.id, b.id, a.state, a.kind) == ("op-1", "op-2", OpState.FAILED, OpKind.NODE_POOL)
+
+
+def test_clusterupgrades_not_started_share_one_status_and_a_written_one_has_its_own() -> None:
+    children = Children()
+    for name, rv in (("a", 1), ("b", 2)):
+        obj: Any = _upgrade(name, rv)
+        del obj["status"]  # created, never started: no status written
+        children.put(name, obj, upgrade_from_obj)
+    a, b = children.upgrades["a"], children.upgrades["b"]
+    assert a.status is b.status is NOT_STARTED
+    assert api.ClusterUpgradeStatus() == NOT_STARTED and a.status.phase == api.UpgradePhase.PENDING
+    with pytest.raises(ValidationError):  # frozen: no holder can change it for the others
+        NOT_STARTED.phase = api.UpgradePhase.FAILED  # type: ignore[misc]
+    children.put("a", _upgrade("a", 3), upgrade_from_obj)  # its first status written
+    a = children.upgrades["a"]
+    assert a.status is not NOT_STARTED and a.status.phase == api.UpgradePhase.SERVICING_OUT
+    assert children.upgrades["b"].status is NOT_STARTED
+    assert api.ClusterUpgradeStatus() == NOT_STARTED
+    assert parse_status({"phase": "Upgraded"}).phase == api.UpgradePhase.UPGRADED
+
+
+def test_a_cluster_named_by_one_clusterupgrade_keeps_a_name_and_by_several_each_provider() -> None:
+    children = Children()
+
+    def put(name: str, rv: int, provider: str) -> None:
+        obj: Any = _upgrade(name, rv)
+        obj["spec"].update(clusterId="shared", providerId=provider)
+        children.put(name, obj, upgrade_from_obj)
+
+    put("b", 1, "sim/b")
+    assert children.own_by == {"shared": "b"} and children.own == {"shared": "sim/b"}
+    put("a", 2, "sim/a")  # a second names it (made by hand): the least name's provider
+    assert children.own_by == {"shared": {"a": "sim/a", "b": "sim/b"}}
+    assert children.own == {"shared": "sim/a"}
+    put("a", 3, "sim/a2")  # re-pinned
+    assert children.own == {"shared": "sim/a2"}
+    children.drop("a")
+    assert children.own_by == {"shared": "b"} and children.own == {"shared": "sim/b"}
+    put("c", 4, "sim/c")
+    children.drop("b")
+    assert children.own_by == {"shared": "c"} and children.own == {"shared": "sim/c"}
+    fresh = Children()
+    for name, obj in children.objects.items():
+        fresh.put(name, obj, upgrade_from_obj)
+    assert children.differences(fresh) == []
+    children.drop("c")
+    assert children.own_by == {} and children.own == {}
+
+
+def test_holdings_of_one_run_and_provider_share_their_strings() -> None:
+    a, b = _upgrade("a", 1), _upgrade("b", 2)
+    for obj in (a, b):
+        obj["spec"]["providerId"] = "".join(["sim/", "fleet-1"])  # type: ignore[index]
+    ha, hb = holding_of(a, {}), holding_of(b, {})
+    assert ha.run == "team-a/run-1" and ha.provider == "sim/fleet-1"
+    assert ha.run is hb.run and ha.provider is hb.provider
+    assert (ha.cluster_id, hb.cluster_id) == ("cluster-a", "cluster-b")
+    # The endpoint fallback (no providerId pinned) is shared alike.
+    del a["spec"]["providerId"], b["spec"]["providerId"]  # type: ignore[attr-defined]
+    fa, fb = holding_of(a, {}), holding_of(b, {})
+    assert fa.provider == "endpoint/127.0.0.1:9090" and fa.provider is fb.provider
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status", encoding="ascii") as status:
+        line = next(x for x in status if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+@pytest.mark.skipif(cache_module._MALLOC_TRIM is None, reason="not glibc: no malloc_trim")
+def test_settling_the_heap_gives_mallocs_free_memory_back_and_keeps_what_lives() -> None:
+    # 2 KB objects go to malloc, not Python's small-object allocator; one in 16 kept alive
+    # scatters the freed space through malloc's heap, where it used to stay resident.
+    blocks = [bytes(2000) + bytes([i % 251]) for i in range(20_000)]
+    kept = blocks[::16]
+    del blocks
+    gc.collect()
+    before = _rss_mib()
+    settle_heap()
+    after = _rss_mib()
+    assert before - after >= 16, (before, after)  # ~37 MB were freed
+    assert [b[-1] for b in kept] == [(i * 16) % 251 for i in range(len(kept))]
+    assert gc.get_freeze_count() > 0

@@ -7,6 +7,8 @@ what-if rollouts whose clusters wait for the availability budget, by stage and c
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import FrozenInstanceError, dataclass, replace
 from datetime import timedelta
@@ -429,3 +431,47 @@ def test_the_full_pass_finds_what_a_caller_did_not_say(caplog: pytest.LogCapture
     assert drv.index.differences(RunIndex.build("t", store.upgrades)) == []
     assert (decision.counts.skipped, decision.counts.in_flight) == (1, 5)
     assert len(fleet.started_steps) == 5  # and nothing more was taken out: the floor held
+
+
+def test_the_index_holds_the_newest_object_of_each_clusterupgrade_and_lets_older_ones_go() -> None:
+    """Issue 21's memory: after a status change the index's members by stage are the very
+    objects it saw last (no copy of the run as of its last rebuild kept alive), in the same
+    engine order, whether the caller said what changed or every object was compared."""
+    stages = {"c-5": 2, "c-1": 0, "c-9": 1, "c-3": 0, "c-7": 2, "c-2": 1}  # input order
+    upgrades = {
+        f"u-{cid}": engine.Upgrade(
+            name=f"u-{cid}",
+            spec=api.ClusterUpgradeSpec(
+                cluster_id=cid,
+                stage=f"s{index}",
+                stage_index=index,
+                version="1.29.4",
+                node_version="1.29.4",
+                provider="127.0.0.1:9090",
+            ),
+            status=api.ClusterUpgradeStatus(),
+        )
+        for cid, index in stages.items()
+    }
+    index = RunIndex.build("t", upgrades)
+    order = {s: [u.name for u in m] for s, m in index.by_stage.items()}
+    assert order == {0: ["u-c-1", "u-c-3"], 1: ["u-c-2", "u-c-9"], 2: ["u-c-5", "u-c-7"]}
+    gone = []
+    for hint in (None, ["u-c-3", "u-c-7"], ["u-c-9"]):
+        names = list(upgrades) if hint is None else hint
+        for name in names:
+            old = upgrades[name]
+            gone.append(weakref.ref(old))
+            upgrades[name] = with_status(
+                old, api.ClusterUpgradeStatus(phase=api.UpgradePhase.SERVICING_OUT, step="x")
+            )
+        del old
+        index.observe("t", dict(upgrades), hint)
+        assert {s: [u.name for u in m] for s, m in index.by_stage.items()} == order
+        for members in index.by_stage.values():
+            for u in members:
+                assert u is index.seen[u.name] is upgrades[u.name]
+        assert index.differences(RunIndex.build("t", upgrades)) == []
+    gc.collect()
+    assert [ref() for ref in gone] == [None] * len(gone)  # no older copy is held
+    assert index.phases.count(api.UpgradePhase.SERVICING_OUT) == len(upgrades)
