@@ -125,18 +125,20 @@ class _KubeStore:
 
     def write_upgrade_status(self, upgrade: Upgrade, status: api.ClusterUpgradeStatus) -> None:
         obj = self.objects[upgrade.name]
-        try:
-            new = self.kube.write_status(
-                api.CLUSTER_UPGRADE_PLURAL,
-                self.namespace,
-                upgrade.name,
-                status.dump(),
-                obj["metadata"]["resourceVersion"],
-            )
-        except Conflict as err:
-            raise WriteConflict(str(err)) from err
+        # The watch's echo of this write wakes nobody, even when it comes before the answer.
+        with self.cache.writing(self.namespace, upgrade.name):
+            try:
+                new = self.kube.write_status(
+                    api.CLUSTER_UPGRADE_PLURAL,
+                    self.namespace,
+                    upgrade.name,
+                    status.dump(),
+                    obj["metadata"]["resourceVersion"],
+                )
+            except Conflict as err:
+                raise WriteConflict(str(err)) from err
+            self.cache.put(new, own=True)
         self.objects[upgrade.name] = new
-        self.cache.put(new)
 
 
 @dataclass

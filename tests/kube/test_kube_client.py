@@ -291,3 +291,60 @@ def test_close_closes_every_pooled_connection(control_plane: KubeCluster) -> Non
     kube.close()
     assert pool.pool is None
     assert all(c.sock is None for c in opened)
+
+
+def test_the_echo_of_our_own_status_write_wakes_nobody_whichever_comes_first(
+    kube: KubeClient, namespace: str
+) -> None:
+    """Issue 21: a third of a rollout's passes looked at nothing new. The watch's echo of a
+    status write of ours often came before the write's answer was put in the cache, so it was
+    news and woke the run, which had already decided on it. A write made through
+    `ObjectCache.writing` holds back what the watch says of that object until its answer is
+    in: the echo (the answer's own version) wakes nobody; anything else still does."""
+    woken: list[str] = []
+    cache = ObjectCache(
+        kube, CU, None, api.LABEL_RUN, lambda t, o: woken.append(o["metadata"]["name"]), True
+    )
+    stop = threading.Event()
+    watcher = threading.Thread(target=cache.run, args=(stop,), daemon=True)
+    watcher.start()
+    try:
+        assert cache.synced.wait(30)
+        names = [f"echo-{i}" for i in range(5)]
+        for name in names:
+            kube.create_object(CU, namespace, upgrade_body(name))
+        wait_for("created ones cached", lambda: all(cache.get(namespace, n) for n in names))
+        wait_for("their creations seen", lambda: set(woken) == set(names))
+        woken.clear()
+        last: dict[str, str] = {}
+        for i in range(40):
+            name = names[i % len(names)]
+            obj = cache.get(namespace, name)
+            assert obj is not None
+            with cache.writing(namespace, name):
+                written = kube.write_status(
+                    CU,
+                    namespace,
+                    name,
+                    {"phase": "Verifying", "message": f"write {i}"},
+                    obj["metadata"]["resourceVersion"],
+                )
+                cache.put(written, own=True)
+            last[name] = written["metadata"]["resourceVersion"]
+        # Someone else's write to one of them, after ours: that is news.
+        other = cache.get(namespace, names[0])
+        assert other is not None
+        kube.write_status(
+            CU, namespace, names[0], {"phase": "Failed"}, other["metadata"]["resourceVersion"]
+        )
+        wait_for("the other writer's change seen", lambda: woken == [names[0]], timeout=10)
+        time.sleep(0.5)  # any late echo would wake now
+        assert woken == [names[0]]
+        for name in names[1:]:
+            cached = cache.get(namespace, name)
+            assert cached is not None and cached["metadata"]["resourceVersion"] == last[name]
+    finally:
+        stop.set()
+        kube.create_object(CU, namespace, upgrade_body("wake"))  # the watch looks at stop
+        watcher.join(timeout=70)
+    assert not watcher.is_alive()
