@@ -101,13 +101,8 @@ class RunPlugins:
         (pinned: FleetProvider name → identity), unverified: its clusters are unknown anyway."""
         out = []
         for p in self.plugins:
-            if isinstance(p, Reached):
-                failed = self.failed.get(p.name)
-                provider: Provider = p.provider if failed is None else _Down(failed)
-                out.append(Member(p.name, p.endpoint, p.identity, provider))
-            else:
-                identity = pinned.get(p.name, "")
-                out.append(Member(p.name, p.endpoint, identity, _Down(p.error)))
+            identity = p.identity if isinstance(p, Reached) else pinned.get(p.name, "")
+            out.append(Member(p.name, p.endpoint, identity, self._driven(p)))
         return out
 
     def pin(
@@ -156,13 +151,17 @@ class RunPlugins:
         did not answer (Unreached, or failed to catch up in `learn`) is down for the pass:
         every question to it fails, so its clusters are unknown (driver.step, multi)."""
         if not self.several:
-            one = self.one
-            if isinstance(one, Unreached):
-                return _Down(one.error)
-            failed = self.failed.get(one.name)
-            return one.provider if failed is None else _Down(failed)
+            return self._driven(self.one)
         self.multi = MultiProvider(self._members({}), routes, self.clock)
         return self.multi
+
+    def _driven(self, p: Reached | Unreached) -> Provider:
+        """The driver's view of one plugin this pass: down (every question fails with why)
+        when it did not answer what it is or failed to catch up in `learn`."""
+        if isinstance(p, Unreached):
+            return _Down(p.error)
+        failed = self.failed.get(p.name)
+        return p.provider if failed is None else _Down(failed)
 
     def learn(self, steps: Sequence[tuple[str, str, str]], routes: Mapping[str, str]) -> None:
         """GrpcProvider.learn on each reached plugin, for the steps of its clusters. One that
