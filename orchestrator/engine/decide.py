@@ -77,6 +77,7 @@ __all__ = [
     "RunInput",
     "Upgrade",
     "Verdict",
+    "attempt_of",
     "awaits_checks",
     "brought_back",
     "call_failed",
@@ -338,6 +339,14 @@ def step_of(request_id_: str) -> str:
     "nodePool/POOL", "recover" (a service-in after a failure)..."""
     parts = request_id_.rsplit(":", 3)
     return parts[1] if len(parts) == 4 else ""
+
+
+def attempt_of(request_id_: str) -> int | None:
+    """The attempt a request id (`request_id`) was made for; None when it is not one of ours.
+    An attempt may adopt an earlier attempt's request (a retry of a Failed cluster whose
+    service-in back was asked: `_retry`), so this can be below the status's attempt."""
+    tail = request_id_.rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() and ":" in request_id_ else None
 
 
 def hook_id(uid: str, cluster_id: str, kind: str, attempt: int) -> str:
@@ -884,6 +893,7 @@ class _Run:
             u,
             step_start_time=start,
             message=f"{what}: waiting for its provider (counted as unavailable): {why}",
+            **_unseen_health(st),
         )
         self.wake(POLL_SECONDS)
 
@@ -919,6 +929,7 @@ class _Run:
             u,
             step_start_time=start,
             message=f"{st.step}: cluster is not in the plugin's inventory; waiting",
+            **_unseen_health(st),
         )
         self.wake(POLL_SECONDS)
 
@@ -1386,6 +1397,14 @@ RECOVER_STEP = "recover"
 RECOVER_GAVE_UP = "recover/gaveUp"
 
 
+def _unseen_health(st: api.ClusterUpgradeStatus) -> dict[str, None]:
+    """While a cluster awaiting its checks cannot be seen (it left the inventory, or its
+    provider does not answer), its health is dropped, as while it is unavailable: the checks
+    count anew once it is seen, and never fail on the window its absence spent (invariant 7:
+    drift is recorded as drift; simulation seed 92214)."""
+    return {"health": None} if awaits_checks(st) and st.health is not None else {}
+
+
 def counts_as_failure(st: api.ClusterUpgradeStatus) -> bool:
     """Whether a cluster counts against the failure budgets: Failed, or Blocked because the
     provider will never accept its target (reason Refused)."""
@@ -1615,6 +1634,8 @@ def _recover(run: _Run, u: Upgrade) -> None:
     fail, or readiness past timeouts.ready, leave it out (step RECOVER_GAVE_UP)."""
     st = run.status[u.name]
     obs = run.observed(u.cluster_id)
+    if obs is None and st.step == RECOVER_STEP:
+        run.set(u, **_unseen_health(st))
     if not st.step or st.step == RECOVER_GAVE_UP or obs is None:
         return
     if run.holder(u.cluster_id) is not None:

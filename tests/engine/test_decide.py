@@ -7,6 +7,8 @@ import json
 from dataclasses import replace
 from datetime import timedelta
 
+import pytest
+
 from orchestrator import api
 from orchestrator.engine.decide import (
     ACTIVE,
@@ -127,6 +129,35 @@ def test_the_gate_fails_at_failure_threshold_and_on_timeout() -> None:
     d, st = _verifying(slow, 301)
     assert d.calls == []
     assert st.phase == U.FAILED and "within 5m" in (st.message or "")
+
+
+@pytest.mark.parametrize("away", ["gone", "unreachable"])
+def test_a_verifying_cluster_out_of_sight_starts_its_checks_again_when_seen(away: str) -> None:
+    """Invariant 7 (simulation seed 92214): a Verifying cluster that left the inventory, or
+    whose provider did not answer, for longer than the checks' timeout and came back within
+    the step's bound was failed HealthCheckFailed on the window its absence spent. While it
+    cannot be seen its health is dropped, as while it is unavailable, and counts anew."""
+    fleet = make_fleet(3, version=NEW)
+    fleet.clusters["c00000"] = replace(fleet.clusters["c00000"], in_service=False)
+    spec = spec_for(fleet, NEW, required=1, _healthChecks=health_checks("10s", 2, 2, "5m"))
+    one = api.HealthState(
+        since="2026-01-01T00:00:00Z", passes=1, last_check_time="2026-01-01T00:00:00Z"
+    )
+    verifying = api.ClusterUpgradeStatus(
+        phase=U.VERIFYING, step="verify", step_start_time="2026-01-01T00:00:00Z", health=one
+    )
+    seen = {k: v for k, v in fleet.clusters.items() if k != "c00000"}
+    unknown = {"c00000": "plugin down"} if away == "unreachable" else {}
+    d, by_id = _decide(
+        fleet, spec, {"c00000": verifying}, 60, snapshot=Snapshot(seen, unknown=unknown)
+    )
+    st = _status(d, by_id, "c00000")
+    assert d.calls == [] and st.phase == U.VERIFYING and st.health is None, st
+    # Back after the checks' 5m window, within the step's bound (timeouts.ready, 30m).
+    d, by_id = _decide(fleet, spec, {"c00000": st}, 400)
+    st = _status(d, by_id, "c00000")
+    assert d.calls == [] and st.phase == U.VERIFYING, st
+    assert st.health is not None and st.health.since == "2026-01-01T00:06:40Z", st.health
 
 
 def test_a_cluster_not_ready_is_never_serviced_in_and_times_out() -> None:

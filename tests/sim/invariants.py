@@ -19,9 +19,11 @@ from orchestrator.engine.decide import (
     RECOVER_STEP,
     SKIPPED_BY_PEOPLE,
     Call,
+    attempt_of,
     checks_for,
     retry_words,
     short_of_target,
+    step_of,
 )
 from orchestrator.engine.observations import OpKind
 from orchestrator.engine.transitions import PEOPLES_WORDS
@@ -442,8 +444,20 @@ class Monitor:
             return
         self.seen_ops.add(op.id)
         target = op.target
-        kind = "recover" if f":{RECOVER_STEP}:" in call.request_id else call.kind.value
-        key = (run, call.cluster_id, kind, call.node_pool, target, attempt)
+        # The step is the one its request id names: a retry of a Failed cluster whose
+        # service-in back was asked adopts that request, made for an earlier attempt; the
+        # adopting attempt's own recovery, should that service-in fail, is another step
+        # (simulation seed 93724: the two were keyed alike).
+        kind = "recover" if step_of(call.request_id) == RECOVER_STEP else call.kind.value
+        made_for = attempt_of(call.request_id)
+        key = (
+            run,
+            call.cluster_id,
+            kind,
+            call.node_pool,
+            target,
+            attempt if made_for is None else made_for,
+        )
         ops = self.step_ops.setdefault(key, [])
         ops.append(op.id)
         fleet = self.w.fleet

@@ -75,10 +75,17 @@ def test_invariants_hold_over_seeded_histories(chunk: int) -> None:
 #: who asked, a gap of the harness (an adversary's edit wrote one ClusterVersion's spec, skip
 #: and its requestedBy included, to another; see Adversary._edit_cv); 84303: who asked, a gap
 #: of the harness (a retry that waited and then applied keeps its asker's words, checked when
-#: first written; the checker took the applying write for a new request).
+#: first written; the checker took the applying write for a new request); 93724: invariant 6,
+#: a gap of the harness (a retry of a Failed cluster whose service-in back was asked adopts
+#: that request, made for the earlier attempt; when it failed, the adopting attempt's own
+#: recovery asked again: the checker keyed both by the status's attempt, now by the attempt
+#: the request id names, `decide.attempt_of`); 92214: invariant 7, of the engine (a Verifying
+#: cluster away from the inventory past its checks' timeout, back within the step's bound, was
+#: failed HealthCheckFailed on the window its absence spent; now its health counts anew, as
+#: after it was unavailable).
 FOUND_GAPS = [
     *(9225, 12521, 12831, 13378, 14569, 18657, 25351, 26309),
-    *(62021, 63809, 60927, 60970, 71670, 72370, 84303),
+    *(62021, 63809, 60927, 60970, 71670, 72370, 84303, 93724, 92214),
 ]
 
 
