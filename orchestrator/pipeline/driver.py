@@ -45,7 +45,6 @@ from orchestrator.engine.decide import (
     awaits_checks,
     call_failed,
     checks_for,
-    counts_as_failure,
     decide,
     short_of_target,
     with_status,
@@ -249,10 +248,6 @@ class _Pass:
     result: StepResult = field(init=False)
     #: ClusterUpgrades whose intent write took effect.
     written: set[str] = field(default_factory=set)
-    #: A call of this pass failed in a way that counts against the failure budgets: the
-    #: writes not begun wait for the next decision (which sees the failure: an admission
-    #: decided before it may be past the budget now; simulation seed 137).
-    stopped: bool = False
     _steps: dict[str, _Steps] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -405,11 +400,9 @@ class RunDriver:
         # The index sees the health records' objects in this pass: the caller's, next time.
         index.lent = set(health_changed)
         p = _Pass(inp, self._decide(inp))
-        # Each call follows its own intent's write: a crash after the write resumes with the
-        # same request id, a crash before it never called. A call goes as soon as its intent
-        # is on record, not after the pass's last write (the intents' writes were two thirds
-        # of a step's follow-up at 1,000 clusters). In the decision's order (it writes new
-        # service-outs last), health-only writes first.
+        # Record intents (and health progress) before any call: a crash after this write
+        # resumes with the same request ids; a crash before it never called.
+        # In the decision's order (it writes new service-outs last), health-only writes first.
         to_write = {k: v for k, v in health_changed.items() if k not in p.decision.changed}
         to_write.update(p.decision.changed)
         self._write_all(p, to_write)
@@ -509,48 +502,30 @@ class RunDriver:
             self._each(ask, asked)
         return decide(inp)
 
-    def _failed(self, p: _Pass, call: Call, err: CallError) -> None:
-        """A call the provider refused or did not answer: recorded on its ClusterUpgrade
-        (engine.call_failed), with when to look again."""
-        decision, result = p.decision, p.result
-        u = p.inp.upgrades[call.upgrade]
-        status = decision.changed.get(call.upgrade, u.status)
-        new, wait = call_failed(status, call, err.code, err.retryable, err.message, p.inp.now)
-        if err.retry_after:
-            wait = err.retry_after
-        conflicted = False
-        try:
-            self.store.write_upgrade_status(with_status(u, status), new)
-        except WriteConflict:
-            conflicted = True
-        with self._lock:
-            if not conflicted:
-                p.took_effect(with_status(u, status), new)
-            p.stopped = p.stopped or counts_as_failure(new)
-            result.conflicts += conflicted
-            result.requeue_after = _min(result.requeue_after, wait if wait is not None else 0.0)
-
-    def _call_now(self, p: _Pass, call: Call) -> None:
-        """One call whose intent the caller just put on record, made from its thread while
-        the Lease is held."""
-        if not self.fence.held():
-            p.result.fenced = True
-            return
-        try:
-            self.provider.call(call)
-        except CallError as err:
-            self._failed(p, call, err)
-            return
-        with self._lock:
-            p.result.calls_made += 1
-
     def _act(self, p: _Pass) -> None:
-        """Make the decision's calls whose intent is on record and that its write did not
-        make already (`_write_all`): those with nothing to write this pass (asked again),
-        once no write of the pass conflicted; while the Lease is held. A failed call is
-        recorded on its ClusterUpgrade (`_failed`)."""
-        decision, result = p.decision, p.result
-        calls = [c for c in decision.calls if c.upgrade not in p.written and p.on_record(c.upgrade)]
+        """Make the decision's calls whose intent is on record, while the Lease is held; a
+        failed call is recorded on its ClusterUpgrade (engine.call_failed)."""
+        decision, upgrades, now = p.decision, p.inp.upgrades, p.inp.now
+        result = p.result
+
+        def failed(call: Call, err: CallError) -> None:
+            u = upgrades[call.upgrade]
+            status = decision.changed.get(call.upgrade, u.status)
+            new, wait = call_failed(status, call, err.code, err.retryable, err.message, now)
+            if err.retry_after:
+                wait = err.retry_after
+            conflicted = False
+            try:
+                self.store.write_upgrade_status(with_status(u, status), new)
+            except WriteConflict:
+                conflicted = True
+            with self._lock:
+                if not conflicted:
+                    p.took_effect(with_status(u, status), new)
+                result.conflicts += conflicted
+                result.requeue_after = _min(result.requeue_after, wait if wait is not None else 0.0)
+
+        calls = [c for c in decision.calls if p.on_record(c.upgrade)]
         starter = self._starter()
         if starter is not None:
             failures: list[tuple[Call, CallError]] = []
@@ -570,9 +545,22 @@ class RunDriver:
 
             # The calls from this thread; the writes that record failures on the workers.
             self._pipelined(start, collect, calls)
-            self._each(lambda f: self._failed(p, *f), failures)
+            self._each(lambda f: failed(*f), failures)
             return
-        self._each(lambda call: self._call_now(p, call), calls)
+        provider = self.provider
+
+        def act(call: Call) -> None:
+            if not self.fence.held():
+                result.fenced = True
+                return
+            try:
+                provider.call(call)
+                with self._lock:
+                    result.calls_made += 1
+            except CallError as err:
+                failed(call, err)
+
+        self._each(act, calls)
 
     def _start_hooks(self, p: _Pass) -> None:
         """Start the decision's hooks whose intent is on record, while the Lease is held."""
@@ -614,23 +602,12 @@ class RunDriver:
         return result
 
     def _write_all(self, p: _Pass, to_write: Mapping[str, api.ClusterUpgradeStatus]) -> None:
-        """Write every changed status; those that took effect go into `p.written`, and the
-        decision's calls for them are made at once, by the thread that wrote the intent
-        (`_call_now`: each call follows its own intent; a write that conflicts or errors
-        stops no call already on record, an error stops the writes and calls not begun, and
-        so does a call that fails counting against the budgets: `_Pass.stopped`)."""
+        """Write every changed status; those that took effect go into `p.written`."""
         result, upgrades = p.result, p.inp.upgrades
-        calls: dict[str, list[Call]] = {}
-        for call in p.decision.calls:
-            calls.setdefault(call.upgrade, []).append(call)
 
         def write(name: str) -> None:
             if self.parallelism == 1 and result.conflicts:
                 return  # sequential: stop at the first conflict (the rest waits a pass)
-            if p.stopped:
-                with self._lock:
-                    result.requeue_after = 0.0
-                return  # a call failed: the rest waits for the decision that sees it
             try:
                 self.store.write_upgrade_status(upgrades[name], to_write[name])
             except WriteConflict:
@@ -641,8 +618,6 @@ class RunDriver:
             with self._lock:
                 p.written.add(name)
                 p.took_effect(upgrades[name], to_write[name])
-            for call in calls.get(name, ()):
-                self._call_now(p, call)
 
         self._each(write, list(to_write))
 

@@ -2,20 +2,19 @@
 task per worker, each taking the next item, not one Future per item), or its preflights and
 calls started from the pass's thread (RunDriver._pipelined, for a provider that starts them:
 StartsRequests), keep each item's own outcome: one conflicting write or one failing call
-among many changes only its cluster. A call whose intent the pass writes is made by the worker
-that wrote it, at once."""
+among many changes only its cluster."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import pytest
 
 from orchestrator import api
-from orchestrator.engine.decide import Call, Preflight, Upgrade, request_id, with_status
+from orchestrator.engine.decide import Call, Preflight, Upgrade
 from orchestrator.engine.observations import OpKind, OpObs, Snapshot
 from orchestrator.pipeline.driver import CallError, StartsRequests, WriteConflict
 from orchestrator.pipeline.simulate import ModelFleet
@@ -191,73 +190,14 @@ def test_one_failing_call_among_many_is_recorded_on_its_cluster_alone(starts: bo
     _bounded(provider)
 
 
-def test_a_write_that_errors_stops_the_writes_and_calls_not_begun(starts: bool) -> None:
-    """Each call follows its own intent's write, at once (not the pass's last write): a write
-    that errors stops what no worker began, and every call made has its intent on record."""
+def test_a_write_that_errors_stops_the_pass_before_any_call(starts: bool) -> None:
     fleet = make_fleet(CLUSTERS + 1)
     h, _provider, pool = _parallel(fleet, starts)
     with pool:
         h.broken.add(_name(h, "c00005"))
         with pytest.raises(RuntimeError, match="answered 500"):
             h.step()
-    # The error reached the caller once every worker stopped; no write of the broken one took
-    # effect and it was never called.
+    # The error reached the caller once every worker stopped: no call was made (calls only
+    # follow a completed intent phase), and no write of the broken one took effect.
+    assert fleet.started_steps == []
     assert h.upgrades[_name(h, "c00005")].status.phase == U.PENDING
-    called = [cid for cid, *_ in fleet.started_steps]
-    assert "c00005" not in called
-    # Invariant 6: each cluster called was called once, for the request its intent records.
-    assert len(called) == len(set(called))
-    for cid in called:
-        status = h.upgrades[_name(h, cid)].status
-        assert status.phase == U.SERVICING_OUT, cid
-        assert fleet.by_request.get(status.request_id or "") is not None, cid
-    # Those whose write no worker began (the error stopped them) were not called either.
-    pending = [c for c in fleet.clusters if h.upgrades[_name(h, c)].status.phase == U.PENDING]
-    assert not set(pending) & set(called)
-
-
-@dataclass
-class _RefusingFirst(_Refusing):
-    """Refuses every call on the named clusters for good (a precondition the provider will
-    not waive)."""
-
-    refusing: set[str] = field(default_factory=set)
-
-    def call(self, call: Call) -> OpObs:
-        if call.cluster_id in self.refusing:
-            raise CallError("FAILED_PRECONDITION", "a PodDisruptionBudget forbids it", False)
-        return super().call(call)
-
-
-def test_a_call_that_fails_past_the_budget_stops_the_admissions_not_yet_written() -> None:
-    """The failure budget (simulation seed 137): each call follows its own intent at once,
-    so a call that fails counting against the budget stops the pass's writes not begun. The
-    service-outs decided with it, not yet written, are decided again with the failure seen:
-    none is made past maxFailures 0."""
-    fleet = make_fleet(6)
-    fleet.clusters["c00000"] = replace(fleet.clusters["c00000"], in_service=False)
-    spec = spec_for(fleet, NEW, required=1, maxConcurrency=4, maxFailures=0)
-    h = Harness(fleet, as_run_spec(spec))
-    first = _name(h, "c00000")
-    # c00000's service-out took effect: this pass asks for its control plane, and admits more.
-    h.upgrades[first] = with_status(
-        h.upgrades[first],
-        api.ClusterUpgradeStatus(
-            phase=U.SERVICING_OUT,
-            step=OpKind.SERVICE_OUT.value,
-            request_id=request_id("uid-1", "c00000", OpKind.SERVICE_OUT.value, NEW, 0),
-            step_start_time="2026-01-01T00:00:00Z",
-        ),
-    )
-    h.driver.provider = _RefusingFirst(fleet, refusing={"c00000"})
-    h.step()
-    refused = h.upgrades[first].status
-    assert refused.phase == U.FAILED and refused.reason == "Refused", refused
-    # Decided in the same pass, after it: neither on record nor called.
-    others = [c for c in fleet.clusters if c != "c00000"]
-    assert all(h.upgrades[_name(h, c)].status.phase == U.PENDING for c in others)
-    assert fleet.started_steps == []
-    result = h.step()
-    assert result.decision.phase == api.RunPhase.HALTED, result.decision.message
-    assert fleet.started_steps == []
-    assert all(h.upgrades[_name(h, c)].status.phase == U.PENDING for c in others)
