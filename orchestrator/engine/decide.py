@@ -67,6 +67,7 @@ __all__ = [
     "RECOVER_GAVE_UP",
     "RECOVER_STEP",
     "SKIPPED_BY_PEOPLE",
+    "UNREACHABLE_GRACE",
     "Call",
     "Decision",
     "Floor",
@@ -876,13 +877,13 @@ class _Run:
     def unreachable(self, u: Upgrade, kind: OpKind | None) -> None:
         """A cluster in flight whose provider cannot be asked now (Snapshot.unknown): nothing
         is decided on it (what its operation did is unknown) until the provider answers; it
-        waits within its step's bound (invariant 4), then fails with the reason. It is never
-        taken for gone: it did not leave the inventory."""
+        waits within its step's bound and UNREACHABLE_GRACE past it (invariant 4), then fails
+        with the reason. It is never taken for gone: it did not leave the inventory."""
         st = self.status[u.name]
         why = self.inp.snapshot.unknown[u.cluster_id]
         start = st.step_start_time or self.stamp
         what = st.step or (st.phase.value if st.phase else "step")
-        if self.now - parse_time(start) > self.timeout_of(kind):
+        if self.now - parse_time(start) > self.timeout_of(kind) + UNREACHABLE_GRACE:
             self.fail(
                 u,
                 PROVIDER_UNAVAILABLE,
@@ -1391,6 +1392,12 @@ def _limit(value: int | str | None, members: int) -> int:
 
 #: Reasons of a Skipped cluster that a person asked for (a retry may undo them).
 SKIPPED_BY_PEOPLE = frozenset({"SkippedByUser", "StageSkipped"})
+#: How long past its step's bound a cluster in flight waits for a provider that does not answer
+#: before it fails ProviderUnavailable: one read that failed as the bound passed never decides
+#: for the read a poll later (which may find the operation ended, or the cluster gone:
+#: simulation seed 99711, where one failed read failed a step, and halted its run, that the
+#: next recorded as drift).
+UNREACHABLE_GRACE = timedelta(seconds=STEP_POLL_SECONDS)
 #: The step of a Failed cluster that failedClusterPolicy ServiceInIfHealthy may service back in.
 RECOVER_STEP = "recover"
 #: The step of a Failed cluster that stays out: its recovery's checks or readiness failed.

@@ -10,10 +10,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator import api
-from orchestrator.engine.decide import PROVIDER_UNAVAILABLE, Call, Preflight
+from orchestrator.engine.conditions import parse_time
+from orchestrator.engine.decide import (
+    PROVIDER_UNAVAILABLE,
+    UNREACHABLE_GRACE,
+    Call,
+    Preflight,
+)
 from orchestrator.engine.observations import OpKind, OpObs, Snapshot
 from orchestrator.pipeline.driver import CallError
-from orchestrator.pipeline.simulate import ModelFleet
+from orchestrator.pipeline.simulate import T0, ModelFleet
 from tests.engine.model import Harness, as_run_spec, make_fleet, spec_for
 
 U = api.UpgradePhase
@@ -125,3 +131,39 @@ def test_under_service_in_if_healthy_a_failure_while_down_is_brought_back_once_i
     assert fleet.clusters[cid].in_service
     assert h.by_cluster()[cid].phase == U.FAILED  # it stays Failed; it is back in service
     assert h.phase == api.RunPhase.FAILED
+
+
+def test_one_unanswered_read_as_the_bound_passes_does_not_decide_for_the_next() -> None:
+    """Simulation seed 99711: a cluster that left the inventory mid-step waits as gone; its
+    plugin failed one inventory read just after the step's bound passed. That one read failed
+    the step ProviderUnavailable (a failure against the budget, halting the run), where the next
+    read, a poll later, records the drift (Skipped ClusterGone). The step fails for its provider
+    only once the provider has not answered for UNREACHABLE_GRACE past the bound."""
+    h, cid = _upgrading()
+    del h.fleet.clusters[cid]  # gone from the inventory mid-step
+    start = parse_time(h.by_cluster()[cid].step_start_time or "")
+    h.step()
+    assert "not in the plugin's inventory; waiting" in (h.by_cluster()[cid].message or "")
+    up = h.driver.provider
+    h.driver.provider = Down(h.fleet)
+    h.fleet.now = (start - T0).total_seconds() + 301  # the bound (5m) just passed
+    h.step()
+    st = h.by_cluster()[cid]
+    assert st.phase == U.UPGRADING_CONTROL_PLANE, st
+    assert "waiting for its provider" in (st.message or "")
+    h.driver.provider = up
+    h.fleet.now += 2.0
+    h.step()
+    st = h.by_cluster()[cid]
+    assert (st.phase, st.reason) == (U.SKIPPED, "ClusterGone"), st
+    # Down for longer than the grace past the bound: it fails for its provider.
+    h2, cid2 = _upgrading()
+    start2 = parse_time(h2.by_cluster()[cid2].step_start_time or "")
+    h2.driver.provider = Down(h2.fleet)
+    h2.fleet.now = (start2 - T0).total_seconds() + 301
+    h2.step()
+    assert h2.by_cluster()[cid2].phase == U.UPGRADING_CONTROL_PLANE
+    h2.fleet.now += UNREACHABLE_GRACE.total_seconds() + 1
+    h2.step()
+    st = h2.by_cluster()[cid2]
+    assert (st.phase, st.reason) == (U.FAILED, PROVIDER_UNAVAILABLE), st
