@@ -216,7 +216,8 @@ class Connections:
         except OSError as err:
             sock.close()
             raise WireError(f"{self._address[0]}:{self._address[1]}: {err}") from None
-        self.opened += 1
+        with self._lock:
+            self.opened += 1
         return _Conn(sock)
 
 
