@@ -162,7 +162,9 @@ class KubeClient:
         if conn.proxy:
             self._manager = urllib3.ProxyManager(conn.proxy, maxsize=64, **tls)
         else:
-            self._wire = wire.Connections(url.host, port, conn.tls, conn.server_hostname)
+            # An IPv6 literal is bracketed in the URL (and the Host header), not in the address.
+            address = url.host.removeprefix("[").removesuffix("]")
+            self._wire = wire.Connections(address, port, conn.tls, conn.server_hostname)
             if conn.tls is not None:
                 self._pool = urllib3.HTTPSConnectionPool(url.host, port, maxsize=16, **tls)
             else:

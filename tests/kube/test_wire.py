@@ -11,8 +11,10 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+import yaml
 from urllib3.util.wait import wait_for_read
 
 from orchestrator import api
@@ -281,3 +283,40 @@ def test_the_kube_client_says_which_request_failed_without_the_credential(
         assert "cannot connect to 127.0.0.1:1" in str(refused.value)
     finally:
         kube.close()
+
+
+def test_the_kube_client_reaches_an_ipv6_literal_server_with_its_host_header(
+    tmp_path: Path,
+) -> None:
+    seen: list[bytes] = []
+
+    def answer(sock: socket.socket) -> None:
+        with sock:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += sock.recv(65536)
+            seen.append(head)
+            sock.sendall(_ok(b'{"metadata": {"name": "cu"}}', b"Connection: close\r\n"))
+
+    listener = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    port = listener.getsockname()[1]
+    server = threading.Thread(target=lambda: answer(listener.accept()[0]), daemon=True)
+    server.start()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "v6",
+        "clusters": [{"name": "v6", "cluster": {"server": f"http://[::1]:{port}"}}],
+        "users": [{"name": "v6", "user": {"token": "t"}}],
+        "contexts": [{"name": "v6", "context": {"cluster": "v6", "user": "v6"}}],
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    kube = KubeClient(str(path))
+    try:
+        assert kube.get_object(CU, "ns", "cu") == {"metadata": {"name": "cu"}}
+    finally:
+        kube.close()
+        listener.close()
+    server.join(5)
+    assert f"\r\nHost: [::1]:{port}\r\n".encode() in seen[0]
