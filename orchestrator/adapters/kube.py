@@ -1,14 +1,16 @@
 """The Kubernetes adapter: every request the orchestrator makes to the apiserver.
 
-No generated client: each request is JSON bytes straight to the apiserver's urllib3 connection
-pool (kept-alive connections, the TLS settings of `kubeconfig.connection`: CA, client
-certificate, verification, tls-server-name), with its headers built once per content type and
-rebuilt only when the credential changes (`kubeconfig.Credentials`), a small body sent with its
-head in one TLS write (`_OneWriteHTTPSConnection`), and each watch event decoded once, by orjson
-(`watch_objects`). Leases, Secrets, Events, Jobs, Namespaces, webhook configurations and CRDs
-go the same way. The `kubernetes` package is not imported (its kubeconfig loader alone brings
-oauthlib, requests, google.auth and cryptography, about 19 MiB), except by
-`kubeconfig` for a user that needs an exec credential plugin or an auth-provider.
+No generated client: each request is JSON bytes straight to the apiserver over kept-alive
+connections with the TLS settings of `kubeconfig.connection` (CA, client certificate,
+verification, tls-server-name), its headers built once per content type and rebuilt only when
+the credential changes (`kubeconfig.Credentials`). A request answered whole (every write, get
+and list) goes over `wire.Connections`: the request written as one buffer (its body with it up
+to 16 KiB: one TLS write) and the answer's head parsed for what HTTP/1.1 needs; a watch (an
+answer read as a stream), and everything through a proxy, over urllib3's pool, each watch
+event decoded once, by orjson (`watch_objects`). Leases, Secrets, Events, Jobs, Namespaces,
+webhook configurations and CRDs go the same way. The `kubernetes` package is not imported (its
+kubeconfig loader alone brings oauthlib, requests, google.auth and cryptography, about 19 MiB),
+except by `kubeconfig` for a user that needs an exec credential plugin or an auth-provider.
 """
 
 from __future__ import annotations
@@ -24,10 +26,9 @@ from urllib.parse import quote, urlencode
 
 import orjson
 import urllib3
-import urllib3.connection
 
 from orchestrator import api
-from orchestrator.adapters import kubeconfig
+from orchestrator.adapters import kubeconfig, wire
 from orchestrator.pipeline.lease import LeaseRecord
 
 __all__ = ["Conflict", "Gone", "KubeClient", "KubeError", "LeaseRecord", "NotFound", "WatchEvent"]
@@ -41,9 +42,6 @@ CREDENTIAL_CHECK_SECONDS = kubeconfig.CREDENTIAL_CHECK_SECONDS
 #: A watch's socket may stay silent this much longer than its server-side timeout.
 WATCH_READ_GRACE_SECONDS = 30.0
 _REQUEST_TIMEOUT = urllib3.Timeout(total=REQUEST_TIMEOUT_SECONDS)
-#: Request bodies up to this size go out with their head in one write (a status write's
-#: patch is 1-2 KiB; a TLS record holds 16 KiB).
-_ONE_WRITE_BYTES = 16 * 1024
 
 
 class KubeError(Exception):
@@ -98,6 +96,16 @@ def _path(plural: str, namespace: str | None, name: str = "") -> str:
     return _rest_path(_OURS, plural, namespace, name)
 
 
+def _timeout(seconds: float, stream_seconds: float | None) -> urllib3.Timeout:
+    """urllib3's timeout of a request answered whole within seconds, or of a stream whose
+    socket may be silent stream_seconds."""
+    if stream_seconds is not None:
+        return urllib3.Timeout(connect=REQUEST_TIMEOUT_SECONDS, read=stream_seconds)
+    return (
+        _REQUEST_TIMEOUT if seconds == REQUEST_TIMEOUT_SECONDS else urllib3.Timeout(total=seconds)
+    )
+
+
 @dataclass(frozen=True)
 class WatchEvent:
     """One watch event on objects of ours."""
@@ -115,43 +123,6 @@ def _event(line: bytes) -> WatchEvent:
         message = obj.get("message", "") if isinstance(obj, dict) else str(obj)
         raise (Gone if code == 410 else KubeError)(code, str(message)[:400])
     return WatchEvent(str(event.get("type")), obj)
-
-
-class _OneWriteHTTPSConnection(urllib3.connection.HTTPSConnection):
-    """An HTTPS connection that writes a request with a small body (a status write's JSON
-    patch) in one TLS write: urllib3 sends the head, then the body, as two (two records to
-    encrypt, two system calls, and the apiserver reads twice). Larger bodies and requests
-    without one are sent as urllib3 sends them."""
-
-    _held: bytes | None = None
-    _holding = False
-
-    def request(
-        self,
-        method: str,
-        url: str,
-        body: Any = None,
-        headers: Any = None,
-        **kwargs: Any,
-    ) -> None:
-        """urllib3's request, its head held back until the body comes."""
-        self._holding = isinstance(body, bytes) and 0 < len(body) <= _ONE_WRITE_BYTES
-        try:
-            super().request(method, url, body, headers, **kwargs)
-            held, self._held = self._held, None
-            if held is not None:  # no body came after all: the head alone
-                super().send(held)
-        finally:
-            self._holding, self._held = False, None
-
-    def send(self, data: Any) -> None:
-        """Hold the head (the first write of a held request); send it with the body."""
-        if self._holding:
-            if self._held is None:
-                self._held = bytes(data)
-                return
-            data, self._held, self._holding = self._held + bytes(data), None, False
-        super().send(data)
 
 
 class KubeClient:
@@ -176,25 +147,35 @@ class KubeClient:
         }
         self._lock = threading.Lock()
         self._auth_seen: dict[str, str] | None = None
-        self._by_type: dict[str, dict[str, str]] = {}
+        #: Per content type: the headers as urllib3 takes them, and as `wire` sends them.
+        self._by_type: dict[str, tuple[dict[str, str], bytes]] = {}
+        self._netloc: str = url.netloc or url.host
         tls: dict[str, Any] = {}
         if conn.tls is not None:
             tls = {"ssl_context": conn.tls, "server_hostname": conn.server_hostname}
-        # Parallel writes of one reconcile (32) and the watches.
+        # Requests answered whole (the parallel writes of one reconcile, 32): `_wire`; the
+        # watches: `_pool`; everything through a proxy: `_manager`.
         self._manager: urllib3.PoolManager | None = None
         self._pool: urllib3.HTTPConnectionPool | None = None
+        self._wire: wire.Connections | None = None
+        port = url.port or (443 if conn.tls is not None else 80)
         if conn.proxy:
             self._manager = urllib3.ProxyManager(conn.proxy, maxsize=64, **tls)
-        elif conn.tls is not None:
-            self._pool = urllib3.HTTPSConnectionPool(url.host, url.port or 443, maxsize=64, **tls)
-            self._pool.ConnectionCls = _OneWriteHTTPSConnection
         else:
-            self._pool = urllib3.HTTPConnectionPool(url.host, url.port or 80, maxsize=64)
+            # An IPv6 literal is bracketed in the URL (and the Host header), not in the address.
+            address = url.host.removeprefix("[").removesuffix("]")
+            self._wire = wire.Connections(address, port, conn.tls, conn.server_hostname)
+            if conn.tls is not None:
+                self._pool = urllib3.HTTPSConnectionPool(url.host, port, maxsize=16, **tls)
+            else:
+                self._pool = urllib3.HTTPConnectionPool(url.host, port, maxsize=16)
 
     def close(self) -> None:
         """Release connections: every pooled connection to the apiserver is closed now (the
         garbage collector would close their sockets whenever it runs, with a
         ResourceWarning)."""
+        if self._wire is not None:
+            self._wire.close()
         if self._pool is not None:
             self._pool.close()
         if self._manager is not None:
@@ -239,6 +220,7 @@ class KubeClient:
         response = self._request(
             "GET", path, None, "application/json", timeout_seconds + WATCH_READ_GRACE_SECONDS
         )
+        assert isinstance(response, urllib3.BaseHTTPResponse)  # a stream: urllib3's
         done = False
         try:
             pending = b""
@@ -345,62 +327,73 @@ class KubeClient:
         timeout: float = REQUEST_TIMEOUT_SECONDS,
     ) -> dict[str, Any]:
         """One JSON request; the parsed answer (a JSON object)."""
-        response = self._request(method, path, body, content_type, None, timeout)
-        answer: dict[str, Any] = orjson.loads(response.data)
+        data = None if body is None else orjson.dumps(body)
+        answer: dict[str, Any] = orjson.loads(
+            self._request(method, path, data, content_type, None, timeout).data
+        )
         return answer
 
     def _request(
         self,
         method: str,
         path: str,
-        body: Any,
+        data: bytes | None,
         content_type: str,
         stream_seconds: float | None,
         timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
-    ) -> urllib3.BaseHTTPResponse:
-        """One request over the client's pool (its TLS settings and kept-alive connections)
-        with the cached credentials; a 401 asks for the credential again at once and, when that
-        changed the credential, is sent once more. stream_seconds: the answer is a stream read
-        by the caller, whose socket may be silent that long; otherwise it is read whole within
-        timeout_seconds. Raises KubeError (or its subclasses) on errors."""
-        data = None if body is None else orjson.dumps(body)
-        if stream_seconds is None:
-            timeout = (
-                _REQUEST_TIMEOUT
-                if timeout_seconds == REQUEST_TIMEOUT_SECONDS
-                else urllib3.Timeout(total=timeout_seconds)
-            )
-        else:
-            timeout = urllib3.Timeout(connect=REQUEST_TIMEOUT_SECONDS, read=stream_seconds)
+    ) -> urllib3.BaseHTTPResponse | wire.Answer:
+        """One request with the cached credentials; a 401 asks for the credential again at
+        once and, when that changed the credential, is sent once more. stream_seconds: the
+        answer is a stream read by the caller (a urllib3 response), whose socket may be silent
+        that long; otherwise it is read whole within timeout_seconds (over `_wire`, unless
+        through a proxy). Raises KubeError (or its subclasses) on errors."""
         for attempt in range(2):
-            try:
-                response = self._send(
-                    method, path, data, self._headers_for(content_type), timeout, stream_seconds
-                )
-            except urllib3.exceptions.HTTPError as err:
-                raise KubeError(0, f"{method} {path}: {err}") from err
+            if stream_seconds is None and self._wire is not None:
+                try:
+                    head = self._headers_for(content_type)[1]
+                    response: urllib3.BaseHTTPResponse | wire.Answer = self._wire.request(
+                        method, self._base + path, head, data, timeout_seconds
+                    )
+                except wire.WireError as err:
+                    raise KubeError(0, f"{method} {path}: {err}") from None
+            else:
+                timeout = _timeout(timeout_seconds, stream_seconds)
+                try:
+                    response = self._send(
+                        method,
+                        path,
+                        data,
+                        self._headers_for(content_type)[0],
+                        timeout,
+                        stream_seconds,
+                    )
+                except urllib3.exceptions.HTTPError as err:
+                    raise KubeError(0, f"{method} {path}: {err}") from err
             if 200 <= response.status < 300:
                 return response
             answer = response.data  # the error's body, read whole
-            response.release_conn()
+            if isinstance(response, urllib3.BaseHTTPResponse):
+                response.release_conn()
             if response.status == 401 and attempt == 0 and self._credentials.refreshed():
                 continue
             raise _error(response.status, answer, response.reason)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _headers_for(self, content_type: str) -> dict[str, str]:
-        """The request headers for a body of content_type: built once per content type and
-        credential (the same dict until the credential changes; never edited after)."""
+    def _headers_for(self, content_type: str) -> tuple[dict[str, str], bytes]:
+        """The request headers for a body of content_type, as urllib3 takes them and as
+        `wire` sends them: built once per content type and credential (the same objects
+        until the credential changes; never edited after)."""
         auth = self._credentials.headers()
         with self._lock:
             if auth is not self._auth_seen:
                 self._auth_seen = auth
                 self._by_type = {}
-            headers = self._by_type.get(content_type)
-            if headers is None:
+            known = self._by_type.get(content_type)
+            if known is None:
                 headers = {**self._headers, **auth, "Content-Type": content_type}
-                self._by_type[content_type] = headers
-            return headers
+                known = (headers, wire.head_block(self._netloc, headers))
+                self._by_type[content_type] = known
+            return known
 
     def _send(
         self,
@@ -411,9 +404,9 @@ class KubeClient:
         timeout: urllib3.Timeout,
         stream_seconds: float | None,
     ) -> urllib3.BaseHTTPResponse:
-        """One request on the apiserver's connection pool itself: what PoolManager.request
-        did per request (parse the URL, find the pool by key, merge headers) is done once.
-        Through a proxy (a ProxyManager), the manager's own path."""
+        """One request over urllib3: a watch on the apiserver's connection pool itself (what
+        PoolManager.request did per request, parse the URL, find the pool by key, merge
+        headers, done once), or anything through a proxy (a ProxyManager)."""
         preload = stream_seconds is None
         path = self._base + path
         if self._pool is None:

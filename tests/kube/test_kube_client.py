@@ -282,7 +282,12 @@ def test_close_closes_every_pooled_connection(control_plane: KubeCluster) -> Non
     threads: their sockets are closed now, not by the garbage collector whenever it runs (a
     ResourceWarning in whichever test's teardown that happens to be)."""
     kube = KubeClient(str(control_plane.kubeconfig))
-    kube.list_objects(api.PLURAL, "default")
+    _, version = kube.list_objects(api.PLURAL, "default")
+    assert kube._wire is not None
+    kept = kube._wire.idle_sockets()  # requests answered whole: the client's own connections
+    assert kept, "a connection was kept"
+    # A watch the server ends gives its connection back to urllib3's pool.
+    assert list(kube.watch_objects(api.PLURAL, "default", version, 1)) == []
     pool = kube._pool
     assert pool is not None and pool.num_connections >= 1
     idle = list(pool.pool.queue) if pool.pool is not None else []
@@ -291,6 +296,8 @@ def test_close_closes_every_pooled_connection(control_plane: KubeCluster) -> Non
     kube.close()
     assert pool.pool is None
     assert all(c.sock is None for c in opened)
+    assert all(sock.fileno() == -1 for sock in kept)  # closed
+    assert kube._wire.idle_sockets() == []
 
 
 def test_the_echo_of_our_own_status_write_wakes_nobody_whichever_comes_first(
