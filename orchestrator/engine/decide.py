@@ -335,19 +335,26 @@ def request_id(uid: str, cluster_id: str, step: str, target: str, attempt: int) 
     return f"{uid}:{cluster_id}:{step}:{target}:{attempt}"
 
 
+def _request_parts(request_id_: str) -> list[str] | None:
+    """A request id (`request_id`) read back: [uid:cluster, step, target, attempt], or None
+    when it is not one of ours."""
+    parts = request_id_.rsplit(":", 3)
+    return parts if len(parts) == 4 else None
+
+
 def step_of(request_id_: str) -> str:
     """The step a request id (`request_id`) was made for: "serviceOut", "controlPlane",
     "nodePool/POOL", "recover" (a service-in after a failure)..."""
-    parts = request_id_.rsplit(":", 3)
-    return parts[1] if len(parts) == 4 else ""
+    parts = _request_parts(request_id_)
+    return parts[1] if parts is not None else ""
 
 
 def attempt_of(request_id_: str) -> int | None:
     """The attempt a request id (`request_id`) was made for; None when it is not one of ours.
     An attempt may adopt an earlier attempt's request (a retry of a Failed cluster whose
     service-in back was asked: `_retry`), so this can be below the status's attempt."""
-    tail = request_id_.rsplit(":", 1)[-1]
-    return int(tail) if tail.isdigit() and ":" in request_id_ else None
+    parts = _request_parts(request_id_)
+    return int(parts[3]) if parts is not None and parts[3].isdigit() else None
 
 
 def hook_id(uid: str, cluster_id: str, kind: str, attempt: int) -> str:
@@ -1641,8 +1648,8 @@ def _recover(run: _Run, u: Upgrade) -> None:
     fail, or readiness past timeouts.ready, leave it out (step RECOVER_GAVE_UP)."""
     st = run.status[u.name]
     obs = run.observed(u.cluster_id)
-    if obs is None and st.step == RECOVER_STEP:
-        run.set(u, **_unseen_health(st))
+    if obs is None:
+        run.set(u, **_unseen_health(st))  # awaiting its checks (step RECOVER_STEP) only
     if not st.step or st.step == RECOVER_GAVE_UP or obs is None:
         return
     if run.holder(u.cluster_id) is not None:
