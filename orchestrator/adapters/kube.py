@@ -348,27 +348,19 @@ class KubeClient:
         that long; otherwise it is read whole within timeout_seconds (over `_wire`, unless
         through a proxy). Raises KubeError (or its subclasses) on errors."""
         for attempt in range(2):
-            if stream_seconds is None and self._wire is not None:
-                try:
-                    head = self._headers_for(content_type)[1]
+            try:
+                headers, head = self._headers_for(content_type)
+                if stream_seconds is None and self._wire is not None:
                     response: urllib3.BaseHTTPResponse | wire.Answer = self._wire.request(
                         method, self._base + path, head, data, timeout_seconds
                     )
-                except wire.WireError as err:
-                    raise KubeError(0, f"{method} {path}: {err}") from None
-            else:
-                timeout = _timeout(timeout_seconds, stream_seconds)
-                try:
-                    response = self._send(
-                        method,
-                        path,
-                        data,
-                        self._headers_for(content_type)[0],
-                        timeout,
-                        stream_seconds,
-                    )
-                except urllib3.exceptions.HTTPError as err:
-                    raise KubeError(0, f"{method} {path}: {err}") from err
+                else:
+                    timeout = _timeout(timeout_seconds, stream_seconds)
+                    response = self._send(method, path, data, headers, timeout, stream_seconds)
+            except wire.WireError as err:  # says how, never a header's value
+                raise KubeError(0, f"{method} {path}: {err}") from None
+            except urllib3.exceptions.HTTPError as err:
+                raise KubeError(0, f"{method} {path}: {err}") from err
             if 200 <= response.status < 300:
                 return response
             answer = response.data  # the error's body, read whole

@@ -227,23 +227,9 @@ def _describe(err: BaseException) -> str:
     return str(err) or type(err).__name__
 
 
-def _fill(conn: _Conn, deadline: float, started: bool) -> None:
-    """Read what the socket has into conn.buf, waiting until deadline at most. started: some
-    of the answer was read already (a close now cuts it short, not before it began)."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError
-    conn.sock.settimeout(left)
-    chunk = conn.sock.recv(READ_BYTES)
-    if not chunk:
-        if started:
-            raise WireError("the connection closed in the middle of the answer")
-        raise _Closed("the connection closed before the answer")
-    conn.buf += chunk
-
-
 def _more(conn: _Conn, deadline: float) -> bool:
-    """Read more of a body that ends with the connection; False at its end."""
+    """Read what the socket has into conn.buf, waiting until deadline at most; False when
+    the connection closed (nothing more will come)."""
     left = deadline - time.monotonic()
     if left <= 0:
         raise TimeoutError
@@ -251,6 +237,15 @@ def _more(conn: _Conn, deadline: float) -> bool:
     chunk = conn.sock.recv(READ_BYTES)
     conn.buf += chunk
     return bool(chunk)
+
+
+def _fill(conn: _Conn, deadline: float, started: bool) -> None:
+    """`_more` where the answer must go on. started: some of the answer was read already (a
+    close now cuts it short, not before it began)."""
+    if not _more(conn, deadline):
+        if started:
+            raise WireError("the connection closed in the middle of the answer")
+        raise _Closed("the connection closed before the answer")
 
 
 def _line(conn: _Conn, deadline: float) -> bytes:
