@@ -117,12 +117,15 @@ class Connections:
         self._server_hostname = server_hostname or host
         self._idle: list[_Conn] = []
         self._lock = threading.Lock()
+        #: After `close`, a connection given back (its request was in flight) is closed too.
+        self._closed = False
         #: Connections opened in all (tests and the benchmark read it).
         self.opened = 0
 
     def close(self) -> None:
         """Close every idle connection now (one in use is closed when its request ends)."""
         with self._lock:
+            self._closed = True
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
@@ -188,7 +191,7 @@ class Connections:
 
     def _give(self, conn: _Conn) -> None:
         with self._lock:
-            if len(self._idle) < KEPT:
+            if not self._closed and len(self._idle) < KEPT:
                 self._idle.append(conn)
                 return
         conn.close()
