@@ -168,6 +168,7 @@ class Upstream:
                 options.append(("grpc.ssl_target_name_override", tls.server_name))
             self._channel = grpc.secure_channel(endpoint, tls.credentials(), options=options)
         self._stub = plugin_pb2_grpc.ClusterStub(self._channel)
+        self._closed = False
 
     def _call(self, rpc: str, method: grpc.UnaryUnaryMultiCallable[Any, R], request: Any) -> R:
         start = time.perf_counter()
@@ -177,6 +178,13 @@ class Upstream:
         except grpc.RpcError as exc:
             code = exc.code()
             raise UpstreamError(self.endpoint, rpc, code, exc.details() or "") from None
+        except ValueError:
+            # grpc refuses a call on a closed channel before sending anything (the bridge is
+            # stopping under a handler still running): not reached, so not ambiguous.
+            if not self._closed:
+                raise
+            code = grpc.StatusCode.UNAVAILABLE
+            raise UpstreamError(self.endpoint, rpc, code, "the bridge is stopping") from None
         finally:
             self._metrics.calls.labels(rpc, code.name).inc()
             self._metrics.duration.labels(rpc).observe(time.perf_counter() - start)
@@ -229,5 +237,6 @@ class Upstream:
         return self._call("UpgradeNodePool", self._stub.UpgradeNodePool, request)
 
     def close(self) -> None:
-        """Closes the channel."""
+        """Closes the channel; a call made after it fails UNAVAILABLE, never reaching upstream."""
+        self._closed = True
         self._channel.close()

@@ -135,8 +135,18 @@ def test_no_request_is_sent_upstream_twice_whatever_happens(
 def _mutate(
     client: PluginClient, world: World, rng: random.Random, step: int, listing: bool = True
 ) -> None:
-    if world.asks and rng.random() < 0.3:
-        rid = rng.choice(sorted(world.asks))
+    # Every draw is made whatever the bridge answered, so a seed makes the same choices however
+    # the calls were timed; only which clusters are idle comes from the answers.
+    repeat, pick, use_idle, kind = rng.random(), rng.random(), rng.random(), rng.choice(_KINDS)
+    pool, work, version = rng.choice(POOLS), rng.random() < 0.8, rng.choice((OLD, NEW))
+    answered = sorted(world.op_of)
+    if answered and repeat < 0.2:  # a request the bridge answered, sent again
+        rid = answered[int(pick * len(answered))]
+        ask = world.asks[rid]
+        world.repeats += 1
+    elif repeat < 0.3 and world.asks:  # any request sent again, answered or not
+        asked = sorted(world.asks)
+        rid = asked[int(pick * len(asked))]
         ask = world.asks[rid]
         world.repeats += rid in world.op_of
     else:
@@ -145,9 +155,9 @@ def _mutate(
         # Mostly a cluster with nothing in flight and a change with work to do; sometimes a
         # busy cluster (ABORTED) or a change already made (SUCCEEDED at once).
         idle = [cid for cid, c in listed.items() if not c.HasField("current_operation")]
-        cluster = rng.choice(idle) if idle and rng.random() < 0.8 else rng.choice(IDS)
-        kind, pool = rng.choice(_KINDS), rng.choice(POOLS)
-        seen, work = listed.get(cluster), rng.random() < 0.8
+        among = idle if idle and use_idle < 0.8 else list(IDS)
+        cluster = among[int(pick * len(among))]
+        seen = listed.get(cluster)
         if kind in (_K.OPERATION_KIND_SERVICE_OUT, _K.OPERATION_KIND_SERVICE_IN):
             if seen is not None and work:
                 kind = (
@@ -157,7 +167,6 @@ def _mutate(
                 )
             ask = (kind, cluster, "", "")
         else:
-            version = rng.choice((OLD, NEW))
             if seen is not None and work:
                 now = seen.control_plane_version
                 if kind == _K.OPERATION_KIND_UPGRADE_NODE_POOL:
@@ -165,8 +174,8 @@ def _mutate(
                 version = NEW if now == OLD else OLD
             upgrade_pool = pool if kind == _K.OPERATION_KIND_UPGRADE_NODE_POOL else ""
             ask = (kind, cluster, upgrade_pool, version)
-    world.history.append(f"{step}: {_K.Name(ask[0])} {ask[1][-2:]} {ask[2]} {ask[3]} as {rid}")
     world.asks.setdefault(rid, ask)
+    world.history.append(f"{step}: {_K.Name(ask[0])} {ask[1][-2:]} {ask[2]} {ask[3]} as {rid}")
     _answer(client, world, rid)
 
 

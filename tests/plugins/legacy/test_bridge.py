@@ -312,6 +312,33 @@ def test_an_unwritable_state_file_refuses_the_mutation_before_the_upstream_is_ca
     assert upstream.model.count(SERVICE_OUT, C0) == 1
 
 
+def test_a_mutation_cut_off_by_the_bridge_stopping_is_sent_once_by_the_next_bridge(
+    upstream: LegacyServer, start_bridge: StartBridge, state_file: Path
+) -> None:
+    # The bridge stops (its upstream channel closed) after the cluster was read and before
+    # the mutation went out: nothing reached the upstream, so nothing may be followed as sent.
+    state_file.parent.mkdir()
+    first = start_bridge(state_file=str(state_file))
+    observe = first.inventory.observe
+
+    def observe_then_stop(cluster_id: str) -> object:
+        seen = observe(cluster_id)
+        first.upstream.close()
+        return seen
+
+    first.inventory.observe = observe_then_stop  # type: ignore[method-assign,assignment]
+    with client_of(first) as client:
+        cut = _error(lambda: client.service_out("cut-1", C0))
+    assert cut.code is grpc.StatusCode.UNAVAILABLE, cut
+    assert upstream.model.started == []
+    assert SentState(f"{state_file}{SUFFIX}", "").all() == []
+    first.stop(0)
+    with client_of(start_bridge(state_file=str(state_file))) as client:
+        op = client.service_out("cut-1", C0)
+        assert _terminal(client, op.id).state == cluster_pb2.OPERATION_STATE_SUCCEEDED
+    assert upstream.model.count(SERVICE_OUT, C0) == 1
+
+
 def test_a_state_file_of_something_else_is_refused_at_start(
     start_bridge: StartBridge, tmp_path: Path
 ) -> None:
