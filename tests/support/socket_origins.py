@@ -3,9 +3,10 @@
 The suite turns warnings into errors, so a TLS socket some object dropped without closing fails
 whichever test is running when the garbage collector finds it, often long after and far from
 where it was opened; the warning names only its local address. This pytest plugin remembers
-the stack that opened each TLS client socket (by local port, the most recent few thousand) and
-adds it to the report of a test that failed on such a warning, so the leak can be found from
-one CI log. It changes no outcome.
+the stack that opened each TLS client socket, and the test running then, by local port, and
+adds them to the report of a test that failed on such a warning, so the leak can be found from
+one CI log. Every port is kept (an unclosed socket keeps its port, so no later socket can take
+its entry; the ephemeral range bounds the table), each stack compact. It changes no outcome.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from typing import Any
 
 import pytest
 
-__all__ = ["opened_at", "pytest_runtest_makereport"]
+__all__ = ["opened_at", "pytest_runtest_makereport", "pytest_runtest_protocol"]
 
-_KEEP = 4096
+_KEEP = 65536
+#: The test running now (its node id), recorded with each socket opened.
+_running = ["(no test)"]
 _PORT = re.compile(r"unclosed <ssl\.SSLSocket[^>]*laddr=\('[^']*', (\d+)\)")
 _origins: OrderedDict[int, str] = OrderedDict()
 _lock = threading.Lock()
@@ -35,10 +38,11 @@ def _recording_wrap(self: ssl.SSLContext, sock: Any, *args: Any, **kwargs: Any) 
         port = int(wrapped.getsockname()[1])
     except (OSError, IndexError, TypeError, ValueError):
         return wrapped
-    stack = "".join(traceback.format_stack(limit=30)[:-1])
+    frames = traceback.extract_stack(limit=40)[:-1]
+    stack = "\n".join(f"  {f.filename}:{f.lineno} {f.name}" for f in frames)
     thread = threading.current_thread().name
     with _lock:
-        _origins[port] = f"thread {thread}:\n{stack}"
+        _origins[port] = f"during {_running[0]}, thread {thread}:\n{stack}"
         _origins.move_to_end(port)
         while len(_origins) > _KEEP:
             _origins.popitem(last=False)
@@ -55,6 +59,12 @@ def opened_at(text: str) -> list[tuple[int, str]]:
             (port, _origins.get(port, "not recorded (opened before the plugin, or long ago)"))
             for port in sorted({int(p) for p in _PORT.findall(text)})
         ]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    _running[0] = item.nodeid
+    yield
 
 
 @pytest.hookimpl(hookwrapper=True)
