@@ -19,6 +19,7 @@ from typing import Any
 from orchestrator import api
 from orchestrator.adapters.cache import ObjectCache
 from orchestrator.engine.decide import ACTIVE, Upgrade
+from orchestrator.engine.index import holds_cluster
 from orchestrator.pipeline import deletion
 from orchestrator.pipeline.crossrun import HoldingIndex, holding_of
 
@@ -86,6 +87,9 @@ class Children:
     unfinalized: set[str] = field(default_factory=set)
     #: status.phase as stored ("Pending" where none): the metrics' count per phase.
     phases: Counter[str | None] = field(default_factory=Counter)
+    #: Those that hold their cluster (engine.index.holds_cluster: active, or an ended attempt
+    #: that keeps it): a run with any does not rest, whatever its phase says (decide.rests).
+    holding: set[str] = field(default_factory=set)
     #: The names put or dropped since the driver last took them (`take_changed`); None until
     #: then (made afresh: every object is new to the driver's index).
     touched: set[str] | None = None
@@ -122,6 +126,8 @@ class Children:
         st = upgrade.status
         if st.phase in ACTIVE and st.request_id:
             self.steps[name] = (st.request_id, st.operation_id or "", cid)
+        if holds_cluster(st.phase, st.step):
+            self.holding.add(name)
         if deletion.deleting(obj):
             self.deleting[name] = cid
         elif not deletion.has_finalizer(obj):
@@ -142,6 +148,7 @@ class Children:
         obj, upgrade = self.objects[name], self.upgrades[name]
         self._disown(upgrade.cluster_id, name)
         self.steps.pop(name, None)
+        self.holding.discard(name)
         self.deleting.pop(name, None)
         self.unfinalized.discard(name)
         phase = (obj.get("status") or {}).get("phase", "Pending")
@@ -184,7 +191,15 @@ class Children:
         """What of this differs from other (empty: they agree), by part."""
         found = [
             part
-            for part in ("parsed_at", "own", "own_by", "steps", "deleting", "unfinalized")
+            for part in (
+                "parsed_at",
+                "own",
+                "own_by",
+                "steps",
+                "holding",
+                "deleting",
+                "unfinalized",
+            )
             if getattr(self, part) != getattr(other, part)
         ]
         if self.phases != other.phases:

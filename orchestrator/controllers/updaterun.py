@@ -37,7 +37,7 @@ from orchestrator.engine.conditions import (
     set_condition,
     with_fix,
 )
-from orchestrator.engine.decide import Floor, Preflight, Upgrade
+from orchestrator.engine.decide import Floor, Preflight, Upgrade, rests
 from orchestrator.engine.index import RunIndex
 from orchestrator.engine.initialize import Pinned, run_name
 from orchestrator.engine.observations import ClusterObs, OpObs, OpState
@@ -238,13 +238,14 @@ class UpdateRunController:
         # back in service; then _finalize lets it go.
         spec = deletion.stopping(parsed) if deletion.deleting(obj) else parsed
         if (
-            status.phase in FINISHED
+            rests(status.phase, len(self._children(namespace, name).holding))
             and spec.state == api.RunState.RUN
             and not _people(obj)
             and status.observed_generation == gen
         ):
             # Finished and nothing new: a spec edit (resume after a stop, spec.retry,
-            # spec.skip) bumps the generation and is looked at once.
+            # spec.skip) bumps the generation and is looked at once. (One that holds clusters
+            # is looked at until it lets them go: engine.decide.rests.)
             self._export_clusters(namespace, name)
             return None
         # Who may do what: before any plugin is called or URL fetched (orchestrator.access).
@@ -621,7 +622,7 @@ class UpdateRunController:
         self._export_clusters(ns, name)
         if deletion.deleting(obj) and self._finalize(obj, _failed_cluster_policy(spec)):
             return None
-        if result.decision.phase in FINISHED:
+        if rests(result.decision.phase, result.decision.keeping):
             return None
         if degraded is not None:
             # A plugin did not answer: look again soon (its clusters wait).

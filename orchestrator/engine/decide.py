@@ -42,7 +42,15 @@ from orchestrator.engine.conditions import (
     set_condition,
 )
 from orchestrator.engine.health import judge
-from orchestrator.engine.index import ACTIVE, Quiet, RunIndex, Waiting, up_by_observation
+from orchestrator.engine.index import (
+    ACTIVE,
+    KEEPING,
+    Quiet,
+    RunIndex,
+    Waiting,
+    keeps_cluster,
+    up_by_observation,
+)
 from orchestrator.engine.observations import (
     ClusterObs,
     OpKind,
@@ -60,6 +68,7 @@ __all__ = [
     "CONTROL_PLANE_PAST_TARGET",
     "FATAL_CODES",
     "HOOK_POLL_SECONDS",
+    "KEEP_WATCH_SECONDS",
     "POST_HOOK",
     "PREFLIGHT_TTL",
     "PRE_HOOK",
@@ -90,6 +99,7 @@ __all__ = [
     "hook_id",
     "needs_upgrade",
     "request_id",
+    "rests",
     "short_of_target",
     "step_of",
     "with_status",
@@ -108,8 +118,6 @@ _STEP_PHASE = {
 _KIND_OF = {k.value: k for k in OpKind}
 #: Phases in which an attempt has ended (`end_time` set).
 ENDED = frozenset({U.UPGRADED, U.FAILED, U.SKIPPED})
-#: The phases `_released` looks at: neither active, nor Pending, nor Upgraded.
-_ENDED_OR_BLOCKED = (U.FAILED, U.SKIPPED, U.BLOCKED)
 #: Reasons of a Pending cluster that waits for the world to let it go (held elsewhere): the
 #: run names one when nothing of it moves (invariant 4: it says what it waits for).
 _HELD_ELSEWHERE = frozenset({"HeldByAnotherRun", "ForeignOperation", "OutOfService"})
@@ -122,6 +130,8 @@ PREFLIGHT_TTL = timedelta(seconds=60)
 STEP_POLL_SECONDS = 10.0
 #: How often to look again at a cluster waiting for availability or readiness.
 POLL_SECONDS = 2.0
+#: How often a finished run that keeps clusters looks at them (`rests`).
+KEEP_WATCH_SECONDS = 30.0
 #: How often a running hook is looked at again even without news (a Job's status is polled).
 HOOK_POLL_SECONDS = 5.0
 #: The two hook kinds, as HookStatus.kind spells them.
@@ -290,6 +300,9 @@ class Decision:
     #: Why no cluster starts now, in a word: Paused, Stopped, Halted, AwaitingApproval,
     #: Soaking, Verifying, AvailabilityBudget, NotBefore, MaintenanceWindow (None: not waiting).
     waiting_reason: str | None = None
+    #: How many of the run's clusters its ended attempts keep (`keeps_cluster`); a finished
+    #: run that keeps one does not rest (`rests`).
+    keeping: int = 0
 
 
 @dataclass(frozen=True)
@@ -1499,7 +1512,7 @@ def _people(run: _Run) -> None:
 
 def _retry_at_rest(run: _Run) -> None:
     """A retry that waited (`retry_waits`) applies once its cluster is at rest."""
-    for u in run.having(*_ENDED_OR_BLOCKED):
+    for u in run.having(*KEEPING):
         st = run.status[u.name]
         if st.message is not None and retry_waits(st):
             _retry(run, u, st, retry_words(st.message))
@@ -1535,9 +1548,9 @@ def _released(run: _Run) -> None:
     run in flight on it, the attempt keeps nothing out (its service-out failed, or someone
     serviced it back in) and its step is cleared, so that a later retry never adopts a
     cluster that another run has taken out since."""
-    for u in run.having(*_ENDED_OR_BLOCKED):
+    for u in run.having(*KEEPING):
         st = run.status[u.name]
-        if not st.step or st.phase in ACTIVE or st.phase in (U.PENDING, U.UPGRADED):
+        if not keeps_cluster(st.phase, st.step):
             continue
         obs = run.inp.snapshot.clusters.get(u.cluster_id)
         if obs is None or not obs.in_service or run.busy_ours(obs, st):
@@ -1566,7 +1579,7 @@ _WAITS = "; waits until "
 
 def retry_waits(st: api.ClusterUpgradeStatus) -> bool:
     """Whether a person's retry of this ended attempt waits for its cluster to be at rest."""
-    return st.phase in _ENDED_OR_BLOCKED and _WAITS in (st.message or "")
+    return st.phase in KEEPING and _WAITS in (st.message or "")
 
 
 def retry_words(message: str) -> str:
@@ -2390,6 +2403,12 @@ def _summarise(
     phase, message, waiting = _run_phase(
         run, stages, current, halted, blocked, budgets, counts, waiting
     )
+    keeping = sum(
+        keeps_cluster(run.status[u.name].phase, run.status[u.name].step)
+        for u in run.having(*KEEPING)
+    )
+    if keeping and phase in api.FINISHED_PHASES:
+        run.wake(KEEP_WATCH_SECONDS)
     failures = None
     if budgets.counted or run.strategy.max_failures is not None:
         failures = api.FailureSummary(
@@ -2414,7 +2433,22 @@ def _summarise(
         failures=failures,
         next_start_time=next_start,
         waiting_reason=waiting,
+        keeping=keeping,
     )
+
+
+def rests(phase: api.RunPhase | str | None, holding: int) -> bool:
+    """Whether a run needs no pass until it is edited (resumed, retried, skipped, deleted):
+    its phase is finished and none of its ClusterUpgrades holds its cluster (holding: how many
+    do, `index.holds_cluster`; the Decision's `keeping` after a pass). A finished run whose
+    ended attempts keep clusters is looked at every KEEP_WATCH_SECONDS: it holds them against
+    every other run until it lets them go, which it does once it sees them in service
+    (`_released`), so a finished run that never looked again would hold them for ever; and a
+    retry a person asked while its cluster was not at rest applies once it is
+    (`_retry_at_rest`). A cluster held active under a finished phase (the run's status write
+    lost after its ClusterUpgrade's: simulation seed 498) is looked at too. The controller and
+    the simulation decide by this."""
+    return phase in api.FINISHED_PHASES and not holding
 
 
 def _counts(run: _Run) -> dict[str, int]:

@@ -41,10 +41,13 @@ if TYPE_CHECKING:
 __all__ = [
     "ACTIVE",
     "FULL_EVERY",
+    "KEEPING",
     "Phases",
     "Quiet",
     "RunIndex",
     "Waiting",
+    "holds_cluster",
+    "keeps_cluster",
     "same",
     "up_by_observation",
 ]
@@ -70,6 +73,27 @@ ACTIVE = frozenset(
         _U.POST_HOOK,
     }
 )
+#: Ended or not started, yet possibly keeping its cluster out of service (`keeps_cluster`).
+KEEPING = frozenset({_U.FAILED, _U.SKIPPED, _U.BLOCKED})
+
+
+def keeps_cluster(phase: str | None, step: str | None) -> bool:
+    """An attempt that ended (or is Blocked) with its `step` kept: what that step did may
+    still keep the cluster out of service (its service-out took it out, or may yet), so it is
+    this run's to carry on, bring back or let go (`decide._released` clears the step once the
+    cluster is seen in service with no operation of the run on it). Until then the cluster is
+    the run's as much as an ACTIVE one is, for every other run (`holds_cluster`)."""
+    return bool(step) and phase in KEEPING
+
+
+def holds_cluster(phase: str | None, step: str | None, owned: bool = True) -> bool:
+    """Invariant 2's one owner, across runs: a ClusterUpgrade holds its cluster while it is
+    in an ACTIVE phase or keeps it (`keeps_cluster`). Another run never takes a cluster so
+    held out of service, and never adopts it as its own (simulation seed 104873: a retry
+    adopted, and serviced back in, a cluster another run's failed attempt kept out, because
+    that attempt held nothing once ended). An orphan (owned False: its run deleted with
+    --cascade=orphan) holds only while ACTIVE: no run is left to release what it keeps."""
+    return phase in ACTIVE or (owned and keeps_cluster(phase, step))
 
 
 @dataclass

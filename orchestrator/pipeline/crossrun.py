@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from orchestrator import api
-from orchestrator.engine.decide import ACTIVE, Floor
+from orchestrator.engine.decide import Floor
+from orchestrator.engine.index import holds_cluster
 
 __all__ = [
     "UNSEEN",
@@ -25,13 +26,13 @@ __all__ = [
     "HoldingIndex",
     "RunNotSeen",
     "endpoint_identity",
+    "holding",
     "holding_of",
     "neighbours",
     "pinned_provider",
     "provider_identity",
 ]
 
-_ACTIVE = frozenset(p.value for p in ACTIVE)
 K = TypeVar("K", bound=Hashable)
 #: Prefix of the fallback identity of a plugin that reports no fleet_id.
 ENDPOINT_PREFIX = "endpoint/"
@@ -82,8 +83,9 @@ class Holding:
     #: The provider identity the cluster belongs to.
     provider: str
     cluster_id: str
-    #: Its phase is one of the engine's ACTIVE phases: the run holds the cluster.
-    active: bool
+    #: The run holds the cluster (`engine.index.holds_cluster`: an ACTIVE phase, or an ended
+    #: attempt that keeps its step).
+    holds: bool
     #: It has an owner (its UpdateRun); an orphan (--cascade=orphan) is no live run's member.
     owned: bool = True
 
@@ -102,15 +104,31 @@ def holding_of(obj: Mapping[str, Any], identities: Mapping[str, str]) -> Holding
     spec = obj.get("spec") or {}
     provider = pinned_provider(spec.get("providerId"), str(spec.get("provider", "")), identities)
     run = (meta.get("labels") or {}).get(api.LABEL_RUN, "")
+    status = obj.get("status") or {}
+    owned = bool(meta.get("ownerReferences"))
     # One string for every holding of a run, of a provider (issue 21's memory: at 10,000
     # ClusterUpgrades a "namespace/run" each was 0.6 MiB).
-    return Holding(
-        run=sys.intern(f"{meta['namespace']}/{run}"),
-        provider=sys.intern(provider),
-        cluster_id=str(spec.get("clusterId", "")),
-        active=(obj.get("status") or {}).get("phase") in _ACTIVE,
-        owned=bool(meta.get("ownerReferences")),
+    return holding(
+        sys.intern(f"{meta['namespace']}/{run}"),
+        sys.intern(provider),
+        str(spec.get("clusterId", "")),
+        status.get("phase"),
+        status.get("step"),
+        owned,
     )
+
+
+def holding(
+    run: str,
+    provider: str,
+    cluster_id: str,
+    phase: str | None,
+    step: str | None,
+    owned: bool = True,
+) -> Holding:
+    """The Holding of a ClusterUpgrade of run with this status phase and step (the one place
+    a holding is made: `holding_of` from a raw object, the simulation from its store)."""
+    return Holding(run, provider, cluster_id, holds_cluster(phase, step, owned), owned)
 
 
 def neighbours(
@@ -150,8 +168,8 @@ class HoldingIndex(Generic[K]):
 
     def __init__(self) -> None:
         self._by_key: dict[K, Holding] = {}
-        #: provider → cluster id → run → how many of its ClusterUpgrades hold it (active).
-        self._active: dict[str, dict[str, dict[str, int]]] = {}
+        #: provider → cluster id → run → how many of its ClusterUpgrades hold it (`Holding.holds`).
+        self._held: dict[str, dict[str, dict[str, int]]] = {}
         #: provider → run → cluster id → how many of its owned ClusterUpgrades name it.
         self._members: dict[str, dict[str, dict[str, int]]] = {}
         #: run → provider → how many of its ClusterUpgrades belong to it (owned or not).
@@ -211,14 +229,14 @@ class HoldingIndex(Generic[K]):
                 del runs[h.run]
             if not runs:
                 del self._members[h.provider]
-        if h.active:
-            held = self._active.setdefault(h.provider, {})
+        if h.holds:
+            held = self._held.setdefault(h.provider, {})
             holders = held.setdefault(h.cluster_id, {})
             _count(holders, h.run, by)
             if not holders:
                 del held[h.cluster_id]
             if not held:
-                del self._active[h.provider]
+                del self._held[h.provider]
 
     def neighbours(
         self,
@@ -229,7 +247,7 @@ class HoldingIndex(Generic[K]):
     ) -> tuple[dict[str, str], list[Floor]]:
         """`neighbours` (the module function) over the holdings recorded here."""
         held: dict[str, str] = {}
-        for cid, holders in self._active.get(provider, {}).items():
+        for cid, holders in self._held.get(provider, {}).items():
             others = [r for r in holders if r != run]
             if others:
                 held[cid] = min(others)
@@ -253,7 +271,7 @@ class HoldingIndex(Generic[K]):
 
     def differences(self, other: HoldingIndex[K]) -> list[str]:
         """What of this index differs from other (empty: they agree), by part."""
-        parts = ("_by_key", "_active", "_members", "_providers")
+        parts = ("_by_key", "_held", "_members", "_providers")
         found = [p.strip("_") for p in parts if getattr(self, p) != getattr(other, p)]
         for (provider, run), cids in self._frozen.items():
             if set(cids) != set(self._members.get(provider, {}).get(run, {})):

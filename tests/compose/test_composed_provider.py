@@ -311,7 +311,7 @@ def test_a_composed_runs_clusters_meet_a_run_on_the_plain_inventory_plugin() -> 
     pinned = pin_upgrades("composed", spec, w.provider.inventory(), provider_id=HUB_IDENTITY)
     assert not isinstance(pinned, list)
     holdings = [
-        Holding("team-a/composed", u.spec.provider_id or "", u.cluster_id, active=True)
+        Holding("team-a/composed", u.spec.provider_id or "", u.cluster_id, holds=True)
         for u in pinned.upgrades
     ]
     assert {h.cluster_id for h in holdings} == {"member-1", "member-2"}

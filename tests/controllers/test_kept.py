@@ -165,7 +165,7 @@ def _neighbours_from_scratch(
     provider; the floors of the other live runs whose owned members meet own, by run."""
     held: dict[str, str] = {}
     for h in holdings:
-        if h.run != run and h.provider == provider and h.active:
+        if h.run != run and h.provider == provider and h.holds:
             held[h.cluster_id] = min(held.get(h.cluster_id, h.run), h.run)
     out = []
     for other in sorted({h.run for h in holdings if h.owned and h.provider == provider} - {run}):

@@ -69,7 +69,7 @@ def test_a_clusterupgrade_pinned_before_identities_is_mapped_by_its_endpoint() -
     old = _cu("team-a", "old", "c1", "ServicingOut", "sim-plugin:9000", None)
     # The controller reached sim-plugin:9000 and learned what it is.
     mapped = holding_of(old, {"sim-plugin:9000": SIM})
-    assert mapped.provider == SIM and mapped.active
+    assert mapped.provider == SIM and mapped.holds
     held, _ = neighbours([mapped], lambda run: 2, SIM, "team-b/new", {"c1"})
     assert held == {"c1": "team-a/old"}
     # Not reached yet: the endpoint fallback, which does not meet SIM.
@@ -171,3 +171,23 @@ def test_an_orphaned_clusterupgrade_holds_its_cluster_but_binds_no_floor() -> No
 
 
 UNSEEN_RUN = -1
+
+
+def test_an_ended_attempt_that_keeps_its_step_holds_its_cluster_until_it_lets_it_go() -> None:
+    # Simulation seed 104873: a failed attempt of another run kept c1 out of service (its step
+    # kept); a retry here took c1 for its own because that attempt held nothing once ended.
+    failed = _cu("a", "other", "c1", "Failed", "x:1", SIM)
+    failed["status"]["step"] = "upgradeControlPlane"
+    held, _ = neighbours([holding_of(failed, {})], lambda run: None, SIM, "b/me", {"c1"})
+    assert held == {"c1": "a/other"}
+    for phase in ("Skipped", "Blocked"):
+        kept = dict(failed, status={**failed["status"], "phase": phase})
+        assert holding_of(kept, {}).holds, phase
+    # Let go (`decide._released` cleared the step), or never taken: held by no one.
+    released = dict(failed, status={"phase": "Failed"})
+    upgraded = dict(failed, status={**failed["status"], "phase": "Upgraded"})
+    for obj in (released, upgraded):
+        assert neighbours([holding_of(obj, {})], lambda run: None, SIM, "b/me", {"c1"})[0] == {}
+    # An orphan's kept step holds nothing: no run is left to let it go.
+    orphan = dict(failed, metadata={**failed["metadata"], "ownerReferences": []})
+    assert not holding_of(orphan, {}).holds

@@ -12,6 +12,7 @@ import pytest
 from orchestrator import api
 from orchestrator.engine.decide import (
     ACTIVE,
+    KEEP_WATCH_SECONDS,
     RECOVER_STEP,
     Call,
     Decision,
@@ -22,6 +23,7 @@ from orchestrator.engine.decide import (
     call_failed,
     decide,
     request_id,
+    rests,
     retry_waits,
     with_status,
 )
@@ -395,6 +397,36 @@ def test_a_failed_attempt_with_its_service_out_still_in_flight_keeps_the_cluster
     failed = failed.model_copy(update={"reason": "StepTimedOut"})
     d, by_id = _decide(fleet, spec, {"c00000": failed}, 20, snapshot=snap)
     assert _status(d, by_id, "c00000").step == OpKind.SERVICE_OUT.value
+
+
+def test_a_finished_run_that_keeps_a_cluster_looks_again_until_it_lets_it_go() -> None:
+    """Simulation seed 104873. A stopped run's failed service-out may still act: the run keeps
+    the cluster (holding it against every other run, crossrun.holding_of), so it must look
+    again until it sees the cluster in service with nothing of its own in flight, and let it
+    go. A stopped run that rested with the step kept held the cluster for ever, and its
+    retry, applied when it was deleted, adopted the cluster another run had taken out since."""
+    fleet = make_fleet(4)
+    spec = spec_for(fleet, NEW, required=1)
+    stopped = as_run_spec(spec).model_copy(update={"state": api.RunState.STOP})
+    failed, snap = _failed_service_out(OpState.RUNNING)
+    by_id = _pinned(fleet, spec)
+    by_id["c00000"] = with_status(
+        by_id["c00000"], failed.model_copy(update={"reason": "StepTimedOut"})
+    )
+
+    def once(snapshot: Snapshot) -> Decision:
+        upgrades = {u.name: u for u in by_id.values()}
+        at = T0 + timedelta(seconds=20)
+        inp = RunInput("ns/run", UID, stopped, upgrades, snapshot, at, preflight_supported=False)
+        return decide(inp)
+
+    d = once(snap)  # its service-out still runs
+    assert d.phase == api.RunPhase.STOPPED and d.keeping == 1
+    assert not rests(d.phase, d.keeping)
+    assert d.requeue_after is not None and d.requeue_after <= KEEP_WATCH_SECONDS
+    d = once(Snapshot(snap.clusters, {}))  # it ended (forgotten) with the cluster in service
+    assert d.keeping == 0 and rests(d.phase, d.keeping)
+    assert _status(d, by_id, "c00000").step is None
 
 
 def test_a_failed_cluster_someone_serviced_back_in_is_no_longer_kept_out() -> None:

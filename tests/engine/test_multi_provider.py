@@ -383,7 +383,7 @@ def test_errors_of_a_member_name_its_fleet_provider() -> None:
 
 
 def _holding(run: str, provider: str, cid: str, active: bool = False) -> Holding:
-    return Holding(run=run, provider=provider, cluster_id=cid, active=active)
+    return Holding(run=run, provider=provider, cluster_id=cid, holds=active)
 
 
 def test_a_run_sharing_one_provider_binds_with_its_members_on_every_provider() -> None:

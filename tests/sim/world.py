@@ -21,7 +21,8 @@ from typing import Any
 
 from orchestrator import api
 from orchestrator.engine.conditions import format_time
-from orchestrator.engine.decide import ACTIVE, Call, Floor, Preflight, Upgrade
+from orchestrator.engine.decide import ACTIVE, Call, Floor, Preflight, Upgrade, rests
+from orchestrator.engine.index import holds_cluster
 from orchestrator.engine.initialize import live_fields, pin_upgrades, run_for, superseded
 from orchestrator.engine.observations import OpObs, Snapshot
 from orchestrator.engine.requester import handover
@@ -29,6 +30,7 @@ from orchestrator.engine.validate import Problem
 from orchestrator.pipeline import deletion
 from orchestrator.pipeline.crossrun import (
     Holding,
+    holding,
     neighbours,
     pinned_provider,
     provider_identity,
@@ -937,11 +939,12 @@ class World:
         """Every ClusterUpgrade as the runs that meet see it (orchestrator.pipeline.crossrun), read
         from the store as the UpdateRun controller reads its cache."""
         return [
-            Holding(
-                run=o.run,
-                provider=pinned_provider(o.upgrade.spec.provider_id, o.upgrade.spec.provider, {}),
-                cluster_id=o.upgrade.cluster_id,
-                active=o.upgrade.status.phase in ACTIVE,
+            holding(
+                o.run,
+                pinned_provider(o.upgrade.spec.provider_id, o.upgrade.spec.provider, {}),
+                o.upgrade.cluster_id,
+                o.upgrade.status.phase,
+                o.upgrade.status.step,
             )
             for o in self.api.upgrades.values()
         ]
@@ -1043,7 +1046,10 @@ class World:
         for key in sorted(k for k, t in self.due.items() if t <= self.now):
             run = self.api.runs[key]
             if (
-                run.status.phase in FINISHED
+                (
+                    run.status.phase == api.RunPhase.INVALID
+                    or rests(run.status.phase, self._holding(key))
+                )
                 and run.initialized
                 and not run.edited
                 and not run.deleting
@@ -1051,6 +1057,13 @@ class World:
                 del self.due[key]
                 continue
             yield key
+
+    def _holding(self, key: str) -> int:
+        """How many clusters the run's ClusterUpgrades hold (`index.holds_cluster`)."""
+        return sum(
+            holds_cluster(o.upgrade.status.phase, o.upgrade.status.step)
+            for o in self.api.upgrades_of(key)
+        )
 
     def iterate(self, active: bool, horizon: int) -> None:
         self.now = self._next_time(horizon)
