@@ -499,6 +499,7 @@ class ModelProvider:
     def snapshot(self, cluster_ids: Sequence[str]) -> Snapshot:
         self.following = True
         self.adversary.rpc("ListClusters", "")
+        self.monitor.inventory_read("")
         snap = self.fleet.snapshot(cluster_ids)
         operations = dict(snap.operations)
         for rid, op in operations.items():

@@ -291,7 +291,9 @@ class MemberView:
     def snapshot(self, cluster_ids: Sequence[str]) -> Snapshot:
         self._reach("ListClusters")
         mine = [c for c in cluster_ids if self.world.member_of.get(c) == self.name]
-        return self.base.snapshot(mine)
+        snap = self.base.snapshot(mine)
+        self.world.monitor.inventory_read(self.name)
+        return snap
 
     def preflight(self, cluster_id: str, version: str, pools: Mapping[str, str]) -> Preflight:
         self._reach("PreflightUpgrade")
