@@ -300,8 +300,9 @@ class Decision:
     #: Why no cluster starts now, in a word: Paused, Stopped, Halted, AwaitingApproval,
     #: Soaking, Verifying, AvailabilityBudget, NotBefore, MaintenanceWindow (None: not waiting).
     waiting_reason: str | None = None
-    #: How many of the run's clusters its ended attempts keep (`keeps_cluster`); a finished
-    #: run that keeps one does not rest (`rests`).
+    #: For a finished phase, how many of the run's clusters its ended attempts keep
+    #: (`keeps_cluster`; 0 while the run is live, when `rests` does not read it): a finished
+    #: run that keeps one does not rest.
     keeping: int = 0
 
 
@@ -2403,12 +2404,14 @@ def _summarise(
     phase, message, waiting = _run_phase(
         run, stages, current, halted, blocked, budgets, counts, waiting
     )
-    keeping = sum(
-        keeps_cluster(run.status[u.name].phase, run.status[u.name].step)
-        for u in run.having(*KEEPING)
-    )
-    if keeping and phase in api.FINISHED_PHASES:
-        run.wake(KEEP_WATCH_SECONDS)
+    keeping = 0
+    if phase in api.FINISHED_PHASES:  # only `rests` reads it: no walk on a live run's pass
+        keeping = sum(
+            keeps_cluster(run.status[u.name].phase, run.status[u.name].step)
+            for u in run.having(*KEEPING)
+        )
+        if keeping:
+            run.wake(KEEP_WATCH_SECONDS)
     failures = None
     if budgets.counted or run.strategy.max_failures is not None:
         failures = api.FailureSummary(
