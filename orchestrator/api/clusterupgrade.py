@@ -118,6 +118,13 @@ class ClusterUpgradeStatus(_Model):
     phase: UpgradePhase = UpgradePhase.PENDING
     step: str | None = Field(default=None, description="The step in flight, e.g. nodePool/a.")
     request_id: str | None = None
+    next_request_ids: list[str] | None = Field(
+        default=None,
+        description="The node-pool steps that follow the one on record, persisted with its "
+        "intent (invariant 6) so that each starts, once the one before it succeeded, without a "
+        "write of its own: the step in flight is the first of requestId and these whose "
+        "operation has not succeeded.",
+    )
     operation_id: str | None = None
     attempt: int = 0
     step_start_time: str | None = None

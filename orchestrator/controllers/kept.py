@@ -79,7 +79,8 @@ class Children:
     #: not a dict each: ~200 bytes a cluster at 10,000, issue 21.)
     own_by: dict[str, str | dict[str, str]] = field(default_factory=dict)
     #: The steps in flight (an ACTIVE phase with a request id): (request id, operation id,
-    #: cluster id) by name, as GrpcProvider.learn takes them.
+    #: cluster id) by name, as GrpcProvider.learn takes them; a chain of node pools
+    #: (status.nextRequestIds) adds one for each pool after the first, by "name/request id".
     steps: dict[str, tuple[str, str, str]] = field(default_factory=dict)
     #: Those being deleted (a ClusterUpgrade deleted alone): name → cluster id.
     deleting: dict[str, str] = field(default_factory=dict)
@@ -126,6 +127,8 @@ class Children:
         st = upgrade.status
         if st.phase in ACTIVE and st.request_id:
             self.steps[name] = (st.request_id, st.operation_id or "", cid)
+            for rid in st.next_request_ids or ():
+                self.steps[f"{name}/{rid}"] = (rid, "", cid)
         if holds_cluster(st.phase, st.step):
             self.holding.add(name)
         if deletion.deleting(obj):
@@ -147,7 +150,9 @@ class Children:
         """Take name's object out of everything kept beside it."""
         obj, upgrade = self.objects[name], self.upgrades[name]
         self._disown(upgrade.cluster_id, name)
-        self.steps.pop(name, None)
+        if self.steps.pop(name, None) is not None:
+            for rid in upgrade.status.next_request_ids or ():
+                self.steps.pop(f"{name}/{rid}", None)
         self.holding.discard(name)
         self.deleting.pop(name, None)
         self.unfinalized.discard(name)

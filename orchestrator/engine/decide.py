@@ -87,10 +87,12 @@ __all__ = [
     "RunInput",
     "Upgrade",
     "Verdict",
+    "at_chained",
     "attempt_of",
     "awaits_checks",
     "brought_back",
     "call_failed",
+    "chain_of",
     "checks_for",
     "cluster_set_digest",
     "control_plane_past_target",
@@ -404,8 +406,39 @@ def short_of_target(obs: ClusterObs, spec: api.ClusterUpgradeSpec) -> tuple[str,
     return control_plane, pools
 
 
-def _pool_needing(obs: ClusterObs, spec: api.ClusterUpgradeSpec) -> str | None:
-    return next(iter(short_of_target(obs, spec)[1]), None)
+def chain_of(uid: str, u: Upgrade) -> tuple[str, ...]:
+    """The node-pool steps persisted to follow the one on record (status.nextRequestIds),
+    each a request id this attempt makes itself for a pool of its spec; () when there are
+    none, or when any is not (then the chain is not followed: each pool after the one on
+    record gets an intent of its own)."""
+    st = u.status
+    chained = st.next_request_ids
+    if not chained or not (st.step or "").startswith(f"{OpKind.NODE_POOL.value}/"):
+        return ()
+    for rid in chained:
+        kind, _, pool = step_of(rid).partition("/")
+        if kind != OpKind.NODE_POOL.value or rid != request_id(
+            uid, u.cluster_id, f"{kind}/{pool}", u.spec.pool_target(pool), st.attempt
+        ):
+            return ()
+    return tuple(chained)
+
+
+def at_chained(status: api.ClusterUpgradeStatus, rid: str) -> dict[str, object]:
+    """The status changes that put a chained node-pool step (`chain_of`) on record as the
+    step in flight, the ones before it done; {} when rid is not chained. The engine writes
+    them only with something else to write (a failure, a timeout): a step that starts from
+    the chain costs no write."""
+    chained = status.next_request_ids or []
+    if rid not in chained:
+        return {}
+    rest = chained[chained.index(rid) + 1 :]
+    return {
+        "step": step_of(rid),
+        "request_id": rid,
+        "next_request_ids": rest or None,
+        "operation_id": None,
+    }
 
 
 def needs_upgrade(obs: ClusterObs, spec: api.ClusterUpgradeSpec) -> bool:
@@ -541,6 +574,8 @@ class _Run:
 
     def set(self, u: Upgrade, **changes: object) -> None:
         old = self.status[u.name]
+        if ("step" in changes or "request_id" in changes) and "next_request_ids" not in changes:
+            changes["next_request_ids"] = None  # a step of its own: no chain follows it
         phase = changes.get("phase", old.phase)
         if phase != old.phase:
             changes.setdefault("last_transition_time", self.stamp)
@@ -605,9 +640,11 @@ class _Run:
         pool: str = "",
         reissue: bool = False,
         op_id: str | None = None,
+        then: Sequence[str] = (),
     ) -> None:
         """Set the step of kind in flight and make its call. op_id: as for `advance` (kept
-        only when the step is asked again with the same request id)."""
+        only when the step is asked again with the same request id); then: the node pools to
+        upgrade after this one, whose request ids this intent persists too (`chain_of`)."""
         st = self.status[u.name]
         version = ""
         target = u.spec.version
@@ -617,15 +654,28 @@ class _Run:
             version = target = u.spec.pool_target(pool)
         step = f"{kind.value}/{pool}" if pool else kind.value
         rid = request_id(self.inp.uid, u.cluster_id, step, target, st.attempt)
+        if kind is OpKind.NODE_POOL and rid in chain_of(self.inp.uid, with_status(u, st)):
+            # Its turn in a chain of node pools: its intent is on record (invariant 6) with
+            # the pool before it, whose success is all this pass would write; it is not
+            # written (the step on record stays the chain's first: `chain_of`).
+            self.calls.append(Call(kind, u.cluster_id, rid, u.name, version, pool, reissue))
+            return
         same = st.request_id == rid
         if same and op_id is not None:
             self.record_op(u, op_id)
             st = self.status[u.name]
+        chained = [
+            request_id(
+                self.inp.uid, u.cluster_id, f"{kind.value}/{p}", u.spec.pool_target(p), st.attempt
+            )
+            for p in then
+        ]
         self.set(
             u,
             phase=_STEP_PHASE[kind],
             step=step,
             request_id=rid,
+            next_request_ids=st.next_request_ids if same else chained or None,
             operation_id=st.operation_id if same else None,
             step_start_time=st.step_start_time if same and st.step_start_time else self.stamp,
             reason=None,
@@ -679,8 +729,10 @@ class _Run:
             )
         elif not versions.meets(obs.control_plane_version, spec.version):
             self.issue(u, OpKind.CONTROL_PLANE, op_id=op_id)
-        elif (pool := _pool_needing(obs, spec)) is not None:
-            self.issue(u, OpKind.NODE_POOL, pool, op_id=op_id)
+        elif pools := list(short_of_target(obs, spec)[1]):
+            # Every pool short of target in one intent (invariant 6): the ones after the
+            # first start as the one before succeeds, without a write of their own.
+            self.issue(u, OpKind.NODE_POOL, pools[0], op_id=op_id, then=pools[1:])
         elif not obs.in_service:
             self.record_op(u, op_id)
             self.verify(u, obs)
@@ -778,8 +830,29 @@ class _Run:
             return
         kind_text, _, pool = (st.step or "").partition("/")
         kind = _KIND_OF.get(kind_text) or OpKind(kind_text)
+        rid, index = st.request_id or "", 0
+        if obs is not None and (chained := chain_of(self.inp.uid, u)):
+            # A chain of node pools (one intent): follow the last one started, once every
+            # one before it is done (what they did applied to the observation). The next
+            # one starts from `advance`, as any step does (`issue`).
+            rids = (rid, *chained)
+            done = obs
+            while index + 1 < len(rids) and self._find_op(rids[index + 1], done) is not None:
+                pool = step_of(rids[index]).partition("/")[2]
+                at = self._find_op(rids[index], done)
+                if at is not None and at.state == OpState.SUCCEEDED:
+                    done = apply_succeeded(done, at)
+                elif at is not None or not _achieved(kind, pool, u.spec.pool_target(pool), done):
+                    break
+                index += 1
+            if index:
+                rid, pool = rids[index], step_of(rids[index]).partition("/")[2]
+                if done is not obs:
+                    obs = done
+                    self.effective[u.cluster_id] = obs
+                    self.effective_changed.add(u.cluster_id)
         version = u.spec.version if kind is OpKind.CONTROL_PLANE else u.spec.pool_target(pool)
-        op = self._find_op(st.request_id or "", obs)
+        op = self._find_op(rid, obs)
         if obs is None:
             self.gone(u, kind)
             return
@@ -787,9 +860,11 @@ class _Run:
             self.advance(u, obs)
             return
         if op is None:
-            if self.timed_out(u, kind):
+            if self.timed_out(u, kind, rid):
                 return
-            if (st.request_id or "") in self.inp.snapshot.forgotten or st.operation_id:
+            if rid in self.inp.snapshot.forgotten or (not index and st.operation_id):
+                self.set(u, **at_chained(st, rid))
+                st = self.status[u.name]
                 # Seen, now unknown to the plugin (it restarted without durable operations):
                 # it may have ended, failed or still run in the provider. Asking again would
                 # start the step a second time (invariant 6); a person retries it instead.
@@ -797,7 +872,7 @@ class _Run:
                     u,
                     "OperationLost",
                     f"{st.step}: the plugin no longer knows operation "
-                    f"{st.operation_id or st.request_id} (it restarted without durable "
+                    f"{st.operation_id or rid} (it restarted without durable "
                     "operations); whether it ran is unknown, so it is not asked again. Check "
                     "the cluster, then retry it with the annotation "
                     "multicluster-ops.io/retry-clusters",
@@ -823,11 +898,11 @@ class _Run:
                         "decided; verifying again",
                     )
                 return
-            self.calls.append(
-                Call(kind, u.cluster_id, st.request_id or "", u.name, version, pool, reissue=True)
-            )
+            self.calls.append(Call(kind, u.cluster_id, rid, u.name, version, pool, reissue=True))
             return
-        record = op.id != st.operation_id and (u.name in self.changed or op.state.terminal)
+        record = (
+            not index and op.id != st.operation_id and (u.name in self.changed or op.state.terminal)
+        )
         if record and op.state != OpState.SUCCEEDED:
             # Recorded along with a write that happens anyway: progress alone costs no write
             # (at most two API writes per cluster step). One that succeeded is recorded by
@@ -835,16 +910,19 @@ class _Run:
             self.set(u, operation_id=op.id)
         if not op.state.terminal:
             if (
-                not self.timed_out(u, kind)
+                not self.timed_out(u, kind, rid)
                 and u.name not in self.changed
                 and u.cluster_id not in self.effective_changed
             ):
                 # Nothing but time moves it on: later passes skip it while this holds.
-                limits = self._limits(u, kind)
+                limits = self._limits(u, kind, rid)
                 deadline = limits[0] if limits is not None else None
-                self.index.remember_quiet(u.name, Quiet(st, obs, op, self.timeouts, deadline))
+                memo = Quiet(st, obs, op, self.timeouts, deadline, rid)
+                self.index.remember_quiet(u.name, memo)
             return
         if op.state == OpState.FAILED:
+            self.set(u, **at_chained(st, rid))
+            st = self.status[u.name]
             self.fail(
                 u,
                 "OperationFailed",
@@ -863,14 +941,23 @@ class _Run:
         cur = obs.current_operation if obs is not None else None
         return cur if cur is not None and cur.request_id == rid else None
 
-    def _limits(self, u: Upgrade, kind: OpKind) -> tuple[datetime, timedelta, timedelta] | None:
+    def _limits(
+        self, u: Upgrade, kind: OpKind, rid: str = ""
+    ) -> tuple[datetime, timedelta, timedelta] | None:
         """When the step on record times out, its bound and the provider's soak the bound grows
-        by (None: the step's start is not on record, so it never times out)."""
+        by (None: the step's start is not on record, so it never times out). rid: a chained
+        node pool's (`chain_of`): the chain started when the first pool did, so the bound
+        and the soak count once for each pool up to this one."""
         st = self.status[u.name]
         if not st.step_start_time:
             return None
-        bound = self.timeout_of(kind)
-        soak = self.soak_of(u, st.step or "") if kind is OpKind.NODE_POOL else timedelta(0)
+        steps = [st.step or ""]
+        if rid and rid != st.request_id and rid in (chained := st.next_request_ids or []):
+            steps += [step_of(r) for r in chained[: chained.index(rid) + 1]]
+        bound = self.timeout_of(kind) * len(steps)
+        soak = timedelta(0)
+        if kind is OpKind.NODE_POOL:
+            soak = sum((self.soak_of(u, step) for step in steps), timedelta(0))
         return parse_time(st.step_start_time) + bound + soak, bound, soak
 
     def wake_for_step(self, deadline: datetime) -> None:
@@ -878,13 +965,15 @@ class _Run:
         left = deadline - self.now
         self.wake(max(1.0, min(left.total_seconds(), STEP_POLL_SECONDS)))
 
-    def timed_out(self, u: Upgrade, kind: OpKind) -> bool:
-        limits = self._limits(u, kind)
+    def timed_out(self, u: Upgrade, kind: OpKind, rid: str = "") -> bool:
+        limits = self._limits(u, kind, rid)
         if limits is None:
             return False
         deadline, bound, soak = limits
         st = self.status[u.name]
         if deadline - self.now < timedelta(0):
+            self.set(u, **at_chained(st, rid))
+            st = self.status[u.name]
             within = (
                 f"{bound + soak} ({bound} + {soak} of the provider's own soak)"
                 if soak
@@ -2576,6 +2665,8 @@ def call_failed(
     """
     stamp = format_time(now)
     text = f"{call.kind.value}: {cause_first(code, message)}"
+    if chained := at_chained(status, call.request_id):
+        status = status.model_copy(update=chained)  # what failed is on record as in flight
     if code in FATAL_CODES or (code == "FAILED_PRECONDITION" and not retryable):
         if call.kind is OpKind.SERVICE_OUT and not call.reissue:
             update = {

@@ -237,6 +237,9 @@ class Quiet(NamedTuple):
     op: OpObs
     timeouts: api.StepTimeouts
     deadline: datetime | None
+    #: The request id of the step followed: the status's, or a chained node pool's
+    #: (decide.chain_of).
+    rid: str = ""
 
 
 @dataclass
@@ -461,7 +464,7 @@ class RunIndex:
         """Keep a `quiet` memo (its operation's request id is on its status)."""
         self.drop_quiet(name)
         self.quiet[name] = memo
-        self.quiet_rid[memo.status.request_id or ""] = name
+        self.quiet_rid[memo.rid or memo.status.request_id or ""] = name
         if memo.deadline is not None:
             heapq.heappush(self.deadlines, (memo.deadline, name))
 
@@ -469,7 +472,7 @@ class RunIndex:
         """Drop a `quiet` memo, if any."""
         memo = self.quiet.pop(name, None)
         if memo is not None:
-            self.quiet_rid.pop(memo.status.request_id or "", None)
+            self.quiet_rid.pop(memo.rid or memo.status.request_id or "", None)
 
     def next_deadline(self) -> tuple[datetime, str] | None:
         """The earliest deadline of the `quiet` memos, and whose."""

@@ -26,7 +26,7 @@ from orchestrator.engine.decide import (
     short_of_target,
     step_of,
 )
-from orchestrator.engine.observations import OpKind
+from orchestrator.engine.observations import OpKind, OpState
 from orchestrator.engine.transitions import PEOPLES_WORDS
 from plugins.sdk import versions
 from tests.sim.model import ADVERSARY, Evaluation, MCluster, MOp, UpObj, at, seconds
@@ -438,7 +438,15 @@ class Monitor:
         policy = (obj.spec.strategy or api.Strategy()).failed_cluster_policy
         if recovering and policy != api.FailedClusterPolicy.SERVICE_IN_IF_HEALTHY:
             raise Violation("3 gate", f"{what}: a Failed cluster serviced in under {policy}")
-        if not recovering and (st.request_id != call.request_id or st.phase not in ACTIVE):
+        chained = st.next_request_ids or []
+        if (
+            not recovering
+            and call.kind is OpKind.NODE_POOL
+            and st.phase == U.UPGRADING_NODE_POOLS
+            and call.request_id in chained
+        ):
+            self._chained_turn(call, [st.request_id or "", *chained], what)
+        elif not recovering and (st.request_id != call.request_id or st.phase not in ACTIVE):
             raise Violation(
                 "6 no duplicate mutation",
                 f"{what}: request id {call.request_id} is not the persisted intent "
@@ -464,6 +472,31 @@ class Monitor:
         elif call.kind is OpKind.SERVICE_IN:
             self._gate(run, up, what)
         return st.attempt
+
+    def _chained_turn(self, call: Call, rids: list[str], what: str) -> None:
+        """6: a node pool persisted in a chain (status.nextRequestIds) starts only once every
+        pool before it in the chain is done: its operation succeeded, or, where the plugin
+        has none for it, the pool is at its target. One pool at a time, none skipped."""
+        fleet = self.w.fleet
+        c = fleet.clusters[call.cluster_id]
+        for rid in rids[: rids.index(call.request_id)]:
+            known = fleet.by_rid.get(rid)
+            if known is not None:
+                if fleet.ops[known].state is OpState.SUCCEEDED:
+                    continue
+                raise Violation(
+                    "6 no duplicate mutation",
+                    f"{what}: chained request {call.request_id} started while {rid} before "
+                    f"it is {fleet.ops[known].state.value}",
+                )
+            pool = step_of(rid).partition("/")[2]
+            target = rid.rsplit(":", 2)[1]
+            if pool in c.pools and not versions.meets(c.pools[pool].version, target):
+                raise Violation(
+                    "6 no duplicate mutation",
+                    f"{what}: chained request {call.request_id} started while pool {pool} "
+                    f"before it is short of {target} with no operation",
+                )
 
     def on_op(self, run: str, up_name: str, call: Call, op: MOp, attempt: int) -> None:
         """6: a step (run, cluster, kind, pool, target, attempt) starts at most one operation."""
@@ -654,11 +687,14 @@ class Monitor:
         self._stranded(label, final=False)
 
     def bound(self, run: str, st: api.ClusterUpgradeStatus, stage: str) -> int:
+        # A chain of node pools persisted in one intent (status.nextRequestIds) is bounded by
+        # the step timeout once for each pool of it (docs/operations.md, step timeouts).
+        steps = 1 + len(st.next_request_ids or ())
         key = (run, st.phase, stage)
         found = self._bounds.get(key)
         if found is None:
             found = self._bounds[key] = self._bound(run, st, stage)
-        return found
+        return found * steps if st.phase == U.UPGRADING_NODE_POOLS else found
 
     def _bound(self, run: str, st: api.ClusterUpgradeStatus, stage: str) -> int:
         obj = self.w.api.runs[run]
