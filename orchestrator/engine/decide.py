@@ -45,6 +45,7 @@ from orchestrator.engine.health import judge
 from orchestrator.engine.index import (
     ACTIVE,
     KEEPING,
+    RETRY_WAITS,
     Quiet,
     RunIndex,
     Waiting,
@@ -593,6 +594,11 @@ class _Run:
         self.status[u.name] = new
         self.changed[u.name] = new
         self.phases.move(u, old, new)
+
+    def lingering(self) -> list[Upgrade]:
+        """The ended attempts that keep their cluster or whose retry waits (index.lingers),
+        in the input's order."""
+        return self.index.in_order(self.phases.lingering)
 
     def having(self, *phases: api.UpgradePhase) -> list[Upgrade]:
         """The upgrades in these phases now, in the input's order (what a walk over every
@@ -1602,7 +1608,7 @@ def _people(run: _Run) -> None:
 
 def _retry_at_rest(run: _Run) -> None:
     """A retry that waited (`retry_waits`) applies once its cluster is at rest."""
-    for u in run.having(*KEEPING):
+    for u in run.lingering():
         st = run.status[u.name]
         if st.message is not None and retry_waits(st):
             _retry(run, u, st, retry_words(st.message))
@@ -1638,7 +1644,7 @@ def _released(run: _Run) -> None:
     run in flight on it, the attempt keeps nothing out (its service-out failed, or someone
     serviced it back in) and its step is cleared, so that a later retry never adopts a
     cluster that another run has taken out since."""
-    for u in run.having(*KEEPING):
+    for u in run.lingering():
         st = run.status[u.name]
         if not keeps_cluster(st.phase, st.step):
             continue
@@ -1661,21 +1667,15 @@ def _released(run: _Run) -> None:
         )
 
 
-#: Between a waiting retry's words and what it waits for, in the message of an ended attempt
-#: a person retried while it held a cluster not at rest (`_retry`); its phase and reason stay
-#: (no ": ", so who asked still reads as the words' own).
-_WAITS = "; waits until "
-
-
 def retry_waits(st: api.ClusterUpgradeStatus) -> bool:
     """Whether a person's retry of this ended attempt waits for its cluster to be at rest."""
-    return st.phase in KEEPING and _WAITS in (st.message or "")
+    return st.phase in KEEPING and RETRY_WAITS in (st.message or "")
 
 
 def retry_words(message: str) -> str:
     """A message's own words: for a waiting retry, the asker's words it was recorded with
     (who asked stays theirs while it waits and when it applies), without what it waits for."""
-    return message.split(_WAITS, 1)[0]
+    return message.split(RETRY_WAITS, 1)[0]
 
 
 def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, said: str) -> None:
@@ -1693,7 +1693,7 @@ def _retry(run: _Run, u: Upgrade, st: api.ClusterUpgradeStatus, said: str) -> No
     adopts = st.step == RECOVER_STEP and st.request_id is not None and obs is not None
     if st.step and not adopts and (obs is None or (obs.in_service and run.busy_ours(obs, st))):
         why = "the cluster is seen again" if obs is None else "this run's operation on it ends"
-        message = f"{said}{_WAITS}{why}"
+        message = f"{said}{RETRY_WAITS}{why}"
         if st.message != message:
             run.set(u, message=message)
         return

@@ -42,12 +42,14 @@ __all__ = [
     "ACTIVE",
     "FULL_EVERY",
     "KEEPING",
+    "RETRY_WAITS",
     "Phases",
     "Quiet",
     "RunIndex",
     "Waiting",
     "holds_cluster",
     "keeps_cluster",
+    "lingers",
     "same",
     "up_by_observation",
 ]
@@ -86,6 +88,20 @@ def keeps_cluster(phase: str | None, step: str | None) -> bool:
     return bool(step) and phase in KEEPING
 
 
+#: Between a waiting retry's words and what it waits for, in the message of an ended attempt
+#: a person retried while it held a cluster not at rest (decide._retry); its phase and reason
+#: stay (no ": ", so who asked still reads as the words' own).
+RETRY_WAITS = "; waits until "
+
+
+def lingers(st: api.ClusterUpgradeStatus) -> bool:
+    """An ended (or Blocked) attempt that keeps its cluster (`keeps_cluster`) or whose retry
+    waits for it to be at rest: the ones a pass looks at again though nothing of theirs
+    changed (decide._released, decide._retry_at_rest), kept apart (`Phases.lingering`) so
+    that a pass does not walk every Failed, Skipped and Blocked cluster of the run."""
+    return st.phase in KEEPING and (bool(st.step) or RETRY_WAITS in (st.message or ""))
+
+
 def holds_cluster(phase: str | None, step: str | None, owned: bool = True) -> bool:
     """Invariant 2's one owner, across runs: a ClusterUpgrade holds its cluster while it is
     in an ACTIVE phase or keeps it (`keeps_cluster`). Another run never takes a cluster so
@@ -115,6 +131,8 @@ class Phases:
     #: and their names.
     held: set[str] = field(default_factory=set)
     active: set[str] = field(default_factory=set)
+    #: The names of those that linger (`lingers`).
+    lingering: set[str] = field(default_factory=set)
     #: The clusters up by their observation (the index's `RunIndex.up`, shared), and how many
     #: of `held` are among them: kept as either changes, so that the floor's room costs
     #: O(1) a pass (`decide._Run.room`).
@@ -133,7 +151,11 @@ class Phases:
     ) -> None:
         """Account one ClusterUpgrade's status change (None: absent)."""
         if old is not None and new is not None:
-            if old.phase == new.phase and old.reason == new.reason:
+            if (
+                old.phase == new.phase
+                and old.reason == new.reason
+                and (old.phase not in KEEPING or lingers(old) == lingers(new))
+            ):
                 return  # nothing accounted here changes
             if self.journal is not None:
                 self.journal.append((u, old, new))
@@ -143,6 +165,7 @@ class Phases:
             self.by_phase[was].discard(name)
             per_stage[(stage, was)] -= 1
             self.refused.discard(name)
+            self.lingering.discard(name)
             if was == _U.PENDING and old.reason is not None:
                 self.pending.get(old.reason, set()).discard(name)
             elif was in ACTIVE:
@@ -155,6 +178,8 @@ class Phases:
             now = new.phase
             self.by_phase[now].add(name)
             per_stage[(stage, now)] += 1
+            if now in KEEPING and lingers(new):
+                self.lingering.add(name)
             if now == _U.BLOCKED and new.reason == "Refused":
                 self.refused.add(name)
             elif now == _U.PENDING and new.reason is not None:
