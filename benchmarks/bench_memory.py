@@ -151,15 +151,22 @@ class _Plugin:
     (GrpcProvider's conversion cache, OperationTracker)."""
 
     def __init__(self, fleet: Any) -> None:
-        from orchestrator.adapters.provider import OperationTracker  # noqa: PLC0415
+        from orchestrator.adapters.provider import KeptInventory, OperationTracker  # noqa: PLC0415
 
         self.fleet = fleet
         self.tracker = OperationTracker(lambda plugin, op: None)
-        self.converted: dict[bytes, ClusterObs] = {}
+        self.kept = KeptInventory()
         self._pbs: dict[str, tuple[ClusterObs, cluster_pb2.Cluster]] = {}
         self._ops: dict[str, OpObs] = {}
 
-    # the client's ListClusters
+    plugin_name = PLUGIN
+
+    # the client's ListClusters (a plugin without revisions: listed whole every time)
+    def list_since(self, changed_since: str = "", page_size: int = 500) -> Any:
+        from plugins.sdk.client import ClusterListing  # noqa: PLC0415
+
+        return ClusterListing(self.list_clusters(page_size), "", False, [])
+
     def list_clusters(self, page_size: int) -> list[cluster_pb2.Cluster]:
         out = []
         for cid, obs in self.fleet.clusters.items():
@@ -185,7 +192,7 @@ class _Plugin:
     def snapshot(self, cluster_ids: Any) -> Any:
         from orchestrator.adapters.provider import GrpcProvider  # noqa: PLC0415
 
-        return GrpcProvider(self, self.tracker, lambda: T0, converted=self.converted).snapshot(  # type: ignore[arg-type]
+        return GrpcProvider(self, self.tracker, lambda: T0, kept=self.kept).snapshot(  # type: ignore[arg-type]
             cluster_ids
         )
 
@@ -340,7 +347,7 @@ def structures(count: int) -> tuple[list[tuple[str, Any]], _Store, _Plugin]:
             ("ClusterUpgrade cache (ObjectCache: lean dicts)", store.cache),
             ("parsed Upgrades (kept.Children of the run)", store.children),
             ("holdings (kept.KeptUpgrades.holdings: crossrun.HoldingIndex)", store.kept.holdings),
-            ("inventory rows (GrpcProvider.converted: ClusterObs by wire bytes)", plugin.converted),
+            ("inventory rows (KeptInventory: ClusterObs by wire bytes)", plugin.kept),
             (f"operation tracker ({len(plugin.fleet.ops)} operations)", plugin.tracker),
             ("the run's RunIndex", driver.index),
             ("preflight answers (RunDriver.preflight_cache)", preflights),
@@ -371,21 +378,26 @@ def _rebuild(store: _Store, plugin: _Plugin) -> list[Any]:
     """The same structures made again from the same input (for tracemalloc's lines): the
     cached objects decoded again, parsed, the inventory converted, the operations tracked,
     an index built."""
-    from orchestrator.adapters.provider import GrpcProvider, OperationTracker, op_from_pb  # noqa: PLC0415
+    from orchestrator.adapters.provider import (  # noqa: PLC0415
+        GrpcProvider,
+        KeptInventory,
+        OperationTracker,
+        op_from_pb,
+    )
     from orchestrator.engine.index import RunIndex  # noqa: PLC0415
 
     again = _Store(())
     for obj in store.cache.items():
         again.cache.put(_wire(obj))
     upgrades = again.upgrades()
-    converted: dict[bytes, ClusterObs] = {}
-    clusters = GrpcProvider(plugin, plugin.tracker, lambda: T0, converted=converted).inventory()  # type: ignore[arg-type]
+    kept = KeptInventory()
+    clusters = GrpcProvider(plugin, plugin.tracker, lambda: T0, kept=kept).inventory()  # type: ignore[arg-type]
     tracker = OperationTracker(lambda plugin, op: None)
     for op in plugin.fleet.ops.values():
         tracker.put(PLUGIN, op_from_pb(_operation_pb(op)))
     index = RunIndex.build("bench", upgrades, clusters)
     index.observe_world(clusters, {}, tracker.by_request())
-    return [again, converted, tracker, index]
+    return [again, kept, tracker, index]
 
 
 def measure(count: int, top: int) -> dict[str, Any]:

@@ -9,10 +9,16 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from fleetupgrade.plugin.v1 import identity_pb2
-from orchestrator.adapters.provider import GrpcProvider, OperationTracker, PluginPool, call_error
+from orchestrator.adapters.provider import (
+    GrpcProvider,
+    KeptInventory,
+    OperationTracker,
+    PluginPool,
+    call_error,
+)
 from orchestrator.adapters.secrets import SecretError, TLSResolver
 from orchestrator.engine.access import Access, Composition, Endpoint
-from orchestrator.engine.observations import ClusterObs, OpObs
+from orchestrator.engine.observations import OpObs
 from orchestrator.pipeline.compose import (
     ComposedProvider,
     PartProvider,
@@ -73,7 +79,7 @@ class PluginBuilder:
     tracker: OperationTracker
     clock: Callable[[], datetime]
     count_operation: Callable[[str, OpObs], None]
-    inventories: dict[str, dict[bytes, ClusterObs]]
+    inventories: dict[str, KeptInventory]
 
     def plugin(self, target: Endpoint) -> tuple[GrpcProvider, str] | NoProvider:
         """The GrpcProvider of one endpoint, and its identity."""
@@ -95,7 +101,7 @@ class PluginBuilder:
             self.tracker,
             self.clock,
             lambda op: self.count_operation(endpoint, op),
-            converted=self.inventories.setdefault(endpoint, {}),
+            kept=self.inventories.setdefault(endpoint, KeptInventory()),
         )
         return provider, identity
 
@@ -161,10 +167,10 @@ def build_provider(
     tracker: OperationTracker,
     clock: Callable[[], datetime],
     count_operation: Callable[[str, OpObs], None],
-    inventories: dict[str, dict[bytes, ClusterObs]],
+    inventories: dict[str, KeptInventory],
 ) -> BuiltProvider | NoProvider:
     """The run's provider from what access allowed (its plugins' operations followed).
 
-    inventories: per plugin endpoint, the clusters converted from its inventory, kept by the
-    caller across reconciles (GrpcProvider.converted)."""
+    inventories: per plugin endpoint, its inventory kept by the caller across reconciles
+    (GrpcProvider.kept)."""
     return PluginBuilder(pool, tls, tracker, clock, count_operation, inventories).provider(access)

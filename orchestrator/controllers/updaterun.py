@@ -25,7 +25,7 @@ from orchestrator.adapters.composed import NoProvider, PluginBuilder
 from orchestrator.adapters.kube import Conflict, KubeClient, KubeError, NotFound
 from orchestrator.adapters.metrics import Metrics
 from orchestrator.adapters.notify import Notifier
-from orchestrator.adapters.provider import OperationTracker, PluginPool
+from orchestrator.adapters.provider import KeptInventory, OperationTracker, PluginPool
 from orchestrator.adapters.secrets import SecretError, TLSResolver
 from orchestrator.controllers.kept import Children, KeptUpgrades, parse_status
 from orchestrator.controllers.reach import Reached, RunPlugins, Unreached
@@ -200,7 +200,7 @@ class UpdateRunController:
     _specs: SpecCache = field(default_factory=SpecCache)
     _memory: dict[tuple[str, str], _DriverMemory] = field(default_factory=dict)
     #: Per plugin endpoint, the clusters converted from its inventory (GrpcProvider.converted).
-    _inventories: dict[str, dict[bytes, ClusterObs]] = field(default_factory=dict)
+    _inventories: dict[str, KeptInventory] = field(default_factory=dict)
     #: Writes, calls and preflights of a pass run on these (threads live as long as we do:
     #: starting WRITE_PARALLELISM threads per pass was a tenth of a pass at 500 clusters).
     _workers: ThreadPoolExecutor = field(

@@ -33,6 +33,7 @@ __all__ = [
     "MUTATING_RPCS",
     "RPC_CAPABILITIES",
     "ClientTLS",
+    "ClusterListing",
     "ErrorDetails",
     "GateWatch",
     "OperationChangeWatch",
@@ -133,6 +134,19 @@ _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _RECONNECT_INITIAL_MS = 250
 _RECONNECT_MAX_MS = 5_000
 _MAX_PAGES = 1_000_000
+
+
+@dataclass(frozen=True)
+class ClusterListing:
+    """One ListClusters listing, all pages (PluginClient.list_since)."""
+
+    clusters: list[cluster_pb2.Cluster]
+    #: The first page's revision: pass it as changed_since to list what changed since ("":
+    #: the plugin keeps no revisions).
+    revision: str
+    #: True: only the clusters changed since the request's changed_since, and `removed`.
+    changes_only: bool
+    removed: list[str]
 
 
 def is_retryable(rpc: str, code: grpc.StatusCode) -> bool:
@@ -527,10 +541,14 @@ class PluginClient:
         page_size: int = 0,
         page_token: str = "",
         match_labels: Mapping[str, str] | None = None,
+        changed_since: str = "",
     ) -> cluster_pb2.ListClustersResponse:
         """One page of ListClusters, as the plugin answered it."""
         request = cluster_pb2.ListClustersRequest(
-            page_size=page_size, page_token=page_token, match_labels=dict(match_labels or {})
+            page_size=page_size,
+            page_token=page_token,
+            match_labels=dict(match_labels or {}),
+            changed_since=changed_since,
         )
         return self._unary("ListClusters", self._cluster.ListClusters, request)
 
@@ -539,14 +557,44 @@ class PluginClient:
     ) -> list[cluster_pb2.Cluster]:
         """Every cluster matching match_labels, all pages followed."""
         clusters: list[cluster_pb2.Cluster] = []
+        for page in self._pages(page_size, match_labels, ""):
+            clusters.extend(page.clusters)
+        return clusters
+
+    def list_since(self, changed_since: str = "", page_size: int = 500) -> ClusterListing:
+        """The inventory, or, with changed_since (an earlier listing's revision), what changed
+        since then when the plugin can tell (ListClustersRequest.changed_since), all pages
+        followed. Pages that disagree on what they list (the plugin restarted between them)
+        are read again whole."""
+        for since in (changed_since, ""):
+            pages = list(self._pages(page_size, None, since))
+            first = pages[0]
+            if all(p.changes_only == first.changes_only for p in pages):
+                return ClusterListing(
+                    [c for p in pages for c in p.clusters],
+                    first.revision,
+                    first.changes_only,
+                    [r for p in pages for r in p.removed_cluster_ids],
+                )
+        raise PluginCallError(
+            "ListClusters",
+            grpc.StatusCode.UNAVAILABLE,
+            "the plugin's pages disagreed on what they list, twice",
+            plugin=self.plugin_name,
+        )
+
+    def _pages(
+        self, page_size: int, match_labels: Mapping[str, str] | None, changed_since: str
+    ) -> Iterator[cluster_pb2.ListClustersResponse]:
+        """The pages of one listing, in order."""
         token = ""
         seen_tokens: set[str] = set()
         for _ in range(_MAX_PAGES):
-            page = self.list_page(page_size, token, match_labels)
-            clusters.extend(page.clusters)
+            page = self.list_page(page_size, token, match_labels, changed_since)
+            yield page
             token = page.next_page_token
             if not token:
-                return clusters
+                return
             if token in seen_tokens:
                 break
             seen_tokens.add(token)

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import grpc
 
@@ -22,6 +22,7 @@ __all__ = [
     "ClusterServicer",
     "HealthBackend",
     "HealthServicer",
+    "ListsChanges",
     "PreflightBackend",
     "caller_of",
 ]
@@ -41,6 +42,22 @@ def caller_of(context: grpc.ServicerContext) -> str:
     return f"peer:{context.peer()}"
 
 
+@runtime_checkable
+class ListsChanges(Protocol):
+    """A ClusterBackend that keeps its inventory's revisions (ListClustersResponse.revision)
+    and lists what changed since one (ListClustersRequest.changed_since); one that cannot
+    answer since that revision lists every cluster, changes_only false."""
+
+    def list_changes(
+        self,
+        changed_since: str,
+        page_size: int,
+        page_token: str,
+        match_labels: Mapping[str, str],
+        /,
+    ) -> cluster_pb2.ListClustersResponse: ...
+
+
 class ClusterBackend(Protocol):
     """What ClusterServicer delegates to, with the request fields already checked.
 
@@ -48,6 +65,10 @@ class ClusterBackend(Protocol):
     backend without an RPC (outside its declared capabilities) raises Unimplemented there.
     watch_operations that returns OperationStore.watch(...) with the call's context is
     resumable (since_revision, revisions, resync) with nothing more to do.
+
+    A backend that keeps the inventory's revisions also has `list_changes` (`ListsChanges`):
+    ListClusters with changed_since goes there; without it, changed_since is ignored and
+    every cluster is listed (changes_only false), as the contract allows.
     """
 
     def list_clusters(
@@ -125,6 +146,10 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
         self, request: cluster_pb2.ListClustersRequest, context: grpc.ServicerContext
     ) -> cluster_pb2.ListClustersResponse:
         self._before("ListClusters", context)
+        if request.changed_since and isinstance(self._backend, ListsChanges):
+            return self._backend.list_changes(
+                request.changed_since, request.page_size, request.page_token, request.match_labels
+            )
         return self._backend.list_clusters(
             request.page_size, request.page_token, request.match_labels
         )

@@ -6,6 +6,7 @@ import bisect
 import logging
 import math
 import random
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -218,6 +219,12 @@ class Fleet:
         self._step_override = step_seconds
         self._clusters: dict[str, _Cluster] = {}
         self._ids: list[str] = []
+        # The inventory's revisions (ListClusters changed_since): this process's epoch (a
+        # restarted plugin answers an older revision with every cluster), the last revision,
+        # and each cluster's last change by id, oldest first (a change moves it last).
+        self._epoch = secrets.token_hex(4)
+        self._revision = 0
+        self._changed: dict[str, int] = {}
         self._label_cache: dict[frozenset[tuple[str, str]], list[str]] = {}
         self._runs: dict[str, _Run] = {}
         self._flap_generation = 0
@@ -256,12 +263,13 @@ class Fleet:
                     for op in self._replay.get(spec.id, ()):
                         _apply_success(cluster, op.kind, op.node_pool, op.target_version)
                     self._clusters[spec.id] = cluster
+                    self._touch(cluster)
                     added.append(cluster.view())
                 else:
                     cluster.labels = dict(spec.labels)
                     cluster.step_seconds = spec.step_seconds
                     cluster.windows = spec.maintenance_windows
-                    cluster.response = None
+                    self._touch(cluster)
                 self._load_health(cluster, spec)
             if added:
                 self._ids = sorted(self._clusters)
@@ -430,19 +438,51 @@ class Fleet:
         self, page_size: int, page_token: str, match_labels: Mapping[str, str]
     ) -> cluster_pb2.ListClustersResponse:
         """One page of the clusters whose labels include match_labels, by id."""
+        with self._lock:
+            return self._page(self._matching(match_labels), page_size, page_token, False)
+
+    def list_changes(
+        self, changed_since: str, page_size: int, page_token: str, match_labels: Mapping[str, str]
+    ) -> cluster_pb2.ListClustersResponse:
+        """One page of the clusters changed since a revision of this process (by id, labels
+        matched); every cluster when the revision is not one it can answer since. None ever
+        leaves this fleet, so removed_cluster_ids stays empty."""
+        epoch, _, number = changed_since.partition(":")
+        since = int(number) if number.isdigit() else -1
+        with self._lock:
+            if epoch != self._epoch or not 0 <= since <= self._revision:
+                return self._page(self._matching(match_labels), page_size, page_token, False)
+            changed: list[str] = []
+            for cid, revision in reversed(self._changed.items()):
+                if revision <= since:
+                    break
+                changed.append(cid)
+            if match_labels:
+                wanted = list(match_labels.items())
+                changed = [
+                    c
+                    for c in changed
+                    if all(self._clusters[c].labels.get(k) == v for k, v in wanted)
+                ]
+            changed.sort()
+            return self._page(changed, page_size, page_token, True)
+
+    def _page(
+        self, ids: list[str], page_size: int, page_token: str, changes_only: bool
+    ) -> cluster_pb2.ListClustersResponse:
+        """One page of these ids (sorted), with the revision it was read at (under the lock)."""
         size = check_page_size(page_size)
         after = decode_page_token(page_token)
-        with self._lock:
-            ids = self._matching(match_labels)
-            start = bisect.bisect_right(ids, after) if after else 0
-            page_ids = ids[start : start + size]
-            clusters = [self._response(self._clusters[i]).cluster for i in page_ids]
-            more = start + size < len(ids)
-            total = len(ids)
+        start = bisect.bisect_right(ids, after) if after else 0
+        page_ids = ids[start : start + size]
+        clusters = [self._response(self._clusters[i]).cluster for i in page_ids]
+        more = start + size < len(ids)
         return cluster_pb2.ListClustersResponse(
             clusters=clusters,
             next_page_token=encode_page_token(page_ids[-1]) if more and page_ids else "",
-            total_size=total,
+            total_size=len(ids),
+            revision=f"{self._epoch}:{self._revision}",
+            changes_only=changes_only,
         )
 
     def _matching(self, match_labels: Mapping[str, str]) -> list[str]:
@@ -720,8 +760,15 @@ class Fleet:
         """Applies mutate(cluster) (under the lock), drops the cache, tells the monitor."""
         before = cluster.view()
         mutate(cluster)
-        cluster.response = None
+        self._touch(cluster)
         self.monitor.cluster_changed(before, cluster.view())
+
+    def _touch(self, cluster: _Cluster) -> None:
+        """A cluster's answer changed (under the lock): its cache goes, a revision counts it."""
+        cluster.response = None
+        self._revision += 1
+        self._changed.pop(cluster.cluster_id, None)
+        self._changed[cluster.cluster_id] = self._revision
 
     def _advance(self, op_id: str, progress: int) -> None:
         with self._lock:

@@ -419,10 +419,19 @@ class ListClustersRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     MATCH_LABELS_FIELD_NUMBER: _builtins.int
+    CHANGED_SINCE_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
     """OPTIONAL. At most this many clusters; 0 means the plugin's default (500). Max 5000."""
     page_token: _builtins.str
     """OPTIONAL. The next_page_token of the previous page; empty for the first page."""
+    changed_since: _builtins.str
+    """OPTIONAL. The revision of an earlier answer (ListClustersResponse.revision, of its first
+    page): list only the clusters that changed since then, each whole, and name those that
+    left (changes_only). A plugin that cannot answer since that revision (it keeps no
+    revisions, it restarted, it does not remember that far back) lists every cluster, as
+    without this field, with changes_only false. Every page of one listing carries the same
+    changed_since.
+    """
     @_builtins.property
     def match_labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """OPTIONAL. Only clusters whose labels include all of these."""
@@ -433,10 +442,11 @@ class ListClustersRequest(_message.Message):
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
         match_labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        changed_since: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["match_labels", b"match_labels", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed_since", b"changed_since", "match_labels", b"match_labels", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -451,13 +461,32 @@ class ListClustersResponse(_message.Message):
     CLUSTERS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     TOTAL_SIZE_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    CHANGES_ONLY_FIELD_NUMBER: _builtins.int
+    REMOVED_CLUSTER_IDS_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """Empty on the last page."""
     total_size: _builtins.int
-    """The number of clusters matching the request, over all pages."""
+    """The number of clusters matching the request, over all pages (with changes_only: of the
+    changes listed).
+    """
+    revision: _builtins.str
+    """OPTIONAL. The inventory's revision, taken before this page was read: every change after
+    it is listed by a later ListClusters with changed_since set to it (a change made while
+    the pages were read may be listed twice, never missed). Empty: the plugin keeps no
+    revisions (a caller then lists every cluster each time). Opaque to the caller.
+    """
+    changes_only: _builtins.bool
+    """True when only the clusters changed since the request's changed_since are listed
+    (with removed_cluster_ids); false when every cluster matching the request is.
+    """
     @_builtins.property
     def clusters(self) -> _containers.RepeatedCompositeFieldContainer[Global___Cluster]:
         """The clusters of this page, ordered by id."""
+
+    @_builtins.property
+    def removed_cluster_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """With changes_only: the ids of the clusters that left the inventory since changed_since."""
 
     def __init__(
         self,
@@ -465,10 +494,13 @@ class ListClustersResponse(_message.Message):
         clusters: _abc.Iterable[Global___Cluster] | None = ...,
         next_page_token: _builtins.str = ...,
         total_size: _builtins.int = ...,
+        revision: _builtins.str = ...,
+        changes_only: _builtins.bool = ...,
+        removed_cluster_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clusters", b"clusters", "next_page_token", b"next_page_token", "total_size", b"total_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes_only", b"changes_only", "clusters", b"clusters", "next_page_token", b"next_page_token", "removed_cluster_ids", b"removed_cluster_ids", "revision", b"revision", "total_size", b"total_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
