@@ -6,6 +6,7 @@ It leaves capability checks to the SDK server (serve() refuses RPCs outside them
 from __future__ import annotations
 
 import argparse
+import secrets
 import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -60,6 +61,23 @@ class EchoFleet:
 
     clusters: dict[str, cluster_pb2.Cluster] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: The inventory's revisions (ListClusters changed_since): this process's epoch, the last
+    #: revision, each cluster's last change.
+    epoch: str = field(default_factory=lambda: secrets.token_hex(4))
+    revision: int = 0
+    changed: dict[str, int] = field(default_factory=dict)
+
+    def touch(self, cluster_id: str) -> None:
+        """A cluster changed (under the lock)."""
+        self.revision += 1
+        self.changed[cluster_id] = self.revision
+
+    def since(self, changed_since: str) -> int | None:
+        """The revision to list changes since, or None when it is not one of this process's."""
+        epoch, _, number = changed_since.partition(":")
+        if epoch != self.epoch or not number.isdigit() or int(number) > self.revision:
+            return None
+        return int(number)
 
     @classmethod
     def generate(cls, count: int, version: str = "1.29.4") -> EchoFleet:
@@ -131,17 +149,25 @@ class EchoCluster(cluster_pb2_grpc.ClusterServiceServicer):
         size = validate.check_page_size(request.page_size)
         after = validate.decode_page_token(request.page_token)
         wanted = dict(request.match_labels)
-        with self.fleet.lock:
+        fleet = self.fleet
+        with fleet.lock:
+            since = fleet.since(request.changed_since) if request.changed_since else None
             matching = [
-                self.fleet.clusters[cid]
-                for cid in sorted(self.fleet.clusters)
-                if all(self.fleet.clusters[cid].labels.get(k) == v for k, v in wanted.items())
+                fleet.clusters[cid]
+                for cid in sorted(fleet.clusters)
+                if all(fleet.clusters[cid].labels.get(k) == v for k, v in wanted.items())
+                and (since is None or fleet.changed.get(cid, 0) > since)
             ]
+            revision = f"{fleet.epoch}:{fleet.revision}"
         rest = [c for c in matching if c.id > after]
         page = rest[:size]
         token = validate.encode_page_token(page[-1].id) if len(rest) > size else ""
         return cluster_pb2.ListClustersResponse(
-            clusters=page, next_page_token=token, total_size=len(matching)
+            clusters=page,
+            next_page_token=token,
+            total_size=len(matching),
+            revision=revision,
+            changes_only=since is not None,
         )
 
     def GetCluster(
@@ -202,6 +228,7 @@ class EchoCluster(cluster_pb2_grpc.ClusterServiceServicer):
     def _apply(self, op: cluster_pb2.Operation) -> None:
         with self.fleet.lock:
             cluster = self.fleet.clusters[op.cluster_id]
+            self.fleet.touch(op.cluster_id)
             if op.kind == cluster_pb2.OPERATION_KIND_SERVICE_OUT:
                 cluster.in_service = False
             elif op.kind == cluster_pb2.OPERATION_KIND_SERVICE_IN:

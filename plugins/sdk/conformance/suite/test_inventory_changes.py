@@ -40,7 +40,7 @@ def test_a_changed_cluster_is_listed_since_a_revision_before_the_change(
     listing: ClusterListing,
 ) -> None:
     if not (supports(capabilities, "ServiceOut") and supports(capabilities, "ServiceIn")):
-        pytest.skip("ServiceOut and ServiceIn are not both declared: nothing to change")
+        pytest.skip("ServiceOut and ServiceIn are not both among the declared capabilities")
     before = client.get_cluster(cluster_id)
     revision = client.list_since("", page_size=5000).revision
     first, back = (
