@@ -16,7 +16,7 @@ What is here, by the question a plugin author asks:
   parse_plugin_args, serve_args / ServeArgs, run_plugin, announce_ready, RunningPlugin);
 - identity: StaticIdentity, package_version, always_ready;
 - the gRPC services over a backend: ClusterServicer, HealthServicer and the backend protocols
-  (ClusterBackend, PreflightBackend, HealthBackend), caller_of;
+  (ClusterBackend, PreflightBackend, HealthBackend, ListsChanges), caller_of;
 - errors a backend raises (PluginError and its kinds, Reason) and preflight verdicts;
 - operations: OperationStore, TERMINAL_STATES, kind_name, and the kinds and states under short
   names (OP_CONTROL_PLANE, OP_NODE_POOL, OP_SERVICE_OUT, OP_SERVICE_IN, OP_RUNNING,
@@ -113,6 +113,7 @@ from plugins.sdk.servicers import (
     ClusterServicer,
     HealthBackend,
     HealthServicer,
+    ListsChanges,
     PreflightBackend,
     caller_of,
 )
@@ -168,6 +169,7 @@ __all__ = [
     "KubeError",
     "KubeGone",
     "KubeNotFound",
+    "ListsChanges",
     "NotFound",
     "OperationStore",
     "PageRequest",
