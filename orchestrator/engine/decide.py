@@ -947,6 +947,15 @@ class _Run:
         cur = obs.current_operation if obs is not None else None
         return cur if cur is not None and cur.request_id == rid else None
 
+    def bound_on_record(self, st: api.ClusterUpgradeStatus, kind: OpKind | None) -> timedelta:
+        """The bound of the step on record when what is in flight cannot be told (its cluster
+        or its provider unseen): a chain of node pools (`chain_of`) is bounded by the step
+        timeout once for each pool of it, from the first one's start."""
+        bound = self.timeout_of(kind)
+        if kind is OpKind.NODE_POOL and st.next_request_ids:
+            bound *= 1 + len(st.next_request_ids)
+        return bound
+
     def _limits(
         self, u: Upgrade, kind: OpKind, rid: str = ""
     ) -> tuple[datetime, timedelta, timedelta] | None:
@@ -999,7 +1008,7 @@ class _Run:
         why = self.inp.snapshot.unknown[u.cluster_id]
         start = st.step_start_time or self.stamp
         what = st.step or (st.phase.value if st.phase else "step")
-        if self.now - parse_time(start) > self.timeout_of(kind) + UNREACHABLE_GRACE:
+        if self.now - parse_time(start) > self.bound_on_record(st, kind) + UNREACHABLE_GRACE:
             self.fail(
                 u,
                 PROVIDER_UNAVAILABLE,
@@ -1032,7 +1041,7 @@ class _Run:
     def gone(self, u: Upgrade, kind: OpKind | None) -> None:
         st = self.status[u.name]
         start = st.step_start_time or self.stamp
-        if self.now - parse_time(start) > self.timeout_of(kind):
+        if self.now - parse_time(start) > self.bound_on_record(st, kind):
             # Invariant 7: drift is recorded on this cluster's upgrade; the run goes on.
             self.set(
                 u,

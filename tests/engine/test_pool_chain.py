@@ -50,6 +50,7 @@ def _decide(
     pools: tuple[str, ...] = ("1.28.5", "1.28.5", "1.28.5"),
     seconds: float = 5.0,
     stop: bool = False,
+    gone: bool = False,
 ) -> tuple[Decision, api.ClusterUpgradeStatus]:
     """One decision on c00000 (out of service, control plane at cp, its pools at `pools`)."""
     fleet = make_fleet(3, pools=len(pools))
@@ -70,7 +71,9 @@ def _decide(
         uid=UID,
         spec=run_spec,
         upgrades={**{x.name: x for x in by_id.values()}, u.name: u},
-        snapshot=Snapshot(fleet.clusters, ops),
+        snapshot=Snapshot(
+            {c: o for c, o in fleet.clusters.items() if not (gone and c == CID)}, ops
+        ),
         now=T0 + timedelta(seconds=seconds),
         preflight_supported=False,
     )
@@ -185,3 +188,12 @@ def test_a_chain_this_attempt_did_not_make_is_not_followed() -> None:
     ((call,),) = [_mine(d)]
     # pool-1 gets an intent of its own, written before its call.
     assert call.request_id == POOL1 and st.request_id == POOL1 and st.step == "nodePool/pool-1"
+
+
+def test_a_chain_whose_cluster_left_the_inventory_waits_one_step_timeout_per_pool() -> None:
+    bound = api.parse_duration(api.StepTimeouts().node_pool).total_seconds()
+    status = _chain(POOL0, POOL1, POOL2)
+    _, st = _decide(status, {}, seconds=2 * bound, gone=True)
+    assert st.phase == U.UPGRADING_NODE_POOLS, "left before the chain's bound"
+    _, st = _decide(status, {}, seconds=3 * bound + 1, gone=True)
+    assert st.phase == U.SKIPPED and st.reason == "ClusterGone"
