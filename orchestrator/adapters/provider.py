@@ -330,7 +330,9 @@ class OperationTracker:
         stream = self._streams[id(client)]
         delay = 0.2
         while not stream.stop.is_set():
-            watch = client.watch_operations(include_in_flight=True)
+            # States, not progress: a step moves on a state (its end above all); an update of
+            # progress alone was a message to read and decode for nothing.
+            watch = client.watch_operations(include_in_flight=True, state_changes_only=True)
             try:
                 for pb in watch:
                     delay = 0.2

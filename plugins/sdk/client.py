@@ -694,11 +694,17 @@ class PluginClient:
         return self._unary("GetOperation", self._cluster.GetOperation, request).operation
 
     def watch_operations(
-        self, cluster_ids: Sequence[str] = (), include_in_flight: bool = True
+        self,
+        cluster_ids: Sequence[str] = (),
+        include_in_flight: bool = True,
+        state_changes_only: bool = False,
     ) -> OperationWatch:
-        """Streams operation updates (of cluster_ids, or all) until cancel()."""
+        """Streams operation updates (of cluster_ids, or all) until cancel(); with
+        state_changes_only, the plugin may leave out updates of progress alone."""
         request = cluster_pb2.WatchOperationsRequest(
-            cluster_ids=list(cluster_ids), include_in_flight=include_in_flight
+            cluster_ids=list(cluster_ids),
+            include_in_flight=include_in_flight,
+            state_changes_only=state_changes_only,
         )
         call = self._cluster.WatchOperations(request, metadata=self._metadata)
         return OperationWatch(self, "WatchOperations", call, _operation_of)

@@ -27,6 +27,9 @@ __all__ = [
     "caller_of",
 ]
 
+#: Operation states after which an operation changes no more.
+_TERMINAL = frozenset({cluster_pb2.OPERATION_STATE_SUCCEEDED, cluster_pb2.OPERATION_STATE_FAILED})
+
 BeforeCall = Callable[[str, grpc.ServicerContext], None]
 """Runs first in every RPC with the RPC's name (e.g. "ListClusters"); may raise or abort.
 
@@ -226,10 +229,24 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
         # since_revision can never be replayed and the first response says resync.
         cursor = open_cursor(context, request.since_revision)
         numbered = 0
+        # state_changes_only: the state last sent for each operation in flight on this stream.
+        sent: dict[str, int] | None = {} if request.state_changes_only else None
         try:
             for op in self._backend.watch_operations(
                 cluster_ids, request.include_in_flight, context
             ):
+                if sent is not None:
+                    resync = (
+                        cursor.resync
+                        if cursor.served
+                        else not numbered and request.since_revision != 0
+                    )
+                    if not resync and sent.get(op.id) == op.state:
+                        continue  # progress only
+                    if op.state in _TERMINAL:
+                        sent.pop(op.id, None)
+                    else:
+                        sent[op.id] = op.state
                 if cursor.served:
                     yield cluster_pb2.WatchOperationsResponse(
                         operation=op, revision=cursor.revision, resync=cursor.resync

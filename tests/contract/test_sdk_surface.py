@@ -37,6 +37,7 @@ SURFACE = [
     "KubeGone",
     "KubeNotFound",
     "LOG_HINT",
+    "ListsChanges",
     "MAX_PAGE_SIZE",
     "NotFound",
     "OP_CONTROL_PLANE",

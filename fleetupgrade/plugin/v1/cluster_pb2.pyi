@@ -807,6 +807,7 @@ class WatchOperationsRequest(_message.Message):
     CLUSTER_IDS_FIELD_NUMBER: _builtins.int
     INCLUDE_IN_FLIGHT_FIELD_NUMBER: _builtins.int
     SINCE_REVISION_FIELD_NUMBER: _builtins.int
+    STATE_CHANGES_ONLY_FIELD_NUMBER: _builtins.int
     include_in_flight: _builtins.bool
     """OPTIONAL. When true, the stream starts with the current state of every matching
     operation that is PENDING or RUNNING, so a reconnecting caller misses nothing.
@@ -818,6 +819,12 @@ class WatchOperationsRequest(_message.Message):
     the current state of every matching operation it retains and sets resync on the first
     response, so the caller knows to re-read what it cares about with GetOperation.
     """
+    state_changes_only: _builtins.bool
+    """OPTIONAL. When true, an update that leaves an operation in the state this stream last
+    sent for it (progress only) need not be sent: a caller that follows states, not
+    progress, asks for fewer messages. Every change of state is sent, and the first
+    response of a resync. A plugin MAY ignore it and send every update.
+    """
     @_builtins.property
     def cluster_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """OPTIONAL. Only these clusters; empty means all."""
@@ -828,10 +835,11 @@ class WatchOperationsRequest(_message.Message):
         cluster_ids: _abc.Iterable[_builtins.str] | None = ...,
         include_in_flight: _builtins.bool = ...,
         since_revision: _builtins.int = ...,
+        state_changes_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_ids", b"cluster_ids", "include_in_flight", b"include_in_flight", "since_revision", b"since_revision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_ids", b"cluster_ids", "include_in_flight", b"include_in_flight", "since_revision", b"since_revision", "state_changes_only", b"state_changes_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
