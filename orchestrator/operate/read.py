@@ -17,6 +17,7 @@ from orchestrator import api
 from orchestrator.adapters.kube import KubeClient, NotFound
 from orchestrator.engine.conditions import blocking_condition, partly_degraded
 from orchestrator.engine.conditions import fix_for as condition_fix
+from orchestrator.engine.decide import step_of
 
 __all__ = [
     "CV",
@@ -262,6 +263,15 @@ class Snapshot:
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
 
 
+def _step(cu_status: Mapping[str, Any]) -> str:
+    """The step on record, a running hook as one, and the node pools chained after it
+    (status.nextRequestIds: "nodePool/a, then b, c"; the step on record stays the chain's
+    first while the others run)."""
+    step = str(cu_status.get("step") or _hook_step(cu_status.get("hook")))
+    chained = [step_of(str(rid)).partition("/")[2] for rid in cu_status.get("nextRequestIds") or ()]
+    return f"{step}, then {', '.join(chained)}" if step and chained else step
+
+
 def _hook_step(hook: Any) -> str:
     """A running hook as a step: "preUpgrade Running"."""
     if not isinstance(hook, dict) or not hook.get("kind"):
@@ -297,7 +307,7 @@ def snapshot(
             cluster=str(spec.get("clusterId", cu["metadata"]["name"])),
             stage=str(spec.get("stage", "")),
             phase=str(phase),
-            step=str(cu_status.get("step") or _hook_step(cu_status.get("hook"))),
+            step=_step(cu_status),
             attempt=int(cu_status.get("attempt") or 0),
             reason=str(cu_status.get("reason") or ""),
             message=str(cu_status.get("message") or ""),
