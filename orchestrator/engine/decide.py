@@ -838,12 +838,16 @@ class _Run:
         kind = _KIND_OF.get(kind_text) or OpKind(kind_text)
         rid, index = st.request_id or "", 0
         if obs is not None and (chained := chain_of(self.inp.uid, u)):
-            # A chain of node pools (one intent): follow the last one started, once every
-            # one before it is done (what they did applied to the observation). The next
-            # one starts from `advance`, as any step does (`issue`).
+            # A chain of node pools (one intent): follow the last one started (an operation
+            # known, or one the plugin forgot: never asked again), once every one before it
+            # is done (what they did applied to the observation). The next one starts from
+            # `advance`, as any step does (`issue`).
             rids = (rid, *chained)
             done = obs
-            while index + 1 < len(rids) and self._find_op(rids[index + 1], done) is not None:
+            forgotten = self.inp.snapshot.forgotten
+            while index + 1 < len(rids) and (
+                rids[index + 1] in forgotten or self._find_op(rids[index + 1], done) is not None
+            ):
                 pool = step_of(rids[index]).partition("/")[2]
                 at = self._find_op(rids[index], done)
                 if at is not None and at.state == OpState.SUCCEEDED:

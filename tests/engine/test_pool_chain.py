@@ -51,6 +51,7 @@ def _decide(
     seconds: float = 5.0,
     stop: bool = False,
     gone: bool = False,
+    forgotten: frozenset[str] = frozenset(),
 ) -> tuple[Decision, api.ClusterUpgradeStatus]:
     """One decision on c00000 (out of service, control plane at cp, its pools at `pools`)."""
     fleet = make_fleet(3, pools=len(pools))
@@ -72,7 +73,7 @@ def _decide(
         spec=run_spec,
         upgrades={**{x.name: x for x in by_id.values()}, u.name: u},
         snapshot=Snapshot(
-            {c: o for c, o in fleet.clusters.items() if not (gone and c == CID)}, ops
+            {c: o for c, o in fleet.clusters.items() if not (gone and c == CID)}, ops, forgotten
         ),
         now=T0 + timedelta(seconds=seconds),
         preflight_supported=False,
@@ -197,3 +198,13 @@ def test_a_chain_whose_cluster_left_the_inventory_waits_one_step_timeout_per_poo
     assert st.phase == U.UPGRADING_NODE_POOLS, "left before the chain's bound"
     _, st = _decide(status, {}, seconds=3 * bound + 1, gone=True)
     assert st.phase == U.SKIPPED and st.reason == "ClusterGone"
+
+
+def test_a_chained_pool_the_plugin_forgot_is_lost_never_asked_again() -> None:
+    """Invariant 6: the plugin restarted without durable operations and forgot pool-1's
+    operation; whether it ran is unknown, so it is not asked again (OperationLost)."""
+    ops = {POOL0: _op(POOL0, OpState.SUCCEEDED, pool="pool-0")}
+    d, st = _decide(_chain(POOL0, POOL1, POOL2), ops, forgotten=frozenset({POOL1}))
+    assert _mine(d) == []
+    assert st.phase == U.FAILED and st.reason == "OperationLost"
+    assert st.step == "nodePool/pool-1" and st.request_id == POOL1
