@@ -403,13 +403,11 @@ class KeptInventory:
     missed: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def read(
-        self, client: PluginClient, clock: Callable[[], float] = time.monotonic
-    ) -> dict[str, ClusterObs]:
+    def read(self, client: PluginClient) -> dict[str, ClusterObs]:
         """The inventory now (a new dict each read: a pass keeps the one it read)."""
         with self.lock:
             self.reads += 1
-            now = clock()
+            now = time.monotonic()
             if self.rows is None or not self.revision:
                 return self._whole(_list(client, ""), now)
             listing = _list(client, self.revision)

@@ -105,6 +105,7 @@ __all__ = [
     "rests",
     "short_of_target",
     "step_of",
+    "target_of",
     "with_status",
 ]
 
@@ -364,6 +365,13 @@ def step_of(request_id_: str) -> str:
     "nodePool/POOL", "recover" (a service-in after a failure)..."""
     parts = _request_parts(request_id_)
     return parts[1] if parts is not None else ""
+
+
+def target_of(request_id_: str) -> str:
+    """The target version a request id (`request_id`) was made for ("" when it is not one
+    of ours)."""
+    parts = _request_parts(request_id_)
+    return parts[2] if parts is not None else ""
 
 
 def attempt_of(request_id_: str) -> int | None:
@@ -825,8 +833,7 @@ class _Run:
             return
         if obs is None and u.cluster_id in self.inp.snapshot.unknown:
             kind_text = (st.step or "").partition("/")[0]
-            kinds = {k.value: k for k in OpKind}
-            self.unreachable(u, None if st.phase == U.VERIFYING else kinds.get(kind_text))
+            self.unreachable(u, None if st.phase == U.VERIFYING else _KIND_OF.get(kind_text))
             return
         if st.phase == U.VERIFYING:
             if obs is None:
@@ -837,30 +844,10 @@ class _Run:
         kind_text, _, pool = (st.step or "").partition("/")
         kind = _KIND_OF.get(kind_text) or OpKind(kind_text)
         rid, index = st.request_id or "", 0
-        if obs is not None and (chained := chain_of(self.inp.uid, u)):
-            # A chain of node pools (one intent): follow the last one started (an operation
-            # known, or one the plugin forgot: never asked again), once every one before it
-            # is done (what they did applied to the observation). The next one starts from
-            # `advance`, as any step does (`issue`).
-            rids = (rid, *chained)
-            done = obs
-            forgotten = self.inp.snapshot.forgotten
-            while index + 1 < len(rids) and (
-                rids[index + 1] in forgotten or self._find_op(rids[index + 1], done) is not None
-            ):
-                pool = step_of(rids[index]).partition("/")[2]
-                at = self._find_op(rids[index], done)
-                if at is not None and at.state == OpState.SUCCEEDED:
-                    done = apply_succeeded(done, at)
-                elif at is not None or not _achieved(kind, pool, u.spec.pool_target(pool), done):
-                    break
-                index += 1
+        if obs is not None:
+            rid, index, obs = self._in_chain(u, kind, obs)
             if index:
-                rid, pool = rids[index], step_of(rids[index]).partition("/")[2]
-                if done is not obs:
-                    obs = done
-                    self.effective[u.cluster_id] = obs
-                    self.effective_changed.add(u.cluster_id)
+                pool = step_of(rid).partition("/")[2]
         version = u.spec.version if kind is OpKind.CONTROL_PLANE else u.spec.pool_target(pool)
         op = self._find_op(rid, obs)
         if obs is None:
@@ -870,45 +857,14 @@ class _Run:
             self.advance(u, obs)
             return
         if op is None:
-            if self.timed_out(u, kind, rid):
-                return
-            if rid in self.inp.snapshot.forgotten or (not index and st.operation_id):
-                self.set(u, **at_chained(st, rid))
-                st = self.status[u.name]
-                # Seen, now unknown to the plugin (it restarted without durable operations):
-                # it may have ended, failed or still run in the provider. Asking again would
-                # start the step a second time (invariant 6); a person retries it instead.
-                self.fail(
-                    u,
-                    "OperationLost",
-                    f"{st.step}: the plugin no longer knows operation "
-                    f"{st.operation_id or rid} (it restarted without durable "
-                    "operations); whether it ran is unknown, so it is not asked again. Check "
-                    "the cluster, then retry it with the annotation "
-                    "multicluster-ops.io/retry-clusters",
-                )
-                return
-            if kind is OpKind.SERVICE_OUT and not needs_upgrade(obs, u.spec):
-                # Invariants 5 and 7: upgraded elsewhere before our service-out took effect.
-                self.at_target(u, obs)
-                return
-            if kind is OpKind.SERVICE_OUT:
-                # Invariants 1, 2 and 5: a service-out asked again passes `may_service_out`
-                # again (the world may have changed since it was decided: another run or
-                # caller, the floor, what the provider says of what is short of target).
-                self.service_out(u, obs, reissue=True, context="service-out not confirmed; ")
-                return
-            if kind is OpKind.SERVICE_IN:
-                # Invariant 3: a service-in asked again passes the gate again (a failing
-                # evaluation may have come after the passes it was decided on).
-                if not self.service_in(u, reissue=True):
-                    self.verify_again(
-                        u,
-                        "service-in not confirmed and a health evaluation failed since it was "
-                        "decided; verifying again",
-                    )
-                return
-            self.calls.append(Call(kind, u.cluster_id, rid, u.name, version, pool, reissue=True))
+            self._unseen_op(
+                u,
+                kind,
+                rid,
+                not index,
+                obs,
+                Call(kind, u.cluster_id, rid, u.name, version, pool, reissue=True),
+            )
             return
         record = (
             not index and op.id != st.operation_id and (u.name in self.changed or op.state.terminal)
@@ -943,6 +899,84 @@ class _Run:
         self.effective[u.cluster_id] = obs
         self.effective_changed.add(u.cluster_id)
         self.advance(u, obs, op.id if record else None)
+
+    def _in_chain(self, u: Upgrade, kind: OpKind, obs: ClusterObs) -> tuple[str, int, ClusterObs]:
+        """Where the step on record stands when it heads a chain of node pools (`chain_of`):
+        the request id to follow, its index in the chain (0: the step on record) and the
+        observation with what the pools before it did applied. The last one started is
+        followed (an operation known, or one the plugin forgot: never asked again), once every
+        one before it is done; the next one starts from `advance`, as any step does (`issue`)."""
+        st = self.status[u.name]
+        rid = st.request_id or ""
+        chained = chain_of(self.inp.uid, u)
+        if not chained:
+            return rid, 0, obs
+        rids, index, done = (rid, *chained), 0, obs
+        forgotten = self.inp.snapshot.forgotten
+        while index + 1 < len(rids) and (
+            rids[index + 1] in forgotten or self._find_op(rids[index + 1], done) is not None
+        ):
+            pool = step_of(rids[index]).partition("/")[2]
+            at = self._find_op(rids[index], done)
+            if at is not None and at.state == OpState.SUCCEEDED:
+                done = apply_succeeded(done, at)
+            elif at is not None or not _achieved(kind, pool, u.spec.pool_target(pool), done):
+                break
+            index += 1
+        if not index:
+            return rid, 0, obs
+        if done is not obs:
+            self.effective[u.cluster_id] = done
+            self.effective_changed.add(u.cluster_id)
+        return rids[index], index, done
+
+    def _unseen_op(
+        self, u: Upgrade, kind: OpKind, rid: str, on_record: bool, obs: ClusterObs, again: Call
+    ) -> None:
+        """A step in flight whose operation the plugin does not show: timed out, lost (the
+        plugin forgot it: never asked again), or asked again (`again`; a service-out or a
+        service-in through its gate once more). on_record: the step is the one on record, not
+        a chained pool after it."""
+        st = self.status[u.name]
+        if self.timed_out(u, kind, rid):
+            return
+        if rid in self.inp.snapshot.forgotten or (on_record and st.operation_id):
+            self.set(u, **at_chained(st, rid))
+            st = self.status[u.name]
+            # Seen, now unknown to the plugin (it restarted without durable operations):
+            # it may have ended, failed or still run in the provider. Asking again would
+            # start the step a second time (invariant 6); a person retries it instead.
+            self.fail(
+                u,
+                "OperationLost",
+                f"{st.step}: the plugin no longer knows operation "
+                f"{st.operation_id or rid} (it restarted without durable "
+                "operations); whether it ran is unknown, so it is not asked again. Check "
+                "the cluster, then retry it with the annotation "
+                "multicluster-ops.io/retry-clusters",
+            )
+            return
+        if kind is OpKind.SERVICE_OUT and not needs_upgrade(obs, u.spec):
+            # Invariants 5 and 7: upgraded elsewhere before our service-out took effect.
+            self.at_target(u, obs)
+            return
+        if kind is OpKind.SERVICE_OUT:
+            # Invariants 1, 2 and 5: a service-out asked again passes `may_service_out`
+            # again (the world may have changed since it was decided: another run or
+            # caller, the floor, what the provider says of what is short of target).
+            self.service_out(u, obs, reissue=True, context="service-out not confirmed; ")
+            return
+        if kind is OpKind.SERVICE_IN:
+            # Invariant 3: a service-in asked again passes the gate again (a failing
+            # evaluation may have come after the passes it was decided on).
+            if not self.service_in(u, reissue=True):
+                self.verify_again(
+                    u,
+                    "service-in not confirmed and a health evaluation failed since it was "
+                    "decided; verifying again",
+                )
+            return
+        self.calls.append(again)
 
     def _find_op(self, rid: str, obs: ClusterObs | None) -> OpObs | None:
         op = self.inp.snapshot.operations.get(rid)

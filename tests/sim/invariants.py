@@ -25,6 +25,7 @@ from orchestrator.engine.decide import (
     retry_words,
     short_of_target,
     step_of,
+    target_of,
 )
 from orchestrator.engine.observations import OpKind, OpState
 from orchestrator.engine.transitions import PEOPLES_WORDS
@@ -490,7 +491,7 @@ class Monitor:
                     f"it is {fleet.ops[known].state.value}",
                 )
             pool = step_of(rid).partition("/")[2]
-            target = rid.rsplit(":", 2)[1]
+            target = target_of(rid)
             if pool in c.pools and not versions.meets(c.pools[pool].version, target):
                 raise Violation(
                     "6 no duplicate mutation",
