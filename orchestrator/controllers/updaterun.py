@@ -111,6 +111,7 @@ class _DriverMemory:
     unrecorded_failures: set[str] = field(default_factory=set)
     stage_failures: dict[tuple[str, str], datetime] = field(default_factory=dict)
     index: RunIndex = field(default_factory=RunIndex)
+    unknown_since: dict[str, datetime] = field(default_factory=dict)
 
 
 @dataclass
@@ -596,6 +597,7 @@ class UpdateRunController:
         driver.unrecorded_failures = memory.unrecorded_failures
         driver.stage_failures = memory.stage_failures
         driver.index = memory.index  # a pass looks at what changed since the last one
+        driver.unknown_since = memory.unknown_since
         return driver
 
     def _record(

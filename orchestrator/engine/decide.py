@@ -103,6 +103,7 @@ __all__ = [
     "needs_upgrade",
     "request_id",
     "rests",
+    "service_in_on_record",
     "short_of_target",
     "step_of",
     "target_of",
@@ -270,6 +271,11 @@ class RunInput:
     floors: Sequence[Floor] = ()
     #: What the hook executor knows of the hooks recorded Running: hook id → outcome.
     hooks: Mapping[str, HookObs] = field(default_factory=dict)
+    #: Clusters of `snapshot.unknown` by when their provider was first found not answering in
+    #: the run's passes since it last answered (the driver's memory): a step in flight fails
+    #: ProviderUnavailable only once that silence lasted UNREACHABLE_GRACE. Absent: no memory
+    #: of it, only the step's bound counts.
+    unknown_since: Mapping[str, datetime] = field(default_factory=dict)
     #: What the run's passes keep between them (engine.index; the driver's): the upgrades
     #: by phase and in order, brought up to date here. None: made from scratch (a full pass).
     index: RunIndex | None = field(default=None, compare=False)
@@ -1037,6 +1043,14 @@ class _Run:
         self.wake_for_step(deadline)
         return False
 
+    def silent(self, cid: str) -> bool:
+        """Whether the provider of a cluster of `snapshot.unknown` has answered none of the
+        run's reads for UNREACHABLE_GRACE (True without the driver's memory of since when):
+        only then is it down. Before, a read it failed is one of several (a flapping plugin:
+        simulation seeds 137463, 1121), and what is known of the cluster stands."""
+        since = self.inp.unknown_since.get(cid)
+        return since is None or self.now - since >= UNREACHABLE_GRACE
+
     def unreachable(self, u: Upgrade, kind: OpKind | None) -> None:
         """A cluster in flight whose provider cannot be asked now (Snapshot.unknown): nothing
         is decided on it (what its operation did is unknown) until the provider answers; it
@@ -1046,7 +1060,11 @@ class _Run:
         why = self.inp.snapshot.unknown[u.cluster_id]
         start = st.step_start_time or self.stamp
         what = st.step or (st.phase.value if st.phase else "step")
-        if self.now - parse_time(start) > self.bound_on_record(st, kind) + UNREACHABLE_GRACE:
+        silent = self.silent(u.cluster_id)
+        if (
+            silent
+            and self.now - parse_time(start) > self.bound_on_record(st, kind) + UNREACHABLE_GRACE
+        ):
             self.fail(
                 u,
                 PROVIDER_UNAVAILABLE,
@@ -1057,7 +1075,7 @@ class _Run:
             u,
             step_start_time=start,
             message=f"{what}: waiting for its provider (counted as unavailable): {why}",
-            **_unseen_health(st),
+            **(_unseen_health(st) if silent else {}),
         )
         self.wake(POLL_SECONDS)
 
@@ -1559,7 +1577,9 @@ SKIPPED_BY_PEOPLE = frozenset({"SkippedByUser", "StageSkipped"})
 #: before it fails ProviderUnavailable: one read that failed as the bound passed never decides
 #: for the read a poll later (which may find the operation ended, or the cluster gone:
 #: simulation seed 99711, where one failed read failed a step, and halted its run, that the
-#: next recorded as drift).
+#: next recorded as drift). The provider must also have answered none of the run's reads for
+#: that long (RunInput.unknown_since): a provider that fails one read in several is not down
+#: (simulation seed 137463, where a flapping plugin failed a cluster mid-verify).
 UNREACHABLE_GRACE = timedelta(seconds=STEP_POLL_SECONDS)
 #: The step of a Failed cluster that failedClusterPolicy ServiceInIfHealthy may service back in.
 RECOVER_STEP = "recover"
@@ -1571,7 +1591,8 @@ def _unseen_health(st: api.ClusterUpgradeStatus) -> dict[str, None]:
     """While a cluster awaiting its checks cannot be seen (it left the inventory, or its
     provider does not answer), its health is dropped, as while it is unavailable: the checks
     count anew once it is seen, and never fail on the window its absence spent (invariant 7:
-    drift is recorded as drift; simulation seed 92214)."""
+    drift is recorded as drift; simulation seed 92214). A provider that failed a read but has
+    not been silent for UNREACHABLE_GRACE (`_Run.silent`) keeps it: no evaluation was missed."""
     return {"health": None} if awaits_checks(st) and st.health is not None else {}
 
 
@@ -1588,6 +1609,16 @@ def awaits_checks(st: api.ClusterUpgradeStatus) -> bool:
         # Until its service-in back is asked for (then, as for Servicing-in, the intent
         # stands on the evaluations before it).
         st.phase == U.FAILED and st.step == RECOVER_STEP and st.request_id is None
+    )
+
+
+def service_in_on_record(st: api.ClusterUpgradeStatus) -> bool:
+    """Whether a service-in is on record for the cluster, decided on the evaluations before it:
+    Servicing-in, or a Failed cluster's recovery asked for (step RECOVER_STEP with its request
+    id). A failing evaluation no write recorded resets those passes on record before the
+    service-in is asked again (the driver's unrecorded failures; simulation seed 137037)."""
+    return st.phase == U.SERVICING_IN or (
+        st.phase == U.FAILED and st.step == RECOVER_STEP and st.request_id is not None
     )
 
 
@@ -1799,7 +1830,8 @@ def _recover(run: _Run, u: Upgrade) -> None:
     st = run.status[u.name]
     obs = run.observed(u.cluster_id)
     if obs is None:
-        run.set(u, **_unseen_health(st))  # awaiting its checks (step RECOVER_STEP) only
+        if u.cluster_id not in run.inp.snapshot.unknown or run.silent(u.cluster_id):
+            run.set(u, **_unseen_health(st))  # awaiting its checks (step RECOVER_STEP) only
     if not st.step or st.step == RECOVER_GAVE_UP or obs is None:
         return
     if run.holder(u.cluster_id) is not None:

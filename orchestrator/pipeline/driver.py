@@ -46,6 +46,7 @@ from orchestrator.engine.decide import (
     call_failed,
     checks_for,
     decide,
+    service_in_on_record,
     short_of_target,
     with_status,
 )
@@ -327,6 +328,9 @@ class RunDriver:
     #: pass looks at what changed; every FULL_EVERY passes it is rebuilt from scratch and
     #: compared. Keep it between passes like preflight_cache (the controller owns it).
     index: RunIndex = field(default_factory=RunIndex)
+    #: Clusters whose provider did not answer, by the first pass since it last answered that
+    #: found it so (RunInput.unknown_since). Keep it between passes like preflight_cache.
+    unknown_since: dict[str, datetime] = field(default_factory=dict)
 
     def step(
         self,
@@ -372,6 +376,7 @@ class RunDriver:
             unreachable = err
             snapshot = unreachable_snapshot(ids, f"its plugin is unavailable ({err.code})")
         self._full_pass(index, uid, upgrades, snapshot, held_by, now)
+        self._note_silence(snapshot, index, now)
         upgrades, health_changed = self._evaluate_clusters(spec, upgrades, snapshot, now)
         stages = self._evaluate_stages(key, spec, upgrades, stages, snapshot, now)
         hook_obs = self._observe_hooks(key, uid, spec, upgrades, snapshot)
@@ -396,6 +401,7 @@ class RunDriver:
             hooks=hook_obs,
             index=index,
             index_stale=frozenset(health_changed),
+            unknown_since=self.unknown_since,
         )
         # The index sees the health records' objects in this pass: the caller's, next time.
         index.lent = set(health_changed)
@@ -411,6 +417,17 @@ class RunDriver:
         self._start_hooks(p)
         p.result.unreachable = unreachable
         return self._settle(p)
+
+    def _note_silence(self, snapshot: Snapshot, index: RunIndex, now: datetime) -> None:
+        """Bring `unknown_since` up to date: a cluster unknown now keeps the pass that first
+        found it so; one whose provider answered (seen, or this run's and gone) is dropped.
+        Costs what is unknown, not the fleet."""
+        silent = self.unknown_since
+        for cid in [c for c in silent if c not in snapshot.unknown]:
+            if cid in snapshot.clusters or cid in index.members:
+                del silent[cid]
+        for cid in snapshot.unknown:
+            silent.setdefault(cid, now)
 
     def _index(
         self, uid: str, upgrades: Mapping[str, Upgrade], changed: Collection[str] | None
@@ -782,7 +799,7 @@ class RunDriver:
             base = st.health
             if base is not None and base.passes and name in self.unrecorded_failures:
                 base = base.model_copy(update={"passes": 0})
-                if st.phase == api.UpgradePhase.SERVICING_IN:
+                if service_in_on_record(st):
                     changed[name] = st.model_copy(update={"health": base})
                     continue
             checks = checks_for(spec, u.spec.stage)

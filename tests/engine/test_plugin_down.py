@@ -20,7 +20,7 @@ from orchestrator.engine.decide import (
 from orchestrator.engine.observations import OpKind, OpObs, Snapshot
 from orchestrator.pipeline.driver import CallError
 from orchestrator.pipeline.simulate import T0, ModelFleet
-from tests.engine.model import Harness, as_run_spec, make_fleet, spec_for
+from tests.engine.model import Harness, as_run_spec, health_checks, make_fleet, spec_for
 
 U = api.UpgradePhase
 DOWN = CallError("UNAVAILABLE", "connection refused", True)
@@ -166,4 +166,55 @@ def test_one_unanswered_read_as_the_bound_passes_does_not_decide_for_the_next() 
     h2.fleet.now += UNREACHABLE_GRACE.total_seconds() + 1
     h2.step()
     st = h2.by_cluster()[cid2]
+    assert (st.phase, st.reason) == (U.FAILED, PROVIDER_UNAVAILABLE), st
+
+
+def test_a_plugin_that_fails_one_read_in_several_is_not_down() -> None:
+    """Simulation seed 137463: a plugin failed every few inventory reads, the others answered.
+    A cluster verifying past its step's bound (and the grace) failed ProviderUnavailable at the
+    first read that failed, though its provider had answered the read 5 s before; and each
+    failed read dropped its health, so its checks never passed meanwhile (seed 1121: past the
+    stranding bound). One failed read now misses no evaluation (its health stands), and the
+    step fails for its provider only once the run's reads went unanswered for
+    UNREACHABLE_GRACE (RunInput.unknown_since), as docs/operations.md ("One provider down")
+    promises."""
+    fleet = make_fleet(4)
+    spec = spec_for(
+        fleet,
+        "1.29.1",
+        3,
+        _timeouts={"ready": "2m"},
+        _healthChecks=health_checks(interval="10m", success=2, timeout="1h"),
+    )
+    h = Harness(fleet, as_run_spec(spec))
+    assert h.run(until=lambda h: U.VERIFYING in h.phases().values())
+    cid = next(c for c, p in h.phases().items() if p == U.VERIFYING)
+    start = parse_time(h.by_cluster()[cid].step_start_time or "")
+    up = h.driver.provider
+    h.fleet.now = (start - T0).total_seconds() + 120 + UNREACHABLE_GRACE.total_seconds() + 5
+    h.step()  # answered: its first evaluation (the next is 10 minutes away)
+    health = h.by_cluster()[cid].health
+    assert health is not None and health.passes == 1
+    h.fleet.now += 5.0
+    for _ in range(6):  # past the bound and the grace: reads fail and answer in turn
+        h.driver.provider = Down(h.fleet)
+        h.step()
+        st = h.by_cluster()[cid]
+        assert st.phase == U.VERIFYING, st
+        assert "waiting for its provider" in (st.message or "")
+        assert st.health == health  # one failed read misses no evaluation: its passes stand
+        h.fleet.now += 5.0
+        h.driver.provider = up
+        h.step()
+        assert h.by_cluster()[cid].phase == U.VERIFYING
+        h.fleet.now += 5.0
+    # Then down for good: UNREACHABLE_GRACE after the first read it failed, it fails for it.
+    h.driver.provider = Down(h.fleet)
+    h.step()
+    h.fleet.now += UNREACHABLE_GRACE.total_seconds() - 1
+    h.step()
+    assert h.by_cluster()[cid].phase == U.VERIFYING
+    h.fleet.now += 1
+    h.step()
+    st = h.by_cluster()[cid]
     assert (st.phase, st.reason) == (U.FAILED, PROVIDER_UNAVAILABLE), st
