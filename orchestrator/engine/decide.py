@@ -1829,9 +1829,9 @@ def _recover(run: _Run, u: Upgrade) -> None:
     fail, or readiness past timeouts.ready, leave it out (step RECOVER_GAVE_UP)."""
     st = run.status[u.name]
     obs = run.observed(u.cluster_id)
-    if obs is None:
-        if u.cluster_id not in run.inp.snapshot.unknown or run.silent(u.cluster_id):
-            run.set(u, **_unseen_health(st))  # awaiting its checks (step RECOVER_STEP) only
+    unseen = obs is None
+    if unseen and (u.cluster_id not in run.inp.snapshot.unknown or run.silent(u.cluster_id)):
+        run.set(u, **_unseen_health(st))  # awaiting its checks (step RECOVER_STEP) only
     if not st.step or st.step == RECOVER_GAVE_UP or obs is None:
         return
     if run.holder(u.cluster_id) is not None:
