@@ -2,8 +2,8 @@
 
 A plugin writes ``from plugins.sdk import PluginServer, OperationStore, NotFound, ...`` and
 never names a module inside this package: those modules (cli, client, config, endpoint_errors,
-errors, identity, interceptors, journal, kube, kubecache, operations, preflight, server,
-servicers, validate, versions) are how the SDK is built, free to move. The import-linter
+errors, identity, interceptors, journal, kube, kubecache, operations, preflight, revisions,
+server, servicers, validate, versions) are how the SDK is built, free to move. The import-linter
 contract "plugins import the SDK only through plugins.sdk" (pyproject.toml) holds every
 plugin to this, and tests/contract/test_sdk_surface.py pins the names below, so a name leaves
 the surface only on purpose. The conformance kit is a sub-surface of its own,
@@ -16,7 +16,8 @@ What is here, by the question a plugin author asks:
   parse_plugin_args, serve_args / ServeArgs, run_plugin, announce_ready, RunningPlugin);
 - identity: StaticIdentity, package_version, always_ready;
 - the gRPC services over a backend: ClusterServicer, HealthServicer and the backend protocols
-  (ClusterBackend, PreflightBackend, HealthBackend, ListsChanges), caller_of;
+  (ClusterBackend, PreflightBackend, HealthBackend, ListsChanges), caller_of, and
+  RevisionLog (the inventory's revisions a ListsChanges backend keeps);
 - errors a backend raises (PluginError and its kinds, Reason) and preflight verdicts;
 - operations: OperationStore, TERMINAL_STATES, kind_name, and the kinds and states under short
   names (OP_CONTROL_PLANE, OP_NODE_POOL, OP_SERVICE_OUT, OP_SERVICE_IN, OP_RUNNING,
@@ -93,6 +94,7 @@ from plugins.sdk.preflight import (
     verdict_of,
     verdict_of_check,
 )
+from plugins.sdk.revisions import RevisionLog
 from plugins.sdk.server import (
     FleetServer,
     PluginServer,
@@ -181,6 +183,7 @@ __all__ = [
     "PreflightBackend",
     "Reason",
     "Resource",
+    "RevisionLog",
     "RunningPlugin",
     "ServeArgs",
     "ServeOptions",

@@ -6,7 +6,6 @@ import bisect
 import logging
 import math
 import random
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -25,6 +24,7 @@ from plugins.sdk import (
     NotFound,
     OperationStore,
     Reason,
+    RevisionLog,
     check_page_size,
     compare_versions,
     decode_page_token,
@@ -219,12 +219,9 @@ class Fleet:
         self._step_override = step_seconds
         self._clusters: dict[str, _Cluster] = {}
         self._ids: list[str] = []
-        # The inventory's revisions (ListClusters changed_since): this process's epoch (a
-        # restarted plugin answers an older revision with every cluster), the last revision,
-        # and each cluster's last change by id, oldest first (a change moves it last).
-        self._epoch = secrets.token_hex(4)
-        self._revision = 0
-        self._changed: dict[str, int] = {}
+        # The inventory's revisions (ListClusters changed_since; a restarted plugin answers
+        # an older revision with every cluster).
+        self._revisions = RevisionLog()
         self._label_cache: dict[frozenset[tuple[str, str]], list[str]] = {}
         self._runs: dict[str, _Run] = {}
         self._flap_generation = 0
@@ -447,16 +444,10 @@ class Fleet:
         """One page of the clusters changed since a revision of this process (by id, labels
         matched); every cluster when the revision is not one it can answer since. None ever
         leaves this fleet, so removed_cluster_ids stays empty."""
-        epoch, _, number = changed_since.partition(":")
-        since = int(number) if number.isdigit() else -1
         with self._lock:
-            if epoch != self._epoch or not 0 <= since <= self._revision:
+            changed = self._revisions.changed_since(changed_since)
+            if changed is None:
                 return self._page(self._matching(match_labels), page_size, page_token, False)
-            changed: list[str] = []
-            for cid, revision in reversed(self._changed.items()):
-                if revision <= since:
-                    break
-                changed.append(cid)
             if match_labels:
                 wanted = list(match_labels.items())
                 changed = [
@@ -464,7 +455,6 @@ class Fleet:
                     for c in changed
                     if all(self._clusters[c].labels.get(k) == v for k, v in wanted)
                 ]
-            changed.sort()
             return self._page(changed, page_size, page_token, True)
 
     def _page(
@@ -481,7 +471,7 @@ class Fleet:
             clusters=clusters,
             next_page_token=encode_page_token(page_ids[-1]) if more and page_ids else "",
             total_size=len(ids),
-            revision=f"{self._epoch}:{self._revision}",
+            revision=self._revisions.revision,
             changes_only=changes_only,
         )
 
@@ -766,9 +756,7 @@ class Fleet:
     def _touch(self, cluster: _Cluster) -> None:
         """A cluster's answer changed (under the lock): its cache goes, a revision counts it."""
         cluster.response = None
-        self._revision += 1
-        self._changed.pop(cluster.cluster_id, None)
-        self._changed[cluster.cluster_id] = self._revision
+        self._revisions.touch(cluster.cluster_id)
 
     def _advance(self, op_id: str, progress: int) -> None:
         with self._lock:

@@ -144,13 +144,14 @@ def test_a_plugin_that_misses_a_change_is_caught_by_the_whole_listing(
     fleet = sim.fleet
     cid = sorted(_whole(client))[0]
     # The plugin's bug: a change that its answers show but its revisions do not record.
-    real = fleet._touch
+    log = fleet._revisions
+    real = log.touch
 
-    def forgetful(cluster: object) -> None:
-        real(cluster)  # type: ignore[arg-type]
-        fleet._changed.pop(cid, None)
+    def forgetful(cluster_id: str) -> None:
+        if cluster_id != cid:
+            real(cluster_id)
 
-    monkeypatch.setattr(fleet, "_touch", forgetful)
+    monkeypatch.setattr(log, "touch", forgetful)
     fleet.set_health(cid, available=False)
     stale = kept.read(client)
     assert stale[cid].available, "the missed change should be invisible to a listing of changes"

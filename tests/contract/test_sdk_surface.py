@@ -57,6 +57,7 @@ SURFACE = [
     "PreflightBackend",
     "Reason",
     "Resource",
+    "RevisionLog",
     "RunningPlugin",
     "ServeArgs",
     "ServeOptions",

@@ -6,7 +6,6 @@ It leaves capability checks to the SDK server (serve() refuses RPCs outside them
 from __future__ import annotations
 
 import argparse
-import secrets
 import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -27,6 +26,7 @@ from fleetupgrade.plugin.v1 import (
 from plugins.sdk import preflight, validate, versions
 from plugins.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
 from plugins.sdk.operations import OperationStore
+from plugins.sdk.revisions import RevisionLog
 from plugins.sdk.server import (
     PluginServicers,
     add_server_args,
@@ -61,23 +61,12 @@ class EchoFleet:
 
     clusters: dict[str, cluster_pb2.Cluster] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    #: The inventory's revisions (ListClusters changed_since): this process's epoch, the last
-    #: revision, each cluster's last change.
-    epoch: str = field(default_factory=lambda: secrets.token_hex(4))
-    revision: int = 0
-    changed: dict[str, int] = field(default_factory=dict)
+    #: The inventory's revisions (ListClusters changed_since), the SDK's.
+    revisions: RevisionLog = field(default_factory=RevisionLog)
 
     def touch(self, cluster_id: str) -> None:
         """A cluster changed (under the lock)."""
-        self.revision += 1
-        self.changed[cluster_id] = self.revision
-
-    def since(self, changed_since: str) -> int | None:
-        """The revision to list changes since, or None when it is not one of this process's."""
-        epoch, _, number = changed_since.partition(":")
-        if epoch != self.epoch or not number.isdigit() or int(number) > self.revision:
-            return None
-        return int(number)
+        self.revisions.touch(cluster_id)
 
     @classmethod
     def generate(cls, count: int, version: str = "1.29.4") -> EchoFleet:
@@ -151,14 +140,17 @@ class EchoCluster(cluster_pb2_grpc.ClusterServiceServicer):
         wanted = dict(request.match_labels)
         fleet = self.fleet
         with fleet.lock:
-            since = fleet.since(request.changed_since) if request.changed_since else None
+            changed = (
+                fleet.revisions.changed_since(request.changed_since)
+                if request.changed_since
+                else None
+            )
             matching = [
                 fleet.clusters[cid]
-                for cid in sorted(fleet.clusters)
+                for cid in (sorted(fleet.clusters) if changed is None else changed)
                 if all(fleet.clusters[cid].labels.get(k) == v for k, v in wanted.items())
-                and (since is None or fleet.changed.get(cid, 0) > since)
             ]
-            revision = f"{fleet.epoch}:{fleet.revision}"
+            revision = fleet.revisions.revision
         rest = [c for c in matching if c.id > after]
         page = rest[:size]
         token = validate.encode_page_token(page[-1].id) if len(rest) > size else ""
@@ -167,7 +159,7 @@ class EchoCluster(cluster_pb2_grpc.ClusterServiceServicer):
             next_page_token=token,
             total_size=len(matching),
             revision=revision,
-            changes_only=since is not None,
+            changes_only=changed is not None,
         )
 
     def GetCluster(
