@@ -101,7 +101,9 @@ class PluginBuilder:
             self.tracker,
             self.clock,
             lambda op: self.count_operation(endpoint, op),
-            kept=self.inventories.setdefault(endpoint, KeptInventory()),
+            kept=self.inventories.setdefault(
+                endpoint, KeptInventory(on_missed=self.pool.count_missed)
+            ),
         )
         return provider, identity
 

@@ -103,6 +103,13 @@ class Metrics:
             registry=r,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
         )
+        self.inventory_missed = Counter(
+            "multicluster_controller_inventory_missed_changes",
+            "Clusters a plugin's listing of changes (ListClusters changed_since) missed, found "
+            "by a whole listing: the plugin's bug; the whole listing is kept.",
+            ["plugin"],
+            registry=r,
+        )
         self.reconcile_total = Counter(
             "multicluster_controller_reconcile",
             "Reconciles by result (success, error, invalid).",

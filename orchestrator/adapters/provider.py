@@ -180,6 +180,10 @@ class PluginPool:
         self._identities: dict[str, str] = {}
         self._lock = threading.Lock()
 
+    def count_missed(self, plugin: str, clusters: int) -> None:
+        """A plugin's listing of changes missed these clusters (KeptInventory.on_missed)."""
+        self._metrics.inventory_missed.labels(plugin).inc(clusters)
+
     def get(self, endpoint: str, tls: ClientTLS | None) -> PluginClient:
         """The client for endpoint, created on first use."""
         key = (endpoint, tls)
@@ -401,6 +405,8 @@ class KeptInventory:
     full_at: float = 0.0
     #: Rows a listing of changes missed, found by a whole listing (a plugin's bug).
     missed: int = 0
+    #: Told of them too (the plugin's name, how many): PluginPool.count_missed, a metric.
+    on_missed: Callable[[str, int], None] | None = field(default=None, repr=False, compare=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def read(self, client: PluginClient) -> dict[str, ClusterObs]:
@@ -428,6 +434,8 @@ class KeptInventory:
                 )
                 if missed := sorted(differ - explained):
                     self.missed += len(missed)
+                    if self.on_missed is not None:
+                        self.on_missed(client.plugin_name, len(missed))
                     log.error(
                         "plugin %s: its listing of changes missed %d clusters a whole listing "
                         "shows changed (%s); the whole listing is kept",

@@ -17,10 +17,12 @@ from prometheus_client import CollectorRegistry
 
 from fleetupgrade.plugin.v1 import cluster_pb2
 from orchestrator.adapters import provider as provider_module
+from orchestrator.adapters.metrics import Metrics
 from orchestrator.adapters.provider import (
     GrpcProvider,
     KeptInventory,
     OperationTracker,
+    PluginPool,
     cluster_from_pb,
 )
 from orchestrator.engine.observations import ClusterObs
@@ -139,7 +141,8 @@ def test_a_plugin_that_misses_a_change_is_caught_by_the_whole_listing(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    kept = KeptInventory()
+    metrics = Metrics(CollectorRegistry())
+    kept = KeptInventory(on_missed=PluginPool(metrics, "test").count_missed)
     kept.read(client)
     fleet = sim.fleet
     cid = sorted(_whole(client))[0]
@@ -160,6 +163,12 @@ def test_a_plugin_that_misses_a_change_is_caught_by_the_whole_listing(
         fresh = kept.read(client)
     assert not fresh[cid].available and fresh == _whole(client)
     assert kept.missed == 1
+    # ... and counted where an alert can see it, by the plugin's name.
+    missed = metrics.registry.get_sample_value(
+        "multicluster_controller_inventory_missed_changes_total",
+        {"plugin": client.plugin_name},
+    )
+    assert missed == 1.0
     assert any(
         "missed 1 clusters" in r.getMessage() and cid in r.getMessage() for r in caplog.records
     )
