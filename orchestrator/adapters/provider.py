@@ -334,9 +334,15 @@ class OperationTracker:
         stream = self._streams[id(client)]
         delay = 0.2
         while not stream.stop.is_set():
-            # States, not progress: a step moves on a state (its end above all); an update of
-            # progress alone was a message to read and decode for nothing.
-            watch = client.watch_operations(include_in_flight=True, state_changes_only=True)
+            # Ends, not progress: a step moves on its operation's end; its start is known from
+            # the call's answer (put by GrpcProvider), an operation started unseen from the
+            # stream's in-flight start, `learn` (GetOperation) or the inventory's current
+            # operation. A running state, or progress alone, was a message to read and decode
+            # for nothing (3 per operation → 1). A plugin that ignores ends_only still leaves
+            # out progress alone (state_changes_only).
+            watch = client.watch_operations(
+                include_in_flight=True, state_changes_only=True, ends_only=True
+            )
             try:
                 for pb in watch:
                     delay = 0.2

@@ -698,13 +698,16 @@ class PluginClient:
         cluster_ids: Sequence[str] = (),
         include_in_flight: bool = True,
         state_changes_only: bool = False,
+        ends_only: bool = False,
     ) -> OperationWatch:
         """Streams operation updates (of cluster_ids, or all) until cancel(); with
-        state_changes_only, the plugin may leave out updates of progress alone."""
+        state_changes_only, the plugin may leave out updates of progress alone; with
+        ends_only, every live update short of an operation's end."""
         request = cluster_pb2.WatchOperationsRequest(
             cluster_ids=list(cluster_ids),
             include_in_flight=include_in_flight,
             state_changes_only=state_changes_only,
+            ends_only=ends_only,
         )
         call = self._cluster.WatchOperations(request, metadata=self._metadata)
         return OperationWatch(self, "WatchOperations", call, _operation_of)

@@ -108,6 +108,9 @@ class WatchCursor:
     revision: int = 0  # of the operation last yielded
     resync: bool = False  # of the operation last yielded
     served: bool = False  # an OperationStore picked the cursor up
+    #: The operation last yielded came live, not with the stream's start (the in-flight
+    #: operations, a replay or a resync): WatchOperations ends_only sends only ends of these.
+    live: bool = False
 
 
 _CURSORS: dict[int, WatchCursor] = {}
@@ -505,10 +508,11 @@ class OperationStore:
         if cursor is not None:
             cursor.served = True
             since = cursor.since_revision
-        for change in self.changes(cluster_ids, include_in_flight, context, since):
+        for change, live in self._changes(cluster_ids, include_in_flight, context, since):
             if cursor is not None:
                 cursor.revision = change.revision
                 cursor.resync = change.resync
+                cursor.live = live
             yield change.operation
 
     def changes(
@@ -528,6 +532,17 @@ class OperationStore:
         increase along the stream; registration and the replay are atomic, so nothing is
         lost or reordered.
         """
+        for change, _ in self._changes(cluster_ids, include_in_flight, context, since_revision):
+            yield change
+
+    def _changes(
+        self,
+        cluster_ids: Sequence[str],
+        include_in_flight: bool,
+        context: grpc.ServicerContext,
+        since_revision: int,
+    ) -> Iterator[tuple[cluster_pb2.WatchOperationsResponse, bool]]:
+        """`changes`, each with whether it came live (not with the stream's start)."""
         watcher = _Watcher(frozenset(cluster_ids))
         resync = False
         with self._lock:
@@ -565,8 +580,11 @@ class OperationStore:
         context.add_callback(lambda: watcher.queue.put(None))
         try:
             for revision, op in initial:
-                yield cluster_pb2.WatchOperationsResponse(
-                    operation=op, revision=revision, resync=resync
+                yield (
+                    cluster_pb2.WatchOperationsResponse(
+                        operation=op, revision=revision, resync=resync
+                    ),
+                    False,
                 )
                 resync = False
             while context.is_active():
@@ -576,14 +594,23 @@ class OperationStore:
                     continue
                 if item is None:
                     return
-                yield cluster_pb2.WatchOperationsResponse(
-                    operation=item[1], revision=item[0], resync=resync
+                yield (
+                    cluster_pb2.WatchOperationsResponse(
+                        operation=item[1], revision=item[0], resync=resync
+                    ),
+                    not resync,
                 )
                 resync = False
         finally:
             with self._lock:
                 if watcher in self._watchers:
                     self._watchers.remove(watcher)
+
+    @property
+    def watching(self) -> int:
+        """How many watch streams are registered now (one registers before it yields)."""
+        with self._lock:
+            return len(self._watchers)
 
     def close(self) -> None:
         """Ends every watch stream (e.g. before the server stops); later watches end at once.

@@ -231,10 +231,15 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
         numbered = 0
         # state_changes_only: the state last sent for each operation in flight on this stream.
         sent: dict[str, int] | None = {} if request.state_changes_only else None
+        ends_only = request.ends_only
         try:
             for op in self._backend.watch_operations(
                 cluster_ids, request.include_in_flight, context
             ):
+                if ends_only and cursor.served and cursor.live and op.state not in _TERMINAL:
+                    # ends_only: a live update short of the end (a backend without an
+                    # OperationStore cannot tell live from the stream's start: all are sent).
+                    continue
                 if sent is not None:
                     resync = (
                         cursor.resync

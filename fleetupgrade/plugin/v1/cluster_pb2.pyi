@@ -808,6 +808,7 @@ class WatchOperationsRequest(_message.Message):
     INCLUDE_IN_FLIGHT_FIELD_NUMBER: _builtins.int
     SINCE_REVISION_FIELD_NUMBER: _builtins.int
     STATE_CHANGES_ONLY_FIELD_NUMBER: _builtins.int
+    ENDS_ONLY_FIELD_NUMBER: _builtins.int
     include_in_flight: _builtins.bool
     """OPTIONAL. When true, the stream starts with the current state of every matching
     operation that is PENDING or RUNNING, so a reconnecting caller misses nothing.
@@ -825,6 +826,13 @@ class WatchOperationsRequest(_message.Message):
     progress, asks for fewer messages. Every change of state is sent, and the first
     response of a resync. A plugin MAY ignore it and send every update.
     """
+    ends_only: _builtins.bool
+    """OPTIONAL. When true, only the ends of operations (SUCCEEDED, FAILED) need be sent live:
+    a caller that learns an operation's start from the mutating call's answer, and acts on
+    its end alone, asks for fewer messages (one per operation). The in-flight operations
+    include_in_flight starts the stream with, and the responses of a replay or a resync,
+    are sent whatever their state. A plugin MAY ignore it and send more.
+    """
     @_builtins.property
     def cluster_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """OPTIONAL. Only these clusters; empty means all."""
@@ -836,10 +844,11 @@ class WatchOperationsRequest(_message.Message):
         include_in_flight: _builtins.bool = ...,
         since_revision: _builtins.int = ...,
         state_changes_only: _builtins.bool = ...,
+        ends_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_ids", b"cluster_ids", "include_in_flight", b"include_in_flight", "since_revision", b"since_revision", "state_changes_only", b"state_changes_only"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_ids", b"cluster_ids", "ends_only", b"ends_only", "include_in_flight", b"include_in_flight", "since_revision", b"since_revision", "state_changes_only", b"state_changes_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
