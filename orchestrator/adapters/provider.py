@@ -55,8 +55,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-#: An operation the watch showed running, gone from the inventory, unheard of for this long,
-#: is asked about once with GetOperation.
+#: An operation known running (from its call's answer, or the watch's in-flight start), not
+#: the inventory's current operation of its cluster, unheard of for this long, is asked about
+#: once with GetOperation (the watch sends only ends: ends_only).
 STALE_SECONDS = 5.0
 #: ListClusters page size (the contract's maximum): 5,000 clusters are one round trip, not ten.
 INVENTORY_PAGE = 5000
