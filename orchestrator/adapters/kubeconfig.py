@@ -88,11 +88,15 @@ class Credentials:
             now = time.monotonic()
             if not force and now - self._checked < CREDENTIAL_CHECK_SECONDS:
                 return
-            self._checked = now
             key = self._source()
             if key != self._key:
                 self._key = key
                 self._headers = {} if key is None else {"Authorization": f"{key[0]} {key[1]}"}
+            # Marked checked only once the headers say what was read: a thread that finds it
+            # checked reads them as they are now. Marked first, a thread asking while the
+            # first read was under way sent its request with no credential at all (a CI run:
+            # a replica's first watches refused as system:anonymous).
+            self._checked = now
 
     def headers(self) -> dict[str, str]:
         """The auth headers (possibly none): the same dict until the credential changes."""

@@ -10,6 +10,8 @@ import base64
 import json
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -241,3 +243,26 @@ def test_files_listed_in_kubeconfig_merge_the_first_naming_an_entry_wins(
     paths = [_write(tmp_path / "first", first), _write(tmp_path / "second", second)]
     with _client(":".join([*paths, str(tmp_path / "absent")])) as kube:
         assert kube.list_objects(api.CLUSTER_UPGRADE_PLURAL, namespace)[0] == []
+
+
+def test_a_request_made_while_the_credential_is_first_read_carries_it() -> None:
+    """Threads that start at once (an orchestrator's watches) all send the credential. Before,
+    the credential was marked checked before it was read: a thread asking while the first
+    read was under way got the headers of no credential, and its request went as
+    system:anonymous (a CI run: one replica's first watches of FleetProviders and
+    MetricSources refused so). A slow source makes the window wide."""
+    reading = threading.Event()
+
+    def slow_source() -> tuple[str, str]:
+        reading.set()
+        time.sleep(0.3)
+        return ("Bearer", "t0ken")
+
+    credentials = kubeconfig.Credentials(slow_source)
+    seen: list[dict[str, str]] = []
+    first = threading.Thread(target=lambda: seen.append(credentials.headers()))
+    first.start()
+    assert reading.wait(5)
+    seen.append(credentials.headers())  # asked while the first read is under way
+    first.join(5)
+    assert seen == [{"Authorization": "Bearer t0ken"}] * 2
