@@ -1051,6 +1051,19 @@ class _Run:
         since = self.inp.unknown_since.get(cid)
         return since is None or self.now - since >= UNREACHABLE_GRACE
 
+    def unseen_health(self, u: Upgrade) -> dict[str, None]:
+        """While a cluster awaiting its checks cannot be seen (it left the inventory, or its
+        provider does not answer), its health is dropped, as while it is unavailable: the checks
+        count anew once it is seen, and never fail on the window its absence spent (invariant 7:
+        drift is recorded as drift; simulation seed 92214). A provider that failed a read but has
+        not been silent for UNREACHABLE_GRACE (`silent`) keeps it: no evaluation was missed."""
+        st = self.status[u.name]
+        if not awaits_checks(st) or st.health is None:
+            return {}
+        if u.cluster_id in self.inp.snapshot.unknown and not self.silent(u.cluster_id):
+            return {}
+        return {"health": None}
+
     def unreachable(self, u: Upgrade, kind: OpKind | None) -> None:
         """A cluster in flight whose provider cannot be asked now (Snapshot.unknown): nothing
         is decided on it (what its operation did is unknown) until the provider answers; it
@@ -1075,7 +1088,7 @@ class _Run:
             u,
             step_start_time=start,
             message=f"{what}: waiting for its provider (counted as unavailable): {why}",
-            **(_unseen_health(st) if silent else {}),
+            **self.unseen_health(u),
         )
         self.wake(POLL_SECONDS)
 
@@ -1111,7 +1124,7 @@ class _Run:
             u,
             step_start_time=start,
             message=f"{st.step}: cluster is not in the plugin's inventory; waiting",
-            **_unseen_health(st),
+            **self.unseen_health(u),
         )
         self.wake(POLL_SECONDS)
 
@@ -1587,15 +1600,6 @@ RECOVER_STEP = "recover"
 RECOVER_GAVE_UP = "recover/gaveUp"
 
 
-def _unseen_health(st: api.ClusterUpgradeStatus) -> dict[str, None]:
-    """While a cluster awaiting its checks cannot be seen (it left the inventory, or its
-    provider does not answer), its health is dropped, as while it is unavailable: the checks
-    count anew once it is seen, and never fail on the window its absence spent (invariant 7:
-    drift is recorded as drift; simulation seed 92214). A provider that failed a read but has
-    not been silent for UNREACHABLE_GRACE (`_Run.silent`) keeps it: no evaluation was missed."""
-    return {"health": None} if awaits_checks(st) and st.health is not None else {}
-
-
 def counts_as_failure(st: api.ClusterUpgradeStatus) -> bool:
     """Whether a cluster counts against the failure budgets: Failed, or Blocked because the
     provider will never accept its target (reason Refused)."""
@@ -1829,9 +1833,8 @@ def _recover(run: _Run, u: Upgrade) -> None:
     fail, or readiness past timeouts.ready, leave it out (step RECOVER_GAVE_UP)."""
     st = run.status[u.name]
     obs = run.observed(u.cluster_id)
-    unseen = obs is None
-    if unseen and (u.cluster_id not in run.inp.snapshot.unknown or run.silent(u.cluster_id)):
-        run.set(u, **_unseen_health(st))  # awaiting its checks (step RECOVER_STEP) only
+    if obs is None:
+        run.set(u, **run.unseen_health(u))  # awaiting its checks (step RECOVER_STEP) only
     if not st.step or st.step == RECOVER_GAVE_UP or obs is None:
         return
     if run.holder(u.cluster_id) is not None:
