@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 
 import grpc
 from tenacity import (
@@ -377,6 +378,15 @@ def call_error(err: PluginCallError) -> CallError:
     return CallError(err.code.name, message, err.retryable, retry_after)
 
 
+#: A call's kind → its StartOperations item (plugins.sdk.client.ITEM_RPCS).
+_ITEM_KIND: Mapping[OpKind, str] = {
+    OpKind.SERVICE_OUT: "service_out",
+    OpKind.SERVICE_IN: "service_in",
+    OpKind.CONTROL_PLANE: "upgrade_control_plane",
+    OpKind.NODE_POOL: "upgrade_node_pool",
+}
+
+
 def _mutate(client: PluginClient, call: Call) -> PendingCall[cluster_pb2.Operation]:
     """The call's RPC, started."""
     if call.kind is OpKind.SERVICE_OUT:
@@ -603,6 +613,38 @@ class GrpcProvider:
         """One mutating call; the operation is tracked at once."""
         return self.start_call(call)()
 
+    def start_calls(self, calls: Sequence[Call]) -> list[Callable[[], OpObs]] | None:
+        """Mutating calls, started as one StartOperations (driver.StartsBatches); calling
+        each result waits for the batch's answer and gives that call's operation (tracked at
+        once) or raises its CallError, as `start_call`'s would. None: the plugin does not
+        offer StartOperations (then nothing was started)."""
+        client = self.client
+        requests = [
+            client.operation_request(
+                _ITEM_KIND[c.kind], c.request_id, c.cluster_id, c.version, c.node_pool
+            )
+            for c in calls
+        ]
+        pending = client.start_operations(requests)
+        if pending is None:
+            return None
+        answers: list[list[cluster_pb2.Operation | PluginCallError]] = []
+
+        def operation(index: int) -> OpObs:
+            if not answers:
+                answers.append(pending.results())
+            got = answers[0][index]
+            if isinstance(got, PluginCallError):
+                raise call_error(got) from got
+            return self._track(op_from_pb(got))
+
+        return [partial(operation, index) for index in range(len(calls))]
+
+    def _track(self, op: OpObs) -> OpObs:
+        if self.tracker.put(self.client.endpoint, op):
+            self.on_operation(op)
+        return op
+
     def start_call(self, call: Call) -> Callable[[], OpObs]:
         """One mutating call, started (driver.StartsRequests); calling the result waits for
         the operation (tracked at once) or raises CallError."""
@@ -613,8 +655,6 @@ class GrpcProvider:
                 op = op_from_pb(pending.result())
             except PluginCallError as err:
                 raise call_error(err) from err
-            if self.tracker.put(self.client.endpoint, op):
-                self.on_operation(op)
-            return op
+            return self._track(op)
 
         return operation

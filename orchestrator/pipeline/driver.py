@@ -63,6 +63,7 @@ __all__ = [
     "HookRunner",
     "Provider",
     "RunDriver",
+    "StartsBatches",
     "StartsRequests",
     "StepResult",
     "UpgradeStore",
@@ -130,6 +131,19 @@ class StartsRequests(Protocol):
 
     def start_call(self, call: Call) -> Callable[[], OpObs]:
         """Provider.call, started."""
+
+
+@runtime_checkable
+class StartsBatches(Protocol):
+    """A StartsRequests provider that can also start many calls as one request (the gRPC
+    adapter: StartOperations): one start per BATCH_CALLS calls instead of one each."""
+
+    def start_calls(self, calls: Sequence[Call]) -> list[Callable[[], OpObs]] | None:
+        """start_call of each, started together; None: not offered (nothing started)."""
+
+
+#: The most calls started as one request (StartsBatches; the contract allows 1000).
+BATCH_CALLS = 100
 
 
 class Checker(Protocol):
@@ -561,6 +575,8 @@ class RunDriver:
                     failures.append((call, err))
 
             # The calls from this thread; the writes that record failures on the workers.
+            if isinstance(starter, StartsBatches):
+                calls = self._batched(starter, calls, collect, result)
             self._pipelined(start, collect, calls)
             self._each(lambda f: failed(*f), failures)
             return
@@ -644,6 +660,34 @@ class RunDriver:
         if self.parallelism > 1 and isinstance(provider, StartsRequests):
             return provider
         return None
+
+    def _batched(
+        self,
+        starter: StartsBatches,
+        calls: list[Call],
+        done: Callable[[Call, Callable[[], OpObs]], None],
+        result: StepResult,
+    ) -> list[Call]:
+        """Start the calls BATCH_CALLS at a time, each batch only while the Lease is held,
+        and hand each to done in order (done waits for its answer); the calls left to make
+        one by one (all of them when the provider does not offer batches)."""
+        started: list[tuple[Call, Callable[[], OpObs]]] = []
+        left: list[Call] = []
+        try:
+            for at in range(0, len(calls), BATCH_CALLS):
+                chunk = calls[at : at + BATCH_CALLS]
+                if not self.fence.held():
+                    result.fenced = True
+                    break
+                answers = starter.start_calls(chunk)
+                if answers is None:
+                    left = calls[at:]
+                    break
+                started.extend(zip(chunk, answers, strict=True))
+        finally:
+            for call, answer in started:
+                done(call, answer)
+        return left
 
     def _pipelined(
         self,

@@ -43,6 +43,7 @@ __all__ = [
     "PluginClient",
     "error_details",
     "is_retryable",
+    "status_details",
     "supports",
 ]
 
@@ -56,6 +57,7 @@ DEFAULT_TIMEOUTS: Mapping[str, float] = {
     "ServiceIn": 10.0,
     "UpgradeControlPlane": 10.0,
     "UpgradeNodePool": 10.0,
+    "StartOperations": 30.0,
     "GetOperation": 5.0,
     "PreflightUpgrade": 10.0,
     "CheckWorkloads": 30.0,
@@ -80,6 +82,7 @@ RPC_CAPABILITIES: Mapping[str, frozenset[int]] = {
     "ServiceIn": frozenset({_CAP.PLUGIN_CAPABILITY_CLUSTER_SERVICE}),
     "UpgradeControlPlane": frozenset({_CAP.PLUGIN_CAPABILITY_UPGRADE_CONTROL_PLANE}),
     "UpgradeNodePool": frozenset({_CAP.PLUGIN_CAPABILITY_UPGRADE_NODE_POOL}),
+    "StartOperations": _OPERATION_CAPS,
     "GetOperation": _OPERATION_CAPS,
     "WatchOperations": _OPERATION_CAPS,
     "PreflightUpgrade": frozenset({_CAP.PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE}),
@@ -92,7 +95,14 @@ RPC_CAPABILITIES: Mapping[str, frozenset[int]] = {
 """For each RPC outside IdentityService: the capabilities of which any one enables it."""
 
 MUTATING_RPCS = frozenset(
-    {"ServiceOut", "ServiceIn", "UpgradeControlPlane", "UpgradeNodePool", "ResolveGate"}
+    {
+        "ServiceOut",
+        "ServiceIn",
+        "UpgradeControlPlane",
+        "UpgradeNodePool",
+        "StartOperations",
+        "ResolveGate",
+    }
 )
 """RPCs that change the provider; for them ABORTED means a conflict, not a transient race."""
 
@@ -129,6 +139,9 @@ _SERVICE_CONFIG = json.dumps(
         ]
     }
 )
+
+#: google.rpc.Code numbers → grpc's codes (a StartOperations item's error carries the number).
+_CODES: Mapping[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _RECONNECT_INITIAL_MS = 250
@@ -225,8 +238,13 @@ def error_details(call: Any) -> ErrorDetails:
         return ErrorDetails()
     if status is None:
         return ErrorDetails()
+    return status_details(status.details)
+
+
+def status_details(details: Sequence[Any]) -> ErrorDetails:
+    """The ErrorInfo and RetryInfo among a status's details (google.protobuf.Any each)."""
     reason, domain, metadata, retry_after = "", "", {}, None
-    for detail in status.details:
+    for detail in details:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
             if detail.Unpack(info):
@@ -397,6 +415,75 @@ def _identity(item: T) -> T:
     return item
 
 
+#: A StartOperations item's field → the RPC it stands for (its deadline, metrics, errors).
+ITEM_RPCS: Mapping[str, str] = {
+    "service_out": "ServiceOut",
+    "service_in": "ServiceIn",
+    "upgrade_control_plane": "UpgradeControlPlane",
+    "upgrade_node_pool": "UpgradeNodePool",
+}
+
+
+class PendingBatch:
+    """A StartOperations call started by `PluginClient.start_operations`: `results()` waits
+    for its answer and gives, for each item in order, its Operation or the PluginCallError its
+    own RPC would have raised. A failure of the whole call is every item's error.
+
+    on_call records each item under its own RPC's name (ServiceOut, ...), with the call's
+    latency, so that counts per RPC are the same whether the calls were batched or not."""
+
+    def __init__(
+        self,
+        client: PluginClient,
+        rpcs: Sequence[str],
+        future: Any,
+        start: float,
+    ) -> None:
+        self._client = client
+        self._rpcs = rpcs
+        self._future = future
+        self._start = start
+        self._end: float | None = None
+        future.add_done_callback(self._ended)
+
+    def _ended(self, _future: object) -> None:
+        self._end = time.perf_counter()
+
+    def results(self) -> list[cluster_pb2.Operation | PluginCallError]:
+        """Each item's answer, in the order asked."""
+        client, rpcs = self._client, self._rpcs
+        try:
+            response = self._future.result()
+        except grpc.RpcError as exc:
+            seconds = (self._end or time.perf_counter()) - self._start
+            out: list[cluster_pb2.Operation | PluginCallError] = []
+            for rpc in rpcs:
+                client._record(rpc, exc.code(), seconds)
+                out.append(client._error(rpc, exc))
+            return out
+        seconds = (self._end or time.perf_counter()) - self._start
+        results = response.results
+        if len(results) != len(rpcs):
+            # A plugin that broke the contract: no item's fate is known.
+            message = f"StartOperations answered {len(results)} results for {len(rpcs)} items"
+            for rpc in rpcs:
+                client._record(rpc, grpc.StatusCode.INTERNAL, seconds)
+            return [
+                PluginCallError(rpc, grpc.StatusCode.INTERNAL, message, plugin=client.plugin_name)
+                for rpc in rpcs
+            ]
+        out = []
+        for rpc, result in zip(rpcs, results, strict=True):
+            if result.WhichOneof("result") == "operation":
+                client._record(rpc, grpc.StatusCode.OK, seconds)
+                out.append(result.operation)
+                continue
+            err = client.item_error(rpc, result)
+            client._record(rpc, err.code, seconds)
+            out.append(err)
+        return out
+
+
 class PluginClient:
     """One plugin endpoint over one long-lived channel; every method raises PluginCallError."""
 
@@ -446,6 +533,9 @@ class PluginClient:
             self._channel = grpc.secure_channel(endpoint, tls.credentials(), options=options)
         self._identity = identity_pb2_grpc.IdentityServiceStub(self._channel)
         self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)
+        # StartOperations is optional: asked until the plugin answers it UNIMPLEMENTED.
+        self._batches = True
+        self._batches_known = False
         self._health = health_pb2_grpc.HealthServiceStub(self._channel)
         self._gate = gate_pb2_grpc.GateServiceStub(self._channel)
         self._capabilities: frozenset[int] | None = None
@@ -661,6 +751,79 @@ class PluginClient:
         """upgrade_node_pool, started; result() is the Operation."""
         call = self._upgrade_node_pool(request_id, cluster_id, node_pool, version)
         return self._start("UpgradeNodePool", *call, _operation_of)
+
+    def batches(self) -> bool:
+        """Whether StartOperations is worth asking: not once the plugin answered it
+        UNIMPLEMENTED (an optional RPC; the single RPCs do the same)."""
+        return self._batches
+
+    def start_operations(
+        self, requests: Sequence[cluster_pb2.OperationRequest]
+    ) -> PendingBatch | None:
+        """StartOperations over these items, started; None when the plugin does not offer it
+        (known from an earlier answer, or from this one: it is asked once, blocking on
+        nothing but the answer, and UNIMPLEMENTED leaves every item unstarted)."""
+        if not self._batches:
+            return None
+        rpcs = [ITEM_RPCS[str(r.WhichOneof("request"))] for r in requests]
+        start = time.perf_counter()
+        future = self._cluster.StartOperations.future(
+            cluster_pb2.StartOperationsRequest(requests=requests),
+            timeout=self._timeouts["StartOperations"],
+            metadata=self._metadata,
+        )
+        if not self._batches_known:
+            # The first ask says whether the plugin offers it at all.
+            try:
+                future.result()
+            except grpc.RpcError as exc:
+                if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                    self._batches = False
+                    self._batches_known = True
+                    return None
+            else:
+                self._batches_known = True
+        return PendingBatch(self, rpcs, future, start)
+
+    def item_error(self, rpc: str, result: cluster_pb2.OperationResult) -> PluginCallError:
+        """A StartOperations item's error as the PluginCallError of its own RPC (rpc)."""
+        error = result.error
+        try:
+            code = _CODES[error.code]
+        except KeyError:
+            code = grpc.StatusCode.UNKNOWN
+        if code is grpc.StatusCode.OK:
+            code = grpc.StatusCode.UNKNOWN  # an error must not read as success
+        details = status_details(error.details)
+        return PluginCallError(
+            rpc,
+            code,
+            error.message,
+            plugin=self.plugin_name,
+            operation_id=result.operation_id,
+            reason=details.reason,
+            domain=details.domain,
+            metadata=details.metadata,
+            retry_after=details.retry_after,
+        )
+
+    def operation_request(
+        self, kind: str, request_id: str, cluster_id: str, version: str = "", node_pool: str = ""
+    ) -> cluster_pb2.OperationRequest:
+        """One StartOperations item: kind is an ITEM_RPCS key (e.g. "service_out"); the
+        request is the one its own RPC would send."""
+        request: Any
+        if kind == "service_out":
+            _, request = self._service_out(request_id, cluster_id)
+        elif kind == "service_in":
+            _, request = self._service_in(request_id, cluster_id)
+        elif kind == "upgrade_control_plane":
+            _, request = self._upgrade_control_plane(request_id, cluster_id, version)
+        elif kind == "upgrade_node_pool":
+            _, request = self._upgrade_node_pool(request_id, cluster_id, node_pool, version)
+        else:
+            raise ValueError(f"kind: {kind!r} is not one of {sorted(ITEM_RPCS)}")
+        return cluster_pb2.OperationRequest(**{kind: request})
 
     def _service_out(self, request_id: str, cluster_id: str) -> _Unary:
         return (

@@ -18,11 +18,13 @@ from plugins.sdk.errors import PluginError, Reason, Unimplemented, status_proto
 
 __all__ = [
     "CALLER_METADATA_KEY",
+    "INTERNAL_MESSAGE",
     "OPERATION_ID_METADATA_KEY",
     "JsonFormatter",
     "RpcInterceptor",
     "RpcMetrics",
     "abort_with_details",
+    "context_code",
     "rpc_metrics",
 ]
 
@@ -33,7 +35,8 @@ OPERATION_ID_METADATA_KEY = "x-fleetupgrade-operation-id"
 """Trailing metadata key carrying the in-flight operation id of an ABORTED (Conflict) answer."""
 
 _LOG = logging.getLogger("plugins.sdk.rpc")
-_INTERNAL_MESSAGE = "internal error in the plugin; see the plugin's log"
+INTERNAL_MESSAGE = "internal error in the plugin; see the plugin's log"
+"""What an unexpected exception in a servicer answers (its details go to the log only)."""
 _MAX_CALLER_LEN = 128
 
 # Codes that say the caller sent something the plugin refused: worth INFO, not WARNING.
@@ -166,7 +169,7 @@ def _abort_status(
     )
 
 
-def _context_code(context: grpc.ServicerContext) -> grpc.StatusCode | None:
+def context_code(context: grpc.ServicerContext) -> grpc.StatusCode | None:
     """The code the servicer set on the context itself (set_code or abort), if any."""
     getter = getattr(context, "code", None)
     code = getter() if callable(getter) else None
@@ -208,7 +211,7 @@ class _Call:
             operation_id = getattr(exc, "operation_id", "")
             extra = ((OPERATION_ID_METADATA_KEY, operation_id),) if operation_id else ()
             _abort_status(context, exc.status(), extra)
-        preset = _context_code(context)
+        preset = context_code(context)
         if isinstance(exc, NotImplementedError) and preset in (None, grpc.StatusCode.UNIMPLEMENTED):
             # The generated base servicer: set_code(UNIMPLEMENTED) + NotImplementedError.
             self.finish(grpc.StatusCode.UNIMPLEMENTED, "method not implemented")
@@ -222,9 +225,9 @@ class _Call:
             # The servicer called context.abort itself: its status stands.
             self.finish(preset)
             raise exc
-        self.finish(grpc.StatusCode.INTERNAL, _INTERNAL_MESSAGE, exc)
+        self.finish(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE, exc)
         abort_with_details(
-            context, grpc.StatusCode.INTERNAL, _INTERNAL_MESSAGE, reason=Reason.INTERNAL
+            context, grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE, reason=Reason.INTERNAL
         )
 
 
@@ -347,7 +350,7 @@ class RpcInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
             except Exception as exc:
                 call.fail(exc, context)
                 raise  # unreachable: fail() always raises
-            call.finish(_context_code(context) or grpc.StatusCode.OK)
+            call.finish(context_code(context) or grpc.StatusCode.OK)
             return response
 
         return unary
@@ -371,6 +374,6 @@ class RpcInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
             finally:
                 if not context.is_active():
                     call.finish(grpc.StatusCode.CANCELLED)
-            call.finish(_context_code(context) or grpc.StatusCode.OK)
+            call.finish(context_code(context) or grpc.StatusCode.OK)
 
         return stream

@@ -33,6 +33,7 @@ from fleetupgrade.plugin.v1 import (
 )
 from plugins.sdk.client import RPC_CAPABILITIES, supports
 from plugins.sdk.interceptors import JsonFormatter, RpcInterceptor, rpc_metrics
+from plugins.sdk.servicers import ClusterServicer
 
 __all__ = [
     "CLUSTER_SERVICE",
@@ -182,6 +183,12 @@ def serve(
     names = [IDENTITY_SERVICE]
     identity_pb2_grpc.add_IdentityServiceServicer_to_server(servicers.identity, server)
     if servicers.cluster is not None:
+        if isinstance(servicers.cluster, ClusterServicer):
+            # StartOperations refuses an item of a refused RPC as that RPC itself.
+            prefix = f"/{CLUSTER_SERVICE}/"
+            servicers.cluster.refuse_items(
+                {m[len(prefix) :]: why for m, why in refused.items() if m.startswith(prefix)}
+            )
         cluster_pb2_grpc.add_ClusterServiceServicer_to_server(servicers.cluster, server)
         names.append(CLUSTER_SERVICE)
     if servicers.health is not None:

@@ -5,14 +5,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import grpc
 
 from fleetupgrade.plugin.v1 import cluster_pb2, cluster_pb2_grpc, health_pb2, health_pb2_grpc
-from plugins.sdk.errors import InvalidArgument, Unimplemented
-from plugins.sdk.interceptors import CALLER_METADATA_KEY
+from plugins.sdk.errors import InvalidArgument, PluginError, Reason, Unimplemented, status_proto
+from plugins.sdk.interceptors import CALLER_METADATA_KEY, INTERNAL_MESSAGE, context_code
 from plugins.sdk.operations import open_cursor, release_cursor
 from plugins.sdk.validate import check_version, require, require_all, require_request_id
 
@@ -26,6 +27,11 @@ __all__ = [
     "PreflightBackend",
     "caller_of",
 ]
+
+_LOG = logging.getLogger("plugins.sdk.rpc")
+
+#: The most items one StartOperations may carry (the contract's).
+MAX_OPERATION_ITEMS = 1000
 
 #: Operation states after which an operation changes no more.
 _TERMINAL = frozenset({cluster_pb2.OPERATION_STATE_SUCCEEDED, cluster_pb2.OPERATION_STATE_FAILED})
@@ -144,6 +150,14 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
     def __init__(self, backend: ClusterBackend, before: BeforeCall | None = None) -> None:
         self._backend = backend
         self._before = before or _nothing_before
+        #: The mutating RPCs outside the declared capabilities (serve() says which): a
+        #: StartOperations item of one answers UNIMPLEMENTED, as the RPC itself would.
+        self._refused: dict[str, str] = {}
+
+    def refuse_items(self, refused: Mapping[str, str]) -> None:
+        """The RPCs (by name, e.g. "UpgradeNodePool") refused as outside the capabilities,
+        with the words their refusal answers: StartOperations refuses their items alike."""
+        self._refused = dict(refused)
 
     def ListClusters(
         self, request: cluster_pb2.ListClustersRequest, context: grpc.ServicerContext
@@ -266,6 +280,55 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
         finally:
             release_cursor(context)
 
+    def StartOperations(
+        self, request: cluster_pb2.StartOperationsRequest, context: grpc.ServicerContext
+    ) -> cluster_pb2.StartOperationsResponse:
+        """Each item answered by this servicer's own method for it (a subclass's included),
+        in order, its error kept to it (the contract's StartOperations)."""
+        self._before("StartOperations", context)
+        items = request.requests
+        if not items:
+            raise InvalidArgument("requests", "must not be empty; add an OperationRequest")
+        if len(items) > MAX_OPERATION_ITEMS:
+            raise InvalidArgument(
+                "requests",
+                f"has {len(items)} items, more than {MAX_OPERATION_ITEMS}; split the batch",
+            )
+        results = [self._start_item(item, index, context) for index, item in enumerate(items)]
+        return cluster_pb2.StartOperationsResponse(results=results)
+
+    def _start_item(
+        self, item: cluster_pb2.OperationRequest, index: int, context: grpc.ServicerContext
+    ) -> cluster_pb2.OperationResult:
+        which = item.WhichOneof("request")
+        try:
+            if which is None:
+                raise InvalidArgument(
+                    f"requests[{index}]",
+                    "sets none of service_out, service_in, upgrade_control_plane, "
+                    "upgrade_node_pool; set one",
+                )
+            method = _ITEM_METHODS[which]
+            refused = self._refused.get(method)
+            if refused is not None:
+                raise Unimplemented(refused)
+            answer: Any = getattr(self, method)(getattr(item, which), context)
+            return cluster_pb2.OperationResult(operation=answer.operation)
+        except PluginError as err:
+            status = err.status()
+            operation_id = str(getattr(err, "operation_id", "") or "")
+        except Exception:
+            if context_code(context) not in (None, grpc.StatusCode.OK):
+                raise  # the servicer aborted the call itself: its status stands for all
+            _LOG.exception("StartOperations item %d (%s) raised", index, which)
+            status = status_proto(
+                grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE, reason=Reason.INTERNAL
+            )
+            operation_id = ""
+        error = cluster_pb2.ItemStatus(code=status.code, message=status.message)
+        error.details.extend(status.details)
+        return cluster_pb2.OperationResult(error=error, operation_id=operation_id)
+
     def PreflightUpgrade(
         self, request: cluster_pb2.PreflightUpgradeRequest, context: grpc.ServicerContext
     ) -> cluster_pb2.PreflightUpgradeResponse:
@@ -293,6 +356,15 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
             raise Unimplemented("PreflightUpgrade is not implemented by this plugin")
         response: cluster_pb2.PreflightUpgradeResponse = preflight(cluster_id, control_plane, pools)
         return response
+
+
+#: A StartOperations item's field → the RPC that answers it (the servicer's method).
+_ITEM_METHODS: Mapping[str, str] = {
+    "service_out": "ServiceOut",
+    "service_in": "ServiceIn",
+    "upgrade_control_plane": "UpgradeControlPlane",
+    "upgrade_node_pool": "UpgradeNodePool",
+}
 
 
 class HealthServicer(health_pb2_grpc.HealthServiceServicer):

@@ -1,8 +1,10 @@
 """A pass's writes, preflights and calls shared by a few workers (RunDriver._each: one pool
 task per worker, each taking the next item, not one Future per item), or its preflights and
 calls started from the pass's thread (RunDriver._pipelined, for a provider that starts them:
-StartsRequests), keep each item's own outcome: one conflicting write or one failing call
-among many changes only its cluster."""
+StartsRequests), or started many as one request (RunDriver._batched, for a provider that
+batches them: StartsBatches, BATCH_CALLS at a time, each batch behind the fence), keep each
+item's own outcome: one conflicting write or one failing call among many changes only its
+cluster."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import pytest
 from orchestrator import api
 from orchestrator.engine.decide import Call, Preflight, Upgrade
 from orchestrator.engine.observations import OpKind, OpObs, Snapshot
-from orchestrator.pipeline.driver import CallError, StartsRequests, WriteConflict
+from orchestrator.pipeline import driver as driver_module
+from orchestrator.pipeline.driver import CallError, StartsBatches, StartsRequests, WriteConflict
 from orchestrator.pipeline.simulate import ModelFleet
 from tests.engine.model import Harness, U, as_run_spec, make_fleet, spec_for
 
@@ -104,19 +107,54 @@ class _Starting(_Refusing):
         return self._started(lambda: self.call(call))
 
 
-@pytest.fixture(params=[False, True], ids=["blocking-calls", "started-calls"])
-def starts(request: pytest.FixtureRequest) -> bool:
-    """Whether the provider starts its requests (StartsRequests) or each blocks a worker."""
-    return bool(request.param)
+#: Calls per batch in these tests: the pass's 40 calls go as batches of 16, 16 and 8.
+BATCH = 16
 
 
-def _parallel(fleet: ModelFleet, starts: bool) -> tuple[_Store, _Refusing, ThreadPoolExecutor]:
+@dataclass
+class _Batching(_Starting):
+    """The same provider, which also starts many calls as one request (driver.StartsBatches,
+    as the gRPC adapter does with StartOperations). Records the size of each batch, and stops
+    holding the Lease after `fence_after` batches (None: never)."""
+
+    batches: list[int] = field(default_factory=list)
+    fence_after: int | None = None
+    leader: _Lease | None = None
+
+    def start_calls(self, calls: Sequence[Call]) -> list[Callable[[], OpObs]] | None:
+        self.batches.append(len(calls))
+        if self.leader is not None and len(self.batches) == self.fence_after:
+            self.leader.holding = False
+        return [self.start_call(call) for call in calls]
+
+
+@dataclass
+class _Lease:
+    holding: bool = True
+
+    def held(self) -> bool:
+        return self.holding
+
+
+@pytest.fixture(
+    params=["blocking", "started", "batched"],
+    ids=["blocking-calls", "started-calls", "batched-calls"],
+)
+def starts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Whether the provider starts its requests (StartsRequests), batches them too
+    (StartsBatches), or each blocks a worker."""
+    monkeypatch.setattr(driver_module, "BATCH_CALLS", BATCH)
+    return str(request.param)
+
+
+def _parallel(fleet: ModelFleet, starts: str) -> tuple[_Store, _Refusing, ThreadPoolExecutor]:
     """The fleet plus one spare cluster (c00040, the one kept in service), all admitted at once
     on WORKERS workers."""
     spec = spec_for(fleet, NEW, required=1, maxConcurrency=CLUSTERS)
     h = _Store(fleet, as_run_spec(spec))
-    provider = _Starting(fleet) if starts else _Refusing(fleet)
-    assert isinstance(provider, StartsRequests) == starts
+    provider = {"blocking": _Refusing, "started": _Starting, "batched": _Batching}[starts](fleet)
+    assert isinstance(provider, StartsRequests) == (starts != "blocking")
+    assert isinstance(provider, StartsBatches) == (starts == "batched")
     pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="test-write")
     h.driver.provider = provider
     h.driver.parallelism = WORKERS
@@ -125,8 +163,13 @@ def _parallel(fleet: ModelFleet, starts: bool) -> tuple[_Store, _Refusing, Threa
 
 
 def _bounded(provider: _Refusing) -> None:
-    """Started requests were never more than WORKERS at once, and each answer was taken."""
-    if isinstance(provider, _Starting):
+    """Started requests were never more than WORKERS at once (batched: never more than a
+    batch each), and each answer was taken."""
+    if isinstance(provider, _Batching):
+        assert provider.batches and max(provider.batches) <= BATCH
+        assert sum(provider.batches) == provider.most_outstanding
+        assert provider.outstanding == 0
+    elif isinstance(provider, _Starting):
         assert 1 < provider.most_outstanding <= WORKERS
         assert provider.outstanding == 0
 
@@ -135,7 +178,7 @@ def _name(h: Harness, cid: str) -> str:
     return next(n for n, u in h.upgrades.items() if u.cluster_id == cid)
 
 
-def test_one_conflicting_write_among_many_changes_only_its_cluster(starts: bool) -> None:
+def test_one_conflicting_write_among_many_changes_only_its_cluster(starts: str) -> None:
     fleet = make_fleet(CLUSTERS + 1)
     h, provider, pool = _parallel(fleet, starts)
     with pool:
@@ -163,7 +206,7 @@ def test_one_conflicting_write_among_many_changes_only_its_cluster(starts: bool)
     _bounded(provider)
 
 
-def test_one_failing_call_among_many_is_recorded_on_its_cluster_alone(starts: bool) -> None:
+def test_one_failing_call_among_many_is_recorded_on_its_cluster_alone(starts: str) -> None:
     fleet = make_fleet(CLUSTERS + 1)
     h, provider, pool = _parallel(fleet, starts)
     with pool:
@@ -190,7 +233,7 @@ def test_one_failing_call_among_many_is_recorded_on_its_cluster_alone(starts: bo
     _bounded(provider)
 
 
-def test_a_write_that_errors_stops_the_pass_before_any_call(starts: bool) -> None:
+def test_a_write_that_errors_stops_the_pass_before_any_call(starts: str) -> None:
     fleet = make_fleet(CLUSTERS + 1)
     h, _provider, pool = _parallel(fleet, starts)
     with pool:
@@ -201,3 +244,24 @@ def test_a_write_that_errors_stops_the_pass_before_any_call(starts: bool) -> Non
     # follow a completed intent phase), and no write of the broken one took effect.
     assert fleet.started_steps == []
     assert h.upgrades[_name(h, "c00005")].status.phase == U.PENDING
+
+
+def test_a_lease_lost_between_batches_starts_no_later_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(driver_module, "BATCH_CALLS", BATCH)
+    fleet = make_fleet(CLUSTERS + 1)
+    h, provider, pool = _parallel(fleet, "batched")
+    assert isinstance(provider, _Batching)
+    lease = provider.leader = _Lease()
+    provider.fence_after = 1
+    h.driver.fence = lease
+    with pool:
+        result = h.step()
+    # The first batch was started while the Lease was held, and its answers taken; no batch
+    # after it was started.
+    assert provider.batches == [BATCH]
+    assert result.fenced
+    assert result.calls_made == BATCH
+    assert len(fleet.started_steps) == BATCH
+    assert provider.outstanding == 0

@@ -4,6 +4,7 @@ isort:skip_file
 ClusterService: the fleet's inventory, traffic (service-out / service-in) and upgrades."""
 
 from collections import abc as _abc
+from google.protobuf import any_pb2 as _any_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
@@ -971,3 +972,149 @@ class PreflightUpgradeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PreflightUpgradeResponse: _TypeAlias = PreflightUpgradeResponse  # noqa: Y015
+
+@_typing.final
+class OperationRequest(_message.Message):
+    """OperationRequest is one item of StartOperations: exactly one of the mutating requests."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SERVICE_OUT_FIELD_NUMBER: _builtins.int
+    SERVICE_IN_FIELD_NUMBER: _builtins.int
+    UPGRADE_CONTROL_PLANE_FIELD_NUMBER: _builtins.int
+    UPGRADE_NODE_POOL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def service_out(self) -> Global___ServiceOutRequest: ...
+    @_builtins.property
+    def service_in(self) -> Global___ServiceInRequest: ...
+    @_builtins.property
+    def upgrade_control_plane(self) -> Global___UpgradeControlPlaneRequest: ...
+    @_builtins.property
+    def upgrade_node_pool(self) -> Global___UpgradeNodePoolRequest: ...
+    def __init__(
+        self,
+        *,
+        service_out: Global___ServiceOutRequest | None = ...,
+        service_in: Global___ServiceInRequest | None = ...,
+        upgrade_control_plane: Global___UpgradeControlPlaneRequest | None = ...,
+        upgrade_node_pool: Global___UpgradeNodePoolRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request", "service_in", b"service_in", "service_out", b"service_out", "upgrade_control_plane", b"upgrade_control_plane", "upgrade_node_pool", b"upgrade_node_pool"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request", b"request", "service_in", b"service_in", "service_out", b"service_out", "upgrade_control_plane", b"upgrade_control_plane", "upgrade_node_pool", b"upgrade_node_pool"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_request: _TypeAlias = _typing.Literal["service_out", "service_in", "upgrade_control_plane", "upgrade_node_pool"]  # noqa: Y015
+    _WhichOneofArgType_request: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_request) -> _WhichOneofReturnType_request | None: ...
+
+Global___OperationRequest: _TypeAlias = OperationRequest  # noqa: Y015
+
+@_typing.final
+class StartOperationsRequest(_message.Message):
+    """StartOperationsRequest carries the items, at most 1000."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___OperationRequest]: ...
+    def __init__(
+        self,
+        *,
+        requests: _abc.Iterable[Global___OperationRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartOperationsRequest: _TypeAlias = StartOperationsRequest  # noqa: Y015
+
+@_typing.final
+class ItemStatus(_message.Message):
+    """ItemStatus is one item's error: the same fields, numbers and meaning as google.rpc.Status
+    (wire-compatible with it), so the code, the message and the details (google.rpc.ErrorInfo,
+    google.rpc.RetryInfo) are those the item's own RPC would have ended with.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    DETAILS_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """A google.rpc.Code value, never OK (0)."""
+    message: _builtins.str
+    @_builtins.property
+    def details(self) -> _containers.RepeatedCompositeFieldContainer[_any_pb2.Any]: ...
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+        details: _abc.Iterable[_any_pb2.Any] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "details", b"details", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ItemStatus: _TypeAlias = ItemStatus  # noqa: Y015
+
+@_typing.final
+class OperationResult(_message.Message):
+    """OperationResult answers one item: its Operation, or its error."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPERATION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    operation_id: _builtins.str
+    """With an ABORTED error: the id of the operation in flight on the cluster (what the item's
+    own RPC sends in the "x-fleetupgrade-operation-id" trailing metadata key).
+    """
+    @_builtins.property
+    def operation(self) -> Global___Operation: ...
+    @_builtins.property
+    def error(self) -> Global___ItemStatus: ...
+    def __init__(
+        self,
+        *,
+        operation: Global___Operation | None = ...,
+        error: Global___ItemStatus | None = ...,
+        operation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "operation", b"operation", "result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "operation", b"operation", "operation_id", b"operation_id", "result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["operation", "error"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___OperationResult: _TypeAlias = OperationResult  # noqa: Y015
+
+@_typing.final
+class StartOperationsResponse(_message.Message):
+    """StartOperationsResponse answers every item, in the order of the request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___OperationResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___OperationResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartOperationsResponse: _TypeAlias = StartOperationsResponse  # noqa: Y015

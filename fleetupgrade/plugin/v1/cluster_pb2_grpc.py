@@ -94,6 +94,11 @@ class ClusterServiceStub:
                 request_serializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradeRequest.SerializeToString,
                 response_deserializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradeResponse.FromString,
                 _registered_method=True)
+        self.StartOperations = channel.unary_unary(
+                '/fleetupgrade.plugin.v1.ClusterService/StartOperations',
+                request_serializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.StartOperationsRequest.SerializeToString,
+                response_deserializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.StartOperationsResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -187,6 +192,22 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartOperations(self, request, context):
+        """StartOperations makes many mutating requests in one call: each item is answered as its
+        own RPC (ServiceOut, ServiceIn, UpgradeControlPlane, UpgradeNodePool) would answer it,
+        with the same rules (request_id, one operation per cluster, capabilities), in the order
+        asked; one item's error does not stop the others. The call itself fails only when the
+        whole request is unusable (INVALID_ARGUMENT: more than 1000 items or none) or the plugin
+        cannot answer at all (UNAVAILABLE, DEADLINE_EXCEEDED: then any item may or may not have
+        started, as for a lost single answer; ask again with the same request ids).
+        OPTIONAL: a plugin without it answers UNIMPLEMENTED, and the caller makes the single
+        RPCs instead. Requires any of CLUSTER_SERVICE, UPGRADE_CONTROL_PLANE, UPGRADE_NODE_POOL
+        (an item outside the declared capabilities answers UNIMPLEMENTED). Deadline: 30 s.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -234,6 +255,11 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.PreflightUpgrade,
                     request_deserializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradeRequest.FromString,
                     response_serializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradeResponse.SerializeToString,
+            ),
+            'StartOperations': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartOperations,
+                    request_deserializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.StartOperationsRequest.FromString,
+                    response_serializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.StartOperationsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -494,6 +520,33 @@ class ClusterService:
             '/fleetupgrade.plugin.v1.ClusterService/PreflightUpgrade',
             fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradeRequest.SerializeToString,
             fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartOperations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetupgrade.plugin.v1.ClusterService/StartOperations',
+            fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.StartOperationsRequest.SerializeToString,
+            fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.StartOperationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -82,6 +82,18 @@ class ClusterServiceStub:
     Errors: NOT_FOUND (unknown cluster; no recovery), INVALID_ARGUMENT (malformed request;
     fix the request), UNAVAILABLE (provider unreachable; retry with backoff).
     """
+    StartOperations: _grpc.UnaryUnaryMultiCallable[_cluster_pb2.StartOperationsRequest, _cluster_pb2.StartOperationsResponse]
+    """StartOperations makes many mutating requests in one call: each item is answered as its
+    own RPC (ServiceOut, ServiceIn, UpgradeControlPlane, UpgradeNodePool) would answer it,
+    with the same rules (request_id, one operation per cluster, capabilities), in the order
+    asked; one item's error does not stop the others. The call itself fails only when the
+    whole request is unusable (INVALID_ARGUMENT: more than 1000 items or none) or the plugin
+    cannot answer at all (UNAVAILABLE, DEADLINE_EXCEEDED: then any item may or may not have
+    started, as for a lost single answer; ask again with the same request ids).
+    OPTIONAL: a plugin without it answers UNIMPLEMENTED, and the caller makes the single
+    RPCs instead. Requires any of CLUSTER_SERVICE, UPGRADE_CONTROL_PLANE, UPGRADE_NODE_POOL
+    (an item outside the declared capabilities answers UNIMPLEMENTED). Deadline: 30 s.
+    """
 
 @_typing.type_check_only
 class ClusterServiceAsyncStub(ClusterServiceStub):
@@ -136,6 +148,18 @@ class ClusterServiceAsyncStub(ClusterServiceStub):
     Requires PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE. Idempotent, read-only. Deadline: 10 s.
     Errors: NOT_FOUND (unknown cluster; no recovery), INVALID_ARGUMENT (malformed request;
     fix the request), UNAVAILABLE (provider unreachable; retry with backoff).
+    """
+    StartOperations: _aio.UnaryUnaryMultiCallable[_cluster_pb2.StartOperationsRequest, _cluster_pb2.StartOperationsResponse]  # type: ignore[assignment]
+    """StartOperations makes many mutating requests in one call: each item is answered as its
+    own RPC (ServiceOut, ServiceIn, UpgradeControlPlane, UpgradeNodePool) would answer it,
+    with the same rules (request_id, one operation per cluster, capabilities), in the order
+    asked; one item's error does not stop the others. The call itself fails only when the
+    whole request is unusable (INVALID_ARGUMENT: more than 1000 items or none) or the plugin
+    cannot answer at all (UNAVAILABLE, DEADLINE_EXCEEDED: then any item may or may not have
+    started, as for a lost single answer; ask again with the same request ids).
+    OPTIONAL: a plugin without it answers UNIMPLEMENTED, and the caller makes the single
+    RPCs instead. Requires any of CLUSTER_SERVICE, UPGRADE_CONTROL_PLANE, UPGRADE_NODE_POOL
+    (an item outside the declared capabilities answers UNIMPLEMENTED). Deadline: 30 s.
     """
 
 class ClusterServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -242,6 +266,24 @@ class ClusterServiceServicer(metaclass=_abc_1.ABCMeta):
         Requires PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE. Idempotent, read-only. Deadline: 10 s.
         Errors: NOT_FOUND (unknown cluster; no recovery), INVALID_ARGUMENT (malformed request;
         fix the request), UNAVAILABLE (provider unreachable; retry with backoff).
+        """
+
+    @_abc_1.abstractmethod
+    def StartOperations(
+        self,
+        request: _cluster_pb2.StartOperationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cluster_pb2.StartOperationsResponse, _abc.Awaitable[_cluster_pb2.StartOperationsResponse]]:
+        """StartOperations makes many mutating requests in one call: each item is answered as its
+        own RPC (ServiceOut, ServiceIn, UpgradeControlPlane, UpgradeNodePool) would answer it,
+        with the same rules (request_id, one operation per cluster, capabilities), in the order
+        asked; one item's error does not stop the others. The call itself fails only when the
+        whole request is unusable (INVALID_ARGUMENT: more than 1000 items or none) or the plugin
+        cannot answer at all (UNAVAILABLE, DEADLINE_EXCEEDED: then any item may or may not have
+        started, as for a lost single answer; ask again with the same request ids).
+        OPTIONAL: a plugin without it answers UNIMPLEMENTED, and the caller makes the single
+        RPCs instead. Requires any of CLUSTER_SERVICE, UPGRADE_CONTROL_PLANE, UPGRADE_NODE_POOL
+        (an item outside the declared capabilities answers UNIMPLEMENTED). Deadline: 30 s.
         """
 
 def add_ClusterServiceServicer_to_server(servicer: ClusterServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
