@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, KeysView, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -486,11 +486,19 @@ def _updated(
     model without private attributes or extra fields (checked below), without its generic
     dispatch; a pass makes one per status it changes. tests/engine/test_index.py checks it
     against model_copy."""
-    new = _new_model(api.ClusterUpgradeStatus)
     values = old.__dict__.copy()
     values.update(changes)
+    return _made(old, values, changes.keys())
+
+
+def _made(
+    old: api.ClusterUpgradeStatus, values: dict[str, object], changed: KeysView[str]
+) -> api.ClusterUpgradeStatus:
+    """`_updated`'s copy of old, from its field values with the changes in (values: a new
+    dict, the copy's own) and the names of the fields changed."""
+    new = _new_model(api.ClusterUpgradeStatus)
     _set_slot(new, "__dict__", values)
-    _set_slot(new, "__pydantic_fields_set__", old.__pydantic_fields_set__ | changes.keys())
+    _set_slot(new, "__pydantic_fields_set__", old.__pydantic_fields_set__ | changed)
     _set_slot(new, "__pydantic_extra__", None)
     _set_slot(new, "__pydantic_private__", None)
     return new
@@ -600,11 +608,15 @@ class _Run:
                 changes.setdefault("start_time", old.start_time or self.stamp)
             msg = str(changes.get("message") or f"{old.phase.value} → {phase}")
             self.events.append((u.cluster_id, str(phase), msg, phase == U.FAILED))
-        # Equal unless a field changes (what the models' own equality would find of the copy,
-        # without making it): a status is built once, and only when it differs.
-        if all(getattr(old, k) == v for k, v in changes.items()):
+        # Equal unless a field changes (what the models' own equality finds of the copy, by
+        # one comparison of the field values in C, without making the copy): a status is
+        # built once, and only when it differs.
+        fields = old.__dict__
+        values = fields.copy()
+        values.update(changes)
+        if values == fields:
             return
-        new = _updated(old, changes)
+        new = _made(old, values, changes.keys())
         self.status[u.name] = new
         self.changed[u.name] = new
         self.phases.move(u, old, new)
