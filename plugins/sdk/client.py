@@ -553,15 +553,25 @@ class PluginClient:
             self.on_call(rpc, code, seconds)
 
     def _error(self, rpc: str, exc: grpc.RpcError) -> PluginCallError:
-        code = exc.code()
         trailing: Any = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else ()
-        details = error_details(exc)
+        operation_id = _metadata_value(trailing, OPERATION_ID_METADATA_KEY)
+        return self._failed(rpc, exc.code(), exc.details() or "", operation_id, error_details(exc))
+
+    def _failed(
+        self,
+        rpc: str,
+        code: grpc.StatusCode,
+        message: str,
+        operation_id: str,
+        details: ErrorDetails,
+    ) -> PluginCallError:
+        """The one PluginCallError of a failed RPC, or of a StartOperations item."""
         return PluginCallError(
             rpc,
             code,
-            exc.details() or "",
+            message,
             plugin=self.plugin_name,
-            operation_id=_metadata_value(trailing, OPERATION_ID_METADATA_KEY),
+            operation_id=operation_id,
             reason=details.reason,
             domain=details.domain,
             metadata=details.metadata,
@@ -794,17 +804,8 @@ class PluginClient:
             code = grpc.StatusCode.UNKNOWN
         if code is grpc.StatusCode.OK:
             code = grpc.StatusCode.UNKNOWN  # an error must not read as success
-        details = status_details(error.details)
-        return PluginCallError(
-            rpc,
-            code,
-            error.message,
-            plugin=self.plugin_name,
-            operation_id=result.operation_id,
-            reason=details.reason,
-            domain=details.domain,
-            metadata=details.metadata,
-            retry_after=details.retry_after,
+        return self._failed(
+            rpc, code, error.message, result.operation_id, status_details(error.details)
         )
 
     def operation_request(

@@ -1,4 +1,5 @@
-"""Fixtures of the contract tests: a generated test PKI and in-process plugin servers."""
+"""Fixtures of the contract tests: a generated test PKI, in-process plugin servers, and the sim
+plugin with a client of it (a module sets its options by overriding `sim_options`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from collections.abc import Callable, Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
+from plugins.sdk.client import PluginClient
 from plugins.sdk.server import PluginServer, PluginServicers, ServerTLS, serve
+from plugins.sim import SimOptions, Simulator
 from tests.support.certs import TestPKI, generate_pki
 
 StartServer = Callable[..., PluginServer]
@@ -51,3 +54,25 @@ def start_server(registry: CollectorRegistry) -> Iterator[StartServer]:
     yield start
     for server in servers:
         server.stop(grace=0.5)
+
+
+@pytest.fixture
+def sim_options() -> SimOptions:
+    """The options of `sim`; a test module overrides this fixture to change them."""
+    return SimOptions(generate=2, step_seconds=0.3, seed=3, registry=CollectorRegistry())
+
+
+@pytest.fixture
+def sim(sim_options: SimOptions) -> Iterator[Simulator]:
+    """The sim plugin, served in process; stopped when the test ends."""
+    sim = Simulator(sim_options)
+    yield sim
+    sim.stop(grace=0)
+
+
+@pytest.fixture
+def client(sim: Simulator) -> Iterator[PluginClient]:
+    """A client of `sim`, named "test"."""
+    client = PluginClient(sim.address, caller="test")
+    yield client
+    client.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -32,17 +31,8 @@ from tests.support.plugin_harness import wait_until
 
 
 @pytest.fixture
-def sim() -> Iterator[Simulator]:
-    sim = Simulator(SimOptions(generate=6, step_seconds=0.05, seed=1, registry=CollectorRegistry()))
-    yield sim
-    sim.stop(grace=0)
-
-
-@pytest.fixture
-def client(sim: Simulator) -> Iterator[PluginClient]:
-    client = PluginClient(sim.address, caller="test")
-    yield client
-    client.close()
+def sim_options() -> SimOptions:
+    return SimOptions(generate=6, step_seconds=0.05, seed=1, registry=CollectorRegistry())
 
 
 class _Counting:

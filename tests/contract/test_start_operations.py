@@ -5,7 +5,6 @@ answers UNIMPLEMENTED once and the caller makes the single RPCs instead."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import grpc
@@ -22,7 +21,7 @@ from plugins.sdk.client import PluginCallError, PluginClient
 from plugins.sdk.identity import StaticIdentity
 from plugins.sdk.server import PluginServicers
 from plugins.sdk.servicers import MAX_OPERATION_ITEMS, ClusterServicer
-from plugins.sim import SimOptions, Simulator
+from plugins.sim import SimOptions
 from tests.contract.conftest import StartServer
 from tests.support.echo_plugin import echo_servicers
 
@@ -30,17 +29,8 @@ Cap = identity_pb2.PluginCapability
 
 
 @pytest.fixture
-def sim() -> Iterator[Simulator]:
-    sim = Simulator(SimOptions(generate=4, step_seconds=30, seed=5, registry=CollectorRegistry()))
-    yield sim
-    sim.stop(grace=0)
-
-
-@pytest.fixture
-def client(sim: Simulator) -> Iterator[PluginClient]:
-    client = PluginClient(sim.address, caller="test")
-    yield client
-    client.close()
+def sim_options() -> SimOptions:
+    return SimOptions(generate=4, step_seconds=30, seed=5, registry=CollectorRegistry())
 
 
 def _single(client: PluginClient, kind: str, *args: str) -> cluster_pb2.Operation | PluginCallError:

@@ -5,8 +5,6 @@ sent whatever their state; without either, every update is."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -20,17 +18,8 @@ _S = cluster_pb2.OperationState
 
 
 @pytest.fixture
-def sim() -> Iterator[Simulator]:
-    sim = Simulator(SimOptions(generate=2, step_seconds=0.3, seed=3, registry=CollectorRegistry()))
-    yield sim
-    sim.stop(grace=0)
-
-
-@pytest.fixture
-def client(sim: Simulator) -> Iterator[PluginClient]:
-    client = PluginClient(sim.address, caller="test")
-    yield client
-    client.close()
+def sim_options() -> SimOptions:
+    return SimOptions(generate=2, step_seconds=0.3, seed=3, registry=CollectorRegistry())
 
 
 #: The watches compared, each on the same operation: every update, states, ends.
