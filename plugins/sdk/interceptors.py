@@ -310,6 +310,14 @@ class RpcInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
             exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None,
         )
 
+    def record_item(
+        self, method: str, caller: str, code: grpc.StatusCode, message: str, seconds: float
+    ) -> None:
+        """`record` of one StartOperations item, as the RPC it stands for."""
+        self.record(
+            method=method, caller=caller, code=code, message=message, seconds=seconds, exc=None
+        )
+
     def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],  # type: ignore[type-arg]

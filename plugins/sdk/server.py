@@ -184,10 +184,12 @@ def serve(
     identity_pb2_grpc.add_IdentityServiceServicer_to_server(servicers.identity, server)
     if servicers.cluster is not None:
         if isinstance(servicers.cluster, ClusterServicer):
-            # StartOperations refuses an item of a refused RPC as that RPC itself.
+            # StartOperations refuses an item of a refused RPC as that RPC itself, and logs
+            # and counts each item as its RPC.
             prefix = f"/{CLUSTER_SERVICE}/"
-            servicers.cluster.refuse_items(
-                {m[len(prefix) :]: why for m, why in refused.items() if m.startswith(prefix)}
+            servicers.cluster.serve_items(
+                {m[len(prefix) :]: why for m, why in refused.items() if m.startswith(prefix)},
+                interceptor.record_item,
             )
         cluster_pb2_grpc.add_ClusterServiceServicer_to_server(servicers.cluster, server)
         names.append(CLUSTER_SERVICE)

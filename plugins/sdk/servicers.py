@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -23,6 +24,7 @@ __all__ = [
     "ClusterServicer",
     "HealthBackend",
     "HealthServicer",
+    "ItemRecorder",
     "ListsChanges",
     "PreflightBackend",
     "caller_of",
@@ -153,11 +155,16 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
         #: The mutating RPCs outside the declared capabilities (serve() says which): a
         #: StartOperations item of one answers UNIMPLEMENTED, as the RPC itself would.
         self._refused: dict[str, str] = {}
+        #: Where each StartOperations item is logged and counted as its own RPC (serve()).
+        self._record_item: ItemRecorder | None = None
 
-    def refuse_items(self, refused: Mapping[str, str]) -> None:
-        """The RPCs (by name, e.g. "UpgradeNodePool") refused as outside the capabilities,
-        with the words their refusal answers: StartOperations refuses their items alike."""
+    def serve_items(self, refused: Mapping[str, str], record: ItemRecorder | None) -> None:
+        """How StartOperations treats its items as the RPCs they stand for: refused (by name,
+        e.g. "UpgradeNodePool", with the words their refusal answers) as outside the
+        capabilities, and each logged and counted by record, as the server's interceptor does
+        each RPC (so that a plugin's counts per RPC are the same batched or not)."""
         self._refused = dict(refused)
+        self._record_item = record
 
     def ListClusters(
         self, request: cluster_pb2.ListClustersRequest, context: grpc.ServicerContext
@@ -300,6 +307,27 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
     def _start_item(
         self, item: cluster_pb2.OperationRequest, index: int, context: grpc.ServicerContext
     ) -> cluster_pb2.OperationResult:
+        start = time.perf_counter()
+        result = self._answer_item(item, index, context)
+        which = item.WhichOneof("request")
+        if self._record_item is not None and which is not None:
+            if result.WhichOneof("result") == "operation":
+                code, message = grpc.StatusCode.OK, ""
+            else:
+                code = _CODES.get(result.error.code, grpc.StatusCode.UNKNOWN)
+                message = result.error.message
+            self._record_item(
+                f"ClusterService/{_ITEM_METHODS[which]}",
+                caller_of(context),
+                code,
+                message,
+                time.perf_counter() - start,
+            )
+        return result
+
+    def _answer_item(
+        self, item: cluster_pb2.OperationRequest, index: int, context: grpc.ServicerContext
+    ) -> cluster_pb2.OperationResult:
         which = item.WhichOneof("request")
         try:
             if which is None:
@@ -357,6 +385,13 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
         response: cluster_pb2.PreflightUpgradeResponse = preflight(cluster_id, control_plane, pools)
         return response
 
+
+ItemRecorder = Callable[[str, str, grpc.StatusCode, str, float], None]
+"""Logs and counts one StartOperations item as its own RPC: (method as the interceptor names
+it, e.g. "ClusterService/ServiceOut", caller, code, message, seconds)."""
+
+#: google.rpc.Code numbers → grpc's codes.
+_CODES: Mapping[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 
 #: A StartOperations item's field → the RPC that answers it (the servicer's method).
 _ITEM_METHODS: Mapping[str, str] = {

@@ -156,7 +156,7 @@ class _Backend:
 
 
 def test_items_outside_the_capabilities_and_crashes_keep_to_their_item(
-    start_server: StartServer,
+    start_server: StartServer, registry: CollectorRegistry
 ) -> None:
     identity = StaticIdentity(
         "narrow",
@@ -183,6 +183,17 @@ def test_items_outside_the_capabilities_and_crashes_keep_to_their_item(
     assert isinstance(out[2], PluginCallError) and out[2].code is grpc.StatusCode.INTERNAL
     assert "secret-token" not in out[2].message  # the exception's words stay in the log
     assert isinstance(out[3], cluster_pb2.Operation) and out[3].id == "op-r4"
+
+    # The plugin counts each item as its own RPC (its counts per RPC are the same batched or
+    # not), and the batch once.
+    def count(method: str, code: str) -> float | None:
+        labels = {"plugin": "test", "method": f"ClusterService/{method}", "code": code}
+        return registry.get_sample_value("fleet_plugin_rpc_total", labels)
+
+    assert count("ServiceOut", "OK") == 2
+    assert count("UpgradeNodePool", "UNIMPLEMENTED") == 2  # the item's, then the RPC's
+    assert count("UpgradeControlPlane", "INTERNAL") == 1
+    assert count("StartOperations", "OK") == 1
 
 
 def test_an_error_with_retry_info_keeps_it(start_server: StartServer) -> None:
