@@ -25,7 +25,7 @@ from fleetupgrade.plugin.v1 import (
     identity_pb2,
     identity_pb2_grpc,
 )
-from plugins.sdk.errors import ERROR_DOMAIN
+from plugins.sdk.errors import ERROR_DOMAIN, status_code
 from plugins.sdk.interceptors import CALLER_METADATA_KEY, OPERATION_ID_METADATA_KEY
 
 __all__ = [
@@ -139,9 +139,6 @@ _SERVICE_CONFIG = json.dumps(
         ]
     }
 )
-
-#: google.rpc.Code numbers → grpc's codes (a StartOperations item's error carries the number).
-_CODES: Mapping[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _RECONNECT_INITIAL_MS = 250
@@ -798,12 +795,7 @@ class PluginClient:
     def item_error(self, rpc: str, result: cluster_pb2.OperationResult) -> PluginCallError:
         """A StartOperations item's error as the PluginCallError of its own RPC (rpc)."""
         error = result.error
-        try:
-            code = _CODES[error.code]
-        except KeyError:
-            code = grpc.StatusCode.UNKNOWN
-        if code is grpc.StatusCode.OK:
-            code = grpc.StatusCode.UNKNOWN  # an error must not read as success
+        code = status_code(error.code)
         return self._failed(
             rpc, code, error.message, result.operation_id, status_details(error.details)
         )

@@ -21,6 +21,7 @@ __all__ = [
     "Reason",
     "Unavailable",
     "Unimplemented",
+    "status_code",
     "status_proto",
 ]
 
@@ -95,6 +96,16 @@ class PluginError(Exception):
             retry_after=self.retry_after if self.retryable else None,
             retryable=self.retryable,
         )
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def status_code(number: int) -> grpc.StatusCode:
+    """The gRPC code of a google.rpc.Code number (UNKNOWN for a number that is none); an
+    error's number that says OK reads as UNKNOWN too: an error must not read as success."""
+    code = _CODES.get(number, grpc.StatusCode.UNKNOWN)
+    return grpc.StatusCode.UNKNOWN if code is grpc.StatusCode.OK else code
 
 
 def status_proto(

@@ -13,7 +13,15 @@ from typing import Any, Protocol, runtime_checkable
 import grpc
 
 from fleetupgrade.plugin.v1 import cluster_pb2, cluster_pb2_grpc, health_pb2, health_pb2_grpc
-from plugins.sdk.errors import InvalidArgument, PluginError, Reason, Unimplemented, status_proto
+from plugins.sdk.client import ITEM_RPCS
+from plugins.sdk.errors import (
+    InvalidArgument,
+    PluginError,
+    Reason,
+    Unimplemented,
+    status_code,
+    status_proto,
+)
 from plugins.sdk.interceptors import CALLER_METADATA_KEY, INTERNAL_MESSAGE, context_code
 from plugins.sdk.operations import open_cursor, release_cursor
 from plugins.sdk.validate import check_version, require, require_all, require_request_id
@@ -314,10 +322,10 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
             if result.WhichOneof("result") == "operation":
                 code, message = grpc.StatusCode.OK, ""
             else:
-                code = _CODES.get(result.error.code, grpc.StatusCode.UNKNOWN)
+                code = status_code(result.error.code)
                 message = result.error.message
             self._record_item(
-                f"ClusterService/{_ITEM_METHODS[which]}",
+                f"ClusterService/{ITEM_RPCS[which]}",
                 caller_of(context),
                 code,
                 message,
@@ -336,7 +344,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
                     "sets none of service_out, service_in, upgrade_control_plane, "
                     "upgrade_node_pool; set one",
                 )
-            method = _ITEM_METHODS[which]
+            method = ITEM_RPCS[which]
             refused = self._refused.get(method)
             if refused is not None:
                 raise Unimplemented(refused)
@@ -389,17 +397,6 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
 ItemRecorder = Callable[[str, str, grpc.StatusCode, str, float], None]
 """Logs and counts one StartOperations item as its own RPC: (method as the interceptor names
 it, e.g. "ClusterService/ServiceOut", caller, code, message, seconds)."""
-
-#: google.rpc.Code numbers → grpc's codes.
-_CODES: Mapping[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
-
-#: A StartOperations item's field → the RPC that answers it (the servicer's method).
-_ITEM_METHODS: Mapping[str, str] = {
-    "service_out": "ServiceOut",
-    "service_in": "ServiceIn",
-    "upgrade_control_plane": "UpgradeControlPlane",
-    "upgrade_node_pool": "UpgradeNodePool",
-}
 
 
 class HealthServicer(health_pb2_grpc.HealthServiceServicer):
