@@ -158,7 +158,13 @@ def test_the_rollout_converges_when_the_bridge_is_killed_and_restarted_mid_rollo
                     timeout=30,
                 )
                 assert resumed.request_id == sent.request_id
-                assert len(upstream.model.started) == killed_at, "nothing was sent again"
+                # Nothing started before the kill is sent again (the one in flight included).
+                # The orchestrator may already have started a further step through the
+                # restarted bridge: that is progress, not a resend (counting every start
+                # here raced with it: a CI pre-check saw the next node-pool step).
+                started = list(upstream.model.started)
+                before, after = started[:killed_at], started[killed_at:]
+                assert not [s for s in after if s in before], f"sent again: {after}"
                 try:
                     wait_for(
                         "every cluster upgraded and back in service",
