@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, KeysView, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -484,21 +484,17 @@ def _updated(
 ) -> api.ClusterUpgradeStatus:
     """`old.model_copy(update=changes)`, made directly: what pydantic's shallow copy does for a
     model without private attributes or extra fields (checked below), without its generic
-    dispatch; a pass makes one per status it changes. tests/engine/test_index.py checks it
-    against model_copy."""
-    values = old.__dict__.copy()
+    dispatch; a pass makes one per status it changes. old itself when no field changes (what
+    the models' own equality finds of the copy, by one comparison of the field values in C,
+    without making the copy). tests/engine/test_index.py checks it against model_copy."""
+    fields = old.__dict__
+    values = fields.copy()
     values.update(changes)
-    return _made(old, values, changes.keys())
-
-
-def _made(
-    old: api.ClusterUpgradeStatus, values: dict[str, object], changed: KeysView[str]
-) -> api.ClusterUpgradeStatus:
-    """`_updated`'s copy of old, from its field values with the changes in (values: a new
-    dict, the copy's own) and the names of the fields changed."""
+    if values == fields:
+        return old
     new = _new_model(api.ClusterUpgradeStatus)
     _set_slot(new, "__dict__", values)
-    _set_slot(new, "__pydantic_fields_set__", old.__pydantic_fields_set__ | changed)
+    _set_slot(new, "__pydantic_fields_set__", old.__pydantic_fields_set__ | changes.keys())
     _set_slot(new, "__pydantic_extra__", None)
     _set_slot(new, "__pydantic_private__", None)
     return new
@@ -608,15 +604,10 @@ class _Run:
                 changes.setdefault("start_time", old.start_time or self.stamp)
             msg = str(changes.get("message") or f"{old.phase.value} → {phase}")
             self.events.append((u.cluster_id, str(phase), msg, phase == U.FAILED))
-        # Equal unless a field changes (what the models' own equality finds of the copy, by
-        # one comparison of the field values in C, without making the copy): a status is
-        # built once, and only when it differs.
-        fields = old.__dict__
-        values = fields.copy()
-        values.update(changes)
-        if values == fields:
+        # A status is built once, and only when it differs.
+        new = _updated(old, changes)
+        if new is old:
             return
-        new = _made(old, values, changes.keys())
         self.status[u.name] = new
         self.changed[u.name] = new
         self.phases.move(u, old, new)

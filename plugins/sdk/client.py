@@ -530,9 +530,9 @@ class PluginClient:
             self._channel = grpc.secure_channel(endpoint, tls.credentials(), options=options)
         self._identity = identity_pb2_grpc.IdentityServiceStub(self._channel)
         self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)
-        # StartOperations is optional: asked until the plugin answers it UNIMPLEMENTED.
-        self._batches = True
-        self._batches_known = False
+        # StartOperations is optional: whether the plugin offers it (None: not known yet; its
+        # first answer says, and UNIMPLEMENTED stops asking).
+        self._batches: bool | None = None
         self._health = health_pb2_grpc.HealthServiceStub(self._channel)
         self._gate = gate_pb2_grpc.GateServiceStub(self._channel)
         self._capabilities: frozenset[int] | None = None
@@ -762,7 +762,7 @@ class PluginClient:
     def batches(self) -> bool:
         """Whether StartOperations is worth asking: not once the plugin answered it
         UNIMPLEMENTED (an optional RPC; the single RPCs do the same)."""
-        return self._batches
+        return self._batches is not False
 
     def start_operations(
         self, requests: Sequence[cluster_pb2.OperationRequest]
@@ -770,7 +770,7 @@ class PluginClient:
         """StartOperations over these items, started; None when the plugin does not offer it
         (known from an earlier answer, or from this one: it is asked once, blocking on
         nothing but the answer, and UNIMPLEMENTED leaves every item unstarted)."""
-        if not self._batches:
+        if self._batches is False:
             return None
         rpcs = [ITEM_RPCS[str(r.WhichOneof("request"))] for r in requests]
         start = time.perf_counter()
@@ -779,17 +779,16 @@ class PluginClient:
             timeout=self._timeouts["StartOperations"],
             metadata=self._metadata,
         )
-        if not self._batches_known:
+        if self._batches is None:
             # The first ask says whether the plugin offers it at all.
             try:
                 future.result()
             except grpc.RpcError as exc:
                 if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
                     self._batches = False
-                    self._batches_known = True
                     return None
             else:
-                self._batches_known = True
+                self._batches = True
         return PendingBatch(self, rpcs, future, start)
 
     def item_error(self, rpc: str, result: cluster_pb2.OperationResult) -> PluginCallError:

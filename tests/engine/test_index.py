@@ -356,6 +356,8 @@ def test_a_status_updated_by_a_decision_is_its_model_copy() -> None:
     assert old.model_dump() == before
     with pytest.raises(ValidationError):
         fast.phase = api.UpgradePhase.PENDING  # frozen, as model_copy's is
+    # Changes that change no field: the very status, no copy (what _Run.set relies on).
+    assert engine._updated(old, {"step": old.step, "attempt": 2}) is old
 
 
 def _told_run() -> tuple[TellingFleet, TellingStore, RunDriver, Callable[..., Decision]]:
