@@ -38,7 +38,6 @@ from orchestrator.pipeline.driver import CallError
 from plugins.sdk.client import (
     ClientTLS,
     ClusterListing,
-    PendingCall,
     PluginCallError,
     PluginClient,
 )
@@ -378,26 +377,14 @@ def call_error(err: PluginCallError) -> CallError:
     return CallError(err.code.name, message, err.retryable, retry_after)
 
 
-#: A call's kind → its StartOperations item (plugins.sdk.client.ITEM_RPCS).
+#: A call's kind → its mutation's name in the SDK client (a plugins.sdk.client.ITEM_RPCS key:
+#: its StartOperations item, and `PluginClient.start_operation`'s kind).
 _ITEM_KIND: Mapping[OpKind, str] = {
     OpKind.SERVICE_OUT: "service_out",
     OpKind.SERVICE_IN: "service_in",
     OpKind.CONTROL_PLANE: "upgrade_control_plane",
     OpKind.NODE_POOL: "upgrade_node_pool",
 }
-
-
-def _mutate(client: PluginClient, call: Call) -> PendingCall[cluster_pb2.Operation]:
-    """The call's RPC, started."""
-    if call.kind is OpKind.SERVICE_OUT:
-        return client.start_service_out(call.request_id, call.cluster_id)
-    if call.kind is OpKind.SERVICE_IN:
-        return client.start_service_in(call.request_id, call.cluster_id)
-    if call.kind is OpKind.CONTROL_PLANE:
-        return client.start_upgrade_control_plane(call.request_id, call.cluster_id, call.version)
-    return client.start_upgrade_node_pool(
-        call.request_id, call.cluster_id, call.node_pool, call.version
-    )
 
 
 @dataclass
@@ -648,7 +635,9 @@ class GrpcProvider:
     def start_call(self, call: Call) -> Callable[[], OpObs]:
         """One mutating call, started (driver.StartsRequests); calling the result waits for
         the operation (tracked at once) or raises CallError."""
-        pending = _mutate(self.client, call)
+        pending = self.client.start_operation(
+            _ITEM_KIND[call.kind], call.request_id, call.cluster_id, call.version, call.node_pool
+        )
 
         def operation() -> OpObs:
             try:

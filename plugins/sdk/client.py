@@ -736,28 +736,25 @@ class PluginClient:
         self, request_id: str, cluster_id: str
     ) -> PendingCall[cluster_pb2.Operation]:
         """service_out, started; result() is the Operation."""
-        call = self._service_out(request_id, cluster_id)
-        return self._start("ServiceOut", *call, _operation_of)
+        return self.start_operation("service_out", request_id, cluster_id)
 
     def start_service_in(
         self, request_id: str, cluster_id: str
     ) -> PendingCall[cluster_pb2.Operation]:
         """service_in, started; result() is the Operation."""
-        return self._start("ServiceIn", *self._service_in(request_id, cluster_id), _operation_of)
+        return self.start_operation("service_in", request_id, cluster_id)
 
     def start_upgrade_control_plane(
         self, request_id: str, cluster_id: str, version: str
     ) -> PendingCall[cluster_pb2.Operation]:
         """upgrade_control_plane, started; result() is the Operation."""
-        call = self._upgrade_control_plane(request_id, cluster_id, version)
-        return self._start("UpgradeControlPlane", *call, _operation_of)
+        return self.start_operation("upgrade_control_plane", request_id, cluster_id, version)
 
     def start_upgrade_node_pool(
         self, request_id: str, cluster_id: str, node_pool: str, version: str
     ) -> PendingCall[cluster_pb2.Operation]:
         """upgrade_node_pool, started; result() is the Operation."""
-        call = self._upgrade_node_pool(request_id, cluster_id, node_pool, version)
-        return self._start("UpgradeNodePool", *call, _operation_of)
+        return self.start_operation("upgrade_node_pool", request_id, cluster_id, version, node_pool)
 
     def batches(self) -> bool:
         """Whether StartOperations is worth asking: not once the plugin answered it
@@ -804,18 +801,30 @@ class PluginClient:
     ) -> cluster_pb2.OperationRequest:
         """One StartOperations item: kind is an ITEM_RPCS key (e.g. "service_out"); the
         request is the one its own RPC would send."""
-        request: Any
-        if kind == "service_out":
-            _, request = self._service_out(request_id, cluster_id)
-        elif kind == "service_in":
-            _, request = self._service_in(request_id, cluster_id)
-        elif kind == "upgrade_control_plane":
-            _, request = self._upgrade_control_plane(request_id, cluster_id, version)
-        elif kind == "upgrade_node_pool":
-            _, request = self._upgrade_node_pool(request_id, cluster_id, node_pool, version)
-        else:
-            raise ValueError(f"kind: {kind!r} is not one of {sorted(ITEM_RPCS)}")
+        _, request = self._mutation(kind, request_id, cluster_id, version, node_pool)
         return cluster_pb2.OperationRequest(**{kind: request})
+
+    def start_operation(
+        self, kind: str, request_id: str, cluster_id: str, version: str = "", node_pool: str = ""
+    ) -> PendingCall[cluster_pb2.Operation]:
+        """One of the four mutating RPCs, named by its ITEM_RPCS key as for
+        `operation_request`, started; result() is the Operation."""
+        call = self._mutation(kind, request_id, cluster_id, version, node_pool)
+        return self._start(ITEM_RPCS[kind], *call, _operation_of)
+
+    def _mutation(
+        self, kind: str, request_id: str, cluster_id: str, version: str, node_pool: str
+    ) -> _Unary:
+        """The RPC and request of a mutation named by its ITEM_RPCS key."""
+        if kind == "service_out":
+            return self._service_out(request_id, cluster_id)
+        if kind == "service_in":
+            return self._service_in(request_id, cluster_id)
+        if kind == "upgrade_control_plane":
+            return self._upgrade_control_plane(request_id, cluster_id, version)
+        if kind == "upgrade_node_pool":
+            return self._upgrade_node_pool(request_id, cluster_id, node_pool, version)
+        raise ValueError(f"kind: {kind!r} is not one of {sorted(ITEM_RPCS)}")
 
     def _service_out(self, request_id: str, cluster_id: str) -> _Unary:
         return (
