@@ -884,13 +884,13 @@ class _Run:
             # `advance`, with the next step's write (dropped there by a step that clears it).
             self.set(u, operation_id=op.id)
         if not op.state.terminal:
+            limits = self._limits(u, kind, rid)
             if (
-                not self.timed_out(u, kind, rid)
+                not self._past(u, limits, rid)
                 and u.name not in self.changed
                 and u.cluster_id not in self.effective_changed
             ):
                 # Nothing but time moves it on: later passes skip it while this holds.
-                limits = self._limits(u, kind, rid)
                 deadline = limits[0] if limits is not None else None
                 memo = Quiet(st, obs, op, self.timeouts, deadline, rid)
                 self.index.remember_quiet(u.name, memo)
@@ -1028,7 +1028,15 @@ class _Run:
         self.wake(max(1.0, min(left.total_seconds(), STEP_POLL_SECONDS)))
 
     def timed_out(self, u: Upgrade, kind: OpKind, rid: str = "") -> bool:
-        limits = self._limits(u, kind, rid)
+        """Whether the step in flight (rid: as for `_limits`) is past its deadline: then it
+        fails; else the pass looks again in time for the deadline."""
+        return self._past(u, self._limits(u, kind, rid), rid)
+
+    def _past(
+        self, u: Upgrade, limits: tuple[datetime, timedelta, timedelta] | None, rid: str
+    ) -> bool:
+        """`timed_out` on the step's `_limits` already at hand (`follow` keeps the deadline
+        for its memo)."""
         if limits is None:
             return False
         deadline, bound, soak = limits
