@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NoReturn
 
 from orchestrator import api
 from orchestrator.engine.decide import Call, Preflight, Upgrade
@@ -56,6 +57,20 @@ class _Down:
         raise self.error
 
     def call(self, call: Call) -> OpObs:
+        raise self.error
+
+    # Started (driver.StartsRequests), as its plugin's adapter would be: the error comes
+    # with the answer, never from the start.
+
+    def start_preflight(
+        self, cluster_id: str, version: str, pools: Mapping[str, str]
+    ) -> Callable[[], Preflight]:
+        return self._failing
+
+    def start_call(self, call: Call) -> Callable[[], OpObs]:
+        return self._failing
+
+    def _failing(self) -> NoReturn:
         raise self.error
 
 
@@ -152,7 +167,7 @@ class RunPlugins:
         every question to it fails, so its clusters are unknown (driver.step, multi)."""
         if not self.several:
             return self._driven(self.one)
-        self.multi = MultiProvider(self._members({}), routes, self.clock)
+        self.multi = MultiProvider.over(self._members({}), routes, self.clock)
         return self.multi
 
     def _driven(self, p: Reached | Unreached) -> Provider:

@@ -138,8 +138,10 @@ class StartsBatches(Protocol):
     """A StartsRequests provider that can also start many calls as one request (the gRPC
     adapter: StartOperations): one start per BATCH_CALLS calls instead of one each."""
 
-    def start_calls(self, calls: Sequence[Call]) -> list[Callable[[], OpObs]] | None:
-        """start_call of each, started together; None: not offered (nothing started)."""
+    def start_calls(self, calls: Sequence[Call]) -> Sequence[Callable[[], OpObs] | None] | None:
+        """start_call of each, started together; None: not offered (nothing started); None
+        for one call: not started with the others (the driver starts it alone: a run over
+        several providers, one of which does not batch)."""
 
 
 #: The most calls started as one request (StartsBatches; the contract allows 1000).
@@ -670,7 +672,8 @@ class RunDriver:
     ) -> list[Call]:
         """Start the calls BATCH_CALLS at a time, each batch only while the Lease is held,
         and hand each to done in order (done waits for its answer); the calls left to make
-        one by one (all of them when the provider does not offer batches)."""
+        one by one (all of them when the provider does not offer batches; those a batch did
+        not start)."""
         started: list[tuple[Call, Callable[[], OpObs]]] = []
         left: list[Call] = []
         try:
@@ -681,9 +684,13 @@ class RunDriver:
                     break
                 answers = starter.start_calls(chunk)
                 if answers is None:
-                    left = calls[at:]
+                    left.extend(calls[at:])
                     break
-                started.extend(zip(chunk, answers, strict=True))
+                for call, answer in zip(chunk, answers, strict=True):
+                    if answer is None:
+                        left.append(call)
+                    else:
+                        started.append((call, answer))
         finally:
             for call, answer in started:
                 done(call, answer)

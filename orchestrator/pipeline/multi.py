@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import partial
+from typing import TypeVar
 
 from orchestrator import api
 from orchestrator.engine.decide import Call, Floor, Preflight, Verdict
@@ -36,12 +38,13 @@ from orchestrator.engine.initialize import Pinned, pin_upgrades
 from orchestrator.engine.observations import ClusterObs, OpObs, Snapshot
 from orchestrator.engine.validate import Problem
 from orchestrator.pipeline.crossrun import Holding, neighbours
-from orchestrator.pipeline.driver import CallError, Provider
+from orchestrator.pipeline.driver import CallError, Provider, StartsBatches, StartsRequests
 
 __all__ = [
     "FIELD",
     "Member",
     "MultiProvider",
+    "StartingMultiProvider",
     "degraded_message",
     "labelled",
     "named",
@@ -53,6 +56,8 @@ __all__ = [
 
 #: The spec field every problem of a multi-provider run names.
 FIELD = "spec.providerRefs"
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -226,14 +231,28 @@ class MultiProvider:
     #: FleetProvider name → why its last snapshot failed (this pass).
     down: dict[str, str] = field(default_factory=dict)
 
-    def _member(self, cluster_id: str) -> Member:
+    @classmethod
+    def over(
+        cls, members: Sequence[Member], routes: Mapping[str, str], clock: Callable[[], datetime]
+    ) -> MultiProvider:
+        """The view over these members: a StartingMultiProvider when every member starts its
+        requests (driver.StartsRequests), so the driver starts a pass's from its thread and
+        batches each member's calls; else this class, whose calls block a worker each."""
+        if all(isinstance(m.provider, StartsRequests) for m in members):
+            return StartingMultiProvider(members, routes, clock)
+        return cls(members, routes, clock)
+
+    def _routed(self, cluster_id: str) -> Member | None:
         name = self.routes.get(cluster_id)
-        for m in self.members:
-            if m.name == name:
-                return m
-        raise CallError(
-            "NOT_FOUND", f"cluster {cluster_id} belongs to no provider of this run", False
-        )
+        return next((m for m in self.members if m.name == name), None)
+
+    def _member(self, cluster_id: str) -> Member:
+        m = self._routed(cluster_id)
+        if m is None:
+            raise CallError(
+                "NOT_FOUND", f"cluster {cluster_id} belongs to no provider of this run", False
+            )
+        return m
 
     @property
     def supports_preflight(self) -> bool:
@@ -300,6 +319,81 @@ class MultiProvider:
             return m.provider.call(call)
         except CallError as err:
             raise named(m.name, err) from err
+
+
+@dataclass
+class StartingMultiProvider(MultiProvider):
+    """MultiProvider over members that each start their requests (driver.StartsRequests: the
+    gRPC adapter; a member down answers at once): its preflights and calls are started on the
+    cluster's member, and a batch of calls (driver.StartsBatches) goes to each member as one
+    batch of its own calls. Every answer and error is the one MultiProvider's blocking methods
+    give (`preflight`, `call`: what is decided without a member's RPC is answered at once by
+    them; a member's errors name its FleetProvider)."""
+
+    def start_preflight(
+        self, cluster_id: str, version: str, pools: Mapping[str, str]
+    ) -> Callable[[], Preflight]:
+        """preflight, started on the cluster's member when it declares PreflightUpgrade."""
+        m = self._routed(cluster_id)
+        if m is None or not _declares_preflight(m):
+            return _at_once(lambda: self.preflight(cluster_id, version, pools))
+        assert isinstance(m.provider, StartsRequests)
+        return _naming(m.name, m.provider.start_preflight(cluster_id, version, pools))
+
+    def start_call(self, call: Call) -> Callable[[], OpObs]:
+        """call, started on the cluster's member."""
+        m = self._routed(call.cluster_id)
+        if m is None:
+            return _at_once(lambda: self.call(call))
+        assert isinstance(m.provider, StartsRequests)
+        return _naming(m.name, m.provider.start_call(call))
+
+    def start_calls(self, calls: Sequence[Call]) -> list[Callable[[], OpObs] | None]:
+        """Each member's calls started as one batch of its own (in the order given); None for
+        a call whose member does not batch (the driver starts it alone, bounded as any)."""
+        answers: list[Callable[[], OpObs] | None] = [None] * len(calls)
+        mine: dict[str, list[int]] = {}
+        for at, call in enumerate(calls):
+            m = self._routed(call.cluster_id)
+            if m is None:
+                answers[at] = _at_once(partial(self.call, call))
+            else:
+                mine.setdefault(m.name, []).append(at)
+        for m in self.members:
+            ats = mine.get(m.name)
+            if not ats or not isinstance(m.provider, StartsBatches):
+                continue
+            started = m.provider.start_calls([calls[at] for at in ats])
+            for at, answer in zip(ats, started or [None] * len(ats), strict=True):
+                answers[at] = None if answer is None else _naming(m.name, answer)
+        return answers
+
+
+def _at_once(answer: Callable[[], T]) -> Callable[[], T]:
+    """What a start returns for a question answered without waiting: the answer, or its
+    CallError when asked for (never raised by the start)."""
+    try:
+        value = answer()
+    except CallError as err:
+        failure = err
+
+        def failed() -> T:
+            raise failure
+
+        return failed
+    return lambda: value
+
+
+def _naming(name: str, answer: Callable[[], T]) -> Callable[[], T]:
+    """A member's started answer, its error naming the member's FleetProvider (`named`)."""
+
+    def named_answer() -> T:
+        try:
+            return answer()
+        except CallError as err:
+            raise named(name, err) from err
+
+    return named_answer
 
 
 def _declares_preflight(m: Member) -> bool:

@@ -3,13 +3,16 @@ clusters, calls routed to each cluster's provider, a provider down counted as un
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any, cast
 
 import pytest
 
 from orchestrator import api
+from orchestrator.controllers.reach import Reached, RunPlugins, Unreached
 from orchestrator.engine.decide import (
     PROVIDER_UNAVAILABLE,
     Call,
@@ -18,19 +21,21 @@ from orchestrator.engine.decide import (
     Verdict,
     with_status,
 )
-from orchestrator.engine.observations import ClusterObs, OpObs, PoolObs, Snapshot
+from orchestrator.engine.observations import ClusterObs, OpKind, OpObs, PoolObs, Snapshot
 from orchestrator.engine.validate import Problem
 from orchestrator.pipeline.crossrun import Holding
 from orchestrator.pipeline.driver import CallError, RunDriver
 from orchestrator.pipeline.multi import (
     Member,
     MultiProvider,
+    StartingMultiProvider,
     neighbours_across,
     pin_across,
     route,
     union_inventory,
 )
 from orchestrator.pipeline.simulate import T0, ModelFleet
+from tests.support.starting import StartsAtOnce
 
 U = api.UpgradePhase
 GKE = "gke.fleetupgrade.io/projects/p"
@@ -82,8 +87,36 @@ class Outage:
 
 
 @dataclass
+class Starting(StartsAtOnce, Outage):
+    """The same member, which starts its requests (driver.StartsRequests, as the gRPC adapter
+    does)."""
+
+
+@dataclass
+class Batching(Starting):
+    """... which also starts many calls as one request (driver.StartsBatches: StartOperations),
+    recording the clusters of each batch."""
+
+    batches: list[list[str]] = field(default_factory=list)
+
+    def start_calls(self, calls: Sequence[Call]) -> list[Callable[[], OpObs]] | None:
+        self.batches.append([c.cluster_id for c in calls])
+        return [self.start_call(c) for c in calls]
+
+
+#: How the members take requests: each blocks a worker (MultiProvider); both start them
+#: (StartingMultiProvider); gke-prod also batches them while eks-prod only starts them.
+STARTS = {
+    "blocking": (Outage, Outage),
+    "started": (Starting, Starting),
+    "mixed": (Batching, Starting),
+}
+
+
+@dataclass
 class World:
-    """Two providers (gke-prod, eks-prod), one run over both, the real driver, one clock."""
+    """Two providers (gke-prod, eks-prod), one run over both, the real driver, one clock.
+    starts: a STARTS key (not "blocking": the driver starts a pass's requests, 4 at most)."""
 
     required: int
     gke: Outage = field(default_factory=lambda: Outage(_fleet("g", 3, team="a")))
@@ -95,8 +128,11 @@ class World:
     lowest: int = 10**9
     last_down: dict[str, str] = field(default_factory=dict)
     timeouts: api.StepTimeouts | None = None
+    starts: str = "blocking"
 
     def __post_init__(self) -> None:
+        gke, eks = STARTS[self.starts]
+        self.gke, self.eks = gke(self.gke.fleet), eks(self.eks.fleet)
         self.members = [
             Member("eks-prod", "eks:9000", EKS, self.eks),
             Member("gke-prod", "gke:9000", GKE, self.gke),
@@ -121,6 +157,9 @@ class World:
         assert not isinstance(pinned, list), pinned
         self.upgrades = {u.name: u for u in pinned.upgrades}
         self.driver = RunDriver(self.provider(), self, _Passing(), _Leader())
+        if self.starts != "blocking":
+            self.driver.parallelism = 4
+            self.driver.executor = ThreadPoolExecutor(4, thread_name_prefix="test-write")
 
     def provider(self) -> MultiProvider:
         routes = route(
@@ -131,7 +170,9 @@ class World:
             self.members,
         )
         assert not isinstance(routes, Problem)
-        return MultiProvider(self.members, routes, lambda: self.wall)
+        provider = MultiProvider.over(self.members, routes, lambda: self.wall)
+        assert isinstance(provider, StartingMultiProvider) == (self.starts != "blocking")
+        return provider
 
     @property
     def wall(self) -> datetime:
@@ -273,8 +314,9 @@ def test_a_member_pointing_elsewhere_or_removed_refuses_the_run() -> None:
 # -- calls go to each cluster's provider -----------------------------------------------------
 
 
-def test_one_run_upgrades_both_providers_under_one_floor() -> None:
-    w = World(required=4)
+@pytest.mark.parametrize("starts", list(STARTS))
+def test_one_run_upgrades_both_providers_under_one_floor(starts: str) -> None:
+    w = World(required=4, starts=starts)
     assert w.run_for(600) == api.RunPhase.SUCCEEDED
     assert set(w.phases().values()) == {U.UPGRADED}
     # Every step went to the cluster's own provider, and the floor held over both together.
@@ -283,14 +325,22 @@ def test_one_run_upgrades_both_providers_under_one_floor() -> None:
     assert w.lowest >= 4
     for f in (w.gke.fleet, w.eks.fleet):
         assert {c.control_plane_version for c in f.clusters.values()} == {"1.29.1"}
+    if isinstance(w.gke, Batching):
+        # gke-prod's calls went as batches of its own clusters; eks-prod's one by one.
+        assert w.gke.batches and {c for b in w.gke.batches for c in b} == {"g0", "g1", "g2"}
+        assert sum(map(len, w.gke.batches)) == w.gke.asked.count("call")
+        assert "call" in w.eks.asked and not isinstance(w.eks, Batching)
 
 
 # -- a provider down -------------------------------------------------------------------------
 
 
-def test_a_provider_down_counts_as_unavailable_and_nothing_goes_out_below_the_floor() -> None:
+@pytest.mark.parametrize("starts", list(STARTS))
+def test_a_provider_down_counts_as_unavailable_and_nothing_goes_out_below_the_floor(
+    starts: str,
+) -> None:
     # 6 clusters, floor 4: with eks-prod's 3 unknown, only 3 can be verified available (< 4).
-    w = World(required=4)
+    w = World(required=4, starts=starts)
     w.eks.down = True
     w.run_for(120)
     assert w.gke.fleet.started_steps == [] and w.eks.fleet.started_steps == []
@@ -307,9 +357,10 @@ def test_a_provider_down_counts_as_unavailable_and_nothing_goes_out_below_the_fl
     assert w.lowest >= 4
 
 
-def test_the_other_providers_clusters_go_on_where_the_floor_allows() -> None:
+@pytest.mark.parametrize("starts", list(STARTS))
+def test_the_other_providers_clusters_go_on_where_the_floor_allows(starts: str) -> None:
     # Floor 2: eks-prod's 3 unknown count as down, gke-prod's 3 leave room for one at a time.
-    w = World(required=2)
+    w = World(required=2, starts=starts)
     w.eks.down = True
     w.run_for(300)
     assert {w.status_of(c).phase for c in ("g0", "g1", "g2")} == {U.UPGRADED}
@@ -350,8 +401,11 @@ def _most_out(fleet: ModelFleet) -> int:
     return most
 
 
-def test_a_cluster_in_flight_waits_for_its_provider_then_fails_within_its_bound() -> None:
-    w = World(required=5, timeouts=api.StepTimeouts(control_plane="5m"))
+@pytest.mark.parametrize("starts", list(STARTS))
+def test_a_cluster_in_flight_waits_for_its_provider_then_fails_within_its_bound(
+    starts: str,
+) -> None:
+    w = World(required=5, timeouts=api.StepTimeouts(control_plane="5m"), starts=starts)
     # Run until an eks-prod cluster is upgrading its control plane, then take eks-prod away.
     for _ in range(600):
         w.run_for(1)
@@ -369,14 +423,38 @@ def test_a_cluster_in_flight_waits_for_its_provider_then_fails_within_its_bound(
     assert "FleetProvider eks-prod is unavailable" in (st.message or "")
 
 
-def test_errors_of_a_member_name_its_fleet_provider() -> None:
-    w = World(required=1)
+@pytest.mark.parametrize("starts", list(STARTS))
+def test_errors_of_a_member_name_its_fleet_provider(starts: str) -> None:
+    w = World(required=1, starts=starts)
     w.eks.down = True
     provider = w.provider()
     with pytest.raises(CallError) as err:
         provider.preflight("e0", "1.29.1", {})
     assert err.value.message == "FleetProvider eks-prod: connection refused"
     assert err.value.retryable
+    if not isinstance(provider, StartingMultiProvider):
+        return
+    # Started, the same errors come with the answers, never from the start.
+    call = Call(OpKind.SERVICE_OUT, "e0", "uid-1:e0:serviceOut:1.29.1:1", "run-e0")
+    stray = replace(call, cluster_id="nowhere")
+    preflight = provider.start_preflight("e0", "1.29.1", {})
+    answers = provider.start_calls([call, stray, replace(call, cluster_id="g0")])
+    for answer in (preflight, provider.start_call(call)):
+        with pytest.raises(CallError) as err:
+            answer()
+        assert err.value.message == "FleetProvider eks-prod: connection refused"
+    with pytest.raises(CallError) as err:
+        provider.start_call(stray)()
+    assert err.value.code == "NOT_FOUND" and "belongs to no provider" in err.value.message
+    assert answers[1] is not None
+    with pytest.raises(CallError):
+        answers[1]()
+    # A member that batches starts its calls with the batch; one that does not leaves them
+    # to the driver, which starts them alone.
+    assert (answers[0] is None, answers[2] is None) == (
+        not isinstance(w.eks, Batching),
+        not isinstance(w.gke, Batching),
+    )
 
 
 # -- where runs meet -------------------------------------------------------------------------
@@ -518,3 +596,32 @@ def test_no_stage_check_passes_without_a_member_whose_provider_is_down() -> None
     (after,) = driver._evaluate_stages("ns/run", spec, w.upgrades, [verifying], snap, later)
     assert checker.asked == [("e0", "e1", "e2", "g0", "g1", "g2")]
     assert after.health is not None and after.health.passes == 1
+
+
+def test_a_run_whose_members_start_requests_is_driven_started_even_with_one_down() -> None:
+    """RunPlugins.provider: members that start their requests (the gRPC adapter) and a member
+    whose plugin did not answer (down for the pass, answering at once) make the started view;
+    the down member's errors come with the answers, naming it. One member that only blocks (a
+    composed FleetProvider) makes the blocking view."""
+    w = World(required=1, starts="started")
+    down = CallError("UNAVAILABLE", "connection refused", True)
+    routes = {"g0": "gke-prod", "e0": "eks-prod"}
+    plugins = RunPlugins(
+        [
+            Reached("gke-prod", "gke:9000", GKE, cast(Any, w.gke)),
+            Unreached("eks-prod", "eks:9000", down),
+        ],
+        True,
+        lambda: w.wall,
+    )
+    provider = plugins.provider(routes)
+    assert isinstance(provider, StartingMultiProvider)
+    answer = provider.start_call(
+        Call(OpKind.SERVICE_OUT, "e0", "uid-1:e0:serviceOut:1.29.1:1", "e")
+    )
+    with pytest.raises(CallError) as err:
+        answer()
+    assert err.value.message == "FleetProvider eks-prod: connection refused"
+    blocking = Reached("eks-prod", "eks:9000", EKS, cast(Any, Outage(w.eks.fleet)))
+    plugins = RunPlugins([plugins.plugins[0], blocking], True, lambda: w.wall)
+    assert type(plugins.provider(routes)) is MultiProvider

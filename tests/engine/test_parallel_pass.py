@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import pytest
 
@@ -22,8 +21,8 @@ from orchestrator.pipeline import driver as driver_module
 from orchestrator.pipeline.driver import CallError, StartsBatches, StartsRequests, WriteConflict
 from orchestrator.pipeline.simulate import ModelFleet
 from tests.engine.model import Harness, U, as_run_spec, make_fleet, spec_for
+from tests.support.starting import StartsAtOnce
 
-T = TypeVar("T")
 NEW = "1.29.1"
 CLUSTERS = 40
 WORKERS = 8
@@ -73,38 +72,10 @@ class _Refusing:
 
 
 @dataclass
-class _Starting(_Refusing):
+class _Starting(StartsAtOnce, _Refusing):
     """The same provider, which also starts requests without waiting (driver.StartsRequests,
     as the gRPC adapter does): the driver starts them from its thread and takes the answers
-    in order. Each request is made when started; its answer (or error) is handed over when
-    asked for. Records how many were started and not yet asked for at most."""
-
-    outstanding: int = 0
-    most_outstanding: int = 0
-
-    def _started(self, answer: Callable[[], T]) -> Callable[[], T]:
-        try:
-            value, error = answer(), None
-        except CallError as err:
-            error = err
-        self.outstanding += 1
-        self.most_outstanding = max(self.most_outstanding, self.outstanding)
-
-        def result() -> T:
-            self.outstanding -= 1
-            if error is not None:
-                raise error
-            return value
-
-        return result
-
-    def start_preflight(
-        self, cluster_id: str, version: str, pools: Mapping[str, str]
-    ) -> Callable[[], Preflight]:
-        return self._started(lambda: self.preflight(cluster_id, version, pools))
-
-    def start_call(self, call: Call) -> Callable[[], OpObs]:
-        return self._started(lambda: self.call(call))
+    in order. Records how many were started and not yet asked for at most."""
 
 
 #: Calls per batch in these tests: the pass's 40 calls go as batches of 16, 16 and 8.
