@@ -6,7 +6,7 @@ when asked for. Counts how many were started and not yet asked for, and the most
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from orchestrator.engine.decide import Call, Preflight
 from orchestrator.engine.observations import OpObs
@@ -23,11 +23,13 @@ class StartsAtOnce:
     outstanding: int = 0
     most_outstanding: int = 0
 
-    def preflight(self, cluster_id: str, version: str, pools: Mapping[str, str]) -> Preflight:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # the class it is mixed into has them (first in its MRO: this one)
 
-    def call(self, call: Call) -> OpObs:
-        raise NotImplementedError
+        def preflight(
+            self, cluster_id: str, version: str, pools: Mapping[str, str]
+        ) -> Preflight: ...
+
+        def call(self, call: Call) -> OpObs: ...
 
     def _started(self, answer: Callable[[], T]) -> Callable[[], T]:
         try:
