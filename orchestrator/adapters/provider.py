@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
+from typing import TypeVar
 
 import grpc
 from tenacity import (
@@ -34,14 +35,18 @@ from orchestrator.engine.observations import (
     WindowObs,
 )
 from orchestrator.pipeline.crossrun import provider_identity
-from orchestrator.pipeline.driver import CallError
+from orchestrator.pipeline.driver import CallError, Question
 from plugins.sdk.client import (
     ClientTLS,
     ClusterListing,
+    PendingBatch,
     PluginCallError,
     PluginClient,
 )
 from plugins.sdk.endpoint_errors import plugin_error_message
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 __all__ = [
     "GrpcProvider",
@@ -387,6 +392,24 @@ _ITEM_KIND: Mapping[OpKind, str] = {
 }
 
 
+def _each_answer(
+    pending: PendingBatch[T], count: int, convert: Callable[[T], R]
+) -> list[Callable[[], R]]:
+    """A batch's items as the driver takes them: calling the i-th waits for the batch's
+    answer (once, for all) and gives that item's, converted, or raises its CallError."""
+    answers: list[list[T | PluginCallError]] = []
+
+    def item(index: int) -> R:
+        if not answers:
+            answers.append(pending.results())
+        got = answers[0][index]
+        if isinstance(got, PluginCallError):
+            raise call_error(got) from got
+        return convert(got)
+
+    return [partial(item, index) for index in range(count)]
+
+
 @dataclass
 class KeptInventory:
     """One plugin's inventory kept across reconciles (by endpoint, by the caller).
@@ -586,15 +609,30 @@ class GrpcProvider:
                 resp = pending.result()
             except PluginCallError as err:
                 raise call_error(err) from err
-            return Preflight(
-                _VERDICT.get(resp.verdict, Verdict.REFUSED_LATER),
-                self.clock(),
-                resp.reason_code,
-                resp.message,
-                float(resp.retry_after_seconds),
-            )
+            return self._preflight(resp)
 
         return answer
+
+    def start_preflights(
+        self, questions: Sequence[Question]
+    ) -> list[Callable[[], Preflight]] | None:
+        """PreflightUpgrades, started (driver.StartsBatches); calling each result waits for
+        the batch's answer and gives that question's answer or raises its CallError, as
+        `start_preflight`'s would. None: the plugin does not offer PreflightUpgrades."""
+        client = self.client
+        pending = client.start_preflights(
+            [client.preflight_request(cid, version, pools) for cid, version, pools in questions]
+        )
+        return None if pending is None else _each_answer(pending, len(questions), self._preflight)
+
+    def _preflight(self, resp: cluster_pb2.PreflightUpgradeResponse) -> Preflight:
+        return Preflight(
+            _VERDICT.get(resp.verdict, Verdict.REFUSED_LATER),
+            self.clock(),
+            resp.reason_code,
+            resp.message,
+            float(resp.retry_after_seconds),
+        )
 
     def call(self, call: Call) -> OpObs:
         """One mutating call; the operation is tracked at once."""
@@ -615,17 +653,7 @@ class GrpcProvider:
         pending = client.start_operations(requests)
         if pending is None:
             return None
-        answers: list[list[cluster_pb2.Operation | PluginCallError]] = []
-
-        def operation(index: int) -> OpObs:
-            if not answers:
-                answers.append(pending.results())
-            got = answers[0][index]
-            if isinstance(got, PluginCallError):
-                raise call_error(got) from got
-            return self._track(op_from_pb(got))
-
-        return [partial(operation, index) for index in range(len(calls))]
+        return _each_answer(pending, len(calls), lambda got: self._track(op_from_pb(got)))
 
     def _track(self, op: OpObs) -> OpObs:
         if self.tracker.put(self.client.endpoint, op):

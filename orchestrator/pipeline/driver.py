@@ -62,6 +62,7 @@ __all__ = [
     "HookRequest",
     "HookRunner",
     "Provider",
+    "Question",
     "RunDriver",
     "StartsBatches",
     "StartsRequests",
@@ -133,15 +134,26 @@ class StartsRequests(Protocol):
         """Provider.call, started."""
 
 
+#: A preflight question: start_preflight's arguments (cluster id, control-plane target, pool
+#: targets).
+Question = tuple[str, str, Mapping[str, str]]
+
+
 @runtime_checkable
 class StartsBatches(Protocol):
-    """A StartsRequests provider that can also start many calls as one request (the gRPC
-    adapter: StartOperations): one start per BATCH_CALLS calls instead of one each."""
+    """A StartsRequests provider that can also start many calls, or many preflights, as one
+    request (the gRPC adapter: StartOperations, PreflightUpgrades): one start per BATCH_CALLS
+    instead of one each. Either returns None when not offered (nothing started), and None
+    for one item not started with the others (the driver starts it alone: a run over several
+    providers, one of which does not batch)."""
 
     def start_calls(self, calls: Sequence[Call]) -> Sequence[Callable[[], OpObs] | None] | None:
-        """start_call of each, started together; None: not offered (nothing started); None
-        for one call: not started with the others (the driver starts it alone: a run over
-        several providers, one of which does not batch)."""
+        """start_call of each, started together."""
+
+    def start_preflights(
+        self, questions: Sequence[Question]
+    ) -> Sequence[Callable[[], Preflight] | None] | None:
+        """start_preflight of each, started together."""
 
 
 #: The most calls started as one request (StartsBatches; the contract allows 1000).
@@ -518,12 +530,14 @@ class RunDriver:
         asked = list(decision.preflight_needed)
         starter = self._starter()
         if starter is not None:
-
-            def start(cid: str) -> Callable[[], Preflight] | None:
-                q = question(cid)
-                return None if q is None else starter.start_preflight(cid, *q)
-
-            self._pipelined(start, answered, asked)
+            questions = [(cid, *q) for cid in asked if (q := question(cid)) is not None]
+            if isinstance(starter, StartsBatches):
+                questions, _ = self._batched(
+                    starter.start_preflights, questions, lambda q, a: answered(q[0], a)
+                )
+            self._pipelined(
+                lambda q: starter.start_preflight(*q), lambda q, a: answered(q[0], a), questions
+            )
         else:
             provider = self.provider
 
@@ -578,7 +592,8 @@ class RunDriver:
 
             # The calls from this thread; the writes that record failures on the workers.
             if isinstance(starter, StartsBatches):
-                calls = self._batched(starter, calls, collect, result)
+                calls, fenced = self._batched(starter.start_calls, calls, collect)
+                result.fenced = result.fenced or fenced
             self._pipelined(start, collect, calls)
             self._each(lambda f: failed(*f), failures)
             return
@@ -665,36 +680,36 @@ class RunDriver:
 
     def _batched(
         self,
-        starter: StartsBatches,
-        calls: list[Call],
-        done: Callable[[Call, Callable[[], OpObs]], None],
-        result: StepResult,
-    ) -> list[Call]:
-        """Start the calls BATCH_CALLS at a time, each batch only while the Lease is held,
-        and hand each to done in order (done waits for its answer); the calls left to make
-        one by one (all of them when the provider does not offer batches; those a batch did
-        not start)."""
-        started: list[tuple[Call, Callable[[], OpObs]]] = []
-        left: list[Call] = []
+        start: Callable[[Sequence[T]], Sequence[Callable[[], R] | None] | None],
+        items: list[T],
+        done: Callable[[T, Callable[[], R]], None],
+    ) -> tuple[list[T], bool]:
+        """Start the items (a StartsBatches method) BATCH_CALLS at a time, each batch only
+        while the Lease is held, and hand each to done in order (done waits for its answer).
+        Returns the items left to make one by one (all of them when the provider does not
+        offer batches; those a batch did not start), and whether the Lease was lost."""
+        started: list[tuple[T, Callable[[], R]]] = []
+        left: list[T] = []
+        fenced = False
         try:
-            for at in range(0, len(calls), BATCH_CALLS):
-                chunk = calls[at : at + BATCH_CALLS]
+            for at in range(0, len(items), BATCH_CALLS):
+                chunk = items[at : at + BATCH_CALLS]
                 if not self.fence.held():
-                    result.fenced = True
+                    fenced = True
                     break
-                answers = starter.start_calls(chunk)
+                answers = start(chunk)
                 if answers is None:
-                    left.extend(calls[at:])
+                    left.extend(items[at:])
                     break
-                for call, answer in zip(chunk, answers, strict=True):
+                for item, answer in zip(chunk, answers, strict=True):
                     if answer is None:
-                        left.append(call)
+                        left.append(item)
                     else:
-                        started.append((call, answer))
+                        started.append((item, answer))
         finally:
-            for call, answer in started:
-                done(call, answer)
-        return left
+            for item, answer in started:
+                done(item, answer)
+        return left, fenced
 
     def _pipelined(
         self,

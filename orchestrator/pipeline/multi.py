@@ -38,7 +38,13 @@ from orchestrator.engine.initialize import Pinned, pin_upgrades
 from orchestrator.engine.observations import ClusterObs, OpObs, Snapshot
 from orchestrator.engine.validate import Problem
 from orchestrator.pipeline.crossrun import Holding, neighbours
-from orchestrator.pipeline.driver import CallError, Provider, StartsBatches, StartsRequests
+from orchestrator.pipeline.driver import (
+    CallError,
+    Provider,
+    Question,
+    StartsBatches,
+    StartsRequests,
+)
 
 __all__ = [
     "FIELD",
@@ -58,6 +64,7 @@ __all__ = [
 FIELD = "spec.providerRefs"
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -351,19 +358,51 @@ class StartingMultiProvider(MultiProvider):
     def start_calls(self, calls: Sequence[Call]) -> list[Callable[[], OpObs] | None]:
         """Each member's calls started as one batch of its own (in the order given); None for
         a call whose member does not batch (the driver starts it alone, bounded as any)."""
-        answers: list[Callable[[], OpObs] | None] = [None] * len(calls)
+        return self._per_member(
+            calls,
+            [c.cluster_id for c in calls],
+            lambda batcher, mine: batcher.start_calls(mine),
+            self.call,
+        )
+
+    def start_preflights(
+        self, questions: Sequence[Question]
+    ) -> list[Callable[[], Preflight] | None]:
+        """Each member's preflights started as one batch of its own, as `start_calls`; one
+        whose member declares no PreflightUpgrade is answered at once (`preflight`)."""
+        return self._per_member(
+            questions,
+            [q[0] for q in questions],
+            lambda batcher, mine: batcher.start_preflights(mine),
+            lambda q: self.preflight(*q),
+            asks=_declares_preflight,
+        )
+
+    def _per_member(
+        self,
+        items: Sequence[T],
+        clusters: Sequence[str],
+        start: Callable[[StartsBatches, list[T]], Sequence[Callable[[], R] | None] | None],
+        at_once: Callable[[T], R],
+        asks: Callable[[Member], bool] = lambda m: True,
+    ) -> list[Callable[[], R] | None]:
+        """items (one per cluster, in order) started on their members, one batch per member
+        (start); an item whose cluster has no member, or whose member is not asked (asks), is
+        answered at once by the blocking view (at_once); None for one whose member does not
+        batch."""
+        answers: list[Callable[[], R] | None] = [None] * len(items)
         mine: dict[str, list[int]] = {}
-        for at, call in enumerate(calls):
-            m = self._routed(call.cluster_id)
-            if m is None:
-                answers[at] = _at_once(partial(self.call, call))
+        for at, (item, cid) in enumerate(zip(items, clusters, strict=True)):
+            m = self._routed(cid)
+            if m is None or not asks(m):
+                answers[at] = _at_once(partial(at_once, item))
             else:
                 mine.setdefault(m.name, []).append(at)
         for m in self.members:
             ats = mine.get(m.name)
             if not ats or not isinstance(m.provider, StartsBatches):
                 continue
-            started = m.provider.start_calls([calls[at] for at in ats])
+            started = start(m.provider, [items[at] for at in ats])
             for at, answer in zip(ats, started or [None] * len(ats), strict=True):
                 answers[at] = None if answer is None else _naming(m.name, answer)
         return answers

@@ -60,6 +60,7 @@ DEFAULT_TIMEOUTS: Mapping[str, float] = {
     "StartOperations": 30.0,
     "GetOperation": 5.0,
     "PreflightUpgrade": 10.0,
+    "PreflightUpgrades": 30.0,
     "CheckWorkloads": 30.0,
     "QueryMetric": 30.0,
     "ListGates": 30.0,
@@ -86,6 +87,7 @@ RPC_CAPABILITIES: Mapping[str, frozenset[int]] = {
     "GetOperation": _OPERATION_CAPS,
     "WatchOperations": _OPERATION_CAPS,
     "PreflightUpgrade": frozenset({_CAP.PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE}),
+    "PreflightUpgrades": frozenset({_CAP.PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE}),
     "CheckWorkloads": frozenset({_CAP.PLUGIN_CAPABILITY_CHECK_WORKLOADS}),
     "QueryMetric": frozenset({_CAP.PLUGIN_CAPABILITY_QUERY_METRIC}),
     "ListGates": frozenset({_CAP.PLUGIN_CAPABILITY_GATES}),
@@ -421,39 +423,46 @@ ITEM_RPCS: Mapping[str, str] = {
 }
 
 
-class PendingBatch:
-    """A StartOperations call started by `PluginClient.start_operations`: `results()` waits
-    for its answer and gives, for each item in order, its Operation or the PluginCallError its
-    own RPC would have raised. A failure of the whole call is every item's error.
+class PendingBatch(Generic[T]):
+    """A batch call (StartOperations, PreflightUpgrades) started by the client
+    (`PluginClient.start_operations`, `start_preflights`): `results()` waits for its answer
+    and gives, for each item in order, its answer (an Operation, a PreflightUpgradeResponse)
+    or the PluginCallError its own RPC would have raised. A failure of the whole call is every
+    item's error.
 
-    on_call records each item under its own RPC's name (ServiceOut, ...), with the call's
-    latency, so that counts per RPC are the same whether the calls were batched or not."""
+    on_call records each item under its own RPC's name (ServiceOut, PreflightUpgrade, ...),
+    with the call's latency, so that counts per RPC are the same whether batched or not."""
 
     def __init__(
         self,
         client: PluginClient,
+        batch: str,
         rpcs: Sequence[str],
         future: Any,
         start: float,
+        answer: str,
     ) -> None:
         self._client = client
+        self._batch = batch
         self._rpcs = rpcs
         self._future = future
         self._start = start
+        #: The field of an item's result that holds its answer (the other is its error).
+        self._answer = answer
         self._end: float | None = None
         future.add_done_callback(self._ended)
 
     def _ended(self, _future: object) -> None:
         self._end = time.perf_counter()
 
-    def results(self) -> list[cluster_pb2.Operation | PluginCallError]:
+    def results(self) -> list[T | PluginCallError]:
         """Each item's answer, in the order asked."""
         client, rpcs = self._client, self._rpcs
         try:
             response = self._future.result()
         except grpc.RpcError as exc:
             seconds = (self._end or time.perf_counter()) - self._start
-            out: list[cluster_pb2.Operation | PluginCallError] = []
+            out: list[T | PluginCallError] = []
             for rpc in rpcs:
                 client._record(rpc, exc.code(), seconds)
                 out.append(client._error(rpc, exc))
@@ -462,7 +471,7 @@ class PendingBatch:
         results = response.results
         if len(results) != len(rpcs):
             # A plugin that broke the contract: no item's fate is known.
-            message = f"StartOperations answered {len(results)} results for {len(rpcs)} items"
+            message = f"{self._batch} answered {len(results)} results for {len(rpcs)} items"
             for rpc in rpcs:
                 client._record(rpc, grpc.StatusCode.INTERNAL, seconds)
             return [
@@ -471,11 +480,11 @@ class PendingBatch:
             ]
         out = []
         for rpc, result in zip(rpcs, results, strict=True):
-            if result.WhichOneof("result") == "operation":
+            if result.WhichOneof("result") == self._answer:
                 client._record(rpc, grpc.StatusCode.OK, seconds)
-                out.append(result.operation)
+                out.append(getattr(result, self._answer))
                 continue
-            err = client.item_error(rpc, result)
+            err = client.item_error(rpc, result.error, getattr(result, "operation_id", ""))
             client._record(rpc, err.code, seconds)
             out.append(err)
         return out
@@ -530,9 +539,10 @@ class PluginClient:
             self._channel = grpc.secure_channel(endpoint, tls.credentials(), options=options)
         self._identity = identity_pb2_grpc.IdentityServiceStub(self._channel)
         self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)
-        # StartOperations is optional: whether the plugin offers it (None: not known yet; its
-        # first answer says, and UNIMPLEMENTED stops asking).
-        self._batches: bool | None = None
+        # The batch RPCs are optional: whether the plugin offers each (StartOperations,
+        # PreflightUpgrades; absent: not known yet: its first answer says, and UNIMPLEMENTED
+        # stops asking).
+        self._offers: dict[str, bool] = {}
         self._health = health_pb2_grpc.HealthServiceStub(self._channel)
         self._gate = gate_pb2_grpc.GateServiceStub(self._channel)
         self._capabilities: frozenset[int] | None = None
@@ -759,42 +769,58 @@ class PluginClient:
     def batches(self) -> bool:
         """Whether StartOperations is worth asking: not once the plugin answered it
         UNIMPLEMENTED (an optional RPC; the single RPCs do the same)."""
-        return self._batches is not False
+        return self._offers.get("StartOperations") is not False
 
     def start_operations(
         self, requests: Sequence[cluster_pb2.OperationRequest]
-    ) -> PendingBatch | None:
-        """StartOperations over these items, started; None when the plugin does not offer it
-        (known from an earlier answer, or from this one: it is asked once, blocking on
-        nothing but the answer, and UNIMPLEMENTED leaves every item unstarted)."""
-        if self._batches is False:
-            return None
+    ) -> PendingBatch[cluster_pb2.Operation] | None:
+        """StartOperations over these items (`operation_request`), started; None when the
+        plugin does not offer it (known from an earlier answer, or from this one: it is asked
+        once, blocking on nothing but the answer, and UNIMPLEMENTED leaves every item
+        unstarted)."""
         rpcs = [ITEM_RPCS[str(r.WhichOneof("request"))] for r in requests]
-        start = time.perf_counter()
-        future = self._cluster.StartOperations.future(
-            cluster_pb2.StartOperationsRequest(requests=requests),
-            timeout=self._timeouts["StartOperations"],
-            metadata=self._metadata,
+        request = cluster_pb2.StartOperationsRequest(requests=requests)
+        return self._start_batch("StartOperations", request, rpcs, "operation")
+
+    def start_preflights(
+        self, requests: Sequence[cluster_pb2.PreflightUpgradeRequest]
+    ) -> PendingBatch[cluster_pb2.PreflightUpgradeResponse] | None:
+        """PreflightUpgrades over these items (`preflight_request`), started; None when the
+        plugin does not offer it (as for `start_operations`)."""
+        request = cluster_pb2.PreflightUpgradesRequest(requests=requests)
+        return self._start_batch(
+            "PreflightUpgrades", request, ["PreflightUpgrade"] * len(requests), "verdict"
         )
-        if self._batches is None:
+
+    def _start_batch(
+        self, batch: str, request: Any, rpcs: Sequence[str], answer: str
+    ) -> PendingBatch[Any] | None:
+        offered = self._offers.get(batch)
+        if offered is False:
+            return None
+        start = time.perf_counter()
+        future = getattr(self._cluster, batch).future(
+            request, timeout=self._timeouts[batch], metadata=self._metadata
+        )
+        if offered is None:
             # The first ask says whether the plugin offers it at all.
             try:
                 future.result()
             except grpc.RpcError as exc:
                 if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
-                    self._batches = False
+                    self._offers[batch] = False
                     return None
             else:
-                self._batches = True
-        return PendingBatch(self, rpcs, future, start)
+                self._offers[batch] = True
+        return PendingBatch(self, batch, rpcs, future, start, answer)
 
-    def item_error(self, rpc: str, result: cluster_pb2.OperationResult) -> PluginCallError:
-        """A StartOperations item's error as the PluginCallError of its own RPC (rpc)."""
-        error = result.error
+    def item_error(
+        self, rpc: str, error: cluster_pb2.ItemStatus, operation_id: str = ""
+    ) -> PluginCallError:
+        """A batch item's error as the PluginCallError of its own RPC (rpc); operation_id: a
+        StartOperations item's in-flight operation, with ABORTED."""
         code = status_code(error.code)
-        return self._failed(
-            rpc, code, error.message, result.operation_id, status_details(error.details)
-        )
+        return self._failed(rpc, code, error.message, operation_id, status_details(error.details))
 
     def operation_request(
         self, kind: str, request_id: str, cluster_id: str, version: str = "", node_pool: str = ""
@@ -922,6 +948,18 @@ class PluginClient:
         """preflight_upgrade, started; result() is the answer."""
         call = self._preflight(cluster_id, control_plane_version, node_pool_versions)
         return self._start("PreflightUpgrade", *call, _identity)
+
+    def preflight_request(
+        self,
+        cluster_id: str,
+        control_plane_version: str = "",
+        node_pool_versions: Mapping[str, str] | None = None,
+    ) -> cluster_pb2.PreflightUpgradeRequest:
+        """One PreflightUpgrades item: the request preflight_upgrade would send."""
+        request: cluster_pb2.PreflightUpgradeRequest = self._preflight(
+            cluster_id, control_plane_version, node_pool_versions
+        )[1]
+        return request
 
     def _preflight(
         self,

@@ -313,7 +313,8 @@ class RpcInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
     def record_item(
         self, method: str, caller: str, code: grpc.StatusCode, message: str, seconds: float
     ) -> None:
-        """`record` of one StartOperations item, as the RPC it stands for."""
+        """`record` of one item of a batch call (StartOperations, PreflightUpgrades), as the
+        RPC it stands for."""
         self.record(
             method=method, caller=caller, code=code, message=message, seconds=seconds, exc=None
         )

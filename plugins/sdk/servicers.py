@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from functools import partial
+from typing import Any, NoReturn, Protocol, TypeVar, runtime_checkable
 
 import grpc
 
@@ -40,8 +41,10 @@ __all__ = [
 
 _LOG = logging.getLogger("plugins.sdk.rpc")
 
-#: The most items one StartOperations may carry (the contract's).
+#: The most items one batch call (StartOperations, PreflightUpgrades) may carry (the contract's).
 MAX_OPERATION_ITEMS = 1000
+
+T = TypeVar("T")
 
 #: Operation states after which an operation changes no more.
 _TERMINAL = frozenset({cluster_pb2.OPERATION_STATE_SUCCEEDED, cluster_pb2.OPERATION_STATE_FAILED})
@@ -301,69 +304,104 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
         """Each item answered by this servicer's own method for it (a subclass's included),
         in order, its error kept to it (the contract's StartOperations)."""
         self._before("StartOperations", context)
-        items = request.requests
-        if not items:
-            raise InvalidArgument("requests", "must not be empty; add an OperationRequest")
-        if len(items) > MAX_OPERATION_ITEMS:
-            raise InvalidArgument(
-                "requests",
-                f"has {len(items)} items, more than {MAX_OPERATION_ITEMS}; split the batch",
-            )
-        results = [self._start_item(item, index, context) for index, item in enumerate(items)]
+        results = []
+        for index, item in enumerate(_bounded(request.requests, "an OperationRequest")):
+            which = item.WhichOneof("request")
+            if which is None:
+                answer, error, operation_id = self._item(
+                    "StartOperations", None, partial(_unset, index), index, context
+                )
+            else:
+                method = ITEM_RPCS[which]
+                answer, error, operation_id = self._item(
+                    "StartOperations",
+                    method,
+                    partial(getattr(self, method), getattr(item, which), context),
+                    index,
+                    context,
+                )
+            if error is None:
+                results.append(cluster_pb2.OperationResult(operation=answer.operation))
+            else:
+                results.append(cluster_pb2.OperationResult(error=error, operation_id=operation_id))
         return cluster_pb2.StartOperationsResponse(results=results)
 
-    def _start_item(
-        self, item: cluster_pb2.OperationRequest, index: int, context: grpc.ServicerContext
-    ) -> cluster_pb2.OperationResult:
-        start = time.perf_counter()
-        result = self._answer_item(item, index, context)
-        which = item.WhichOneof("request")
-        if self._record_item is not None and which is not None:
-            if result.WhichOneof("result") == "operation":
-                code, message = grpc.StatusCode.OK, ""
-            else:
-                code = status_code(result.error.code)
-                message = result.error.message
-            self._record_item(
-                f"ClusterService/{ITEM_RPCS[which]}",
-                caller_of(context),
-                code,
-                message,
-                time.perf_counter() - start,
+    def PreflightUpgrades(
+        self, request: cluster_pb2.PreflightUpgradesRequest, context: grpc.ServicerContext
+    ) -> cluster_pb2.PreflightUpgradesResponse:
+        """Each item answered by this servicer's PreflightUpgrade (a subclass's included), in
+        order, its error kept to it (the contract's PreflightUpgrades)."""
+        self._before("PreflightUpgrades", context)
+        results = []
+        for index, item in enumerate(_bounded(request.requests, "a PreflightUpgradeRequest")):
+            answer, error, _ = self._item(
+                "PreflightUpgrades",
+                "PreflightUpgrade",
+                partial(self.PreflightUpgrade, item, context),
+                index,
+                context,
             )
-        return result
+            if error is None:
+                results.append(cluster_pb2.PreflightResult(verdict=answer))
+            else:
+                results.append(cluster_pb2.PreflightResult(error=error))
+        return cluster_pb2.PreflightUpgradesResponse(results=results)
 
-    def _answer_item(
-        self, item: cluster_pb2.OperationRequest, index: int, context: grpc.ServicerContext
-    ) -> cluster_pb2.OperationResult:
-        which = item.WhichOneof("request")
+    def _item(
+        self,
+        batch: str,
+        method: str | None,
+        answer: Callable[[], Any],
+        index: int,
+        context: grpc.ServicerContext,
+    ) -> tuple[Any, cluster_pb2.ItemStatus | None, str]:
+        """One item of a batch call, answered as its own RPC (method; None: an item that names
+        none) would answer it: (its answer, None, "") or (None, its error, the in-flight
+        operation's id an ABORTED names); refused as the RPC when it is outside the declared
+        capabilities, and logged and counted as the RPC (`serve_items`)."""
+        start = time.perf_counter()
+        operation_id = ""
         try:
-            if which is None:
-                raise InvalidArgument(
-                    f"requests[{index}]",
-                    "sets none of service_out, service_in, upgrade_control_plane, "
-                    "upgrade_node_pool; set one",
-                )
-            method = ITEM_RPCS[which]
-            refused = self._refused.get(method)
+            refused = self._refused.get(method or "")
             if refused is not None:
                 raise Unimplemented(refused)
-            answer: Any = getattr(self, method)(getattr(item, which), context)
-            return cluster_pb2.OperationResult(operation=answer.operation)
+            value = answer()
         except PluginError as err:
             status = err.status()
             operation_id = str(getattr(err, "operation_id", "") or "")
         except Exception:
             if context_code(context) not in (None, grpc.StatusCode.OK):
                 raise  # the servicer aborted the call itself: its status stands for all
-            _LOG.exception("StartOperations item %d (%s) raised", index, which)
+            _LOG.exception("%s item %d (%s) raised", batch, index, method)
             status = status_proto(
                 grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE, reason=Reason.INTERNAL
             )
-            operation_id = ""
+        else:
+            self._record(method, context, start, None)
+            return value, None, ""
         error = cluster_pb2.ItemStatus(code=status.code, message=status.message)
         error.details.extend(status.details)
-        return cluster_pb2.OperationResult(error=error, operation_id=operation_id)
+        self._record(method, context, start, error)
+        return None, error, operation_id
+
+    def _record(
+        self,
+        method: str | None,
+        context: grpc.ServicerContext,
+        start: float,
+        error: cluster_pb2.ItemStatus | None,
+    ) -> None:
+        """Log and count an item as its own RPC (`serve_items`)."""
+        if self._record_item is not None and method is not None:
+            code = grpc.StatusCode.OK if error is None else status_code(error.code)
+            message = "" if error is None else error.message
+            self._record_item(
+                f"ClusterService/{method}",
+                caller_of(context),
+                code,
+                message,
+                time.perf_counter() - start,
+            )
 
     def PreflightUpgrade(
         self, request: cluster_pb2.PreflightUpgradeRequest, context: grpc.ServicerContext
@@ -392,6 +430,25 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
             raise Unimplemented("PreflightUpgrade is not implemented by this plugin")
         response: cluster_pb2.PreflightUpgradeResponse = preflight(cluster_id, control_plane, pools)
         return response
+
+
+def _bounded(items: Sequence[T], kind: str) -> Sequence[T]:
+    """A batch call's items, within the contract's bounds (else INVALID_ARGUMENT)."""
+    if not items:
+        raise InvalidArgument("requests", f"must not be empty; add {kind}")
+    if len(items) > MAX_OPERATION_ITEMS:
+        raise InvalidArgument(
+            "requests",
+            f"has {len(items)} items, more than {MAX_OPERATION_ITEMS}; split the batch",
+        )
+    return items
+
+
+def _unset(index: int) -> NoReturn:
+    raise InvalidArgument(
+        f"requests[{index}]",
+        "sets none of service_out, service_in, upgrade_control_plane, upgrade_node_pool; set one",
+    )
 
 
 ItemRecorder = Callable[[str, str, grpc.StatusCode, str, float], None]

@@ -24,7 +24,7 @@ from orchestrator.engine.decide import (
 from orchestrator.engine.observations import ClusterObs, OpKind, OpObs, PoolObs, Snapshot
 from orchestrator.engine.validate import Problem
 from orchestrator.pipeline.crossrun import Holding
-from orchestrator.pipeline.driver import CallError, RunDriver
+from orchestrator.pipeline.driver import CallError, Question, RunDriver
 from orchestrator.pipeline.multi import (
     Member,
     MultiProvider,
@@ -94,14 +94,22 @@ class Starting(StartsAtOnce, Outage):
 
 @dataclass
 class Batching(Starting):
-    """... which also starts many calls as one request (driver.StartsBatches: StartOperations),
-    recording the clusters of each batch."""
+    """... which also starts many calls, or many preflights, as one request
+    (driver.StartsBatches: StartOperations, PreflightUpgrades), recording the clusters of each
+    batch."""
 
     batches: list[list[str]] = field(default_factory=list)
+    preflight_batches: list[list[str]] = field(default_factory=list)
 
     def start_calls(self, calls: Sequence[Call]) -> list[Callable[[], OpObs]] | None:
         self.batches.append([c.cluster_id for c in calls])
         return [self.start_call(c) for c in calls]
+
+    def start_preflights(
+        self, questions: Sequence[Question]
+    ) -> list[Callable[[], Preflight]] | None:
+        self.preflight_batches.append([q[0] for q in questions])
+        return [self.start_preflight(*q) for q in questions]
 
 
 #: How the members take requests: each blocks a worker (MultiProvider); both start them
@@ -329,6 +337,9 @@ def test_one_run_upgrades_both_providers_under_one_floor(starts: str) -> None:
         # gke-prod's calls went as batches of its own clusters; eks-prod's one by one.
         assert w.gke.batches and {c for b in w.gke.batches for c in b} == {"g0", "g1", "g2"}
         assert sum(map(len, w.gke.batches)) == w.gke.asked.count("call")
+        batched = [c for b in w.gke.preflight_batches for c in b]
+        assert set(batched) == {"g0", "g1", "g2"}
+        assert len(batched) == w.gke.asked.count("preflight")
         assert "call" in w.eks.asked and not isinstance(w.eks, Batching)
 
 

@@ -18,7 +18,13 @@ from orchestrator import api
 from orchestrator.engine.decide import Call, Preflight, Upgrade
 from orchestrator.engine.observations import OpKind, OpObs, Snapshot
 from orchestrator.pipeline import driver as driver_module
-from orchestrator.pipeline.driver import CallError, StartsBatches, StartsRequests, WriteConflict
+from orchestrator.pipeline.driver import (
+    CallError,
+    Question,
+    StartsBatches,
+    StartsRequests,
+    WriteConflict,
+)
 from orchestrator.pipeline.simulate import ModelFleet
 from tests.engine.model import Harness, U, as_run_spec, make_fleet, spec_for
 from tests.support.starting import StartsAtOnce
@@ -84,13 +90,21 @@ BATCH = 16
 
 @dataclass
 class _Batching(_Starting):
-    """The same provider, which also starts many calls as one request (driver.StartsBatches,
-    as the gRPC adapter does with StartOperations). Records the size of each batch, and stops
-    holding the Lease after `fence_after` batches (None: never)."""
+    """The same provider, which also starts many calls, or many preflights, as one request
+    (driver.StartsBatches, as the gRPC adapter does with StartOperations and
+    PreflightUpgrades). Records the size of each batch, and stops holding the Lease after
+    `fence_after` batches of calls (None: never)."""
 
     batches: list[int] = field(default_factory=list)
+    preflight_batches: list[int] = field(default_factory=list)
     fence_after: int | None = None
     leader: _Lease | None = None
+
+    def start_preflights(
+        self, questions: Sequence[Question]
+    ) -> list[Callable[[], Preflight]] | None:
+        self.preflight_batches.append(len(questions))
+        return [self.start_preflight(*q) for q in questions]
 
     def start_calls(self, calls: Sequence[Call]) -> list[Callable[[], OpObs]] | None:
         self.batches.append(len(calls))
@@ -137,8 +151,14 @@ def _bounded(provider: _Refusing) -> None:
     """Started requests were never more than WORKERS at once (batched: never more than a
     batch each), and each answer was taken."""
     if isinstance(provider, _Batching):
+        # Every preflight went in a batch, as every call did.
+        assert provider.preflight_batches and max(provider.preflight_batches) <= BATCH
+        assert sum(provider.preflight_batches) == len(provider.preflighted)
         assert provider.batches and max(provider.batches) <= BATCH
-        assert sum(provider.batches) == provider.most_outstanding
+        # All of a pass's calls (or preflights) started before the first answer is taken.
+        assert provider.most_outstanding == max(
+            sum(provider.batches), sum(provider.preflight_batches)
+        )
         assert provider.outstanding == 0
     elif isinstance(provider, _Starting):
         assert 1 < provider.most_outstanding <= WORKERS

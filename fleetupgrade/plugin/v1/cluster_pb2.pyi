@@ -1118,3 +1118,77 @@ class StartOperationsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StartOperationsResponse: _TypeAlias = StartOperationsResponse  # noqa: Y015
+
+@_typing.final
+class PreflightUpgradesRequest(_message.Message):
+    """PreflightUpgradesRequest carries the items, at most 1000: each the request PreflightUpgrade
+    takes.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___PreflightUpgradeRequest]: ...
+    def __init__(
+        self,
+        *,
+        requests: _abc.Iterable[Global___PreflightUpgradeRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreflightUpgradesRequest: _TypeAlias = PreflightUpgradesRequest  # noqa: Y015
+
+@_typing.final
+class PreflightResult(_message.Message):
+    """PreflightResult answers one item: its verdict, or its error."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERDICT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def verdict(self) -> Global___PreflightUpgradeResponse: ...
+    @_builtins.property
+    def error(self) -> Global___ItemStatus: ...
+    def __init__(
+        self,
+        *,
+        verdict: Global___PreflightUpgradeResponse | None = ...,
+        error: Global___ItemStatus | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "result", b"result", "verdict", b"verdict"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "result", b"result", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["verdict", "error"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___PreflightResult: _TypeAlias = PreflightResult  # noqa: Y015
+
+@_typing.final
+class PreflightUpgradesResponse(_message.Message):
+    """PreflightUpgradesResponse answers every item, in the order of the request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___PreflightResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___PreflightResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreflightUpgradesResponse: _TypeAlias = PreflightUpgradesResponse  # noqa: Y015

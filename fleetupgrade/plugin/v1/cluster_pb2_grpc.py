@@ -99,6 +99,11 @@ class ClusterServiceStub:
                 request_serializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.StartOperationsRequest.SerializeToString,
                 response_deserializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.StartOperationsResponse.FromString,
                 _registered_method=True)
+        self.PreflightUpgrades = channel.unary_unary(
+                '/fleetupgrade.plugin.v1.ClusterService/PreflightUpgrades',
+                request_serializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradesRequest.SerializeToString,
+                response_deserializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradesResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -208,6 +213,20 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PreflightUpgrades(self, request, context):
+        """PreflightUpgrades asks PreflightUpgrade of many clusters in one call: each item is
+        answered as PreflightUpgrade would answer it (its verdict, or its error: NOT_FOUND,
+        INVALID_ARGUMENT, UNAVAILABLE...), in the order asked; one item's error does not stop the
+        others. The call itself fails only when the whole request is unusable (INVALID_ARGUMENT:
+        more than 1000 items or none) or the plugin cannot answer at all (then the caller asks
+        again: it is read-only). OPTIONAL: a plugin without it answers UNIMPLEMENTED, and the
+        caller asks PreflightUpgrade of each cluster instead. Requires
+        PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE. Idempotent, read-only. Deadline: 30 s.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -260,6 +279,11 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.StartOperations,
                     request_deserializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.StartOperationsRequest.FromString,
                     response_serializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.StartOperationsResponse.SerializeToString,
+            ),
+            'PreflightUpgrades': grpc.unary_unary_rpc_method_handler(
+                    servicer.PreflightUpgrades,
+                    request_deserializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradesRequest.FromString,
+                    response_serializer=fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -547,6 +571,33 @@ class ClusterService:
             '/fleetupgrade.plugin.v1.ClusterService/StartOperations',
             fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.StartOperationsRequest.SerializeToString,
             fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.StartOperationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PreflightUpgrades(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetupgrade.plugin.v1.ClusterService/PreflightUpgrades',
+            fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradesRequest.SerializeToString,
+            fleetupgrade_dot_plugin_dot_v1_dot_cluster__pb2.PreflightUpgradesResponse.FromString,
             options,
             channel_credentials,
             insecure,

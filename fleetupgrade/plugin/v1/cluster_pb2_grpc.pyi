@@ -94,6 +94,16 @@ class ClusterServiceStub:
     RPCs instead. Requires any of CLUSTER_SERVICE, UPGRADE_CONTROL_PLANE, UPGRADE_NODE_POOL
     (an item outside the declared capabilities answers UNIMPLEMENTED). Deadline: 30 s.
     """
+    PreflightUpgrades: _grpc.UnaryUnaryMultiCallable[_cluster_pb2.PreflightUpgradesRequest, _cluster_pb2.PreflightUpgradesResponse]
+    """PreflightUpgrades asks PreflightUpgrade of many clusters in one call: each item is
+    answered as PreflightUpgrade would answer it (its verdict, or its error: NOT_FOUND,
+    INVALID_ARGUMENT, UNAVAILABLE...), in the order asked; one item's error does not stop the
+    others. The call itself fails only when the whole request is unusable (INVALID_ARGUMENT:
+    more than 1000 items or none) or the plugin cannot answer at all (then the caller asks
+    again: it is read-only). OPTIONAL: a plugin without it answers UNIMPLEMENTED, and the
+    caller asks PreflightUpgrade of each cluster instead. Requires
+    PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE. Idempotent, read-only. Deadline: 30 s.
+    """
 
 @_typing.type_check_only
 class ClusterServiceAsyncStub(ClusterServiceStub):
@@ -160,6 +170,16 @@ class ClusterServiceAsyncStub(ClusterServiceStub):
     OPTIONAL: a plugin without it answers UNIMPLEMENTED, and the caller makes the single
     RPCs instead. Requires any of CLUSTER_SERVICE, UPGRADE_CONTROL_PLANE, UPGRADE_NODE_POOL
     (an item outside the declared capabilities answers UNIMPLEMENTED). Deadline: 30 s.
+    """
+    PreflightUpgrades: _aio.UnaryUnaryMultiCallable[_cluster_pb2.PreflightUpgradesRequest, _cluster_pb2.PreflightUpgradesResponse]  # type: ignore[assignment]
+    """PreflightUpgrades asks PreflightUpgrade of many clusters in one call: each item is
+    answered as PreflightUpgrade would answer it (its verdict, or its error: NOT_FOUND,
+    INVALID_ARGUMENT, UNAVAILABLE...), in the order asked; one item's error does not stop the
+    others. The call itself fails only when the whole request is unusable (INVALID_ARGUMENT:
+    more than 1000 items or none) or the plugin cannot answer at all (then the caller asks
+    again: it is read-only). OPTIONAL: a plugin without it answers UNIMPLEMENTED, and the
+    caller asks PreflightUpgrade of each cluster instead. Requires
+    PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE. Idempotent, read-only. Deadline: 30 s.
     """
 
 class ClusterServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -284,6 +304,22 @@ class ClusterServiceServicer(metaclass=_abc_1.ABCMeta):
         OPTIONAL: a plugin without it answers UNIMPLEMENTED, and the caller makes the single
         RPCs instead. Requires any of CLUSTER_SERVICE, UPGRADE_CONTROL_PLANE, UPGRADE_NODE_POOL
         (an item outside the declared capabilities answers UNIMPLEMENTED). Deadline: 30 s.
+        """
+
+    @_abc_1.abstractmethod
+    def PreflightUpgrades(
+        self,
+        request: _cluster_pb2.PreflightUpgradesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cluster_pb2.PreflightUpgradesResponse, _abc.Awaitable[_cluster_pb2.PreflightUpgradesResponse]]:
+        """PreflightUpgrades asks PreflightUpgrade of many clusters in one call: each item is
+        answered as PreflightUpgrade would answer it (its verdict, or its error: NOT_FOUND,
+        INVALID_ARGUMENT, UNAVAILABLE...), in the order asked; one item's error does not stop the
+        others. The call itself fails only when the whole request is unusable (INVALID_ARGUMENT:
+        more than 1000 items or none) or the plugin cannot answer at all (then the caller asks
+        again: it is read-only). OPTIONAL: a plugin without it answers UNIMPLEMENTED, and the
+        caller asks PreflightUpgrade of each cluster instead. Requires
+        PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE. Idempotent, read-only. Deadline: 30 s.
         """
 
 def add_ClusterServiceServicer_to_server(servicer: ClusterServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

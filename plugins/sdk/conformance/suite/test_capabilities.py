@@ -63,6 +63,9 @@ def _cluster(channel: grpc.Channel) -> dict[str, Callable[[float], object]]:
         "StartOperations": lambda t: stub.StartOperations(
             cluster_pb2.StartOperationsRequest(), timeout=t
         ),
+        "PreflightUpgrades": lambda t: stub.PreflightUpgrades(
+            cluster_pb2.PreflightUpgradesRequest(), timeout=t
+        ),
     }
 
 
@@ -88,7 +91,7 @@ def _gate(channel: grpc.Channel) -> dict[str, Callable[[float], object]]:
 _STREAMS = frozenset({"WatchOperations", "WatchGates"})
 #: RPCs a plugin may leave out even within its capabilities (the caller then makes the single
 #: RPCs): UNIMPLEMENTED is a fine answer to them.
-_OPTIONAL = frozenset({"StartOperations"})
+_OPTIONAL = frozenset({"StartOperations", "PreflightUpgrades"})
 _ALL_RPCS = ["GetPluginInfo", "GetPluginCapabilities", "Probe", *RPC_CAPABILITIES]
 
 
