@@ -4,16 +4,25 @@ plugin with a client of it (a module sets its options by overriding `sim_options
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from orchestrator.adapters.provider import GrpcProvider, OperationTracker
 from plugins.sdk.client import PluginClient
 from plugins.sdk.server import PluginServer, PluginServicers, ServerTLS, serve
 from plugins.sim import SimOptions, Simulator
 from tests.support.certs import TestPKI, generate_pki
 
 StartServer = Callable[..., PluginServer]
+
+
+def grpc_provider(client: PluginClient) -> GrpcProvider:
+    """The orchestrator's adapter over client, its operations tracked, on the wall clock."""
+    return GrpcProvider(
+        client, OperationTracker(lambda plugin, op: None), clock=lambda: datetime.now(UTC)
+    )
 
 
 @pytest.fixture(scope="session")
@@ -76,3 +85,13 @@ def client(sim: Simulator) -> Iterator[PluginClient]:
     client = PluginClient(sim.address, caller="test")
     yield client
     client.close()
+
+
+@pytest.fixture
+def echo_client(start_server: StartServer) -> Iterator[PluginClient]:
+    """A client of the echo plugin (two clusters), which offers none of the optional batch
+    RPCs (StartOperations, PreflightUpgrades)."""
+    from tests.support.echo_plugin import echo_servicers
+
+    with PluginClient(start_server(echo_servicers(2)).address) as client:
+        yield client

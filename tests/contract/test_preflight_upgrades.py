@@ -6,14 +6,12 @@ caller asks PreflightUpgrade of each cluster instead."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
 
 import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
 from fleetupgrade.plugin.v1 import cluster_pb2, identity_pb2
-from orchestrator.adapters.provider import GrpcProvider, OperationTracker
 from orchestrator.engine.decide import Verdict
 from orchestrator.pipeline.driver import CallError, StartsBatches
 from plugins.sdk import errors, preflight
@@ -22,8 +20,7 @@ from plugins.sdk.identity import StaticIdentity
 from plugins.sdk.server import PluginServicers
 from plugins.sdk.servicers import MAX_OPERATION_ITEMS, ClusterServicer
 from plugins.sim import SimOptions
-from tests.contract.conftest import StartServer
-from tests.support.echo_plugin import echo_servicers
+from tests.contract.conftest import StartServer, grpc_provider
 
 Cap = identity_pb2.PluginCapability
 Answer = cluster_pb2.PreflightUpgradeResponse | PluginCallError
@@ -165,18 +162,10 @@ def test_errors_and_crashes_keep_to_their_item_and_each_is_counted_as_its_rpc(
     assert (down.message, down.reason) == (single.value.message, single.value.reason)
 
 
-def _provider(client: PluginClient) -> GrpcProvider:
-    return GrpcProvider(client, OperationTracker(lambda plugin, op: None), clock=_now)
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
 def test_the_adapter_answers_each_question_or_raises_its_error(start_server: StartServer) -> None:
     address = _serve(start_server, Cap.PLUGIN_CAPABILITY_PREFLIGHT_UPGRADE)
     with PluginClient(address) as client:
-        provider = _provider(client)
+        provider = grpc_provider(client)
         assert isinstance(provider, StartsBatches)
         answers = provider.start_preflights(
             [("a", "1.30.1", {}), ("down", "1.30.1", {}), ("b", "1.31.0", {"pool": "1.31.0"})]
@@ -202,15 +191,14 @@ def test_a_plugin_without_the_capability_refuses_the_batch_as_the_rpc(
 
 
 def test_a_plugin_without_it_is_asked_once_then_each_cluster_is_asked(
-    start_server: StartServer,
+    echo_client: PluginClient,
 ) -> None:
-    server = start_server(echo_servicers(2))
-    with PluginClient(server.address) as client:
-        provider = _provider(client)
-        cid = sorted(c.id for c in client.list_clusters())[0]
-        version = client.get_cluster(cid).control_plane_version
-        assert provider.start_preflights([(cid, version, {})]) is None  # UNIMPLEMENTED
-        assert provider.start_preflights([(cid, version, {})]) is None  # not asked again
-        assert provider.start_preflight(cid, version, {})().verdict in set(Verdict)
-        # StartOperations is a separate question: not answered for it.
-        assert client.batches()
+    client = echo_client
+    provider = grpc_provider(client)
+    cid = sorted(c.id for c in client.list_clusters())[0]
+    version = client.get_cluster(cid).control_plane_version
+    assert provider.start_preflights([(cid, version, {})]) is None  # UNIMPLEMENTED
+    assert provider.start_preflights([(cid, version, {})]) is None  # not asked again
+    assert provider.start_preflight(cid, version, {})().verdict in set(Verdict)
+    # StartOperations is a separate question: not answered for it.
+    assert client.batches()

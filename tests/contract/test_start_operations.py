@@ -5,14 +5,11 @@ answers UNIMPLEMENTED once and the caller makes the single RPCs instead."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
 from fleetupgrade.plugin.v1 import cluster_pb2, identity_pb2
-from orchestrator.adapters.provider import GrpcProvider, OperationTracker
 from orchestrator.engine.decide import Call
 from orchestrator.engine.observations import OpKind
 from orchestrator.pipeline.driver import CallError
@@ -22,8 +19,7 @@ from plugins.sdk.identity import StaticIdentity
 from plugins.sdk.server import PluginServicers
 from plugins.sdk.servicers import MAX_OPERATION_ITEMS, ClusterServicer
 from plugins.sim import SimOptions
-from tests.contract.conftest import StartServer
-from tests.support.echo_plugin import echo_servicers
+from tests.contract.conftest import StartServer, grpc_provider
 
 Cap = identity_pb2.PluginCapability
 
@@ -212,17 +208,9 @@ def test_an_error_with_retry_info_keeps_it(start_server: StartServer) -> None:
     assert got.code is grpc.StatusCode.UNAVAILABLE and got.retry_after == 7.0
 
 
-def _provider(client: PluginClient) -> GrpcProvider:
-    return GrpcProvider(client, OperationTracker(lambda plugin, op: None), clock=_now)
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
 def test_the_adapter_tracks_each_operation_and_raises_each_error(client: PluginClient) -> None:
     c1, c2, *_ = sorted(c.id for c in client.list_clusters())
-    provider = _provider(client)
+    provider = grpc_provider(client)
     calls = [
         Call(OpKind.SERVICE_OUT, c1, "run:a", "u1"),
         Call(OpKind.SERVICE_OUT, "no-such-cluster", "run:b", "u2"),
@@ -241,16 +229,15 @@ def test_the_adapter_tracks_each_operation_and_raises_each_error(client: PluginC
 
 
 def test_a_plugin_without_it_is_asked_once_then_the_single_rpcs_are_made(
-    start_server: StartServer,
+    echo_client: PluginClient,
 ) -> None:
-    server = start_server(echo_servicers(2))
-    with PluginClient(server.address) as client:
-        provider = _provider(client)
-        cid = sorted(c.id for c in client.list_clusters())[0]
-        call = Call(OpKind.SERVICE_OUT, cid, "run:a", "u1")
-        assert provider.start_calls([call]) is None  # UNIMPLEMENTED: nothing started
-        assert not client.batches()
-        assert provider.start_calls([call]) is None  # not asked again
-        assert "run:a" not in provider.tracker.by_request()
-        op = provider.start_call(call)()  # the single RPC still works
-        assert op.cluster_id == cid
+    client = echo_client
+    provider = grpc_provider(client)
+    cid = sorted(c.id for c in client.list_clusters())[0]
+    call = Call(OpKind.SERVICE_OUT, cid, "run:a", "u1")
+    assert provider.start_calls([call]) is None  # UNIMPLEMENTED: nothing started
+    assert not client.batches()
+    assert provider.start_calls([call]) is None  # not asked again
+    assert "run:a" not in provider.tracker.by_request()
+    op = provider.start_call(call)()  # the single RPC still works
+    assert op.cluster_id == cid
