@@ -333,9 +333,9 @@ class StartingMultiProvider(MultiProvider):
     """MultiProvider over members that each start their requests (driver.StartsRequests: the
     gRPC adapter; a member down answers at once): its preflights and calls are started on the
     cluster's member, and a batch of calls or of preflights (driver.StartsBatches) goes to
-    each member as one batch of its own clusters'. Every answer and error is the one MultiProvider's blocking methods
-    give (`preflight`, `call`: what is decided without a member's RPC is answered at once by
-    them; a member's errors name its FleetProvider)."""
+    each member as one batch of its own clusters'. Every answer and error is the one
+    MultiProvider's blocking methods give (`preflight`, `call`: what is decided without a
+    member's RPC is answered at once by them; a member's errors name its FleetProvider)."""
 
     def start_preflight(
         self, cluster_id: str, version: str, pools: Mapping[str, str]
