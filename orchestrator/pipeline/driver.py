@@ -531,13 +531,13 @@ class RunDriver:
         starter = self._starter()
         if starter is not None:
             questions = [(cid, *q) for cid in asked if (q := question(cid)) is not None]
+
+            def done(q: Question, answer: Callable[[], Preflight]) -> None:
+                answered(q[0], answer)
+
             if isinstance(starter, StartsBatches):
-                questions, _ = self._batched(
-                    starter.start_preflights, questions, lambda q, a: answered(q[0], a)
-                )
-            self._pipelined(
-                lambda q: starter.start_preflight(*q), lambda q, a: answered(q[0], a), questions
-            )
+                questions, _ = self._batched(starter.start_preflights, questions, done)
+            self._pipelined(lambda q: starter.start_preflight(*q), done, questions)
         else:
             provider = self.provider
 

@@ -341,15 +341,15 @@ class StartingMultiProvider(MultiProvider):
         self, cluster_id: str, version: str, pools: Mapping[str, str]
     ) -> Callable[[], Preflight]:
         """preflight, started on the cluster's member when it declares PreflightUpgrade."""
-        m = self._routed(cluster_id)
-        if m is None or not _declares_preflight(m):
+        m = self._asked(cluster_id, _declares_preflight)
+        if m is None:
             return _at_once(lambda: self.preflight(cluster_id, version, pools))
         assert isinstance(m.provider, StartsRequests)
         return _naming(m.name, m.provider.start_preflight(cluster_id, version, pools))
 
     def start_call(self, call: Call) -> Callable[[], OpObs]:
         """call, started on the cluster's member."""
-        m = self._routed(call.cluster_id)
+        m = self._asked(call.cluster_id)
         if m is None:
             return _at_once(lambda: self.call(call))
         assert isinstance(m.provider, StartsRequests)
@@ -393,8 +393,8 @@ class StartingMultiProvider(MultiProvider):
         answers: list[Callable[[], R] | None] = [None] * len(items)
         mine: dict[str, list[int]] = {}
         for at, (item, cid) in enumerate(zip(items, clusters, strict=True)):
-            m = self._routed(cid)
-            if m is None or not asks(m):
+            m = self._asked(cid, asks)
+            if m is None:
                 answers[at] = _at_once(partial(at_once, item))
             else:
                 mine.setdefault(m.name, []).append(at)
@@ -406,6 +406,14 @@ class StartingMultiProvider(MultiProvider):
             for at, answer in zip(ats, started or [None] * len(ats), strict=True):
                 answers[at] = None if answer is None else _naming(m.name, answer)
         return answers
+
+    def _asked(
+        self, cluster_id: str, asks: Callable[[Member], bool] = lambda m: True
+    ) -> Member | None:
+        """The member a cluster's question is started on: its own, when asks says it is asked
+        (None: answered at once by the blocking view, as for a cluster of no member)."""
+        m = self._routed(cluster_id)
+        return m if m is not None and asks(m) else None
 
 
 def _at_once(answer: Callable[[], T]) -> Callable[[], T]:
