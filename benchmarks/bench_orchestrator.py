@@ -264,10 +264,17 @@ class _PassCase:
     wall_ms: float
     full_collections: int
     gc_ms: float
+    #: Young collections (generations 0 and 1) during the passes, and their time per pass.
+    young_collections: int = 0
+    young_gc_ms: float = 0.0
     #: Of cpu_ms: the fleet model's own work on the pass's calls (ModelFleet.call: what the
     #: plugin does in its own process in production), and the rest, the orchestrator's.
     fleet_ms: float = 0.0
     orchestrator_ms: float = 0.0
+    #: The orchestrator's share as a mean over the passes: what a pass costs on average,
+    #: the collections that fell in them included (the median above leaves out a pass that
+    #: paid for one).
+    orchestrator_mean_ms: float = 0.0
 
 
 class _AllPass:
@@ -281,19 +288,22 @@ class _Leader:
 
 
 class _GcTimer:
-    """Full (generation 2) collections and their time while installed."""
+    """Collections and their time while installed: full (generation 2) ones and young ones
+    (generations 0 and 1) apart."""
 
     def __init__(self) -> None:
         self.count, self.seconds, self._t0 = 0, 0.0, 0.0
+        self.young_count, self.young_seconds = 0, 0.0
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if info.get("generation") != 2:
-            return
         if phase == "start":
             self._t0 = time.perf_counter()
-        else:
+        elif info.get("generation") == 2:
             self.count += 1
             self.seconds += time.perf_counter() - self._t0
+        else:
+            self.young_count += 1
+            self.young_seconds += time.perf_counter() - self._t0
 
 
 def _pass_case(
@@ -306,9 +316,10 @@ def _pass_case(
     (orchestrator/controllers/updaterun.py) and the ClusterVersion controller. frozen: the heap is
     frozen out of the collector after the admission, as the orchestrator's caches do once synced
     (orchestrator.adapters.cache.settle_heap), so full collections walk only what the passes
-    make. told: the callers say what changed, as the operation watch and the ClusterUpgrade
-    watch can (tests.support.told: the fleet's snapshots carry their `Changes`, the store names
-    what was written); else the driver's index compares every object."""
+    make, and young ones come less often (cache.YOUNG_THRESHOLD). told: the callers say what
+    changed, as the operation watch and the ClusterUpgrade watch can (tests.support.told: the
+    fleet's snapshots carry their `Changes`, the store names what was written); else the
+    driver's index compares every object."""
     from orchestrator.adapters.cache import settle_heap  # noqa: PLC0415
     from orchestrator.pipeline.driver import RunDriver  # noqa: PLC0415
     from orchestrator.pipeline.simulate import T0, ModelFleet  # noqa: PLC0415
@@ -342,6 +353,7 @@ def _pass_case(
 
     while step():  # admission: a fifth of the fleet goes out of service
         pass
+    thresholds = gc.get_threshold()
     if frozen:
         settle_heap()
     changed = max(1, count // 100)
@@ -387,6 +399,8 @@ def _pass_case(
         print(f"wrote a profile of {passes} passes at {count:,} clusters to {profile}")
     if frozen:
         gc.unfreeze()  # the next case starts from a heap the collector walks whole
+        gc.set_threshold(*thresholds)  # ... with the collector's thresholds as they were
+    ours = [c - f for c, f in zip(cpu, fleet_cpu, strict=True)]
     return _PassCase(
         clusters=count,
         changed=changed,
@@ -396,8 +410,11 @@ def _pass_case(
         wall_ms=statistics.median(wall) * 1e3,
         full_collections=timer.count,
         gc_ms=timer.seconds * 1e3 / passes,
+        young_collections=timer.young_count,
+        young_gc_ms=timer.young_seconds * 1e3 / passes,
         fleet_ms=statistics.median(fleet_cpu) * 1e3,
-        orchestrator_ms=statistics.median(c - f for c, f in zip(cpu, fleet_cpu, strict=True)) * 1e3,
+        orchestrator_ms=statistics.median(ours) * 1e3,
+        orchestrator_mean_ms=statistics.mean(ours) * 1e3,
     )
 
 
@@ -1087,14 +1104,26 @@ def _pass_rows(case: _PassCase) -> list[_Row]:
             None,
         ),
         (
-            "  ... the orchestrator's / the fleet model's calls (the plugin's work)",
-            f"{case.orchestrator_ms:.1f} / {case.fleet_ms:.1f} ms",
+            "  ... the orchestrator's, median / mean of the passes (judged on the larger)",
+            f"{case.orchestrator_ms:.1f} / {case.orchestrator_mean_ms:.1f} ms",
             "<= 10 ms" if target else "",
-            case.orchestrator_ms <= 10 if target else None,
+            max(case.orchestrator_ms, case.orchestrator_mean_ms) <= 10 if target else None,
+        ),
+        (
+            "  ... the fleet model's calls (the plugin's work), median",
+            f"{case.fleet_ms:.1f} ms",
+            "",
+            None,
         ),
         (
             "  ... full collections during those passes / their time per pass",
             f"{case.full_collections} / {case.gc_ms:.1f} ms",
+            "",
+            None,
+        ),
+        (
+            "  ... young collections during those passes / their time per pass",
+            f"{case.young_collections} / {case.young_gc_ms:.2f} ms",
             "",
             None,
         ),

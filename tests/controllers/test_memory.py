@@ -279,3 +279,17 @@ def test_settling_the_heap_gives_mallocs_free_memory_back_and_keeps_what_lives()
     assert before - after >= 16, (before, after)  # ~37 MB were freed
     assert [b[-1] for b in kept] == [(i * 16) % 251 for i in range(len(kept))]
     assert gc.get_freeze_count() > 0
+
+
+def test_settling_the_heap_makes_young_collections_rarer_and_never_more_frequent() -> None:
+    thresholds = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)  # CPython's defaults
+        settle_heap()
+        assert gc.get_threshold() == (cache_module.YOUNG_THRESHOLD, 10, 10)
+        gc.set_threshold(50_000, 20, 30)  # a caller's own, higher: kept
+        settle_heap()
+        assert gc.get_threshold() == (50_000, 20, 30)
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
