@@ -668,7 +668,7 @@ class _Run:
         """Set the step of kind in flight and make its call. op_id: as for `advance` (kept
         only when the step is asked again with the same request id); then: the node pools to
         upgrade after this one, whose request ids this intent persists too (`chain_of`)."""
-        st = self.status[u.name]
+        st, cid = self.status[u.name], u.cluster_id
         version = ""
         target = u.spec.version
         if kind is OpKind.CONTROL_PLANE:
@@ -676,21 +676,19 @@ class _Run:
         elif kind is OpKind.NODE_POOL:
             version = target = u.spec.pool_target(pool)
         step = f"{kind.value}/{pool}" if pool else kind.value
-        rid = request_id(self.inp.uid, u.cluster_id, step, target, st.attempt)
+        rid = request_id(self.inp.uid, cid, step, target, st.attempt)
         if kind is OpKind.NODE_POOL and rid in chain_of(self.inp.uid, with_status(u, st)):
             # Its turn in a chain of node pools: its intent is on record (invariant 6) with
             # the pool before it, whose success is all this pass would write; it is not
             # written (the step on record stays the chain's first: `chain_of`).
-            self.calls.append(Call(kind, u.cluster_id, rid, u.name, version, pool, reissue))
+            self.calls.append(Call(kind, cid, rid, u.name, version, pool, reissue))
             return
         same = st.request_id == rid
         if same and op_id is not None:
             self.record_op(u, op_id)
             st = self.status[u.name]
         chained = [
-            request_id(
-                self.inp.uid, u.cluster_id, f"{kind.value}/{p}", u.spec.pool_target(p), st.attempt
-            )
+            request_id(self.inp.uid, cid, f"{kind.value}/{p}", u.spec.pool_target(p), st.attempt)
             for p in then
         ]
         self.set(
@@ -704,7 +702,7 @@ class _Run:
             reason=None,
             message=None if not same else st.message,
         )
-        self.calls.append(Call(kind, u.cluster_id, rid, u.name, version, pool, reissue))
+        self.calls.append(Call(kind, cid, rid, u.name, version, pool, reissue))
 
     def start_over(self, u: Upgrade, reason: str, message: str) -> None:
         """Pending again, as a new attempt, nothing of this one on record: its service-out
@@ -835,12 +833,12 @@ class _Run:
 
     def follow(self, u: Upgrade) -> None:
         """Carry one in-flight upgrade forward from what its operation did."""
-        st = self.status[u.name]
-        obs = self.observed(u.cluster_id)
+        st, cid = self.status[u.name], u.cluster_id
+        obs = self.observed(cid)
         if st.phase in (U.PRE_HOOK, U.POST_HOOK):
             self.follow_hook(u)
             return
-        if obs is None and u.cluster_id in self.inp.snapshot.unknown:
+        if obs is None and cid in self.inp.snapshot.unknown:
             kind_text = (st.step or "").partition("/")[0]
             self.unreachable(u, None if st.phase == U.VERIFYING else _KIND_OF.get(kind_text))
             return
@@ -872,7 +870,7 @@ class _Run:
                 rid,
                 not index,
                 obs,
-                Call(kind, u.cluster_id, rid, u.name, version, pool, reissue=True),
+                Call(kind, cid, rid, u.name, version, pool, reissue=True),
             )
             return
         record = (
@@ -888,7 +886,7 @@ class _Run:
             if (
                 not self._past(u, limits, rid)
                 and u.name not in self.changed
-                and u.cluster_id not in self.effective_changed
+                and cid not in self.effective_changed
             ):
                 # Nothing but time moves it on: later passes skip it while this holds.
                 deadline = limits[0] if limits is not None else None
@@ -905,8 +903,8 @@ class _Run:
             )
             return
         obs = apply_succeeded(obs, op)
-        self.effective[u.cluster_id] = obs
-        self.effective_changed.add(u.cluster_id)
+        self.effective[cid] = obs
+        self.effective_changed.add(cid)
         self.advance(u, obs, op.id if record else None)
 
     def _in_chain(self, u: Upgrade, kind: OpKind, obs: ClusterObs) -> tuple[str, int, ClusterObs]:

@@ -159,6 +159,16 @@ class Phases:
                 return  # nothing accounted here changes
             if self.journal is not None:
                 self.journal.append((u, old, new))
+            was, now = old.phase, new.phase
+            if was in ACTIVE and now in ACTIVE:
+                # A step after a step (most moves of a rollout): the cluster stays held and
+                # active; only its phase's set and count change.
+                name, stage, per_stage = u.name, u.spec.stage_index, self.per_stage
+                self.by_phase[was].discard(name)
+                self.by_phase[now].add(name)
+                per_stage[(stage, was)] -= 1
+                per_stage[(stage, now)] += 1
+                return
         name, stage, per_stage = u.name, u.spec.stage_index, self.per_stage
         if old is not None:
             was = old.phase

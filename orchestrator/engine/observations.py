@@ -44,7 +44,10 @@ class OpState(StrEnum):
     @property
     def terminal(self) -> bool:
         """True for Succeeded and Failed."""
-        return self in (OpState.SUCCEEDED, OpState.FAILED)
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({OpState.SUCCEEDED, OpState.FAILED})
 
 
 @dataclass(frozen=True, slots=True)
