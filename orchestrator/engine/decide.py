@@ -560,6 +560,9 @@ class _Run:
         self.events: list[tuple[str, str, str, bool]] = []
         self.preflight_needed: list[str] = []
         self.requeue: float | None = None
+        #: The earliest deadline of a step in flight this pass looked at (`wake_for_step`),
+        #: taken into `requeue` when the decision is summed up (`woken`).
+        self.step_due: datetime | None = None
         #: The observations this pass changed (`follow`: an operation that succeeded), by
         #: cluster id; `observed` reads them over the snapshot's.
         self.effective: dict[str, ClusterObs] = {}
@@ -1021,9 +1024,18 @@ class _Run:
         return parse_time(st.step_start_time) + bound + soak, bound, soak
 
     def wake_for_step(self, deadline: datetime) -> None:
-        """Look again at a step in flight in time for its deadline (at most STEP_POLL_SECONDS)."""
-        left = deadline - self.now
-        self.wake(max(1.0, min(left.total_seconds(), STEP_POLL_SECONDS)))
+        """Look again at a step in flight in time for its deadline (at most STEP_POLL_SECONDS;
+        only the earliest counts, and it is counted once: `woken`)."""
+        if self.step_due is None or deadline < self.step_due:
+            self.step_due = deadline
+
+    def woken(self) -> float | None:
+        """When to look again: `requeue`, and the earliest step deadline (`wake_for_step`)."""
+        if self.step_due is not None:
+            left = self.step_due - self.now
+            self.wake(max(1.0, min(left.total_seconds(), STEP_POLL_SECONDS)))
+            self.step_due = None
+        return self.requeue
 
     def timed_out(self, u: Upgrade, kind: OpKind, rid: str = "") -> bool:
         """Whether the step in flight (rid: as for `_limits`) is past its deadline: then it
@@ -2608,7 +2620,7 @@ def _summarise(
         phase=phase,
         message=message,
         current_stage=current,
-        requeue_after=run.requeue,
+        requeue_after=run.woken(),
         events=run.events,
         retried=run.retried,
         skipped=run.skipped,
