@@ -43,7 +43,8 @@ TRIM_EVERY = 1000
 #: each at 20,000 clusters) that are alive while it runs: at 700, a pass of 1 % changed at
 #: 20,000 clusters made ~5 young collections of ~0.25 ms each, mostly walking those. At
 #: 10,000 one comes every dozen such passes (issue 21). What waits longer for the collector
-#: is only garbage in reference cycles, which the orchestrator makes little of.
+#: is garbage in reference cycles: the peak RSS at 10,000 clusters measured 149-150 MiB with
+#: it, 147-149 without (runs of one code spread by 2-3 MiB).
 YOUNG_THRESHOLD = 10_000
 
 
