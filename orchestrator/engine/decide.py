@@ -1126,7 +1126,7 @@ class _Run:
             index.drop_quiet(due[1])  # timed out: followed, it fails
         if due is not None:
             self.wake_for_step(due[0])
-        return index.in_order(self.phases.active.difference(index.quiet))
+        return index.in_order(index.loud())
 
     def gone(self, u: Upgrade, kind: OpKind | None) -> None:
         st = self.status[u.name]

@@ -133,6 +133,10 @@ class Phases:
     active: set[str] = field(default_factory=set)
     #: The names of those that linger (`lingers`).
     lingering: set[str] = field(default_factory=set)
+    #: At least the names in `active` with no `quiet` memo (`RunIndex.loud`, which narrows it
+    #: to exactly those): a name is added when it enters `active` and when its memo is
+    #: dropped, so that finding who to follow costs what changed, not what is in flight.
+    stirred: set[str] = field(default_factory=set, compare=False, repr=False)
     #: The clusters up by their observation (the index's `RunIndex.up`, shared), and how many
     #: of `held` are among them: kept as either changes, so that the floor's room costs
     #: O(1) a pass (`decide._Run.room`).
@@ -200,6 +204,7 @@ class Phases:
                     self.held.add(cid)
                     self.held_up += cid in self.up
                 self.active.add(name)
+                self.stirred.add(name)
 
     def undo(self) -> None:
         """Undo the moves recorded since `journal` was set, last first, and stop recording:
@@ -454,6 +459,7 @@ class RunIndex:
         if timeouts is not None and not same(timeouts, self.timeouts_seen):
             self.timeouts_seen = timeouts
             self.quiet, self.quiet_rid, self.deadlines = {}, {}, []
+            self.phases.stirred |= self.phases.active
         seen, up, uid = self.obs_seen, self.up, self.uid
         if told and changes is not None:
             touched = [c for c in changes.clusters if clusters.get(c) is not seen.get(c)]
@@ -508,6 +514,15 @@ class RunIndex:
         memo = self.quiet.pop(name, None)
         if memo is not None:
             self.quiet_rid.pop(memo.rid or memo.status.request_id or "", None)
+            self.phases.stirred.add(name)
+
+    def loud(self) -> set[str]:
+        """The names in an ACTIVE phase with no `quiet` memo (a new set), from the names
+        stirred since the last time (`Phases.stirred`, narrowed here to these)."""
+        active, quiet = self.phases.active, self.quiet
+        names = {n for n in self.phases.stirred if n in active and n not in quiet}
+        self.phases.stirred = set(names)
+        return names
 
     def next_deadline(self) -> tuple[datetime, str] | None:
         """The earliest deadline of the `quiet` memos, and whose."""
@@ -574,6 +589,8 @@ class RunIndex:
         seen = self.seen
         if any(u is not seen.get(u.name) for m in self.by_stage.values() for u in m):
             out.append("members by stage that are not the upgrades seen")
+        if not self.phases.stirred >= self.phases.active - self.quiet.keys():
+            out.append("in flight with no quiet memo, yet not stirred (`loud` would miss them)")
         mine, theirs = self.phases.comparable(), other.phases.comparable()
         words = (
             "names by phase",
