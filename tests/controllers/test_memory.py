@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from fleetupgrade.plugin.v1 import cluster_pb2
@@ -18,6 +19,8 @@ from orchestrator import api
 from orchestrator.adapters import cache as cache_module
 from orchestrator.adapters.cache import SHARED_MAX, ObjectCache, lean, settle_heap
 from orchestrator.adapters.provider import OperationTracker, cluster_from_pb, op_from_pb
+from orchestrator.api.crd import crd_yaml
+from orchestrator.controllers import kept as kept_module
 from orchestrator.controllers.kept import NOT_STARTED, Children, parse_status
 from orchestrator.controllers.updaterun import upgrade_from_obj
 from orchestrator.engine.decide import Upgrade
@@ -215,6 +218,33 @@ def test_clusterupgrades_not_started_share_one_status_and_a_written_one_has_its_
     assert children.upgrades["b"].status is NOT_STARTED
     assert api.ClusterUpgradeStatus() == NOT_STARTED
     assert parse_status({"phase": "Upgraded"}).phase == api.UpgradePhase.UPGRADED
+
+
+def test_equal_statuses_share_one_model_and_the_memo_stays_bounded() -> None:
+    # What the apiserver makes of a ClusterUpgrade created without a status: the CRD's default.
+    crd = next(
+        d
+        for d in yaml.safe_load_all(crd_yaml())
+        if d["spec"]["names"]["kind"] == api.CLUSTER_UPGRADE_KIND
+    )
+    default = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    children = Children()
+    for name, rv in (("a", 1), ("b", 2)):
+        obj: Any = _upgrade(name, rv)
+        obj["status"] = copy.deepcopy(default["default"])
+        children.put(name, obj, upgrade_from_obj)
+    a, b = children.upgrades["a"], children.upgrades["b"]
+    assert a.status is b.status and a.status.phase == api.UpgradePhase.PENDING
+    # Equal by value, whatever the order of its keys; a different one is a model of its own.
+    one = parse_status({"phase": "ServicingOut", "requestId": "r-1", "attempt": 1})
+    assert parse_status({"attempt": 1, "requestId": "r-1", "phase": "ServicingOut"}) is one
+    other = parse_status({"phase": "ServicingOut", "requestId": "r-2", "attempt": 1})
+    assert other is not one and other.request_id == "r-2" and one.request_id == "r-1"
+    for i in range(kept_module._STATUSES_MAX + 10):
+        assert parse_status({"phase": "Pending", "attempt": i}).attempt == i
+    assert len(kept_module._STATUSES) <= kept_module._STATUSES_MAX
+    with pytest.raises(ValidationError):  # what does not parse is not remembered either
+        parse_status({"phase": "NoSuchPhase"})
 
 
 def test_a_cluster_named_by_one_clusterupgrade_keeps_a_name_and_by_several_each_provider() -> None:
