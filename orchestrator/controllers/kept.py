@@ -58,7 +58,10 @@ def parse_status(status: Mapping[str, Any]) -> api.ClusterUpgradeStatus:
     not parse."""
     if not status:
         return NOT_STARTED
-    key = orjson.dumps(status, option=orjson.OPT_SORT_KEYS)
+    try:
+        key = orjson.dumps(status, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # not JSON orjson writes (an integer past 64 bits): parsed, not shared
+        return api.ClusterUpgradeStatus.model_validate(status)
     known = _STATUSES.get(key)
     if known is None:
         known = api.ClusterUpgradeStatus.model_validate(status)

@@ -245,6 +245,9 @@ def test_equal_statuses_share_one_model_and_the_memo_stays_bounded() -> None:
     assert len(kept_module._STATUSES) <= kept_module._STATUSES_MAX
     with pytest.raises(ValidationError):  # what does not parse is not remembered either
         parse_status({"phase": "NoSuchPhase"})
+    # What orjson cannot write (an integer past 64 bits) is parsed all the same, not shared.
+    big = {"phase": "Pending", "attempt": 2**70}
+    assert parse_status(big).attempt == 2**70 and parse_status(big) is not parse_status(big)
 
 
 def test_a_cluster_named_by_one_clusterupgrade_keeps_a_name_and_by_several_each_provider() -> None:
