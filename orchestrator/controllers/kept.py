@@ -10,6 +10,7 @@ scratch and compared: a difference is a bug, logged as one, and the fresh state 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -43,18 +44,13 @@ Parse = Callable[[Mapping[str, Any], api.ClusterUpgradeSpec | None], Upgrade]
 NOT_STARTED = api.ClusterUpgradeStatus()
 
 
-#: Statuses parsed, by their JSON: one model for equal statuses (models are frozen). Every
-#: ClusterUpgrade the apiserver makes has `{"phase": "Pending"}` (the CRD's default) until it
-#: is first written: at 10,000 clusters, 8,000 equal models of ~520 bytes each when the first
-#: wave is up (issue 21). Emptied when it grows past _STATUSES_MAX (a model no longer here
-#: lives on while a ClusterUpgrade holds it).
-_STATUSES: dict[bytes, api.ClusterUpgradeStatus] = {}
+#: How many distinct statuses `parse_status` keeps one model of (`_status_of`).
 _STATUSES_MAX = 1024
 
 
 def parse_status(status: Mapping[str, Any]) -> api.ClusterUpgradeStatus:
     """A ClusterUpgrade's status as stored, parsed (NOT_STARTED, shared, when empty; one
-    model for equal statuses, `_STATUSES`); raises pydantic's ValidationError when it does
+    model for equal statuses, `_status_of`); raises pydantic's ValidationError when it does
     not parse."""
     if not status:
         return NOT_STARTED
@@ -62,13 +58,17 @@ def parse_status(status: Mapping[str, Any]) -> api.ClusterUpgradeStatus:
         key = orjson.dumps(status, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # not JSON orjson writes (an integer past 64 bits): parsed, not shared
         return api.ClusterUpgradeStatus.model_validate(status)
-    known = _STATUSES.get(key)
-    if known is None:
-        known = api.ClusterUpgradeStatus.model_validate(status)
-        if len(_STATUSES) >= _STATUSES_MAX:
-            _STATUSES.clear()
-        _STATUSES[key] = known
-    return known
+    return _status_of(key)
+
+
+@functools.lru_cache(maxsize=_STATUSES_MAX)
+def _status_of(key: bytes) -> api.ClusterUpgradeStatus:
+    """The status of this JSON (sorted keys), one model for equal statuses (models are frozen).
+    Every ClusterUpgrade the apiserver makes has `{"phase": "Pending"}` (the CRD's default)
+    until it is first written: at 10,000 clusters, 8,000 equal models of ~520 bytes each when
+    the first wave is up (issue 21). What does not parse is not remembered (lru_cache keeps no
+    exception)."""
+    return api.ClusterUpgradeStatus.model_validate(orjson.loads(key))
 
 
 def _rv(obj: Mapping[str, Any]) -> str:

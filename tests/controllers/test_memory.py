@@ -242,7 +242,7 @@ def test_equal_statuses_share_one_model_and_the_memo_stays_bounded() -> None:
     assert other is not one and other.request_id == "r-2" and one.request_id == "r-1"
     for i in range(kept_module._STATUSES_MAX + 10):
         assert parse_status({"phase": "Pending", "attempt": i}).attempt == i
-    assert len(kept_module._STATUSES) <= kept_module._STATUSES_MAX
+    assert kept_module._status_of.cache_info().currsize <= kept_module._STATUSES_MAX
     with pytest.raises(ValidationError):  # what does not parse is not remembered either
         parse_status({"phase": "NoSuchPhase"})
     # What orjson cannot write (an integer past 64 bits) is parsed all the same, not shared.
