@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from orchestrator import api
 from orchestrator.adapters.kube import Gone, KubeClient, NotFound, WatchEvent
 from orchestrator.engine.access import Access, AccessPolicy, check_access, needs_labels
+from orchestrator.engine.memo import BoundedMemo
 from orchestrator.engine.validate import Problem
 
 __all__ = ["SHARED_MAX", "AccessCatalog", "ObjectCache", "lean", "settle_heap"]
@@ -71,10 +72,9 @@ def lean(obj: dict[str, Any]) -> dict[str, Any]:
 #: Metadata fields whose values repeat whole across many objects (every ClusterUpgrade of a run
 #: has the same run label, finalizer and owner): one equal value, one object.
 _PARTS = ("labels", "annotations", "finalizers", "ownerReferences")
-#: The shared values by their JSON (with the field's name); emptied when it grows past
-#: _PARTS_MAX (values no longer cached stay alive only while objects hold them).
-_shared_parts: dict[bytes, Any] = {}
-_PARTS_MAX = 4096
+#: The shared values by their JSON (with the field's name), at most 4,096 (values no longer
+#: remembered stay alive only while objects hold them).
+_shared_parts: BoundedMemo[bytes, Any] = BoundedMemo(4096)
 
 
 def _share_parts(meta: dict[str, Any]) -> None:
@@ -88,12 +88,7 @@ def _share_parts(meta: dict[str, Any]) -> None:
         if not value:
             continue
         key = part.encode() + orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-        known = _shared_parts.get(key)
-        if known is None:
-            if len(_shared_parts) >= _PARTS_MAX:
-                _shared_parts.clear()
-            known = _shared_parts.setdefault(key, value)
-        meta[part] = known
+        meta[part] = _shared_parts.keep(key, value)
 
 
 #: Strings longer than this are kept as decoded (messages, specs' free text: rarely repeated).

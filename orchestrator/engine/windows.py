@@ -57,6 +57,7 @@ from zoneinfo import ZoneInfo
 from dateutil.rrule import rrule, rrulestr
 
 from orchestrator import api
+from orchestrator.engine.memo import BoundedMemo
 from orchestrator.engine.observations import WindowObs
 
 __all__ = [
@@ -427,7 +428,7 @@ def _plan_of_json(key: str) -> _Plan:
     return _compile(api.Maintenance.model_validate_json(key))
 
 
-_BY_ID: dict[int, tuple[api.Maintenance, str]] = {}
+_BY_ID: BoundedMemo[int, tuple[api.Maintenance, str]] = BoundedMemo(256)
 
 
 def _key(m: api.Maintenance) -> str:
@@ -435,10 +436,8 @@ def _key(m: api.Maintenance) -> str:
     hit = _BY_ID.get(id(m))
     if hit is not None and hit[0] is m:
         return hit[1]
-    if len(_BY_ID) >= 256:
-        _BY_ID.clear()
     key = m.model_dump_json(by_alias=True)
-    _BY_ID[id(m)] = (m, key)  # the strong reference keeps id(m) from being reused
+    _BY_ID.put(id(m), (m, key))  # the strong reference keeps id(m) from being reused
     return key
 
 
@@ -629,14 +628,7 @@ def gate(
 #: allowed in [from, clear until), and the next start is clear until (or, when None, nothing was
 #: found up to there: only the new stretch of a later now's horizon needs a look). Later
 #: decisions (a new `now`) thus skip the search until the next start comes.
-_CLOSED: dict[tuple[object, ...], tuple[int, int, int | None]] = {}
-_CLOSED_MAX = 16384
-
-
-def _remember(memo: tuple[object, ...], value: tuple[int, int, int | None]) -> None:
-    if len(_CLOSED) >= _CLOSED_MAX:
-        _CLOSED.clear()
-    _CLOSED[memo] = value
+_CLOSED: BoundedMemo[tuple[object, ...], tuple[int, int, int | None]] = BoundedMemo(16384)
 
 
 @dataclass(frozen=True)
@@ -711,13 +703,13 @@ def _gate(
         ahead = sorted(t for t in sched.candidates(nb_us) if after < t <= limit)
         found = next((t for t in ahead if sched.allows(t, d, nb_us)), None)
         if found is not None:
-            _remember(
+            _CLOSED.put(
                 memo, (now_us if known is None or after == now_us else known[0], found, found)
             )
             return Gate(False, _dt(found), _why(plan, sched, now_us, nb_us))
         if span is HORIZON:
             start = now_us if known is None or after == now_us else known[0]
-            _remember(memo, (start, limit + 1, None))
+            _CLOSED.put(memo, (start, limit + 1, None))
             why = _why(plan, sched, now_us, nb_us)
             return Gate(False, None, f"{why}; nothing opens within {HORIZON.days} days")
     raise AssertionError("unreachable")  # pragma: no cover
