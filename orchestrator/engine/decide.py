@@ -314,6 +314,11 @@ class Decision:
     #: (`keeps_cluster`; 0 while the run is live, when `rests` does not read it): a finished
     #: run that keeps one does not rest.
     keeping: int = 0
+    #: The names in `changed` that are new service-outs (last in its order): each was decided
+    #: on every other write of the decision (a failure, skip or retry on record, a cluster
+    #: done, a stage complete), so none is written until those all took effect; one that
+    #: conflicted leaves them for the next pass (the driver's `_write_all`).
+    admissions: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -2566,19 +2571,20 @@ def _why_waiting(run: _Run, walk: _Walk, adm: _Admission) -> None:
         walk.waiting = walk.waiting or st.reason or ""
 
 
-def _outs_last(run: _Run) -> dict[str, api.ClusterUpgradeStatus]:
-    """The changed statuses, new service-outs last: a pass cut short (crash, conflict) has
-    recorded the failures, skips and retries its admissions were decided on."""
-    fresh = {
+def _outs_last(run: _Run) -> tuple[dict[str, api.ClusterUpgradeStatus], frozenset[str]]:
+    """The changed statuses, new service-outs last, and the names of those (Decision.admissions):
+    a pass cut short (crash, conflict) has recorded the failures, skips, retries and
+    completions its admissions were decided on."""
+    fresh = frozenset(
         n
         for n, st in run.changed.items()
         if st.phase == U.SERVICING_OUT and run.inp.upgrades[n].status.phase not in ACTIVE
-    }
+    )
     if not fresh:
-        return run.changed
+        return run.changed, fresh
     out = {n: st for n, st in run.changed.items() if n not in fresh}
     out.update((n, run.changed[n]) for n in run.changed if n in fresh)
-    return out
+    return out, fresh
 
 
 def _summarise(
@@ -2611,8 +2617,10 @@ def _summarise(
             max_failures=budgets.run_budget,
             clusters=[cid for cid, _, _ in budgets.counted[:20]] or None,
         )
+    changed, admissions = _outs_last(run)
     return Decision(
-        changed=_outs_last(run),
+        changed=changed,
+        admissions=admissions,
         calls=run.calls,
         preflight_needed=run.preflight_needed,
         stages=stages,

@@ -337,7 +337,7 @@ class RunDriver:
     fence: Fence
     #: Preflight answers kept between passes (cluster id → answer), per driver.
     preflight_cache: dict[str, Preflight] = field(default_factory=dict)
-    #: Writes and calls made at once (1: in order, as the simulation replays them).
+    #: Writes and calls made at once (1: in order, stopping at the first conflict).
     parallelism: int = 1
     #: A long-lived pool of `parallelism` workers to make them on (None: one per pass).
     executor: Executor | None = None
@@ -669,7 +669,14 @@ class RunDriver:
                 p.written.add(name)
                 p.took_effect(upgrades[name], to_write[name])
 
-        self._each(write, list(to_write))
+        # The decision's admissions rest on every other write (Decision.admissions): they go
+        # once those all took effect, never beside them (several writes at once do not stop
+        # at a conflict; simulation seeds 819, 1132: a stage's completion and a retry
+        # conflicted while the next admissions beside them were written and called).
+        admissions = p.decision.admissions
+        self._each(write, [n for n in to_write if n not in admissions])
+        if admissions and not result.conflicts:
+            self._each(write, [n for n in to_write if n in admissions])
 
     def _starter(self) -> StartsRequests | None:
         """The provider, when it starts requests itself and the pass is not made in order."""

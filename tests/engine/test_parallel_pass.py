@@ -132,11 +132,13 @@ def starts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     return str(request.param)
 
 
-def _parallel(fleet: ModelFleet, starts: str) -> tuple[_Store, _Refusing, ThreadPoolExecutor]:
-    """The fleet plus one spare cluster (c00040, the one kept in service), all admitted at once
-    on WORKERS workers."""
-    spec = spec_for(fleet, NEW, required=1, maxConcurrency=CLUSTERS)
-    h = _Store(fleet, as_run_spec(spec))
+def _parallel(
+    fleet: ModelFleet, starts: str, store: type[_Store] = _Store, at_once: int = CLUSTERS
+) -> tuple[_Store, _Refusing, ThreadPoolExecutor]:
+    """The fleet plus one spare cluster (c00040, the one kept in service), `at_once` admitted
+    at once (all of them by default) on WORKERS workers."""
+    spec = spec_for(fleet, NEW, required=1, maxConcurrency=at_once)
+    h = store(fleet, as_run_spec(spec))
     provider = {"blocking": _Refusing, "started": _Starting, "batched": _Batching}[starts](fleet)
     assert isinstance(provider, StartsRequests) == (starts != "blocking")
     assert isinstance(provider, StartsBatches) == (starts == "batched")
@@ -235,6 +237,46 @@ def test_a_write_that_errors_stops_the_pass_before_any_call(starts: str) -> None
     # follow a completed intent phase), and no write of the broken one took effect.
     assert fleet.started_steps == []
     assert h.upgrades[_name(h, "c00005")].status.phase == U.PENDING
+
+
+@dataclass
+class _DoneConflicts(_Store):
+    """A store in which the first write that records a cluster done (Upgraded) conflicts."""
+
+    done_conflicts: int = 0
+
+    def write_upgrade_status(self, upgrade: Upgrade, status: api.ClusterUpgradeStatus) -> None:
+        if status.phase == U.UPGRADED and not self.done_conflicts:
+            self.done_conflicts += 1
+            raise WriteConflict(f"{upgrade.name}: the object has been modified")
+        super().write_upgrade_status(upgrade, status)
+
+
+def test_an_admission_waits_for_every_write_it_rests_on(starts: str) -> None:
+    """20 at a time: the pass that records the first ones done admits the next on the budget
+    they free, but one of those completions conflicts. Several writes at once do not stop at
+    a conflict, so the admissions (Decision.admissions) would be written and called beside it
+    (simulation seeds 819 and 1132 found it so: a stage's completion, a retry); they wait for
+    the next pass instead, and the run still finishes within its budget."""
+    fleet = make_fleet(CLUSTERS + 1)
+    h, _provider, pool = _parallel(fleet, starts, _DoneConflicts, at_once=CLUSTERS // 2)
+    assert isinstance(h, _DoneConflicts)
+    with pool:
+        h.run(until=lambda h: isinstance(h, _DoneConflicts) and h.done_conflicts > 0)
+        cut = h.last
+        assert cut is not None and cut.conflicts == 1
+        admitted = cut.decision.admissions
+        assert admitted, "the pass that conflicted decided admissions"
+        # None of them was written nor called; every other write of the pass took effect.
+        assert not admitted & {c.name for c in cut.changes}
+        for name in admitted:
+            assert h.upgrades[name].status.phase == U.PENDING, name
+            assert h.steps_of(h.upgrades[name].cluster_id) == [], name
+        assert len(cut.changes) == len(cut.decision.changed) - len(admitted) - 1
+        assert h.run()
+    assert h.phase == api.RunPhase.SUCCEEDED
+    assert h.max_held() <= CLUSTERS // 2
+    assert all(u.status.phase == U.UPGRADED for u in h.upgrades.values() if u.cluster_id != SPARE)
 
 
 def test_a_lease_lost_between_batches_starts_no_later_batch(
