@@ -65,6 +65,7 @@ from tests.sim.people import (
     run_annotations,
     run_requester,
 )
+from tests.support.starting import BatchesAtOnce, InlineExecutor, StartsAtOnce
 
 ENDPOINT = "sim-plugin:9000"
 #: The addresses one model plugin is reached by (a Service's short and fully qualified names,
@@ -141,6 +142,13 @@ class Config:
     #: fresh objects breaks RunDriver.step's contract; tests/engine/test_index.py covers it
     #: (the floor holds; the full pass repairs the index).
     told: str = "never"
+    #: How each replica makes a pass's writes and calls: "sequential" (one at a time, the
+    #: driver's parallelism 1), or as the product does (the UpdateRun controller: several at
+    #: once, no stop at the first conflict), in one deterministic order
+    #: (tests.support.starting.InlineExecutor), with requests the driver "started" from its
+    #: thread (driver.StartsRequests) or "batched" too (driver.StartsBatches, as the gRPC
+    #: adapter does).
+    passes: str = "sequential"
 
     @staticmethod
     def draw(seed: int, large: bool = True) -> Config:
@@ -166,8 +174,11 @@ class Config:
             providers = multi.choice((2, 3, 3))
         # What the driver is told changed: a stream of its own too.
         told = random.Random(seed * 6271 + 21).choice(("never", "exact"))
+        # How a pass makes its writes and calls: a stream of its own too.
+        passes = random.Random(seed * 3181 + 13).choice(("sequential", "started", "batched"))
         return Config(
             told=told,
+            passes=passes,
             providers=providers,
             seed=seed,
             min_requeue=10 if big else 5,
@@ -186,6 +197,29 @@ class Config:
             health=rng.random() < 0.7,
             stages=rng.random() < 0.7,
         )
+
+
+#: A parallel history's pass width (Config.passes): below a pass's usual number of writes, so
+#: that the driver's windows fill and turn over.
+PARALLELISM = 4
+
+
+class StartingProvider(StartsAtOnce, ModelProvider):
+    """The model plugin whose calls and preflights the driver starts (driver.StartsRequests):
+    each is made, the adversary's faults included, when started; its answer or error is
+    handed over when the driver asks."""
+
+
+class BatchingProvider(BatchesAtOnce, ModelProvider):
+    """The same, started in batches too (driver.StartsBatches, as the gRPC adapter)."""
+
+
+#: The model plugin of each Config.passes.
+PROVIDERS: dict[str, type[ModelProvider]] = {
+    "sequential": ModelProvider,
+    "started": StartingProvider,
+    "batched": BatchingProvider,
+}
 
 
 class SimDriver(RunDriver):
@@ -209,7 +243,7 @@ class Replica:
         self.world = world
         self.name = name
         self.fence = ModelFence(world.lease, name)
-        self.provider = ModelProvider(
+        self.provider = PROVIDERS[world.cfg.passes](
             world.fleet, world.adversary, world.monitor, name, world.cfg.preflight
         )
         self.store = StoreClient(world.api, world.adversary)
@@ -258,6 +292,8 @@ class Replica:
                 checker=self._checker(run.key),
                 fence=self.fence,
             )
+            if self.world.cfg.passes != "sequential":
+                drv.parallelism, drv.executor = PARALLELISM, InlineExecutor()
             self.drivers[key] = drv
         # One driver may serve several runs (shared_driver): point it at this run's namespace
         # and health log (the preflight cache is the driver's own memory).

@@ -5,14 +5,15 @@ when asked for. Counts how many were started and not yet asked for, and the most
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator.engine.decide import Call, Preflight
 from orchestrator.engine.observations import OpObs
 from orchestrator.pipeline.driver import CallError
 
-__all__ = ["StartsAtOnce"]
+__all__ = ["BatchesAtOnce", "InlineExecutor", "StartsAtOnce"]
 
 T = TypeVar("T")
 
@@ -54,3 +55,32 @@ class StartsAtOnce:
 
     def start_call(self, call: Call) -> Callable[[], OpObs]:
         return self._started(lambda: self.call(call))
+
+
+class BatchesAtOnce(StartsAtOnce):
+    """StartsAtOnce that also starts many as one request (driver.StartsBatches, as the gRPC
+    adapter's StartOperations and PreflightUpgrades): each item made in order when the batch
+    is started, its answer handed over when asked for."""
+
+    def start_calls(self, calls: Sequence[Call]) -> list[Callable[[], OpObs]] | None:
+        return [self.start_call(call) for call in calls]
+
+    def start_preflights(
+        self, questions: Sequence[tuple[str, str, Mapping[str, str]]]
+    ) -> list[Callable[[], Preflight]] | None:
+        return [self.start_preflight(*q) for q in questions]
+
+
+class InlineExecutor(Executor):
+    """An Executor that runs each task when it is submitted, on the submitting thread: the
+    driver's parallel pass (RunDriver.parallelism > 1: no stop at the first conflict, calls
+    started and batched) in one deterministic order, the order of a pool whose first worker
+    took every item before the others started."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        done: Future[T] = Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # handed over as a pool's Future would
+            done.set_exception(exc)
+        return done
