@@ -27,7 +27,7 @@ from orchestrator.pipeline.driver import (
 )
 from orchestrator.pipeline.simulate import ModelFleet
 from tests.engine.model import Harness, U, as_run_spec, make_fleet, spec_for
-from tests.support.starting import StartsAtOnce
+from tests.support.starting import BatchesAtOnce, StartsAtOnce
 
 NEW = "1.29.1"
 CLUSTERS = 40
@@ -89,7 +89,7 @@ BATCH = 16
 
 
 @dataclass
-class _Batching(_Starting):
+class _Batching(BatchesAtOnce, _Starting):
     """The same provider, which also starts many calls, or many preflights, as one request
     (driver.StartsBatches, as the gRPC adapter does with StartOperations and
     PreflightUpgrades). Records the size of each batch, and stops holding the Lease after
@@ -104,13 +104,13 @@ class _Batching(_Starting):
         self, questions: Sequence[Question]
     ) -> list[Callable[[], Preflight]] | None:
         self.preflight_batches.append(len(questions))
-        return [self.start_preflight(*q) for q in questions]
+        return super().start_preflights(questions)
 
     def start_calls(self, calls: Sequence[Call]) -> list[Callable[[], OpObs]] | None:
         self.batches.append(len(calls))
         if self.leader is not None and len(self.batches) == self.fence_after:
             self.leader.holding = False
-        return [self.start_call(call) for call in calls]
+        return super().start_calls(calls)
 
 
 @dataclass
