@@ -377,6 +377,29 @@ def test_the_sweep_makes_passes_as_the_product_does() -> None:
     assert most["batched"] > PARALLELISM
 
 
+def test_histories_over_several_providers_make_passes_as_the_product_does() -> None:
+    """A run over several FleetProviders in a parallel history reaches them as the UpdateRun
+    controller does (MultiProvider.over: the product's StartingMultiProvider when every member
+    starts its requests), each member's requests started, several out at once: through the
+    blocking MultiProvider no member would ever have one outstanding."""
+    picked: dict[str, list[int]] = {"started": [], "batched": []}
+    for seed in range(1000):
+        cfg = Config.draw(seed, large=False)
+        if cfg.providers > 1 and cfg.passes != "sequential" and len(picked[cfg.passes]) < 4:
+            picked[cfg.passes].append(seed)
+    most: dict[str, int] = {}
+    for passes, seeds in picked.items():
+        assert len(seeds) == 4, picked
+        for seed in seeds:
+            world = simulate(seed, Config.draw(seed, large=False))
+            for rep in world.replicas:
+                for m in rep.members:
+                    out = getattr(m.provider, "most_outstanding", 0)
+                    most[passes] = max(most.get(passes, 0), out)
+    assert 1 < most["started"] <= PARALLELISM, (picked, most)
+    assert most["batched"] > 1, (picked, most)
+
+
 def test_stop_and_resume_mid_stage_keep_the_floor() -> None:
     """A direct run stopped mid-stage brings what it holds back in service, and resumed it
     finishes; the floor holds throughout (checked after every step by the monitor)."""

@@ -76,7 +76,7 @@ PLUGIN = ("sim.fleetupgrade.io", "model-fleet")
 #: The FleetProviders of a history over several providers (Config.providers > 1), as
 #: (FleetProvider name, plugin name, fleet id): cluster i belongs to member i mod providers,
 #: every run names all of them (spec.providerRefs) and goes through the product's
-#: orchestrator.pipeline.multi.MultiProvider over one `MemberView` each.
+#: orchestrator.pipeline.multi.MultiProvider.over one `MemberView` each (MEMBER_VIEWS).
 MEMBERS = (
     ("gke-prod", "gke.fleetupgrade.io", "projects/model"),
     ("eks-prod", "eks.fleetupgrade.io", "111122223333"),
@@ -254,7 +254,7 @@ class Replica:
                 name,
                 f"{name}-plugin:9000",
                 provider_identity(plugin, fleet, f"{name}-plugin:9000"),
-                MemberView(world, self.provider, name),
+                MEMBER_VIEWS[world.cfg.passes](world, self.provider, name),
             )
             for name, plugin, fleet in MEMBERS[: world.cfg.providers]
         ]
@@ -338,6 +338,25 @@ class MemberView:
     def call(self, call: Call) -> OpObs:
         self._reach(call.kind.value)
         return self.base.call(call)
+
+
+class StartingMemberView(StartsAtOnce, MemberView):
+    """A member whose calls and preflights the driver starts (driver.StartsRequests, as the
+    gRPC adapter each FleetProvider is reached by): MultiProvider.over then makes the run's
+    view the product's StartingMultiProvider. A member down hands its UNAVAILABLE over when
+    its answer is asked for."""
+
+
+class BatchingMemberView(BatchesAtOnce, MemberView):
+    """The same, started in batches of its own clusters too (driver.StartsBatches)."""
+
+
+#: Each member's view of each Config.passes: the way its runs' passes reach it.
+MEMBER_VIEWS: dict[str, type[MemberView]] = {
+    "sequential": MemberView,
+    "started": StartingMemberView,
+    "batched": BatchingMemberView,
+}
 
 
 def _selects(stage: dict[str, object], labels: Mapping[str, str]) -> bool:
@@ -950,7 +969,7 @@ class World:
         assert not isinstance(routes, Problem), routes  # no FleetProvider is repointed here
         by_identity = {m.identity: m.name for m in rep.members}
         routes.update({cid: by_identity[i] for cid, i in extra.items() if i in by_identity})
-        return held_by, floors, MultiProvider(rep.members, routes, lambda: at(self.now))
+        return held_by, floors, MultiProvider.over(rep.members, routes, lambda: at(self.now))
 
     def identity(self, spec: api.UpdateRunSpec) -> str:
         """What the plugin behind a run's address says it is (its GetPluginInfo)."""
